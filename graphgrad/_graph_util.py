@@ -1,0 +1,84 @@
+"""Small helpers on tf.Graph structure shared by analysis and plan."""
+
+import collections
+from typing import Dict, Iterable, List, Optional, Set
+
+import tensorflow as tf
+
+_VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+
+
+def is_variable_op(op: tf.Operation) -> bool:
+  """True for the op that holds a variable (resource handle or ref)."""
+  return op.type in _VARIABLE_OPS
+
+
+def is_handle(t: tf.Tensor) -> bool:
+  """True for a variable handle or reference tensor: a parameter, not data."""
+  return t.dtype == tf.resource or t.dtype._is_ref_dtype  # pylint: disable=protected-access
+
+
+def read_variable_source(op: tf.Operation) -> Optional[str]:
+  """Name of the variable op that ``op`` reads whole, else ``None``."""
+  if op.type == "ReadVariableOp" and op.inputs:
+    return op.inputs[0].op.name
+  if (op.type == "Identity" and op.inputs
+      and op.inputs[0].op.type in _VARIABLE_OPS):
+    return op.inputs[0].op.name
+  return None
+
+
+def data_inputs(op: tf.Operation) -> List[tf.Tensor]:
+  """The op's data inputs, without TF1 loop back-edges.
+
+  A ``Merge`` of a ``tf.compat.v1`` while loop takes its ``NextIteration``
+  as input; that edge makes the graph cyclic and is skipped, as
+  ``tf.gradients`` does.
+  """
+  if op.type in ("Merge", "RefMerge"):
+    return [t for t in op.inputs
+            if t.op.type not in ("NextIteration", "RefNextIteration")]
+  return list(op.inputs)
+
+
+def forward_ops(loss: tf.Tensor) -> List[tf.Operation]:
+  """Every op that ``loss`` depends on through data inputs, in graph order."""
+  seen: Set[str] = {loss.op.name}
+  found = [loss.op]
+  stack = [loss.op]
+  while stack:
+    op = stack.pop()
+    for t in data_inputs(op):
+      if t.op.name not in seen:
+        seen.add(t.op.name)
+        found.append(t.op)
+        stack.append(t.op)
+  found.sort(key=lambda o: o._id)  # pylint: disable=protected-access
+  return found
+
+
+def forward_consumers(fwd_ops: Iterable[tf.Operation]
+                      ) -> Dict[str, List[tf.Operation]]:
+  """Maps tensor name -> its consumers among ``fwd_ops``."""
+  result: Dict[str, List[tf.Operation]] = collections.defaultdict(list)
+  for op in fwd_ops:
+    for t in data_inputs(op):
+      result[t.name].append(op)
+  return result
+
+
+def trainable_variables(graph: tf.Graph) -> List[tf.Variable]:
+  """The graph's trainable variables, deduplicated, in creation order."""
+  found, seen = [], set()
+  for key in (tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES,
+              tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES):
+    for v in graph.get_collection(key):
+      if isinstance(v, tf.Variable) and v.op.name not in seen:
+        seen.add(v.op.name)
+        found.append(v)
+  return found
+
+
+def in_control_flow(op: tf.Operation) -> bool:
+  """True when ``op`` sits inside a ``tf.compat.v1`` while loop or cond."""
+  return op._get_control_flow_context() is not None  # pylint: disable=protected-access

@@ -1,0 +1,394 @@
+"""GradientPlan: declarative gradient rewrites, built as one backward pass."""
+
+import logging
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from graphgrad import _errors, _graph_util
+from graphgrad._analysis import LayerGraph, analyze, scope_of
+from graphgrad._engine import Segments
+from graphgrad._transforms import (Transform, TransformContext, as_transform,
+                                   chain, is_identity)
+from graphgrad._types import Gradient, GradsAndVars
+
+log = logging.getLogger("graphgrad")
+
+GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
+
+
+class GradientPlan:
+  """Rewrites gradients at layer boundaries, then trains with one op.
+
+  A plan is declared, then built once, on the first call to
+  :meth:`compute_gradients` or :meth:`apply_gradients`.
+
+  Semantics:
+
+  * With no transforms, :meth:`compute_gradients` equals
+    ``tf.gradients(loss, vars)``, built by the very same single call that
+    ``Optimizer.minimize`` makes.
+  * ``transform_gradients(L, fn)``: each of ``L``'s parameter gradients ``g``
+    (summed over every path) becomes ``fn(g)``.
+  * ``transform_upstream(L, fn)``: with ``T`` the outputs of ``L`` and ``g``
+    the gradient of the loss at ``T`` (summed over all consumers), ``L``'s own
+    variables get their gradients from ``g``; everything below ``L`` gets
+    what backpropagating ``fn(g)`` through ``L`` gives. Contributions that
+    reach a lower variable by a path that bypasses ``L`` (a skip, a
+    regularizer, a second head) are unchanged. Several upstream transforms
+    compose top-down: what arrives at a lower layer is computed from the
+    already-rewritten gradient above it.
+  * ``transform_edge(lower, upper, fn)``: only the gradient ``upper`` sends
+    directly into ``lower`` (through glue ops, along the layer-graph edge) is
+    rewritten. The order along one path is: ``upper``'s upstream transform,
+    then the edge transform, then the sum at ``lower``'s outputs, then
+    ``lower``'s upstream transform.
+  * Several transforms declared on the same layer (or edge) are chained in
+    the order they were declared.
+
+  Args:
+    loss: a floating-point tensor of a ``tf.Graph``.
+    net: the :class:`LayerGraph` of ``loss``; analysed when ``None``.
+    var_list: variables to differentiate, as for
+      ``Optimizer.compute_gradients``; defaults to the graph's trainable
+      variables. Variables the loss does not reach get ``None``.
+    gate_gradients: ``GATE_NONE`` (0), ``GATE_OP`` (1) or ``GATE_GRAPH`` (2),
+      as for ``Optimizer.compute_gradients``.
+    aggregation_method: passed to ``tf.gradients``.
+    colocate_gradients_with_ops: passed to ``tf.gradients``.
+    name: name scope for the ops graphgrad adds.
+
+  Raises:
+    GraphGradError: on a malformed argument.
+
+  Example:
+    >>> import tensorflow as tf, graphgrad as gg
+    >>> with tf.Graph().as_default():
+    ...   x = tf.constant([[1.0, 2.0]])
+    ...   with tf.compat.v1.variable_scope("l1"):
+    ...     h = x @ tf.compat.v1.get_variable("w", initializer=[[1.0], [1.0]])
+    ...   with tf.compat.v1.variable_scope("l2"):
+    ...     y = h * tf.compat.v1.get_variable("w", initializer=3.0)
+    ...   plan = gg.GradientPlan(tf.reduce_sum(y))
+    ...   gv = plan.transform_upstream("l2", gg.transforms.scale(0.5)).compute_gradients()
+    ...   with tf.compat.v1.Session() as s:
+    ...     s.run(tf.compat.v1.global_variables_initializer())
+    ...     print(s.run([g for g, _ in gv]))
+    [array([[0.75],
+           [1.5 ]], dtype=float32), 3.0]
+  """
+
+  def __init__(self, loss: tf.Tensor, net: Optional[LayerGraph] = None,
+               var_list: Optional[Sequence[tf.Variable]] = None,
+               gate_gradients: int = GATE_OP,
+               aggregation_method=None,
+               colocate_gradients_with_ops: bool = False,
+               name: str = "graphgrad"):
+    if net is None:
+      net = analyze(loss)
+    elif not isinstance(net, LayerGraph):
+      raise _errors.GraphGradError(
+          f"`net` must be a gg.LayerGraph from gg.analyze(loss); got "
+          f"{type(net).__name__}. Pass net=gg.analyze(loss) or leave it None.")
+    elif net.loss is not loss:
+      raise _errors.GraphGradError(
+          f"`net` was analysed for the loss {net.loss.name}, not for `loss` "
+          f"{getattr(loss, 'name', loss)!r}. Pass net=gg.analyze(loss) for "
+          f"this loss.")
+    if gate_gradients not in (GATE_NONE, GATE_OP, GATE_GRAPH):
+      raise _errors.GraphGradError(
+          f"`gate_gradients` must be GATE_NONE (0), GATE_OP (1) or GATE_GRAPH "
+          f"(2); got {gate_gradients!r}.")
+    self.loss = loss
+    self.net = net
+    self._var_list = self._check_var_list(var_list)
+    self._gate = gate_gradients
+    self._options = dict(
+        gate_gradients=(gate_gradients == GATE_OP),
+        aggregation_method=aggregation_method,
+        colocate_gradients_with_ops=colocate_gradients_with_ops)
+    self._name = name
+    self._upstream: Dict[str, List[Transform]] = {}
+    self._gradients: Dict[str, List[Transform]] = {}
+    self._edges: Dict[Tuple[str, str], List[Transform]] = {}
+    self._built: Optional[List[Tuple[Gradient, tf.Variable]]] = None
+    self._state: dict = {}
+
+  # -- declaring -----------------------------------------------------------
+
+  def transform_upstream(self, layer: str, fn) -> "GradientPlan":
+    """Rewrites the gradient that ``layer`` passes to everything below it.
+
+    Args:
+      layer: layer name.
+      fn: a transform or a callable ``g -> g`` keeping shape and dtype.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      LayerNotFoundError: if ``layer`` is unknown.
+      NotConnectedError: if the layer's variables do not reach the loss.
+      GraphGradError: if ``fn`` is not callable, the plan is built, or the
+        layer has no output tensor to rewrite.
+    """
+    name = self._layer(layer, "layer")
+    if not any(_differentiable(t) for t in self.net[name].outputs):
+      raise _errors.GraphGradError(
+          f"transform_upstream: layer {name!r} has no floating-point output "
+          f"on the way to the loss, so there is no upstream gradient to "
+          f"rewrite. Use transform_gradients({name!r}, fn) for its "
+          f"parameter gradients.")
+    self._upstream.setdefault(name, []).append(as_transform(fn))
+    return self
+
+  def transform_gradients(self, layer: str, fn) -> "GradientPlan":
+    """Rewrites each of ``layer``'s own parameter gradients.
+
+    Args:
+      layer: layer name.
+      fn: a transform or a callable ``g -> g`` keeping shape and dtype.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      LayerNotFoundError: if ``layer`` is unknown.
+      NotConnectedError: if the layer's variables do not reach the loss.
+      GraphGradError: if ``fn`` is not callable or the plan is built.
+    """
+    name = self._layer(layer, "layer")
+    self._gradients.setdefault(name, []).append(as_transform(fn))
+    return self
+
+  def transform_edge(self, lower: str, upper: str, fn) -> "GradientPlan":
+    """Rewrites only the gradient ``upper`` sends directly into ``lower``.
+
+    Args:
+      lower: the layer nearer the input.
+      upper: the layer nearer the loss; ``net.graph`` must have the edge
+        ``lower -> upper``.
+      fn: a transform or a callable ``g -> g`` keeping shape and dtype.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      LayerNotFoundError: if either name is unknown.
+      GraphGradError: if there is no such edge (the message lists the real
+        neighbours), ``fn`` is not callable, or the plan is built.
+    """
+    lo = self._layer(lower, "lower")
+    up = self._layer(upper, "upper")
+    if lo == up:
+      raise _errors.GraphGradError(
+          f"transform_edge: `lower` and `upper` are both {lo!r}; an edge joins "
+          f"two layers. Use transform_upstream({lo!r}, fn) instead.")
+    self.net.boundary(lo, up)  # raises with the real neighbours
+    self._edges.setdefault((lo, up), []).append(as_transform(fn))
+    return self
+
+  # -- building ------------------------------------------------------------
+
+  def compute_gradients(self) -> List[Tuple[Gradient, tf.Variable]]:
+    """Builds the plan; returns ``(gradient, variable)`` pairs.
+
+    The list has the order of ``var_list`` (or of the graph's trainable
+    variables), like ``Optimizer.compute_gradients``. A variable the loss
+    does not reach gets ``None``.
+
+    Raises:
+      IncompatibleGradientError: if a transform changes a shape or dtype.
+      UnsupportedGraphError: for a graph shape the plan cannot rewrite
+        correctly.
+    """
+    if self._built is not None:
+      return list(self._built)
+    graph = self.loss.graph
+    with graph.as_default(), tf.name_scope(self._name):
+      known = {n for n in self.net.op_graph.nodes}
+      reached = [v for v in self._var_list if v.op.name in known]
+      if not self._upstream and not self._edges:
+        grads = tf.compat.v1.gradients(self.loss, reached, **self._options)
+        by_name = {v.op.name: g for v, g in zip(reached, grads)}
+      else:
+        by_name = self._segmented(reached)
+      out = []
+      for v in self._var_list:
+        g = by_name.get(v.op.name)
+        layer = self.net.layer_of_variable(v)
+        fns = self._gradients.get(layer)
+        if fns and g is not None:
+          ctx = self._context(layer, "gradients", variable=v)
+          g = _checked(_compose(fns), g, ctx,
+                       f"transform_gradients({layer!r}) on {v.name}")
+        out.append((g, v))
+      if self._gate == GATE_GRAPH:
+        present = [(i, g) for i, (g, _) in enumerate(out) if g is not None]
+        gated = tf.tuple([g for _, g in present]) if present else []
+        for (i, _), g in zip(present, gated):
+          out[i] = (g, out[i][1])
+    self._built = out
+    log.info("graphgrad plan on %s: %d variables, %d upstream, %d gradient, "
+             "%d edge transforms", self.loss.name, len(out),
+             len(self._upstream), len(self._gradients), len(self._edges))
+    return list(out)
+
+  def _segmented(self, reached) -> Dict[str, Gradient]:
+    def upstream(name):
+      fn = _compose(self._upstream[name])
+      if is_identity(fn):
+        return None
+      return lambda g, t: _checked(
+          fn, g, self._context(name, "upstream", tensor=t),
+          f"transform_upstream({name!r}) on {t.name}")
+
+    def edge(key):
+      fn = _compose(self._edges[key])
+      return lambda g, t: _checked(
+          fn, g, self._context(key[0], "edge", tensor=t, edge=key),
+          f"transform_edge({key[0]!r}, {key[1]!r}) on {t.name}")
+
+    ups = {n: f for n in self._upstream for f in [upstream(n)] if f}
+    # A layer with only identity upstream transforms needs no cut at all.
+    edges = {k: edge(k) for k in self._edges}
+    if not ups and not edges:
+      grads = tf.compat.v1.gradients(self.loss, reached, **self._options)
+      return {v.op.name: g for v, g in zip(reached, grads)}
+    segments = Segments(self.net, reached, ups, edges, self._options)
+    contributions = segments.build(tf.ones_like(self.loss, name="seed"))
+    from graphgrad._engine import aggregate  # pylint: disable=g-import-not-at-top
+    return {v.op.name: aggregate(contributions.get(v.op.name, ()), like=v)
+            for v in reached}
+
+  def apply_gradients(self, optimizer, global_step=None,
+                      name: Optional[str] = None,
+                      update_ops: Optional[Sequence] = None) -> tf.Operation:
+    """Builds the plan and one ``optimizer.apply_gradients`` op.
+
+    Args:
+      optimizer: a ``tf.compat.v1.train.Optimizer`` (or anything with its
+        ``apply_gradients(grads_and_vars, global_step, name)``).
+      global_step: optional variable to increment once per step.
+      name: name of the returned op.
+      update_ops: ops to run before the update; defaults to the graph's
+        ``UPDATE_OPS`` collection (batch-norm moving averages), as tf-slim's
+        ``create_train_op`` does. Pass ``[]`` to run none.
+
+    Returns:
+      The train op.
+
+    Raises:
+      GraphGradError: if ``optimizer`` has no ``apply_gradients``, or no
+        variable has a gradient.
+    """
+    if not callable(getattr(optimizer, "apply_gradients", None)):
+      raise _errors.GraphGradError(
+          f"`optimizer` must have an apply_gradients(grads_and_vars, "
+          f"global_step, name) method, like tf.compat.v1.train.AdamOptimizer; "
+          f"got {type(optimizer).__name__}.")
+    gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
+    if not gv:
+      raise _errors.NotConnectedError(
+          f"no variable has a gradient from the loss {self.loss.name}; "
+          f"variables: {', '.join(v.name for v in self._var_list)}. Check "
+          f"that `var_list` holds variables the loss depends on.")
+    if update_ops is None:
+      update_ops = self.loss.graph.get_collection(
+          tf.compat.v1.GraphKeys.UPDATE_OPS)
+    with self.loss.graph.as_default():
+      with tf.control_dependencies(list(update_ops)):
+        return optimizer.apply_gradients(gv, global_step=global_step,
+                                         **({"name": name} if name else {}))
+
+  # -- helpers -------------------------------------------------------------
+
+  def _layer(self, name, arg: str) -> str:
+    if self._built is not None:
+      raise _errors.GraphGradError(
+          "this plan is already built (compute_gradients or apply_gradients "
+          "was called); declare every transform before building, or make a "
+          "new GradientPlan.")
+    if isinstance(name, str) and name not in self.net:
+      scoped = [v.name for v in _graph_util.trainable_variables(self.loss.graph)
+                if scope_of(v.op.name) == name
+                or v.op.name.startswith(name + "/")]
+      if scoped:
+        raise _errors.NotConnectedError(
+            f"`{arg}` {name!r} names variables ({', '.join(scoped)}) that the "
+            f"loss {self.loss.name} does not depend on, so the layer does not "
+            f"reach the loss. Transform a layer the loss depends on: "
+            f"{', '.join(self.net.names)}")
+    return self.net[name].name
+
+  def _check_var_list(self, var_list):
+    graph = self.loss.graph
+    if var_list is None:
+      return _graph_util.trainable_variables(graph)
+    var_list = list(var_list)
+    for v in var_list:
+      if not isinstance(v, tf.Variable):
+        raise _errors.GraphGradError(
+            f"`var_list` must hold tf.Variable objects; got "
+            f"{type(v).__name__} {v!r}. Pass e.g. "
+            f"tf.compat.v1.trainable_variables('l1_dense').")
+      if v.graph is not graph:
+        raise _errors.GraphGradError(
+            f"`var_list` holds {v.name} from another tf.Graph than the loss. "
+            f"Build variables and loss in one graph.")
+    if not var_list:
+      raise _errors.GraphGradError(
+          "`var_list` is empty. Pass None to train every trainable variable, "
+          "or list the variables to train.")
+    return var_list
+
+  def _context(self, layer, role, **kw) -> TransformContext:
+    return TransformContext(
+        layer=layer, role=role,
+        global_step=tf.compat.v1.train.get_global_step(self.loss.graph),
+        state=self._state, **kw)
+
+  def __repr__(self):
+    return (f"GradientPlan(loss={self.loss.name}, upstream={sorted(self._upstream)}, "
+            f"gradients={sorted(self._gradients)}, edges={sorted(self._edges)})")
+
+
+def _compose(fns: Sequence[Transform]) -> Transform:
+  return fns[0] if len(fns) == 1 else chain(*fns)
+
+
+def _differentiable(t) -> bool:
+  return (t.dtype.is_floating or t.dtype.is_complex) and not _graph_util.is_handle(t)
+
+
+def _checked(fn: Transform, grad: Gradient, ctx: TransformContext,
+             where: str) -> Gradient:
+  """Applies ``fn`` and checks that shape and dtype are kept."""
+  out = fn(grad, ctx)
+  if grad is None:
+    return out
+  before = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+  after = out.values if isinstance(out, tf.IndexedSlices) else out
+  if after is None:
+    raise _errors.IncompatibleGradientError(
+        f"{where}: the transform returned None for a gradient of shape "
+        f"{before.shape} {before.dtype.name}. Return a tensor; use "
+        f"gg.transforms.zero() to drop a gradient.")
+  if isinstance(grad, tf.IndexedSlices) != isinstance(out, tf.IndexedSlices):
+    raise _errors.IncompatibleGradientError(
+        f"{where}: the transform turned a "
+        f"{type(grad).__name__} gradient into a {type(out).__name__}. Keep "
+        f"sparse gradients sparse: act on .values, as gg.transforms do.")
+  try:
+    after = tf.convert_to_tensor(after)
+  except (TypeError, ValueError):
+    raise _errors.IncompatibleGradientError(
+        f"{where}: the transform returned {type(after).__name__}, not a "
+        f"tensor. Return a tensor of the same shape and dtype.") from None
+  if after.dtype != before.dtype or not after.shape.is_compatible_with(
+      before.shape):
+    raise _errors.IncompatibleGradientError(
+        f"{where}: the transform changed the gradient from shape "
+        f"{before.shape} {before.dtype.name} to shape {after.shape} "
+        f"{after.dtype.name}. A transform must keep shape and dtype.")
+  return out

@@ -1,0 +1,342 @@
+"""Gradient transforms: small values that map one gradient to another.
+
+A transform is made by a lowercase factory (``scale(0.5)``), composes with
+``chain``, and is applied by a :class:`~graphgrad.GradientPlan` to either an
+upstream gradient at a layer boundary, a layer's parameter gradients, or the
+gradient that flows along one layer-graph edge.
+
+Every transform
+
+* passes ``None`` through (a variable without a gradient stays without one),
+* keeps ``tf.IndexedSlices`` sparse by acting on ``.values``,
+* keeps shape and dtype (hyperparameters are cast to the gradient's dtype),
+* opens a name scope, so its ops group under one node in TensorBoard.
+
+A transform receives a :class:`TransformContext` that says where it is being
+applied. Stateless transforms ignore it; stateful transforms (a step counter,
+annealed noise) and transforms that see a whole layer read it.
+"""
+
+import dataclasses
+import zlib
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad._types import Gradient
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformContext:
+  """Where a transform is applied.
+
+  Attributes:
+    layer: name of the layer the gradient belongs to or flows out of.
+    role: ``"upstream"``, ``"gradients"`` or ``"edge"``.
+    variable: the variable, for a parameter gradient; else ``None``.
+    edge: ``(lower, upper)`` for an edge transform; else ``None``.
+    tensor: the forward tensor whose gradient this is, when there is one.
+    global_step: the plan's global step tensor, when one is known.
+    state: a per-plan dictionary where stateful transforms keep what they
+      create, so that it is created once per plan.
+  """
+  layer: Optional[str] = None
+  role: str = "upstream"
+  variable: Optional[tf.Variable] = None
+  edge: Optional[Tuple[str, str]] = None
+  tensor: Optional[tf.Tensor] = None
+  global_step: Optional[tf.Tensor] = None
+  state: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Transform:
+  """Base class of gradient transforms.
+
+  Subclasses implement :meth:`apply_dense`, which maps a dense tensor to a
+  tensor of the same shape and dtype. Calling the transform handles ``None``
+  and ``IndexedSlices`` and opens the name scope.
+  """
+
+  name = "transform"
+
+  def apply_dense(self, grad: tf.Tensor,
+                  context: TransformContext) -> tf.Tensor:
+    raise NotImplementedError
+
+  def __call__(self, grad: Gradient,
+               context: Optional[TransformContext] = None) -> Gradient:
+    if grad is None:
+      return None
+    context = context or TransformContext()
+    with tf.name_scope(self.name):
+      if isinstance(grad, tf.IndexedSlices):
+        values = self.apply_dense(grad.values, context)
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+      return self.apply_dense(tf.convert_to_tensor(grad), context)
+
+  def __repr__(self) -> str:
+    return f"{self.name}()"
+
+
+class _Fn(Transform):
+  """Wraps a plain callable ``g -> g`` as a transform."""
+
+  def __init__(self, fn: Callable[[tf.Tensor], tf.Tensor]):
+    self.fn = fn
+    self.name = getattr(fn, "__name__", "fn")
+    if not self.name.isidentifier():  # "<lambda>" is not a valid scope name
+      self.name = "fn"
+
+  def apply_dense(self, grad, context):
+    return self.fn(grad)
+
+  def __repr__(self):
+    return f"as_transform({self.fn!r})"
+
+
+def as_transform(fn: Any) -> Transform:
+  """Returns ``fn`` as a :class:`Transform`.
+
+  Args:
+    fn: a :class:`Transform`, or any callable mapping a gradient tensor to a
+      tensor of the same shape and dtype. A plain callable is applied to the
+      ``.values`` of sparse gradients.
+
+  Returns:
+    A transform.
+
+  Raises:
+    GraphGradError: if ``fn`` is not callable.
+
+  Example:
+    >>> t = as_transform(lambda g: 2.0 * g)
+    >>> isinstance(t, Transform)
+    True
+  """
+  if isinstance(fn, Transform):
+    return fn
+  if not callable(fn):
+    raise _errors.GraphGradError(
+        f"`fn` must be a callable that maps a gradient tensor to a tensor of "
+        f"the same shape and dtype, or a gg.transforms object; got "
+        f"{type(fn).__name__} {fn!r}. Pass e.g. gg.transforms.scale(0.5) or "
+        f"`lambda g: 0.5 * g`.")
+  return _Fn(fn)
+
+
+def _cast(value, grad: tf.Tensor) -> tf.Tensor:
+  return tf.cast(value, grad.dtype)
+
+
+class _Scale(Transform):
+  name = "scale"
+
+  def __init__(self, c):
+    self.c = c
+
+  def apply_dense(self, grad, context):
+    # Neutral values as Sonnet's scale_gradient does: no multiply at all.
+    if isinstance(self.c, (int, float)) and self.c == 1:
+      return tf.identity(grad)
+    if isinstance(self.c, (int, float)) and self.c == 0:
+      return tf.zeros_like(grad)
+    return grad * _cast(self.c, grad)
+
+  def __repr__(self):
+    return f"scale({self.c!r})"
+
+
+def scale(c) -> Transform:
+  """Multiplies the gradient by ``c``.
+
+  Args:
+    c: a Python number or a scalar tensor.
+
+  Returns:
+    A transform computing ``c * g``.
+
+  Example:
+    >>> scale(0.5)
+    scale(0.5)
+  """
+  return _Scale(c)
+
+
+class _AddNoise(Transform):
+  name = "add_noise"
+
+  def __init__(self, stddev, seed):
+    self.stddev = stddev
+    self.seed = seed
+
+  def apply_dense(self, grad, context):
+    seed = self.seed
+    if seed is not None and context.tensor is not None:
+      # One seed per transformed tensor: equal seeds on two random ops of the
+      # same shape would draw the same noise.
+      seed = (seed + zlib.crc32(context.tensor.name.encode())) % (2**31 - 1)
+    noise = tf.random.normal(tf.shape(grad), stddev=1.0, dtype=grad.dtype,
+                             seed=seed)
+    return grad + _cast(self.stddev, grad) * noise
+
+  def __repr__(self):
+    return f"add_noise({self.stddev!r}, seed={self.seed!r})"
+
+
+def add_noise(stddev, seed: Optional[int] = None) -> Transform:
+  """Adds Gaussian noise ``N(0, stddev^2)`` to the gradient.
+
+  Args:
+    stddev: standard deviation of the noise.
+    seed: op-level seed. With a graph-level seed set, the noise is repeatable;
+      each transformed tensor derives its own seed from it.
+
+  Returns:
+    A transform computing ``g + stddev * n`` with ``n ~ N(0, 1)``.
+
+  Example:
+    >>> add_noise(0.01, seed=1)
+    add_noise(0.01, seed=1)
+  """
+  return _AddNoise(stddev, seed)
+
+
+class _ClipByValue(Transform):
+  name = "clip_by_value"
+
+  def __init__(self, lo, hi):
+    self.lo, self.hi = lo, hi
+
+  def apply_dense(self, grad, context):
+    return tf.clip_by_value(grad, _cast(self.lo, grad), _cast(self.hi, grad))
+
+  def __repr__(self):
+    return f"clip_by_value({self.lo!r}, {self.hi!r})"
+
+
+def clip_by_value(lo, hi) -> Transform:
+  """Clips every element of the gradient to ``[lo, hi]``.
+
+  Raises:
+    GraphGradError: if both bounds are numbers and ``lo > hi``.
+
+  Example:
+    >>> clip_by_value(-1.0, 1.0)
+    clip_by_value(-1.0, 1.0)
+  """
+  if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo > hi:
+    raise _errors.GraphGradError(
+        f"clip_by_value: `lo` must not exceed `hi`; got lo={lo}, hi={hi}. "
+        "Swap the bounds.")
+  return _ClipByValue(lo, hi)
+
+
+class _ClipByNorm(Transform):
+  name = "clip_by_norm"
+
+  def __init__(self, c):
+    self.c = c
+
+  def apply_dense(self, grad, context):
+    return tf.clip_by_norm(grad, _cast(self.c, grad))
+
+  def __repr__(self):
+    return f"clip_by_norm({self.c!r})"
+
+
+def clip_by_norm(c) -> Transform:
+  """Rescales the gradient so that its L2 norm is at most ``c``.
+
+  For a sparse gradient the norm is that of its ``.values``.
+
+  Raises:
+    GraphGradError: if ``c`` is a number that is not positive.
+
+  Example:
+    >>> clip_by_norm(1.0)
+    clip_by_norm(1.0)
+  """
+  if isinstance(c, (int, float)) and c <= 0:
+    raise _errors.GraphGradError(
+        f"clip_by_norm: `c` must be a positive norm bound; got {c}. "
+        "Use gg.transforms.zero() to drop a gradient.")
+  return _ClipByNorm(c)
+
+
+def reverse(lam=1.0) -> Transform:
+  """Reverses the gradient and scales it by ``lam``: ``-lam * g``.
+
+  On an edge this is a gradient reversal layer (Ganin & Lempitsky, 2015).
+
+  Example:
+    >>> reverse(0.3)
+    scale(-0.3)
+  """
+  if isinstance(lam, (int, float)):
+    return _Scale(-lam)
+  return _Scale(-tf.convert_to_tensor(lam))
+
+
+def zero() -> Transform:
+  """Replaces the gradient by zeros of the same shape.
+
+  Example:
+    >>> zero()
+    scale(0)
+  """
+  return _Scale(0)
+
+
+def identity() -> Transform:
+  """Leaves the gradient as it is.
+
+  Example:
+    >>> identity()
+    scale(1)
+  """
+  return _Scale(1)
+
+
+class _Chain(Transform):
+  name = "chain"
+
+  def __init__(self, transforms):
+    self.transforms = tuple(transforms)
+
+  def __call__(self, grad, context=None):
+    with tf.name_scope(self.name):
+      for t in self.transforms:
+        grad = t(grad, context)
+    return grad
+
+  def __repr__(self):
+    return "chain(" + ", ".join(map(repr, self.transforms)) + ")"
+
+
+def chain(*transforms) -> Transform:
+  """Applies transforms one after another, first to last.
+
+  Args:
+    *transforms: transforms or plain callables.
+
+  Returns:
+    A transform.
+
+  Raises:
+    GraphGradError: if an argument is not callable.
+
+  Example:
+    >>> chain(scale(2.0), clip_by_norm(1.0))
+    chain(scale(2.0), clip_by_norm(1.0))
+  """
+  return _Chain(as_transform(t) for t in transforms)
+
+
+def is_identity(transform: Transform) -> bool:
+  """True when ``transform`` is known to leave every gradient unchanged."""
+  if isinstance(transform, _Scale):
+    return isinstance(transform.c, (int, float)) and transform.c == 1
+  if isinstance(transform, _Chain):
+    return all(is_identity(t) for t in transform.transforms)
+  return False

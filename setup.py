@@ -1,0 +1,5 @@
+"""graphgrad's metadata lives in setup.cfg."""
+
+from setuptools import setup
+
+setup()

@@ -1,0 +1,53 @@
+"""Graph builders and evaluation helpers shared by the tests."""
+
+import zlib
+
+import numpy as np
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+
+def dense(x, units, name, activation=None, seed=0):
+  """A dense layer from get_variable with fixed initial values."""
+  rng = np.random.default_rng(zlib.crc32(name.encode()) + seed)
+  fan_in = int(x.shape[-1])
+  with tf1.variable_scope(name):
+    w = tf1.get_variable(
+        "kernel", initializer=(rng.normal(size=(fan_in, units))
+                               / np.sqrt(fan_in)).astype(np.float32))
+    b = tf1.get_variable(
+        "bias", initializer=rng.normal(size=(units,)).astype(np.float32) * 0.1)
+    out = tf.nn.bias_add(tf.matmul(x, w), b)
+    return activation(out) if activation else out
+
+
+def evaluate(tensors, feed=None):
+  """Initializes the default graph's variables and evaluates ``tensors``."""
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    return sess.run(tensors, feed)
+
+
+def densify(g):
+  """A numpy array from a dense or IndexedSlices gradient value."""
+  if hasattr(g, "indices") and hasattr(g, "dense_shape"):  # IndexedSlicesValue
+    out = np.zeros(g.dense_shape, g.values.dtype)
+    np.add.at(out, g.indices, g.values)
+    return out
+  return g
+
+
+def assert_grads_close(actual, expected, rtol=1e-5, atol=1e-6):
+  assert len(actual) == len(expected)
+  for a, e in zip(actual, expected):
+    np.testing.assert_allclose(densify(a), densify(e), rtol=rtol, atol=atol)
+
+
+def add(*grad_lists):
+  """Elementwise sum of gradient lists, treating None as zero."""
+  out = []
+  for parts in zip(*grad_lists):
+    parts = [p for p in parts if p is not None]
+    out.append(tf.add_n(parts) if parts else None)
+  return out
