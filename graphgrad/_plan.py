@@ -73,9 +73,8 @@ class GradientPlan:
     ...   gv = plan.transform_upstream("l2", gg.transforms.scale(0.5)).compute_gradients()
     ...   with tf.compat.v1.Session() as s:
     ...     s.run(tf.compat.v1.global_variables_initializer())
-    ...     print(s.run([g for g, _ in gv]))
-    [array([[0.75],
-           [1.5 ]], dtype=float32), 3.0]
+    ...     print([s.run(g).tolist() for g, _ in gv])
+    [[[1.5], [3.0]], 3.0]
   """
 
   def __init__(self, loss: tf.Tensor, net: Optional[LayerGraph] = None,
