@@ -14,8 +14,9 @@ def _quiet_tf() -> None:
 class _Progress:
   """A one-line progress bar on a terminal; a few plain lines elsewhere."""
 
-  def __init__(self, total: int, stream=sys.stderr, width: int = 30):
-    self.total, self.stream, self.width = total, stream, width
+  def __init__(self, total: int, stream=None, width: int = 30):
+    self.total, self.width = total, width
+    self.stream = stream or sys.stderr
     self.tty = stream.isatty()
     self.start = time.perf_counter()
     self._last_tenth = -1
