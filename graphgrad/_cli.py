@@ -17,7 +17,7 @@ class _Progress:
   def __init__(self, total: int, stream=None, width: int = 30):
     self.total, self.width = total, width
     self.stream = stream or sys.stderr
-    self.tty = stream.isatty()
+    self.tty = self.stream.isatty()
     self.start = time.perf_counter()
     self._last_tenth = -1
 
