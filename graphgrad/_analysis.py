@@ -97,10 +97,12 @@ class LayerGraph:
       ``tensors`` holds the boundary tensors.
     op_graph: ``networkx.DiGraph`` on op names of the forward graph, with node
       attribute ``op`` (the ``tf.Operation``) and ``layer`` (its layer name,
-      or ``None`` for glue).
+      or ``None`` for glue). It is a DAG: the back-edges of
+      ``tf.compat.v1`` while loops are listed in ``loop_edges`` instead.
   """
 
-  def __init__(self, loss, layers, graph, op_graph, op_layer, topo_index):
+  def __init__(self, loss, layers, graph, op_graph, op_layer, topo_index,
+               loop_edges=()):
     self.loss = loss
     self.layers: Tuple[Layer, ...] = tuple(layers)
     self.graph: nx.DiGraph = graph
@@ -108,6 +110,9 @@ class LayerGraph:
     self._by_name = {l.name: l for l in self.layers}
     self._op_layer: Dict[str, Optional[str]] = op_layer
     self._topo_index: Dict[str, int] = topo_index
+    # tf.compat.v1 while loops: NextIteration -> Merge edges, left out of
+    # op_graph so that it stays a DAG.
+    self.loop_edges: Tuple[Tuple[str, str], ...] = tuple(loop_edges)
     self._var_layer = {v.op.name: l.name for l in self.layers
                        for v in l.variables}
 
@@ -308,6 +313,8 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
   op_graph.add_edges_from((t.op.name, op.name) for op in fwd_ops
                           for t in _graph_util.data_inputs(op))
   topo_index = {name: i for i, name in enumerate(nx.topological_sort(op_graph))}
+  loop_edges = [(t.op.name, op.name) for op in fwd_ops for t in op.inputs
+                if _graph_util.is_back_edge(t, op)]
 
   consumers = _graph_util.forward_consumers(fwd_ops)
   members: Dict[str, List[tf.Operation]] = collections.defaultdict(list)
@@ -329,7 +336,7 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
   lgraph = _layer_graph(layer_objs, op_layer, loss)
   order = _layer_order(lgraph, layer_objs, topo_index)
   net = LayerGraph(loss, [layer_objs[n] for n in order], lgraph, op_graph,
-                   op_layer, topo_index)
+                   op_layer, topo_index, loop_edges)
   log.debug("analyzed %s: %d layers, %d forward ops, %d layer edges",
             loss.name, len(order), len(fwd_ops), lgraph.number_of_edges())
   return net
@@ -509,7 +516,7 @@ def _layer_io(ops, name, op_layer, consumers, loss):
   inputs, outputs = [], []
   seen_in, seen_out = set(), set()
   for op in ops:
-    for t in _graph_util.data_inputs(op):
+    for t in op.inputs:
       if op_layer.get(t.op.name) != name and not _graph_util.is_handle(t):
         if t.name not in seen_in:
           seen_in.add(t.name)
@@ -566,7 +573,7 @@ def _glue_sources(tensors: Iterable[tf.Tensor], op_layer, found,
     if owner is not None:
       found[owner][t.name] = t
     else:
-      stack.extend(_graph_util.data_inputs(t.op))
+      stack.extend(t.op.inputs)
 
 
 def _layer_order(lgraph, layers, topo_index) -> List[str]:

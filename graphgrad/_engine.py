@@ -94,10 +94,14 @@ class Segments:
   def _variable_dependent_ops(self) -> Set[str]:
     """Forward ops downstream of a differentiated variable."""
     g = self.net.op_graph
+    loops = collections.defaultdict(list)
+    for src, dst in self.net.loop_edges:
+      loops[src].append(dst)
     seen = {n for n in self.variables if n in g}
     stack = list(seen)
     while stack:
-      for nxt in g.successors(stack.pop()):
+      cur = stack.pop()
+      for nxt in list(g.successors(cur)) + loops.get(cur, []):
         if nxt not in seen:
           seen.add(nxt)
           stack.append(nxt)
@@ -156,19 +160,28 @@ class Segments:
     stack = list(start_ops)
     while stack:
       op = stack.pop()
-      for t in _graph_util.data_inputs(op):
+      for t in op.inputs:
         p = t.op
         if _graph_util.is_handle(t):
-          if p.name in self.variables:
-            var_names[p.name] = None
+          var = _graph_util.variable_of_handle(t)
+          if var in self.variables:
+            var_names[var] = None
           continue
-        if p.name not in self._dep or not differentiable(t):
+        # Variant tensors (TensorLists of while_v2 loops) carry gradients
+        # too; they are walked through, never cut.
+        if p.name not in self._dep or not (differentiable(t)
+                                           or t.dtype == tf.variant):
           continue
         if inside is not None:
           if net.layer_of(p) != inside:
             targets[t.name] = t
             continue
         elif p.name in self.cut_ops:
+          if not differentiable(t):
+            raise _errors.UnsupportedGraphError(
+                f"the cut op {p.name} also passes gradient through its "
+                f"{t.dtype.name} output {t.name}, which a transform cannot "
+                f"take. Transform a layer whose boundary is a plain tensor.")
           targets[t.name] = t
           continue
         if p.name not in seen:

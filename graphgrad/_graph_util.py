@@ -18,22 +18,40 @@ def is_handle(t: tf.Tensor) -> bool:
   return t.dtype == tf.resource or t.dtype._is_ref_dtype  # pylint: disable=protected-access
 
 
+_HANDLE_FORWARDING_OPS = frozenset({
+    "Enter", "RefEnter", "Identity", "RefIdentity", "Switch", "RefSwitch"})
+
+
+def variable_of_handle(t: tf.Tensor) -> Optional[str]:
+  """Name of the variable op behind a handle, through loop ``Enter`` ops."""
+  op = t.op
+  while op.type in _HANDLE_FORWARDING_OPS and op.inputs:
+    op = op.inputs[0].op
+  return op.name if op.type in _VARIABLE_OPS else None
+
+
 def read_variable_source(op: tf.Operation) -> Optional[str]:
   """Name of the variable op that ``op`` reads whole, else ``None``."""
   if op.type == "ReadVariableOp" and op.inputs:
-    return op.inputs[0].op.name
+    return variable_of_handle(op.inputs[0])
   if (op.type == "Identity" and op.inputs
       and op.inputs[0].op.type in _VARIABLE_OPS):
     return op.inputs[0].op.name
   return None
 
 
+def is_back_edge(t: tf.Tensor, op: tf.Operation) -> bool:
+  """True for a ``tf.compat.v1`` while loop's ``NextIteration -> Merge``."""
+  return (op.type in ("Merge", "RefMerge")
+          and t.op.type in ("NextIteration", "RefNextIteration"))
+
+
 def data_inputs(op: tf.Operation) -> List[tf.Tensor]:
   """The op's data inputs, without TF1 loop back-edges.
 
   A ``Merge`` of a ``tf.compat.v1`` while loop takes its ``NextIteration``
-  as input; that edge makes the graph cyclic and is skipped, as
-  ``tf.gradients`` does.
+  as input; that edge makes the graph cyclic. The op graph leaves it out to
+  stay a DAG; walks that must reach a loop body use ``op.inputs``.
   """
   if op.type in ("Merge", "RefMerge"):
     return [t for t in op.inputs
@@ -48,7 +66,7 @@ def forward_ops(loss: tf.Tensor) -> List[tf.Operation]:
   stack = [loss.op]
   while stack:
     op = stack.pop()
-    for t in data_inputs(op):
+    for t in op.inputs:
       if t.op.name not in seen:
         seen.add(t.op.name)
         found.append(t.op)
@@ -62,7 +80,7 @@ def forward_consumers(fwd_ops: Iterable[tf.Operation]
   """Maps tensor name -> its consumers among ``fwd_ops``."""
   result: Dict[str, List[tf.Operation]] = collections.defaultdict(list)
   for op in fwd_ops:
-    for t in data_inputs(op):
+    for t in op.inputs:
       result[t.name].append(op)
   return result
 
@@ -80,5 +98,11 @@ def trainable_variables(graph: tf.Graph) -> List[tf.Variable]:
 
 
 def in_control_flow(op: tf.Operation) -> bool:
-  """True when ``op`` sits inside a ``tf.compat.v1`` while loop or cond."""
-  return op._get_control_flow_context() is not None  # pylint: disable=protected-access
+  """True when ``op``'s outputs live inside a ``tf.compat.v1`` loop or cond.
+
+  A loop's ``Exit`` sits in the loop's context, but its output is outside.
+  """
+  ctx = op._get_control_flow_context()  # pylint: disable=protected-access
+  if ctx is not None and op.type in ("Exit", "RefExit"):
+    ctx = ctx.outer_context
+  return ctx is not None
