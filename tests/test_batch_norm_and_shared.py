@@ -1,0 +1,130 @@
+"""Batch norm with UPDATE_OPS, shared (reused) layers, unconnected layers."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphgrad as gg
+from helpers import assert_grads_close, dense, evaluate
+
+tf1 = tf.compat.v1
+
+
+def _vars(scope):
+  return tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, scope + "/")
+
+
+def _feed(*xs, seed=0):
+  rng = np.random.default_rng(seed)
+  return {x: rng.normal(size=(8, int(x.shape[-1]))).astype(np.float32)
+          for x in xs}
+
+
+def test_batch_norm_statistics_update_and_gamma_beta_gradients(graph):
+  x = tf1.placeholder(tf.float32, [None, 4])
+  h = dense(x, 6, "l1")
+  h = tf1.layers.batch_normalization(h, training=True, name="bn")
+  top = dense(tf.nn.relu(h), 2, "l2")
+  loss = tf.reduce_sum(tf.square(top))
+  plan = gg.GradientPlan(loss).transform_upstream("l2", gg.transforms.scale(0.25))
+  assert "bn" in plan.net.names
+  got = dict((v.name, g) for g, v in plan.compute_gradients())
+  below = _vars("l1") + _vars("bn")
+  assert [v.name for v in _vars("bn")] == ["bn/gamma:0", "bn/beta:0"]
+  g_top = tf.gradients(loss, top)[0]
+  want = tf.gradients(top, below, grad_ys=0.25 * g_top)
+  feed = _feed(x)
+  actual, expected = evaluate([[got[v.name] for v in below], want], feed)
+  assert_grads_close(actual, expected)
+  train = plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.1))
+  moving_mean = [v for v in tf1.global_variables()
+                 if v.name == "bn/moving_mean:0"][0]
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    before = sess.run(moving_mean)
+    sess.run(train, feed)
+    after = sess.run(moving_mean)
+  assert not np.allclose(after, before)  # the train op ran UPDATE_OPS
+
+
+def test_shared_tower_is_summed_over_call_sites(graph):
+  x1 = tf1.placeholder(tf.float32, [None, 4])
+  x2 = tf1.placeholder(tf.float32, [None, 4])
+  s1 = dense(x1, 5, "stem_a", tf.tanh)
+  s2 = dense(x2, 5, "stem_b", tf.tanh)
+  t1 = tf1.layers.dense(s1, 3, name="tower",
+                        kernel_initializer=tf1.ones_initializer())
+  t2 = tf1.layers.dense(s2, 3, name="tower", reuse=True)
+  loss = tf.reduce_sum(tf.square(dense(tf.concat([t1, t2], 1), 2, "head")))
+  net = gg.analyze(loss)
+  assert net["tower"].call_sites == 2
+  clip = gg.transforms.clip_by_norm(0.05)
+  plan = (gg.GradientPlan(loss, net)
+          .transform_upstream("tower", clip)
+          .transform_gradients("tower", gg.transforms.scale(0.5)))
+  got = dict((v.name, g) for g, v in plan.compute_gradients())
+  g1, g2 = tf.gradients(loss, [t1, t2])
+  # Each call site's boundary tensor gets its own upstream transform; the
+  # tower's own parameters get the plain gradient summed over both sites.
+  want = (tf.gradients(t1, _vars("stem_a"), grad_ys=tf.clip_by_norm(g1, 0.05))
+          + tf.gradients(t2, _vars("stem_b"), grad_ys=tf.clip_by_norm(g2, 0.05))
+          + [0.5 * g for g in tf.gradients(loss, _vars("tower"))])
+  order = _vars("stem_a") + _vars("stem_b") + _vars("tower")
+  feed = _feed(x1, x2)
+  actual, expected = evaluate([[got[v.name] for v in order], want], feed)
+  assert_grads_close(actual, expected)
+
+
+def test_layer_reused_in_series_through_glue_is_refused(graph):
+  x = tf1.placeholder(tf.float32, [None, 4])
+  h = tf.tanh(tf1.layers.dense(x, 4, name="cell"))  # activation is glue
+  h = tf.tanh(tf1.layers.dense(h, 4, name="cell", reuse=True))
+  loss = tf.reduce_sum(dense(h, 1, "head"))
+  plan = gg.GradientPlan(loss).transform_upstream("cell", gg.transforms.scale(2.0))
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match=r"feed back into themselves.*reused in series"):
+    plan.compute_gradients()
+
+
+def test_layer_reused_in_series_inside_its_scope_is_one_block(graph):
+  x = tf1.placeholder(tf.float32, [None, 4])
+  s = dense(x, 4, "stem", tf.tanh)
+  h = tf1.layers.dense(s, 4, name="cell", activation=tf.tanh)
+  h = tf1.layers.dense(h, 4, name="cell", activation=tf.tanh, reuse=True)
+  loss = tf.reduce_sum(tf.square(dense(h, 1, "head")))
+  plan = gg.GradientPlan(loss).transform_upstream("cell", gg.transforms.scale(-2.0))
+  got = dict((v.name, g) for g, v in plan.compute_gradients())
+  g_h = tf.gradients(loss, h)[0]
+  want = (tf.gradients(h, _vars("stem"), grad_ys=-2.0 * g_h)
+          + tf.gradients(loss, _vars("cell")))
+  order = _vars("stem") + _vars("cell")
+  actual, expected = evaluate([[got[v.name] for v in order], want], _feed(x))
+  assert_grads_close(actual, expected)
+
+
+def test_unconnected_variables_get_none_and_cannot_be_transformed(graph):
+  x = tf1.placeholder(tf.float32, [None, 4])
+  loss = tf.reduce_sum(tf.square(dense(dense(x, 3, "a"), 2, "b")))
+  dense(x, 2, "orphan")  # trainable, but not on the way to the loss
+  plan = gg.GradientPlan(loss)
+  with pytest.raises(gg.NotConnectedError,
+                     match=r"'orphan' names variables .* does not reach the loss"):
+    plan.transform_upstream("orphan", gg.transforms.scale(2.0))
+  gv = plan.compute_gradients()
+  assert [g is None for g, v in gv] == [False] * 4 + [True] * 2
+  train = plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.1))
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    orphan = sess.run(_vars("orphan"))
+    sess.run(train, _feed(x))
+    for before, after in zip(orphan, sess.run(_vars("orphan"))):
+      np.testing.assert_array_equal(before, after)
+
+
+def test_no_gradient_at_all_is_a_clear_error(graph):
+  x = tf1.placeholder(tf.float32, [None, 4])
+  loss = tf.reduce_sum(tf.square(dense(dense(x, 3, "a"), 2, "b")))
+  dense(x, 2, "orphan")
+  plan = gg.GradientPlan(loss, var_list=_vars("orphan"))
+  with pytest.raises(gg.NotConnectedError, match=r"no variable has a gradient"):
+    plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.1))
