@@ -176,12 +176,16 @@ class Segments:
           if net.layer_of(p) != inside:
             targets[t.name] = t
             continue
-        elif p.name in self.cut_ops:
-          if not differentiable(t):
+        elif p.name in self.cut_ops or net.layer_of(p) in self.cut_layers:
+          if not differentiable(t) or p.name not in self.cut_ops:
+            # Only a non-float output of a rewritten layer gets here: the
+            # gradient would enter the layer past its transform.
             raise _errors.UnsupportedGraphError(
-                f"the cut op {p.name} also passes gradient through its "
+                f"gradient flows into layer {net.layer_of(p)!r} through its "
                 f"{t.dtype.name} output {t.name}, which a transform cannot "
-                f"take. Transform a layer whose boundary is a plain tensor.")
+                f"act on. Transform a layer whose outputs are all "
+                f"floating-point tensors, or group the op that reads "
+                f"{t.name} into the same layer.")
           targets[t.name] = t
           continue
         if p.name not in seen:
