@@ -286,7 +286,7 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
     >>> list(net.graph.edges)
     [('l1', 'l2')]
   """
-  _check_loss(loss)
+  check_loss(loss)
   if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool)
                             or depth < 1):
     raise _errors.GraphGradError(
@@ -342,7 +342,8 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
   return net
 
 
-def _check_loss(loss) -> None:
+def check_loss(loss) -> None:
+  """Raises GraphGradError unless ``loss`` is a float tensor of a graph."""
   if isinstance(loss, tf.Variable):
     raise _errors.GraphGradError(
         f"`loss` must be a floating-point tensor of a tf.Graph; got the "

@@ -6,8 +6,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from graphgrad import _errors, _graph_util
-from graphgrad._analysis import LayerGraph, analyze, scope_of
-from graphgrad._engine import Segments
+from graphgrad._analysis import LayerGraph, analyze, check_loss, scope_of
+from graphgrad._engine import Segments, aggregate
 from graphgrad._transforms import (Transform, TransformContext, as_transform,
                                    chain, is_identity)
 from graphgrad._types import Gradient, GradsAndVars
@@ -84,7 +84,9 @@ class GradientPlan:
                colocate_gradients_with_ops: bool = False,
                name: str = "graphgrad"):
     if net is None:
-      net = analyze(loss)
+      # Analysed on first use: a plan without transforms needs no analysis,
+      # so it costs exactly what Optimizer.minimize costs.
+      check_loss(loss)
     elif not isinstance(net, LayerGraph):
       raise _errors.GraphGradError(
           f"`net` must be a gg.LayerGraph from gg.analyze(loss); got "
@@ -99,7 +101,7 @@ class GradientPlan:
           f"`gate_gradients` must be GATE_NONE (0), GATE_OP (1) or GATE_GRAPH "
           f"(2); got {gate_gradients!r}.")
     self.loss = loss
-    self.net = net
+    self._net = net
     self._var_list = self._check_var_list(var_list)
     self._gate = gate_gradients
     self._options = dict(
@@ -112,6 +114,13 @@ class GradientPlan:
     self._edges: Dict[Tuple[str, str], List[Transform]] = {}
     self._built: Optional[List[Tuple[Gradient, tf.Variable]]] = None
     self._state: dict = {}
+
+  @property
+  def net(self) -> LayerGraph:
+    """The plan's :class:`LayerGraph` (analysed on first use)."""
+    if self._net is None:
+      self._net = analyze(self.loss)
+    return self._net
 
   # -- declaring -----------------------------------------------------------
 
@@ -205,17 +214,20 @@ class GradientPlan:
       return list(self._built)
     graph = self.loss.graph
     with graph.as_default(), tf.name_scope(self._name):
-      known = {n for n in self.net.op_graph.nodes}
-      reached = [v for v in self._var_list if v.op.name in known]
       if not self._upstream and not self._edges:
-        grads = tf.compat.v1.gradients(self.loss, reached, **self._options)
-        by_name = {v.op.name: g for v, g in zip(reached, grads)}
+        # The very call Optimizer.compute_gradients makes; unreached
+        # variables get None from it.
+        grads = tf.compat.v1.gradients(self.loss, self._var_list,
+                                       **self._options)
+        by_name = {v.op.name: g for v, g in zip(self._var_list, grads)}
       else:
-        by_name = self._segmented(reached)
+        known = self.net.op_graph
+        by_name = self._segmented(
+            [v for v in self._var_list if v.op.name in known])
       out = []
       for v in self._var_list:
         g = by_name.get(v.op.name)
-        layer = self.net.layer_of_variable(v)
+        layer = self.net.layer_of_variable(v) if self._gradients else None
         fns = self._gradients.get(layer)
         if fns and g is not None:
           ctx = self._context(layer, "gradients", variable=v)
@@ -256,7 +268,6 @@ class GradientPlan:
       return {v.op.name: g for v, g in zip(reached, grads)}
     segments = Segments(self.net, reached, ups, edges, self._options)
     contributions = segments.build(tf.ones_like(self.loss, name="seed"))
-    from graphgrad._engine import aggregate  # pylint: disable=g-import-not-at-top
     return {v.op.name: aggregate(contributions.get(v.op.name, ()), like=v)
             for v in reached}
 
