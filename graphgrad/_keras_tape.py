@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._plan import _checked
-from graphgrad._transforms import TransformContext
+from graphgrad._transforms import TransformContext, is_identity
 
 log = logging.getLogger("graphgrad")
 
@@ -152,14 +152,16 @@ class PlanTape:
       sources = list(plan.model.trainable_variables)
     grads = self._tape.gradient(target, sources, output_gradients,
                                 unconnected_gradients)
-    if not plan._gradients:  # pylint: disable=protected-access
+    todo = [(p, fn) for p, fn in plan._gradients  # pylint: disable=protected-access
+            if not is_identity(fn)]
+    if not todo:
       return grads
     flat_s = tf.nest.flatten(sources)
     flat_g = tf.nest.flatten(grads)
     refs = [v.ref() if v is not None else None
             for v in map(tf_variable, flat_s)]
     with tf.name_scope(plan._name):  # pylint: disable=protected-access
-      for path, fn in plan._gradients:  # pylint: disable=protected-access
+      for path, fn in todo:
         own = plan._own_refs(path)  # pylint: disable=protected-access
         for i, ref in enumerate(refs):
           if ref in own and flat_g[i] is not None:

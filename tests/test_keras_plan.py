@@ -334,3 +334,30 @@ def test_a_layer_called_twice_is_rewritten_at_each_call(K):
   for v, w in zip(a.trainable_variables + b.trainable_variables
                   + shared.trainable_variables, want_a + want_b + want_shared):
     np.testing.assert_allclose(got[id(v)], w, rtol=RTOL, atol=ATOL)
+
+
+def test_identity_plan_traces_the_plain_graph(K):
+  # The cost claim behind the benchmark, without timing: an identity plan
+  # intercepts nothing, so its traced step has exactly the plain step's ops.
+  case = keras_cases.Chain
+  model = keras_cases.keras_model(case, K)
+  x, labels = keras_cases.batch(case)
+  plan = (gg.KerasPlan(model)
+          .transform_upstream("l2", gg.transforms.identity())
+          .transform_gradients("l1", gg.transforms.identity()))
+
+  @tf.function
+  def plain(x):
+    with tf.GradientTape() as tape:
+      loss = case.loss(_as_list(model(x)), labels)
+    return tape.gradient(loss, model.trainable_variables)
+
+  @tf.function
+  def planned(x):
+    with plan.tape() as tape:
+      loss = case.loss(_as_list(model(x)), labels)
+    return tape.gradient(loss)
+
+  ops = [sorted(op.type for op in f.get_concrete_function(
+      tf.constant(x)).graph.get_operations()) for f in (plain, planned)]
+  assert ops[0] == ops[1]
