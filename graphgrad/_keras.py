@@ -13,15 +13,15 @@ inside ``tf.function``.
 """
 
 import logging
-from typing import Any, Dict, List, Optional, Tuple
-
-import tensorflow as tf
+from typing import Any, Dict, List, Tuple, Union
 
 from graphgrad import _errors
 from graphgrad._keras_tape import PlanTape, children, layer_variables
 from graphgrad._transforms import Transform, as_transform, chain, is_identity
 
 log = logging.getLogger("graphgrad")
+
+LayerRef = Union[str, Any]  # a Keras layer name or path, or the layer itself
 
 
 class KerasPlan:
@@ -75,7 +75,7 @@ class KerasPlan:
     [[[1.0]], [[2.0]]]
   """
 
-  def __init__(self, model, global_step=None, name: str = "graphgrad"):
+  def __init__(self, model: Any, global_step=None, name: str = "graphgrad"):
     if not callable(getattr(model, "_flatten_layers", None)):
       raise _errors.GraphGradError(
           f"`model` must be a Keras model or layer (Keras 3 or tf-keras); got "
@@ -93,7 +93,7 @@ class KerasPlan:
 
   # -- declaring -----------------------------------------------------------
 
-  def transform_upstream(self, layer, fn) -> "KerasPlan":
+  def transform_upstream(self, layer: LayerRef, fn) -> "KerasPlan":
     """Rewrites the gradient that ``layer`` passes to everything below it.
 
     Args:
@@ -111,7 +111,7 @@ class KerasPlan:
     self._upstream.setdefault(name, []).append(as_transform(fn))
     return self
 
-  def transform_gradients(self, layer, fn) -> "KerasPlan":
+  def transform_gradients(self, layer: LayerRef, fn) -> "KerasPlan":
     """Rewrites each of ``layer``'s own parameter gradients.
 
     Args:
@@ -129,7 +129,7 @@ class KerasPlan:
     self._gradients.append((name, as_transform(fn)))
     return self
 
-  def transform_edge(self, lower, upper, fn) -> "KerasPlan":
+  def transform_edge(self, lower: LayerRef, upper: LayerRef, fn) -> "KerasPlan":
     """Rewrites only the gradient ``upper`` sends directly into ``lower``.
 
     Args:
@@ -144,7 +144,8 @@ class KerasPlan:
     Raises:
       LayerNotFoundError: if either name is not in the model.
       GraphGradError: if both name one layer, ``fn`` is not callable or a
-        tape was opened.
+        tape was opened. When ``upper``'s backward finds no gradient into
+        ``lower``'s outputs, ``tape.gradient`` raises ``NotConnectedError``.
     """
     lo = self._declare(lower, "lower")
     up = self._declare(upper, "upper")

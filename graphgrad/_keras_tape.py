@@ -95,6 +95,9 @@ class PlanTape:
     self._pause_depth = 0
     self._paused: Optional[contextlib.ExitStack] = None
     self._entered = False
+    # Edges whose upper layer's backward ran, and those that found a share.
+    self._edges_run: set = set()
+    self._edges_fed: set = set()
 
   # -- GradientTape surface ------------------------------------------------
 
@@ -152,6 +155,7 @@ class PlanTape:
       sources = list(plan.model.trainable_variables)
     grads = self._tape.gradient(target, sources, output_gradients,
                                 unconnected_gradients)
+    self._check_edges()
     todo = [(p, fn) for p, fn in plan._gradients  # pylint: disable=protected-access
             if not is_identity(fn)]
     if not todo:
@@ -197,6 +201,8 @@ class PlanTape:
       had = "call" in layer.__dict__
       self._restore.append((layer, had, layer.__dict__.get("call")))
       object.__setattr__(layer, "call", self._wrapper(path, layer, layer.call))
+    log.debug("graphgrad KerasPlan tape: intercepting %d layers of %s",
+              len(paths), plan.model.name)
 
   def _unpatch(self) -> None:
     while self._restore:
@@ -279,6 +285,7 @@ class PlanTape:
         with tf.name_scope(self._plan._name):  # pylint: disable=protected-access
           dx, dv = self._backward(path, inner, out, xs_in, dys,
                                   list(variables or []))
+          self._edges_run.update(k for k in self._edges if k[1] == path)
           return dx + self._edge_grads(entries, xs, dx), dv
 
       return out, grad
@@ -346,6 +353,7 @@ class PlanTape:
                        f"transform_edge({lo!r}, {upper!r}) on {_describe(t)}")
         extra.append(new if via_glue is None else _dense(new) - via_glue)
         direct_inputs.update(direct[j])
+        self._edges_fed.add((lo, upper))
     for i in direct_inputs:
       dx[i] = None
     return extra
@@ -361,6 +369,16 @@ class PlanTape:
           f"Call the model inside `with plan.tape() as tape:` (the forward "
           f"pass must run under the tape), or drop the transforms on layers "
           f"this model's call does not use.")
+
+  def _check_edges(self) -> None:
+    for lo, up in sorted(self._edges_run - self._edges_fed):
+      raise _errors.NotConnectedError(
+          f"transform_edge({lo!r}, {up!r}): {up!r} ran, but no gradient "
+          f"from it reached {lo!r}'s outputs through ops and layers without "
+          f"variables, so the edge carries nothing. Name a `lower` whose "
+          f"output feeds `upper` directly (activations, additions, "
+          f"concatenations in between are fine), or use "
+          f"transform_upstream on the layer in between.")
 
   def _context(self, layer, role, **kw) -> TransformContext:
     t = kw.get("tensor")

@@ -138,3 +138,22 @@ def test_a_tape_is_used_once(K):
   with pytest.raises(gg.GraphGradError, match="already used"):
     with tape:
       pass
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_edge_between_layers_that_are_not_adjacent(K, mode):
+  # l1 reaches l3 only through l2, a layer: there is no l1 -> l3 edge.
+  model = _chain(K)
+  plan = gg.KerasPlan(model).transform_edge("l1", "l3",
+                                            gg.transforms.reverse())
+
+  def step(x):
+    with plan.tape() as tape:
+      loss = tf.reduce_sum(model(x))
+    return tape.gradient(loss)
+
+  step = tf.function(step) if mode == "function" else step
+  with pytest.raises(gg.NotConnectedError,
+                     match=r"transform_edge\('l1', 'l3'\): 'l3' ran, but no "
+                           r"gradient from it reached 'l1'"):
+    step(_x())

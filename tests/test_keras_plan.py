@@ -361,3 +361,20 @@ def test_identity_plan_traces_the_plain_graph(K):
   ops = [sorted(op.type for op in f.get_concrete_function(
       tf.constant(x)).graph.get_operations()) for f in (plain, planned)]
   assert ops[0] == ops[1]
+
+
+def test_persistent_tape_gives_the_same_gradients_twice(K):
+  case = keras_cases.TwoHeads
+  model = keras_cases.keras_model(case, K)
+  x, labels = keras_cases.batch(case)
+  plan = case.declare(gg.KerasPlan(model), gg)
+  with plan.tape(persistent=True) as tape:
+    loss = case.loss(_as_list(model(tf.constant(x))), labels)
+  first, second = tape.gradient(loss), tape.gradient(loss)
+  for a, b in zip(first, second):
+    np.testing.assert_array_equal(a, b)
+  heads = model.get_layer("head").trainable_variables
+  only_head = tape.gradient(loss, heads)  # other sources, as GradientTape
+  for v, g in zip(heads, only_head):
+    np.testing.assert_array_equal(
+        g, first[[id(w) for w in model.trainable_variables].index(id(v))])
