@@ -8,6 +8,13 @@ The whole public API::
   plan.transform_gradients("l2_dense", gg.transforms.scale(0.8))
   plan.transform_edge("features", "domain_head", gg.transforms.reverse())
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
+
+and the same plans for TF2 Keras models, eagerly or in tf.function::
+
+  plan = gg.KerasPlan(model).transform_upstream("l2_dense", gg.transforms.scale(0.8))
+  with plan.tape() as tape:
+    loss = loss_fn(y, model(x))
+  optimizer.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
 """
 
 from graphgrad import transforms
@@ -15,6 +22,7 @@ from graphgrad._analysis import Layer, LayerGraph, analyze
 from graphgrad._errors import (GraphGradError, IncompatibleGradientError,
                                LayerNotFoundError, NotConnectedError,
                                UnsupportedGraphError)
+from graphgrad._keras import KerasPlan
 from graphgrad._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
 
 __version__ = "0.1.0"
@@ -26,6 +34,7 @@ __all__ = [
     "GradientPlan",
     "GraphGradError",
     "IncompatibleGradientError",
+    "KerasPlan",
     "Layer",
     "LayerGraph",
     "LayerNotFoundError",

@@ -12,6 +12,12 @@ received, and how to fix it.
 class GraphGradError(Exception):
   """Base class of every error graphgrad raises on purpose."""
 
+  # Inside tf.function, AutoGraph re-raises an error with the user's
+  # traceback only when it can rebuild it from a message: when its
+  # ``__init__`` is ``Exception.__init__``. ValueError's is not, so without
+  # this the subclasses below would surface as a generic StagingError.
+  __init__ = Exception.__init__
+
 
 class LayerNotFoundError(GraphGradError, KeyError):
   """A layer name that the analysed graph does not contain."""

@@ -1,0 +1,1 @@
+"""graphgrad benchmarks, each runnable as ``python -m benchmarks.<name>``."""

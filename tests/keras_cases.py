@@ -1,0 +1,182 @@
+"""One model description, built as a Keras model and as a TF1 graph.
+
+A case's ``forward(ops, x)`` is written once against a tiny ops interface;
+``KerasOps`` builds a functional Keras model (Keras 3 or tf-keras) and
+``TF1Ops`` builds the same network from ``get_variable`` with the Keras
+model's weights, so that the TF1 plan and the TF2 plan see equal numbers.
+"""
+
+import zlib
+
+import numpy as np
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+_ACT = {None: None, "tanh": tf.tanh, "relu": tf.nn.relu}
+
+
+class KerasOps:
+  """Builds layers of Keras module ``K`` on symbolic Keras inputs."""
+
+  def __init__(self, K):
+    self.K = K
+
+  def dense(self, x, units, name, act=None):
+    seed = zlib.crc32(name.encode()) % 10000
+    init = self.K.initializers.RandomNormal
+    return self.K.layers.Dense(
+        units, activation=act, name=name,
+        kernel_initializer=init(stddev=0.6, seed=seed),
+        bias_initializer=init(stddev=0.2, seed=seed + 1))(x)
+
+  def add(self, a, b):
+    return self.K.layers.Add()([a, b])
+
+  def concat(self, a, b):
+    return self.K.layers.Concatenate()([a, b])
+
+  def relu(self, a):
+    return self.K.layers.Activation("relu")(a)
+
+
+class TF1Ops:
+  """Builds the same layers in the default tf.Graph from given weights."""
+
+  def __init__(self, weights):
+    self.weights = weights  # layer name -> [kernel, bias]
+
+  def dense(self, x, units, name, act=None):
+    kernel, bias = self.weights[name]
+    with tf1.variable_scope(name):
+      w = tf1.get_variable("kernel", initializer=kernel)
+      b = tf1.get_variable("bias", initializer=bias)
+      out = tf.nn.bias_add(tf.matmul(x, w), b)
+      # Inside the scope: a Keras Dense's output is after its activation.
+      return _ACT[act](out) if act else out
+
+  def add(self, a, b):
+    return a + b
+
+  def concat(self, a, b):
+    return tf.concat([a, b], -1)
+
+  def relu(self, a):
+    return tf.nn.relu(a)
+
+
+def _ce(labels, logits):
+  return tf.reduce_mean(
+      tf.nn.softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+def nonlinear(g):
+  """A transform whose position in the backward pass changes the result."""
+  return 3.0 * g - 0.05 * tf.sign(g)
+
+
+class Chain:
+  """x -> l1 -> l2 -> l3; two upstream transforms compose top-down."""
+  inputs, classes = 6, (3,)
+
+  @staticmethod
+  def forward(ops, x):
+    h = ops.dense(x, 8, "l1", "tanh")
+    h = ops.dense(h, 5, "l2", "tanh")
+    return [ops.dense(h, 3, "l3")]
+
+  @staticmethod
+  def loss(outputs, labels):
+    return _ce(labels[0], outputs[0])
+
+  @staticmethod
+  def declare(plan, gg):
+    return (plan.transform_upstream("l3", gg.transforms.scale(2.0))
+            .transform_upstream("l2", nonlinear)
+            .transform_gradients("l1", gg.transforms.scale(0.5)))
+
+
+class Skip:
+  """A skip connection around l2: its bypass gradient stays unchanged."""
+  inputs, classes = 6, (3,)
+
+  @staticmethod
+  def forward(ops, x):
+    h1 = ops.dense(x, 5, "l1", "tanh")
+    h2 = ops.dense(h1, 5, "l2", "tanh")
+    return [ops.dense(ops.add(h1, h2), 3, "l3")]
+
+  @staticmethod
+  def loss(outputs, labels):
+    return _ce(labels[0], outputs[0])
+
+  @staticmethod
+  def declare(plan, gg):
+    return (plan.transform_upstream("l2", gg.transforms.clip_by_norm(0.05))
+            .transform_upstream("l3", gg.transforms.scale(-0.5)))
+
+
+class TwoHeads:
+  """Features feed a class head and a domain head; the edge is reversed."""
+  inputs, classes = 6, (3, 2)
+
+  @staticmethod
+  def forward(ops, x):
+    base = ops.dense(x, 8, "base", "tanh")
+    feats = ops.dense(base, 6, "features", "tanh")
+    return [ops.dense(feats, 3, "head"), ops.dense(feats, 2, "domain_head")]
+
+  @staticmethod
+  def loss(outputs, labels):
+    return _ce(labels[0], outputs[0]) + _ce(labels[1], outputs[1])
+
+  @staticmethod
+  def declare(plan, gg):
+    return (plan.transform_upstream("domain_head", gg.transforms.scale(2.0))
+            .transform_edge("features", "domain_head",
+                            gg.transforms.reverse(0.3))
+            .transform_upstream("features", nonlinear))
+
+
+class GlueEdge:
+  """The edge runs through glue (relu, concat) beside a layer (mid)."""
+  inputs, classes = 6, (3, 2)
+
+  @staticmethod
+  def forward(ops, x):
+    feats = ops.dense(x, 6, "features", "tanh")
+    mid = ops.dense(feats, 4, "mid", "tanh")
+    dom = ops.dense(ops.concat(ops.relu(feats), mid), 2, "domain_head")
+    return [ops.dense(feats, 3, "head"), dom]
+
+  @staticmethod
+  def loss(outputs, labels):
+    return _ce(labels[0], outputs[0]) + _ce(labels[1], outputs[1])
+
+  @staticmethod
+  def declare(plan, gg):
+    return plan.transform_edge(
+        "features", "domain_head",
+        lambda g: -0.5 * g + 0.01 * tf.sign(g))  # nonlinear on purpose
+
+
+CASES = {"chain": Chain, "skip": Skip, "two_heads": TwoHeads,
+         "glue_edge": GlueEdge}
+
+
+def keras_model(case, K):
+  inp = K.Input((case.inputs,))
+  return K.Model(inp, case.forward(KerasOps(K), inp))
+
+
+def batch(case, rows=16, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(rows, case.inputs)).astype(np.float32)
+  labels = tuple(np.eye(c, dtype=np.float32)[rng.integers(0, c, rows)]
+                 for c in case.classes)
+  return x, labels
+
+
+def layer_weights(model):
+  return {l.name: [np.asarray(w) for w in l.get_weights()]
+          for l in model.layers if l.weights}
