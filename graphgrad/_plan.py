@@ -8,7 +8,9 @@ import tensorflow as tf
 from graphgrad import _errors, _graph_util
 from graphgrad._analysis import LayerGraph, analyze, scope_of
 from graphgrad._engine import Segments
-from graphgrad._transforms import (Transform, TransformContext, as_transform,
+from graphgrad._group import GroupTransform
+from graphgrad._transforms import (EXTRA_GRADS_AND_VARS, USES_GLOBAL_STEP,
+                                   Transform, TransformContext, as_transform,
                                    chain, is_identity)
 from graphgrad._types import Gradient, GradsAndVars
 
@@ -132,6 +134,7 @@ class GradientPlan:
         layer has no output tensor to rewrite.
     """
     name = self._layer(layer, "layer")
+    _not_group(fn, "transform_upstream")
     if not any(_differentiable(t) for t in self.net[name].outputs):
       raise _errors.GraphGradError(
           f"transform_upstream: layer {name!r} has no floating-point output "
@@ -146,7 +149,10 @@ class GradientPlan:
 
     Args:
       layer: layer name.
-      fn: a transform or a callable ``g -> g`` keeping shape and dtype.
+      fn: a transform or a callable ``g -> g`` keeping shape and dtype,
+        applied to each gradient; or a ``gg.transforms.GroupTransform``
+        (``clip_by_global_norm``, ``trust_ratio``), applied to the layer's
+        ``(grad, var)`` list at once.
 
     Returns:
       The plan, for chaining.
@@ -157,7 +163,9 @@ class GradientPlan:
       GraphGradError: if ``fn`` is not callable or the plan is built.
     """
     name = self._layer(layer, "layer")
-    self._gradients.setdefault(name, []).append(as_transform(fn))
+    if not isinstance(fn, GroupTransform):
+      fn = as_transform(fn)
+    self._gradients.setdefault(name, []).append(fn)
     return self
 
   def transform_edge(self, lower: str, upper: str, fn) -> "GradientPlan":
@@ -184,6 +192,7 @@ class GradientPlan:
           f"transform_edge: `lower` and `upper` are both {lo!r}; an edge joins "
           f"two layers. Use transform_upstream({lo!r}, fn) instead.")
     self.net.boundary(lo, up)  # raises with the real neighbours
+    _not_group(fn, "transform_edge")
     self._edges.setdefault((lo, up), []).append(as_transform(fn))
     return self
 
@@ -212,16 +221,10 @@ class GradientPlan:
         by_name = {v.op.name: g for v, g in zip(reached, grads)}
       else:
         by_name = self._segmented(reached)
-      out = []
-      for v in self._var_list:
-        g = by_name.get(v.op.name)
-        layer = self.net.layer_of_variable(v)
-        fns = self._gradients.get(layer)
-        if fns and g is not None:
-          ctx = self._context(layer, "gradients", variable=v)
-          g = _checked(_compose(fns), g, ctx,
-                       f"transform_gradients({layer!r}) on {v.name}")
-        out.append((g, v))
+      out = [(by_name.get(v.op.name), v) for v in self._var_list]
+      for layer, fns in self._gradients.items():
+        self._transform_layer(layer, fns, out)
+      out += self._state.get(EXTRA_GRADS_AND_VARS, [])
       if self._gate == GATE_GRAPH:
         present = [(i, g) for i, (g, _) in enumerate(out) if g is not None]
         gated = tf.tuple([g for _, g in present]) if present else []
@@ -232,6 +235,25 @@ class GradientPlan:
              "%d edge transforms", self.loss.name, len(out),
              len(self._upstream), len(self._gradients), len(self._edges))
     return list(out)
+
+  def _transform_layer(self, layer, fns, out) -> None:
+    """Applies ``layer``'s parameter transforms to its entries of ``out``."""
+    idx = [i for i, (_, v) in enumerate(out)
+           if self.net.layer_of_variable(v) == layer]
+    for fn in fns:
+      if isinstance(fn, GroupTransform):
+        ctx = self._context(layer, "gradients")
+        new = fn([out[i] for i in idx], ctx)
+        for i, g in zip(idx, new):
+          where = f"transform_gradients({layer!r}, {fn!r}) on {out[i][1].name}"
+          out[i] = (_check_result(out[i][0], g, where), out[i][1])
+        continue
+      for i in idx:
+        g, v = out[i]
+        if g is not None:
+          ctx = self._context(layer, "gradients", variable=v)
+          out[i] = (_checked(fn, g, ctx,
+                             f"transform_gradients({layer!r}) on {v.name}"), v)
 
   def _segmented(self, reached) -> Dict[str, Gradient]:
     def upstream(name):
@@ -268,7 +290,10 @@ class GradientPlan:
     Args:
       optimizer: a ``tf.compat.v1.train.Optimizer`` (or anything with its
         ``apply_gradients(grads_and_vars, global_step, name)``).
-      global_step: optional variable to increment once per step.
+      global_step: optional variable to increment once per step. When it is
+        ``None`` and a transform of the plan reads the graph's global step
+        (annealed ``add_noise(eta=...)``), that global step is incremented,
+        so that the schedule advances with training.
       name: name of the returned op.
       update_ops: ops to run before the update; defaults to the graph's
         ``UPDATE_OPS`` collection (batch-norm moving averages), as tf-slim's
@@ -295,6 +320,9 @@ class GradientPlan:
     if update_ops is None:
       update_ops = self.loss.graph.get_collection(
           tf.compat.v1.GraphKeys.UPDATE_OPS)
+    if global_step is None and self._state.get(USES_GLOBAL_STEP):
+      # An annealed transform reads the global step: the train op advances it.
+      global_step = tf.compat.v1.train.get_global_step(self.loss.graph)
     with self.loss.graph.as_default():
       with tf.control_dependencies(list(update_ops)):
         return optimizer.apply_gradients(gv, global_step=global_step,
@@ -360,10 +388,22 @@ def _differentiable(t) -> bool:
   return (t.dtype.is_floating or t.dtype.is_complex) and not _graph_util.is_handle(t)
 
 
+def _not_group(fn, method: str) -> None:
+  if isinstance(fn, GroupTransform):
+    raise _errors.GraphGradError(
+        f"{method}: {fn!r} is a group transform, which rewrites a layer's "
+        f"parameter gradients together; it has no meaning for one boundary "
+        f"gradient. Use plan.transform_gradients(layer, {fn!r}).")
+
+
 def _checked(fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:
   """Applies ``fn`` and checks that shape and dtype are kept."""
-  out = fn(grad, ctx)
+  return _check_result(grad, fn(grad, ctx), where)
+
+
+def _check_result(grad: Gradient, out: Gradient, where: str) -> Gradient:
+  """Checks that a transform's result ``out`` keeps ``grad``'s shape, dtype."""
   if grad is None:
     return out
   before = grad.values if isinstance(grad, tf.IndexedSlices) else grad
