@@ -10,7 +10,7 @@ The whole public API::
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
 """
 
-from graphgrad import transforms
+from graphgrad import backward, transforms
 from graphgrad._analysis import Layer, LayerGraph, analyze
 from graphgrad._errors import (GraphGradError, IncompatibleGradientError,
                                LayerNotFoundError, NotConnectedError,
@@ -32,5 +32,6 @@ __all__ = [
     "NotConnectedError",
     "UnsupportedGraphError",
     "analyze",
+    "backward",
     "transforms",
 ]

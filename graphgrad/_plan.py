@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from graphgrad import _errors, _graph_util
 from graphgrad._analysis import LayerGraph, analyze, scope_of
+from graphgrad._backward import BackwardContext
 from graphgrad._engine import Segments
 from graphgrad._group import GroupTransform
 from graphgrad._transforms import (EXTRA_GRADS_AND_VARS, USES_GLOBAL_STEP,
@@ -112,6 +113,7 @@ class GradientPlan:
     self._upstream: Dict[str, List[Transform]] = {}
     self._gradients: Dict[str, List[Transform]] = {}
     self._edges: Dict[Tuple[str, str], List[Transform]] = {}
+    self._backward: Dict[str, Callable] = {}
     self._built: Optional[List[Tuple[Gradient, tf.Variable]]] = None
     self._state: dict = {}
 
@@ -196,6 +198,50 @@ class GradientPlan:
     self._edges.setdefault((lo, up), []).append(as_transform(fn))
     return self
 
+  def replace_backward(self, layer: str, fn) -> "GradientPlan":
+    """Computes what ``layer`` sends to its inputs with ``fn``, not W^T.
+
+    ``layer``'s own parameters still get their gradients from the true
+    upstream gradient at its outputs; everything below the layer receives,
+    at each of the layer's input tensors, what ``fn`` returns (plus,
+    unchanged, contributions that bypass the layer). An upstream transform
+    on the same layer is applied first: ``fn`` sees the transformed
+    gradient. See ``gg.backward`` for feedback alignment, direct feedback
+    alignment and synthetic gradients.
+
+    Args:
+      layer: layer name.
+      fn: a ``gg.backward`` replacement, or a callable mapping a
+        ``gg.backward.BackwardContext`` to one gradient per
+        ``context.inputs`` tensor.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      LayerNotFoundError: if ``layer`` is unknown.
+      GraphGradError: if ``fn`` is not callable, the layer already has a
+        replacement, the replacement cannot handle the layer (e.g. feedback
+        alignment on a convolution), or the plan is built.
+    """
+    name = self._layer(layer, "layer")
+    if not callable(fn) or isinstance(fn, (Transform, GroupTransform)):
+      raise _errors.GraphGradError(
+          f"replace_backward: `fn` must be a gg.backward replacement or a "
+          f"callable mapping a gg.backward.BackwardContext to one gradient "
+          f"per input tensor; got {fn!r}. Pass e.g. "
+          f"gg.backward.feedback_alignment(seed=0).")
+    if name in self._backward:
+      raise _errors.GraphGradError(
+          f"replace_backward: layer {name!r} already has the replacement "
+          f"{self._backward[name]!r}; a layer's backward pass is replaced "
+          f"once. Make a new GradientPlan to try another.")
+    check = getattr(fn, "check", None)
+    if callable(check):
+      check(self.net, name)
+    self._backward[name] = fn
+    return self
+
   # -- building ------------------------------------------------------------
 
   def compute_gradients(self) -> List[Tuple[Gradient, tf.Variable]]:
@@ -216,7 +262,7 @@ class GradientPlan:
     with graph.as_default(), tf.name_scope(self._name):
       known = {n for n in self.net.op_graph.nodes}
       reached = [v for v in self._var_list if v.op.name in known]
-      if not self._upstream and not self._edges:
+      if not (self._upstream or self._edges or self._backward):
         grads = tf.compat.v1.gradients(self.loss, reached, **self._options)
         by_name = {v.op.name: g for v, g in zip(reached, grads)}
       else:
@@ -273,14 +319,48 @@ class GradientPlan:
     ups = {n: f for n in self._upstream for f in [upstream(n)] if f}
     # A layer with only identity upstream transforms needs no cut at all.
     edges = {k: edge(k) for k in self._edges}
-    if not ups and not edges:
+    backward = {n: self._replacement(n, f) for n, f in self._backward.items()}
+    cuts = [c for n, f in self._backward.items()
+            for c in (f.cuts(self.net, n) if hasattr(f, "cuts") else [])]
+    if not ups and not edges and not backward:
       grads = tf.compat.v1.gradients(self.loss, reached, **self._options)
       return {v.op.name: g for v, g in zip(reached, grads)}
-    segments = Segments(self.net, reached, ups, edges, self._options)
+    segments = Segments(self.net, reached, ups, edges, self._options,
+                        backward=backward, cuts=cuts)
     contributions = segments.build(tf.ones_like(self.loss, name="seed"))
     from graphgrad._engine import aggregate  # pylint: disable=g-import-not-at-top
     return {v.op.name: aggregate(contributions.get(v.op.name, ()), like=v)
             for v in reached}
+
+  def _replacement(self, name: str, fn) -> Callable:
+    """Wraps a replacement for the engine: context in, checked grads out."""
+    def run(layer, outputs, upstream, inputs, upstream_of, chain_rule):
+      ctx = BackwardContext(layer=self.net[layer], net=self.net,
+                            inputs=tuple(inputs), outputs=tuple(outputs),
+                            upstream=tuple(upstream), upstream_of=upstream_of,
+                            chain_rule=chain_rule, state=self._state)
+      with tf.name_scope(f"replace_backward_{name}".replace("/", "_")):
+        grads = fn(ctx)
+      grads = list(grads) if grads is not None else None
+      if grads is None or len(grads) != len(inputs):
+        raise _errors.IncompatibleGradientError(
+            f"replace_backward({name!r}): {fn!r} returned "
+            f"{'None' if grads is None else len(grads)} gradients for "
+            f"{len(inputs)} input tensors "
+            f"({', '.join(t.name for t in inputs)}). Return one gradient (or "
+            f"None) per context.inputs tensor, in order.")
+      for t, g in zip(inputs, grads):
+        values = g.values if isinstance(g, tf.IndexedSlices) else g
+        if g is not None and (values.dtype != t.dtype or
+                              not values.shape[1:].is_compatible_with(
+                                  t.shape[1:])):
+          raise _errors.IncompatibleGradientError(
+              f"replace_backward({name!r}): {fn!r} returned a gradient of "
+              f"shape {values.shape} {values.dtype.name} for the input "
+              f"{t.name} of shape {t.shape} {t.dtype.name}. Return a "
+              f"gradient shaped like the input.")
+      return grads
+    return run
 
   def apply_gradients(self, optimizer, global_step=None,
                       name: Optional[str] = None,
