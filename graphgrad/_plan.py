@@ -5,7 +5,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphgrad import _errors, _graph_util
+from graphgrad import _errors, _graph_util, _pcgrad
 from graphgrad._analysis import LayerGraph, analyze, scope_of
 from graphgrad._backward import BackwardContext
 from graphgrad._engine import Segments
@@ -114,6 +114,7 @@ class GradientPlan:
     self._gradients: Dict[str, List[Transform]] = {}
     self._edges: Dict[Tuple[str, str], List[Transform]] = {}
     self._backward: Dict[str, Callable] = {}
+    self._conflicts: Dict[str, tuple] = {}
     self._built: Optional[List[Tuple[Gradient, tf.Variable]]] = None
     self._state: dict = {}
 
@@ -242,6 +243,60 @@ class GradientPlan:
     self._backward[name] = fn
     return self
 
+  def project_conflicts(self, layer: str, losses: Sequence[tf.Tensor],
+                        shuffle: bool = True,
+                        seed: Optional[int] = None) -> "GradientPlan":
+    """Applies PCGrad to the task gradients at a shared layer's outputs.
+
+    PCGrad (Yu et al., 2020, "Gradient Surgery for Multi-Task Learning"):
+    with ``T`` the layer's outputs, ``g`` the gradient at ``T`` and
+    ``g_i = dL/dL_i * dL_i/dT`` the share of task loss ``L_i`` in it, each
+    ``g_i`` that conflicts with another ``g_j`` (``g_i . g_j < 0``, dot
+    products over all of ``T``, batch included) is projected onto the normal
+    plane of ``g_j``, the other tasks taken in random order:
+
+        g_i <- g_i - (g_i . g_j) / ||g_j||^2 g_j.
+
+    The gradient at ``T`` becomes ``g - sum_i g_i + sum_i g_i^PC``: terms of
+    the plan's loss other than the listed losses (a regulariser, an
+    unlisted head) pass unprojected, and weights in the loss
+    (``L = 0.5 L_a + L_b``) are respected. With two tasks, the result has a
+    non-negative dot product with both. The layer's own parameters and
+    everything below it see the projected gradient (the layer belongs to
+    the shared trunk); an upstream transform on the layer acts after the
+    projection. A task loss that does not reach the layer (or one of its
+    outputs) counts as a zero gradient there. The ``g_i`` come from plain
+    backpropagation of each loss; rewrites declared above the layer act on
+    ``g`` only.
+
+    Args:
+      layer: the shared layer, whose outputs feed the task heads.
+      losses: two or more scalar task losses; the plan's loss must depend on
+        each, and none may depend on another.
+      shuffle: take the other tasks in a random order, drawn at each step
+        (with two tasks the order does not matter).
+      seed: op-level seed of the shuffles.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      LayerNotFoundError: if ``layer`` is unknown.
+      NotConnectedError: if the plan's loss does not depend on a listed loss.
+      GraphGradError: if ``losses`` is not a list of at least two distinct,
+        separate scalar losses, the layer already projects conflicts, or the
+        plan is built.
+    """
+    name = self._layer(layer, "layer")
+    losses = _pcgrad.check_losses(self.net, name, losses)
+    if name in self._conflicts:
+      raise _errors.GraphGradError(
+          f"project_conflicts: layer {name!r} already projects conflicts "
+          f"between {[l.name for l in self._conflicts[name][0]]}; declare it "
+          f"once, with every task loss.")
+    self._conflicts[name] = (losses, shuffle, seed)
+    return self
+
   # -- building ------------------------------------------------------------
 
   def compute_gradients(self) -> List[Tuple[Gradient, tf.Variable]]:
@@ -262,7 +317,8 @@ class GradientPlan:
     with graph.as_default(), tf.name_scope(self._name):
       known = {n for n in self.net.op_graph.nodes}
       reached = [v for v in self._var_list if v.op.name in known]
-      if not (self._upstream or self._edges or self._backward):
+      if not (self._upstream or self._edges or self._backward
+              or self._conflicts):
         grads = tf.compat.v1.gradients(self.loss, reached, **self._options)
         by_name = {v.op.name: g for v, g in zip(reached, grads)}
       else:
@@ -322,15 +378,39 @@ class GradientPlan:
     backward = {n: self._replacement(n, f) for n, f in self._backward.items()}
     cuts = [c for n, f in self._backward.items()
             for c in (f.cuts(self.net, n) if hasattr(f, "cuts") else [])]
-    if not ups and not edges and not backward:
+    conflicts = {n: self._projection(n) for n in self._conflicts}
+    if not ups and not edges and not backward and not conflicts:
       grads = tf.compat.v1.gradients(self.loss, reached, **self._options)
       return {v.op.name: g for v, g in zip(reached, grads)}
     segments = Segments(self.net, reached, ups, edges, self._options,
-                        backward=backward, cuts=cuts)
+                        backward=backward, outputs_fn=conflicts, cuts=cuts)
     contributions = segments.build(tf.ones_like(self.loss, name="seed"))
     from graphgrad._engine import aggregate  # pylint: disable=g-import-not-at-top
     return {v.op.name: aggregate(contributions.get(v.op.name, ()), like=v)
             for v in reached}
+
+  def _projection(self, name: str) -> Callable:
+    """The engine's output rewrite for ``project_conflicts(name, ...)``."""
+    losses, shuffle, seed = self._conflicts[name]
+
+    def run(grads, outputs):
+      with tf.name_scope(f"project_conflicts_{name}".replace("/", "_")):
+        weights = tf.compat.v1.gradients(self.loss, losses)
+        per_loss = [tf.compat.v1.gradients(l, list(outputs), grad_ys=w)
+                    if w is not None else [None] * len(outputs)
+                    for l, w in zip(losses, weights)]
+        projected = _pcgrad.project(per_loss, outputs, shuffle, seed)
+        out = []
+        for t, (g, p) in enumerate(zip(grads, projected)):
+          shares = [tf.convert_to_tensor(gs[t]) for gs in per_loss
+                    if gs[t] is not None]
+          if g is None or p is None:
+            out.append(g)
+            continue
+          rest = tf.convert_to_tensor(g) - tf.add_n(shares)
+          out.append(rest + p)
+        return out
+    return run
 
   def _replacement(self, name: str, fn) -> Callable:
     """Wraps a replacement for the engine: context in, checked grads out."""
