@@ -78,6 +78,37 @@ class Replacement:
       return self.backward(context)
 
 
+def engine_hook(net: LayerGraph, name: str, fn: Callable,
+                state: Dict[str, Any]) -> Callable:
+  """Wraps ``fn`` for the engine: a context in, checked gradients out."""
+  def run(layer, outputs, upstream, inputs, upstream_of, chain_rule):
+    ctx = BackwardContext(layer=net[layer], net=net, inputs=tuple(inputs),
+                          outputs=tuple(outputs), upstream=tuple(upstream),
+                          upstream_of=upstream_of, chain_rule=chain_rule,
+                          state=state)
+    with tf.name_scope(f"replace_backward_{name}".replace("/", "_")):
+      grads = fn(ctx)
+    grads = list(grads) if grads is not None else None
+    if grads is None or len(grads) != len(inputs):
+      raise _errors.IncompatibleGradientError(
+          f"replace_backward({name!r}): {fn!r} returned "
+          f"{'None' if grads is None else len(grads)} gradients for "
+          f"{len(inputs)} input tensors "
+          f"({', '.join(t.name for t in inputs)}). Return one gradient (or "
+          f"None) per context.inputs tensor, in order.")
+    for t, g in zip(inputs, grads):
+      values = g.values if isinstance(g, tf.IndexedSlices) else g
+      if g is not None and (values.dtype != t.dtype or
+                            not values.shape.is_compatible_with(t.shape)):
+        raise _errors.IncompatibleGradientError(
+            f"replace_backward({name!r}): {fn!r} returned a gradient of "
+            f"shape {values.shape} {values.dtype.name} for the input "
+            f"{t.name} of shape {t.shape} {t.dtype.name}. Return a gradient "
+            f"shaped like the input.")
+    return grads
+  return run
+
+
 def _feedback_matrix(context: BackwardContext, key: str, shape, stddev,
                      seed: Optional[int]) -> tf.Variable:
   """A fixed N(0, stddev^2) matrix, made once per plan as a variable."""

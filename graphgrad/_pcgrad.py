@@ -77,6 +77,31 @@ def project(per_loss: Sequence[Sequence[Gradient]],
   return [t if r else None for t, r in zip(total, reached)]
 
 
+def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
+                   shuffle: bool, seed: Optional[int], scope: str):
+  """The engine's rewrite ``(grads, outputs) -> grads`` at a shared layer.
+
+  ``g - sum_i g_i + sum_i g_i^PC`` with ``g_i = dL/dL_i * dL_i/dT``.
+  """
+  def run(grads, outputs):
+    with tf.name_scope(scope.replace("/", "_")):
+      weights = tf.compat.v1.gradients(loss, list(losses))
+      per_loss = [tf.compat.v1.gradients(l, list(outputs), grad_ys=w)
+                  if w is not None else [None] * len(outputs)
+                  for l, w in zip(losses, weights)]
+      projected = project(per_loss, outputs, shuffle, seed)
+      out = []
+      for t, (g, p) in enumerate(zip(grads, projected)):
+        if g is None or p is None:  # no listed loss reaches this output
+          out.append(g)
+          continue
+        shares = [tf.convert_to_tensor(gs[t]) for gs in per_loss
+                  if gs[t] is not None]
+        out.append(tf.convert_to_tensor(g) - tf.add_n(shares) + p)
+      return out
+  return run
+
+
 def check_losses(net: LayerGraph, layer: str, losses) -> List[tf.Tensor]:
   """Validates ``losses`` for ``project_conflicts``; returns them as a list."""
   if isinstance(losses, tf.Tensor) or not isinstance(losses, (list, tuple)):

@@ -5,9 +5,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphgrad import _errors, _graph_util, _pcgrad
+from graphgrad import _backward, _errors, _graph_util, _pcgrad
 from graphgrad._analysis import LayerGraph, analyze, scope_of
-from graphgrad._backward import BackwardContext
 from graphgrad._engine import Segments
 from graphgrad._group import GroupTransform
 from graphgrad._transforms import (EXTRA_GRADS_AND_VARS, USES_GLOBAL_STEP,
@@ -390,57 +389,12 @@ class GradientPlan:
             for v in reached}
 
   def _projection(self, name: str) -> Callable:
-    """The engine's output rewrite for ``project_conflicts(name, ...)``."""
     losses, shuffle, seed = self._conflicts[name]
-
-    def run(grads, outputs):
-      with tf.name_scope(f"project_conflicts_{name}".replace("/", "_")):
-        weights = tf.compat.v1.gradients(self.loss, losses)
-        per_loss = [tf.compat.v1.gradients(l, list(outputs), grad_ys=w)
-                    if w is not None else [None] * len(outputs)
-                    for l, w in zip(losses, weights)]
-        projected = _pcgrad.project(per_loss, outputs, shuffle, seed)
-        out = []
-        for t, (g, p) in enumerate(zip(grads, projected)):
-          shares = [tf.convert_to_tensor(gs[t]) for gs in per_loss
-                    if gs[t] is not None]
-          if g is None or p is None:
-            out.append(g)
-            continue
-          rest = tf.convert_to_tensor(g) - tf.add_n(shares)
-          out.append(rest + p)
-        return out
-    return run
+    return _pcgrad.output_rewrite(self.loss, losses, shuffle, seed,
+                                  f"project_conflicts_{name}")
 
   def _replacement(self, name: str, fn) -> Callable:
-    """Wraps a replacement for the engine: context in, checked grads out."""
-    def run(layer, outputs, upstream, inputs, upstream_of, chain_rule):
-      ctx = BackwardContext(layer=self.net[layer], net=self.net,
-                            inputs=tuple(inputs), outputs=tuple(outputs),
-                            upstream=tuple(upstream), upstream_of=upstream_of,
-                            chain_rule=chain_rule, state=self._state)
-      with tf.name_scope(f"replace_backward_{name}".replace("/", "_")):
-        grads = fn(ctx)
-      grads = list(grads) if grads is not None else None
-      if grads is None or len(grads) != len(inputs):
-        raise _errors.IncompatibleGradientError(
-            f"replace_backward({name!r}): {fn!r} returned "
-            f"{'None' if grads is None else len(grads)} gradients for "
-            f"{len(inputs)} input tensors "
-            f"({', '.join(t.name for t in inputs)}). Return one gradient (or "
-            f"None) per context.inputs tensor, in order.")
-      for t, g in zip(inputs, grads):
-        values = g.values if isinstance(g, tf.IndexedSlices) else g
-        if g is not None and (values.dtype != t.dtype or
-                              not values.shape[1:].is_compatible_with(
-                                  t.shape[1:])):
-          raise _errors.IncompatibleGradientError(
-              f"replace_backward({name!r}): {fn!r} returned a gradient of "
-              f"shape {values.shape} {values.dtype.name} for the input "
-              f"{t.name} of shape {t.shape} {t.dtype.name}. Return a "
-              f"gradient shaped like the input.")
-      return grads
-    return run
+    return _backward.engine_hook(self.net, name, fn, self._state)
 
   def apply_gradients(self, optimizer, global_step=None,
                       name: Optional[str] = None,

@@ -315,3 +315,23 @@ def test_replace_backward_errors(graph):
   with pytest.raises(gg.UnsupportedGraphError,
                      match=r"layer 'l2'.*needed before it is complete"):
     early.compute_gradients()
+
+
+def test_plan_state_is_saved_and_restored_by_a_saver(graph, tmp_path):
+  loss, _, (h,) = _mlp(2)
+  sg = B.synthetic(hidden=(3,), seed=0)
+  plan = (gg.GradientPlan(loss).replace_backward("l2", sg))
+  train = plan.apply_gradients(tf1.train.AdamOptimizer(0.1))
+  state = list(sg.modules[h.name].variables)
+  saver = tf1.train.Saver()
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    for _ in range(3):
+      sess.run(train)
+    saved = sess.run(state)
+    assert np.abs(saved[2]).max() > 0  # the zero output layer has trained
+    path = saver.save(sess, str(tmp_path / "ckpt"))
+  with tf1.Session() as sess:
+    saver.restore(sess, path)
+    for a, b in zip(sess.run(state), saved):
+      np.testing.assert_array_equal(a, b)
