@@ -1,0 +1,1 @@
+"""Benchmarks and results of graphgrad (not part of the installed package)."""
