@@ -47,6 +47,10 @@ class GradientPlan:
     ``lower``'s upstream transform.
   * Several transforms declared on the same layer (or edge) are chained in
     the order they were declared.
+  * ``replace_backward(L, r)``: what ``L`` sends to its inputs is ``r``'s
+    result instead of the chain rule; ``L``'s own parameters keep the true
+    gradient. ``project_conflicts(L, losses)``: PCGrad on the task gradients
+    at ``L``'s outputs, seen by ``L``'s parameters and everything below.
 
   Args:
     loss: a floating-point tensor of a ``tf.Graph``.
@@ -491,7 +495,9 @@ class GradientPlan:
 
   def __repr__(self):
     return (f"GradientPlan(loss={self.loss.name}, upstream={sorted(self._upstream)}, "
-            f"gradients={sorted(self._gradients)}, edges={sorted(self._edges)})")
+            f"gradients={sorted(self._gradients)}, edges={sorted(self._edges)}, "
+            f"backward={sorted(self._backward)}, "
+            f"conflicts={sorted(self._conflicts)})")
 
 
 def _compose(fns: Sequence[Transform]) -> Transform:

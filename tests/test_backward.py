@@ -78,6 +78,35 @@ def test_feedback_alignment_input_gradient_is_delta_times_b_transposed(
   np.testing.assert_allclose(bv.std(), 1 / np.sqrt(3), rtol=0.6)
 
 
+def test_feedback_alignment_keeps_exact_paths_around_the_matmul(graph):
+  """Inside the layer: 2 * h before the MatMul, and a skip h -> output."""
+  x = tf.constant(X)
+  h = tf.nn.relu(dense(x, 4, "l1"))
+  with tf1.variable_scope("l2"):
+    w = tf1.get_variable("w", initializer=tf.ones([4, 4]) * 0.3)
+    out = tf.matmul(2.0 * h, w) + h
+  loss = tf.reduce_sum(tf.sin(out))
+  gv = gg.GradientPlan(loss).replace_backward(
+      "l2", B.feedback_alignment(seed=0)).compute_gradients()
+  b = _feedback("l2")
+  g = tf1.gradients(loss, out)[0]
+  d_h = 2.0 * tf.matmul(g, b, transpose_b=True) + g
+  ref = tf1.gradients(h, _vars("l1"), grad_ys=d_h)
+  got, ref = evaluate([_grads(gv, "l1"), ref])
+  for a, r in zip(got, ref):
+    np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-7)
+
+
+def test_replacing_a_layer_without_differentiable_inputs(graph):
+  loss, _, _ = _mlp(2)
+  gv = gg.GradientPlan(loss).replace_backward(
+      "l1", B.feedback_alignment(seed=0)).compute_gradients()
+  got, ref = evaluate([[g for g, _ in gv],
+                       tf1.gradients(loss, tf1.trainable_variables())])
+  for a, r in zip(got, ref):  # nothing below l1: every gradient is true
+    np.testing.assert_allclose(a, r, rtol=1e-6)
+
+
 def test_feedback_matrix_is_fixed_by_the_seed(graph):
   loss, _, _ = _mlp(2)
   gg.GradientPlan(loss).replace_backward(
