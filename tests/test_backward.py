@@ -364,3 +364,18 @@ def test_plan_state_is_saved_and_restored_by_a_saver(graph, tmp_path):
     saver.restore(sess, path)
     for a, b in zip(sess.run(state), saved):
       np.testing.assert_array_equal(a, b)
+
+
+def test_feedback_alignment_on_tf_layers_dense(graph):
+  x = tf.constant(X)
+  h = tf1.layers.dense(x, 4, activation=tf.nn.relu, name="d1")
+  out = tf1.layers.dense(h, 3, activation=tf.nn.relu, name="d2")
+  loss = tf.reduce_sum(out * tf.constant(Y))
+  gv = gg.GradientPlan(loss).replace_backward(
+      "d2", B.feedback_alignment(seed=0)).compute_gradients()
+  b = _feedback("d2")
+  g = tf1.gradients(loss, out)[0] * tf.cast(out > 0, tf.float32)  # relu'
+  ref = tf1.gradients(h, _vars("d1"), grad_ys=tf.matmul(g, b, transpose_b=True))
+  got, ref = evaluate([_grads(gv, "d1"), ref])
+  for a, r in zip(got, ref):
+    np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-7)
