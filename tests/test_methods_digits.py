@@ -8,14 +8,9 @@ trains on fixed random features (~84%), which shows that the lower layers
 learn from the method's signal.
 """
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import methods  # noqa: E402  pylint: disable=g-import-not-at-top
+from benchmarks import methods
 
 
 @pytest.fixture(scope="module")
