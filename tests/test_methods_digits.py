@@ -1,16 +1,18 @@
 """The training methods on real data: scikit-learn's bundled 8x8 digits.
 
-A reduced run of ``python -m benchmarks.methods`` (which trains 3 seeds for
-40 epochs and writes benchmarks/METHODS.md): seed 0, 10 epochs. The floor is
-looser than the full run's 90%: after 10 epochs every method is above 88%
-(backprop ~97%), and each must beat the control in which only the top layer
-trains on fixed random features (~84%), which shows that the lower layers
+A reduced run of ``python -m benchmarks.methods`` (which trains seeds 0, 1
+and 2 for 40 epochs and writes benchmarks/METHODS.md): seed 0 only, with the
+same 40 epochs. Every method must reach 90% test accuracy (backprop reaches
+~97%) and beat the control in which only the top layer trains on fixed
+random features (~90% after 40 epochs), which shows that the lower layers
 learn from the method's signal.
 """
 
 import pytest
 
 from benchmarks import methods
+
+EPOCHS = 40
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +22,7 @@ def data():
 
 @pytest.fixture(scope="module")
 def control(data):
-  return methods.run("top_only", seed=0, epochs=10, data=data)[-1]
+  return methods.run("top_only", seed=0, epochs=EPOCHS, data=data)[-1]
 
 
 def test_fixed_split(data):
@@ -33,6 +35,6 @@ def test_fixed_split(data):
 @pytest.mark.parametrize("method", [m for m in methods.METHODS
                                     if m != "top_only"])
 def test_method_learns_the_digits(data, control, method):
-  accuracy = methods.run(method, seed=0, epochs=10, data=data)[-1]
-  assert accuracy >= 0.88, (method, accuracy)
+  accuracy = methods.run(method, seed=0, epochs=EPOCHS, data=data)[-1]
+  assert accuracy >= 0.90, (method, accuracy)
   assert accuracy > control, (method, accuracy, control)
