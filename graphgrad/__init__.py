@@ -7,6 +7,8 @@ The whole public API::
   plan.transform_upstream("l2_dense", gg.transforms.add_noise(0.01))
   plan.transform_gradients("l2_dense", gg.transforms.scale(0.8))
   plan.transform_edge("features", "domain_head", gg.transforms.reverse())
+  plan.replace_backward("l3", gg.backward.feedback_alignment(seed=0))
+  plan.project_conflicts("trunk", losses=[loss_a, loss_b])   # PCGrad
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
 """
 
