@@ -1,1 +1,4 @@
-"""graphgrad benchmarks, each runnable as ``python -m benchmarks.<name>``."""
+"""graphgrad benchmarks (not part of the installed package).
+
+Each is runnable as ``python -m benchmarks.<name>``.
+"""

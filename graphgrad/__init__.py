@@ -7,6 +7,8 @@ The whole public API::
   plan.transform_upstream("l2_dense", gg.transforms.add_noise(0.01))
   plan.transform_gradients("l2_dense", gg.transforms.scale(0.8))
   plan.transform_edge("features", "domain_head", gg.transforms.reverse())
+  plan.replace_backward("l3", gg.backward.feedback_alignment(seed=0))
+  plan.project_conflicts("trunk", losses=[loss_a, loss_b])   # PCGrad
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
 
 and the same plans for TF2 Keras models, eagerly or in tf.function::
@@ -17,7 +19,7 @@ and the same plans for TF2 Keras models, eagerly or in tf.function::
   optimizer.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
 """
 
-from graphgrad import transforms
+from graphgrad import backward, transforms
 from graphgrad._analysis import Layer, LayerGraph, analyze
 from graphgrad._errors import (GraphGradError, IncompatibleGradientError,
                                LayerNotFoundError, NotConnectedError,
@@ -41,5 +43,6 @@ __all__ = [
     "NotConnectedError",
     "UnsupportedGraphError",
     "analyze",
+    "backward",
     "transforms",
 ]

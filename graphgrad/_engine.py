@@ -75,16 +75,33 @@ class Segments:
     edges: ``(lower, upper)`` -> callable ``(grad, tensor) -> grad`` applied
       to the gradient ``upper`` sends directly into ``lower``'s tensor.
     options: keyword arguments for ``tf.gradients``.
+    backward: layer name -> callable replacing the chain rule from the
+      layer's outputs to its inputs. It is called with keywords ``layer``,
+      ``outputs``, ``upstream`` (the gradients at ``outputs`` after the
+      upstream transform), ``inputs``, ``chain_rule`` (a function building
+      what the chain rule would give) and ``upstream_of`` (layer name -> the
+      complete gradients at that cut layer's outputs), and returns one
+      gradient per input.
+    outputs_fn: layer name -> callable ``(grads, outputs) -> grads`` applied
+      to the total gradient at the layer's outputs before anything else: the
+      layer's own parameters and everything below see its result.
+    cuts: more layers to cut, whose output gradients ``upstream_of`` reads.
   """
 
   def __init__(self, net: LayerGraph, variables, upstream: Dict[str, Callable],
-               edges: Dict[Tuple[str, str], Callable], options: dict):
+               edges: Dict[Tuple[str, str], Callable], options: dict,
+               backward: Optional[Dict[str, Callable]] = None,
+               outputs_fn: Optional[Dict[str, Callable]] = None,
+               cuts: Sequence[str] = ()):
     self.net = net
     self.variables = {v.op.name: v for v in variables}
     self.upstream = upstream
     self.edges = edges
     self.options = options
-    self.cut_layers = set(upstream) | {up for _, up in edges}
+    self.backward = dict(backward or {})
+    self.outputs_fn = dict(outputs_fn or {})
+    self.cut_layers = (set(upstream) | {up for _, up in edges}
+                       | set(self.backward) | set(self.outputs_fn) | set(cuts))
     self.edge_uppers = {up for _, up in edges}
     self._dep = self._variable_dependent_ops()
     self._build_cuts()
@@ -276,17 +293,31 @@ class Segments:
         if g is not None:
           var_grads[name].append(g)
 
+    done: Dict[str, List] = {}
+
+    def upstream_of(layer: str) -> List:
+      if layer not in done:
+        raise _errors.UnsupportedGraphError(
+            f"the gradient at layer {layer!r}'s outputs is needed before it "
+            f"is complete: {layer!r} is not a rewritten layer above the one "
+            f"being processed. Read the gradient of a layer nearer the loss.")
+      return done[layer]
+
     for key, info in self.schedule():
       kind, name = key
       if kind == "layer":
         ys = info["sources"]
         g = total(acc, ys)
+        if name in self.outputs_fn:
+          g = self.outputs_fn[name](g, ys)
+        done[name] = g
         own = [n for n in info["vars"]
                if self.net.layer_of_variable(self.variables[n]) == name]
         other = [n for n in info["vars"] if n not in own]
         below = chan[name] if name in self.edge_uppers else acc
         fn = self.upstream.get(name)
-        if fn is None:
+        replace = self.backward.get(name)
+        if fn is None and replace is None:
           res = call(ys, g, info["targets"], own + other)
           deposit(info["targets"], own + other, res, store=below)
           continue
@@ -294,9 +325,19 @@ class Segments:
         # lies below sees the transformed one.
         res = call(ys, g, [], own, stops=info["targets"])
         deposit([], own, res)
-        modified = [fn(gy, y) for y, gy in zip(ys, g)]
-        res = call(ys, modified, info["targets"], other)
-        deposit(info["targets"], other, res, store=below)
+        modified = [fn(gy, y) for y, gy in zip(ys, g)] if fn else g
+        if replace is None:
+          res = call(ys, modified, info["targets"], other)
+          deposit(info["targets"], other, res, store=below)
+          continue
+        targets = info["targets"]
+        res = replace(layer=name, outputs=ys, upstream=modified,
+                      inputs=targets, upstream_of=upstream_of,
+                      chain_rule=lambda ys=ys, gy=modified, ts=targets:
+                      call(ys, gy, ts, []))
+        deposit(targets, [], res, store=below)
+        if other:
+          deposit([], other, call(ys, modified, [], other, stops=targets))
       elif kind == "chan":
         store = chan[name]
         for t in info["direct"]:

@@ -5,10 +5,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphgrad import _errors, _graph_util
+from graphgrad import _backward, _errors, _graph_util, _pcgrad
 from graphgrad._analysis import LayerGraph, analyze, check_loss, scope_of
 from graphgrad._engine import Segments, aggregate
-from graphgrad._transforms import (Transform, TransformContext, as_transform,
+from graphgrad._group import GroupTransform
+from graphgrad._transforms import (EXTRA_GRADS_AND_VARS, USES_GLOBAL_STEP,
+                                   Transform, TransformContext, as_transform,
                                    chain, is_identity)
 from graphgrad._types import Gradient, GradsAndVars
 
@@ -45,6 +47,10 @@ class GradientPlan:
     ``lower``'s upstream transform.
   * Several transforms declared on the same layer (or edge) are chained in
     the order they were declared.
+  * ``replace_backward(L, r)``: what ``L`` sends to its inputs is ``r``'s
+    result instead of the chain rule; ``L``'s own parameters keep the true
+    gradient. ``project_conflicts(L, losses)``: PCGrad on the task gradients
+    at ``L``'s outputs, seen by ``L``'s parameters and everything below.
 
   Args:
     loss: a floating-point tensor of a ``tf.Graph``.
@@ -112,6 +118,8 @@ class GradientPlan:
     self._upstream: Dict[str, List[Transform]] = {}
     self._gradients: Dict[str, List[Transform]] = {}
     self._edges: Dict[Tuple[str, str], List[Transform]] = {}
+    self._backward: Dict[str, Callable] = {}
+    self._conflicts: Dict[str, tuple] = {}
     self._built: Optional[List[Tuple[Gradient, tf.Variable]]] = None
     self._state: dict = {}
 
@@ -141,6 +149,7 @@ class GradientPlan:
         layer has no output tensor to rewrite.
     """
     name = self._layer(layer, "layer")
+    _not_group(fn, "transform_upstream")
     if not any(_differentiable(t) for t in self.net[name].outputs):
       raise _errors.GraphGradError(
           f"transform_upstream: layer {name!r} has no floating-point output "
@@ -155,7 +164,10 @@ class GradientPlan:
 
     Args:
       layer: layer name.
-      fn: a transform or a callable ``g -> g`` keeping shape and dtype.
+      fn: a transform or a callable ``g -> g`` keeping shape and dtype,
+        applied to each gradient; or a ``gg.transforms.GroupTransform``
+        (``clip_by_global_norm``, ``trust_ratio``), applied to the layer's
+        ``(grad, var)`` list at once.
 
     Returns:
       The plan, for chaining.
@@ -166,7 +178,9 @@ class GradientPlan:
       GraphGradError: if ``fn`` is not callable or the plan is built.
     """
     name = self._layer(layer, "layer")
-    self._gradients.setdefault(name, []).append(as_transform(fn))
+    if not isinstance(fn, GroupTransform):
+      fn = as_transform(fn)
+    self._gradients.setdefault(name, []).append(fn)
     return self
 
   def transform_edge(self, lower: str, upper: str, fn) -> "GradientPlan":
@@ -193,7 +207,106 @@ class GradientPlan:
           f"transform_edge: `lower` and `upper` are both {lo!r}; an edge joins "
           f"two layers. Use transform_upstream({lo!r}, fn) instead.")
     self.net.boundary(lo, up)  # raises with the real neighbours
+    _not_group(fn, "transform_edge")
     self._edges.setdefault((lo, up), []).append(as_transform(fn))
+    return self
+
+  def replace_backward(self, layer: str, fn) -> "GradientPlan":
+    """Computes what ``layer`` sends to its inputs with ``fn``, not W^T.
+
+    ``layer``'s own parameters still get their gradients from the true
+    upstream gradient at its outputs; everything below the layer receives,
+    at each of the layer's input tensors, what ``fn`` returns (plus,
+    unchanged, contributions that bypass the layer). An upstream transform
+    on the same layer is applied first: ``fn`` sees the transformed
+    gradient. See ``gg.backward`` for feedback alignment, direct feedback
+    alignment and synthetic gradients.
+
+    Args:
+      layer: layer name.
+      fn: a ``gg.backward`` replacement, or a callable mapping a
+        ``gg.backward.BackwardContext`` to one gradient per
+        ``context.inputs`` tensor.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      LayerNotFoundError: if ``layer`` is unknown.
+      GraphGradError: if ``fn`` is not callable, the layer already has a
+        replacement, the replacement cannot handle the layer (e.g. feedback
+        alignment on a convolution), or the plan is built.
+    """
+    name = self._layer(layer, "layer")
+    if not callable(fn) or isinstance(fn, (Transform, GroupTransform)):
+      raise _errors.GraphGradError(
+          f"replace_backward: `fn` must be a gg.backward replacement or a "
+          f"callable mapping a gg.backward.BackwardContext to one gradient "
+          f"per input tensor; got {fn!r}. Pass e.g. "
+          f"gg.backward.feedback_alignment(seed=0).")
+    if name in self._backward:
+      raise _errors.GraphGradError(
+          f"replace_backward: layer {name!r} already has the replacement "
+          f"{self._backward[name]!r}; a layer's backward pass is replaced "
+          f"once. Make a new GradientPlan to try another.")
+    check = getattr(fn, "check", None)
+    if callable(check):
+      check(self.net, name)
+    self._backward[name] = fn
+    return self
+
+  def project_conflicts(self, layer: str, losses: Sequence[tf.Tensor],
+                        shuffle: bool = True,
+                        seed: Optional[int] = None) -> "GradientPlan":
+    """Applies PCGrad to the task gradients at a shared layer's outputs.
+
+    PCGrad (Yu et al., 2020, "Gradient Surgery for Multi-Task Learning"):
+    with ``T`` the layer's outputs, ``g`` the gradient at ``T`` and
+    ``g_i = dL/dL_i * dL_i/dT`` the share of task loss ``L_i`` in it, each
+    ``g_i`` that conflicts with another ``g_j`` (``g_i . g_j < 0``, dot
+    products over all of ``T``, batch included) is projected onto the normal
+    plane of ``g_j``, the other tasks taken in random order:
+
+        g_i <- g_i - (g_i . g_j) / ||g_j||^2 g_j.
+
+    The gradient at ``T`` becomes ``g - sum_i g_i + sum_i g_i^PC``: terms of
+    the plan's loss other than the listed losses (a regulariser, an
+    unlisted head) pass unprojected, and weights in the loss
+    (``L = 0.5 L_a + L_b``) are respected. With two tasks, the result has a
+    non-negative dot product with both. The layer's own parameters and
+    everything below it see the projected gradient (the layer belongs to
+    the shared trunk); an upstream transform on the layer acts after the
+    projection. A task loss that does not reach the layer (or one of its
+    outputs) counts as a zero gradient there. The ``g_i`` come from plain
+    backpropagation of each loss; rewrites declared above the layer act on
+    ``g`` only.
+
+    Args:
+      layer: the shared layer, whose outputs feed the task heads.
+      losses: two or more scalar task losses; the plan's loss must depend on
+        each, and none may depend on another.
+      shuffle: take the other tasks in a random order, drawn at each step
+        (with two tasks the order does not matter).
+      seed: op-level seed of the shuffles.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      LayerNotFoundError: if ``layer`` is unknown.
+      NotConnectedError: if the plan's loss does not depend on a listed loss.
+      GraphGradError: if ``losses`` is not a list of at least two distinct,
+        separate scalar losses, the layer already projects conflicts, or the
+        plan is built.
+    """
+    name = self._layer(layer, "layer")
+    losses = _pcgrad.check_losses(self.net, name, losses)
+    if name in self._conflicts:
+      raise _errors.GraphGradError(
+          f"project_conflicts: layer {name!r} already projects conflicts "
+          f"between {[l.name for l in self._conflicts[name][0]]}; declare it "
+          f"once, with every task loss.")
+    self._conflicts[name] = (losses, shuffle, seed)
     return self
 
   # -- building ------------------------------------------------------------
@@ -214,7 +327,8 @@ class GradientPlan:
       return list(self._built)
     graph = self.loss.graph
     with graph.as_default(), tf.name_scope(self._name):
-      if not self._upstream and not self._edges:
+      if not (self._upstream or self._edges or self._backward
+              or self._conflicts):
         # The very call Optimizer.compute_gradients makes; unreached
         # variables get None from it.
         grads = tf.compat.v1.gradients(self.loss, self._var_list,
@@ -224,16 +338,10 @@ class GradientPlan:
         known = self.net.op_graph
         by_name = self._segmented(
             [v for v in self._var_list if v.op.name in known])
-      out = []
-      for v in self._var_list:
-        g = by_name.get(v.op.name)
-        layer = self.net.layer_of_variable(v) if self._gradients else None
-        fns = self._gradients.get(layer)
-        if fns and g is not None:
-          ctx = self._context(layer, "gradients", variable=v)
-          g = _checked(_compose(fns), g, ctx,
-                       f"transform_gradients({layer!r}) on {v.name}")
-        out.append((g, v))
+      out = [(by_name.get(v.op.name), v) for v in self._var_list]
+      for layer, fns in self._gradients.items():
+        self._transform_layer(layer, fns, out)
+      out += self._state.get(EXTRA_GRADS_AND_VARS, [])
       if self._gate == GATE_GRAPH:
         present = [(i, g) for i, (g, _) in enumerate(out) if g is not None]
         gated = tf.tuple([g for _, g in present]) if present else []
@@ -244,6 +352,25 @@ class GradientPlan:
              "%d edge transforms", self.loss.name, len(out),
              len(self._upstream), len(self._gradients), len(self._edges))
     return list(out)
+
+  def _transform_layer(self, layer, fns, out) -> None:
+    """Applies ``layer``'s parameter transforms to its entries of ``out``."""
+    idx = [i for i, (_, v) in enumerate(out)
+           if self.net.layer_of_variable(v) == layer]
+    for fn in fns:
+      if isinstance(fn, GroupTransform):
+        ctx = self._context(layer, "gradients")
+        new = fn([out[i] for i in idx], ctx)
+        for i, g in zip(idx, new):
+          where = f"transform_gradients({layer!r}, {fn!r}) on {out[i][1].name}"
+          out[i] = (_check_result(out[i][0], g, where), out[i][1])
+        continue
+      for i in idx:
+        g, v = out[i]
+        if g is not None:
+          ctx = self._context(layer, "gradients", variable=v)
+          out[i] = (_checked(fn, g, ctx,
+                             f"transform_gradients({layer!r}) on {v.name}"), v)
 
   def _segmented(self, reached) -> Dict[str, Gradient]:
     def upstream(name):
@@ -263,13 +390,26 @@ class GradientPlan:
     ups = {n: f for n in self._upstream for f in [upstream(n)] if f}
     # A layer with only identity upstream transforms needs no cut at all.
     edges = {k: edge(k) for k in self._edges}
-    if not ups and not edges:
+    backward = {n: self._replacement(n, f) for n, f in self._backward.items()}
+    cuts = [c for n, f in self._backward.items()
+            for c in (f.cuts(self.net, n) if hasattr(f, "cuts") else [])]
+    conflicts = {n: self._projection(n) for n in self._conflicts}
+    if not ups and not edges and not backward and not conflicts:
       grads = tf.compat.v1.gradients(self.loss, reached, **self._options)
       return {v.op.name: g for v, g in zip(reached, grads)}
-    segments = Segments(self.net, reached, ups, edges, self._options)
+    segments = Segments(self.net, reached, ups, edges, self._options,
+                        backward=backward, outputs_fn=conflicts, cuts=cuts)
     contributions = segments.build(tf.ones_like(self.loss, name="seed"))
     return {v.op.name: aggregate(contributions.get(v.op.name, ()), like=v)
             for v in reached}
+
+  def _projection(self, name: str) -> Callable:
+    losses, shuffle, seed = self._conflicts[name]
+    return _pcgrad.output_rewrite(self.loss, losses, shuffle, seed,
+                                  f"project_conflicts_{name}")
+
+  def _replacement(self, name: str, fn) -> Callable:
+    return _backward.engine_hook(self.net, name, fn, self._state)
 
   def apply_gradients(self, optimizer, global_step=None,
                       name: Optional[str] = None,
@@ -279,7 +419,10 @@ class GradientPlan:
     Args:
       optimizer: a ``tf.compat.v1.train.Optimizer`` (or anything with its
         ``apply_gradients(grads_and_vars, global_step, name)``).
-      global_step: optional variable to increment once per step.
+      global_step: optional variable to increment once per step. When it is
+        ``None`` and a transform of the plan reads the graph's global step
+        (annealed ``add_noise(eta=...)``), that global step is incremented,
+        so that the schedule advances with training.
       name: name of the returned op.
       update_ops: ops to run before the update; defaults to the graph's
         ``UPDATE_OPS`` collection (batch-norm moving averages), as tf-slim's
@@ -306,6 +449,9 @@ class GradientPlan:
     if update_ops is None:
       update_ops = self.loss.graph.get_collection(
           tf.compat.v1.GraphKeys.UPDATE_OPS)
+    if global_step is None and self._state.get(USES_GLOBAL_STEP):
+      # An annealed transform reads the global step: the train op advances it.
+      global_step = tf.compat.v1.train.get_global_step(self.loss.graph)
     with self.loss.graph.as_default():
       with tf.control_dependencies(list(update_ops)):
         return optimizer.apply_gradients(gv, global_step=global_step,
@@ -360,7 +506,9 @@ class GradientPlan:
 
   def __repr__(self):
     return (f"GradientPlan(loss={self.loss.name}, upstream={sorted(self._upstream)}, "
-            f"gradients={sorted(self._gradients)}, edges={sorted(self._edges)})")
+            f"gradients={sorted(self._gradients)}, edges={sorted(self._edges)}, "
+            f"backward={sorted(self._backward)}, "
+            f"conflicts={sorted(self._conflicts)})")
 
 
 def _compose(fns: Sequence[Transform]) -> Transform:
@@ -371,10 +519,22 @@ def _differentiable(t) -> bool:
   return (t.dtype.is_floating or t.dtype.is_complex) and not _graph_util.is_handle(t)
 
 
+def _not_group(fn, method: str) -> None:
+  if isinstance(fn, GroupTransform):
+    raise _errors.GraphGradError(
+        f"{method}: {fn!r} is a group transform, which rewrites a layer's "
+        f"parameter gradients together; it has no meaning for one boundary "
+        f"gradient. Use plan.transform_gradients(layer, {fn!r}).")
+
+
 def _checked(fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:
   """Applies ``fn`` and checks that shape and dtype are kept."""
-  out = fn(grad, ctx)
+  return _check_result(grad, fn(grad, ctx), where)
+
+
+def _check_result(grad: Gradient, out: Gradient, where: str) -> Gradient:
+  """Checks that a transform's result ``out`` keeps ``grad``'s shape, dtype."""
   if grad is None:
     return out
   before = grad.values if isinstance(grad, tf.IndexedSlices) else grad

@@ -26,6 +26,10 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad._types import Gradient
 
+# Keys of TransformContext.state that the plan reads after building.
+USES_GLOBAL_STEP = "uses_global_step"  # True: increment the global step
+EXTRA_GRADS_AND_VARS = "extra_grads_and_vars"  # (grad, var) of own variables
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformContext:
@@ -39,7 +43,11 @@ class TransformContext:
     tensor: the forward tensor whose gradient this is, when there is one.
     global_step: the plan's global step tensor, when one is known.
     state: a per-plan dictionary where stateful transforms keep what they
-      create, so that it is created once per plan.
+      create, so that it is created once per plan. Two keys are read by the
+      plan: ``"uses_global_step"`` (true: ``apply_gradients`` increments the
+      global step when given none) and ``"extra_grads_and_vars"`` (``(grad,
+      var)`` pairs of variables a transform owns, such as a synthetic
+      gradient module, appended to ``compute_gradients()``).
   """
   layer: Optional[str] = None
   role: str = "upstream"
@@ -166,9 +174,27 @@ def scale(c) -> Transform:
 class _AddNoise(Transform):
   name = "add_noise"
 
-  def __init__(self, stddev, seed):
+  def __init__(self, stddev, seed, eta=None, gamma=None):
     self.stddev = stddev
     self.seed = seed
+    self.eta = eta
+    self.gamma = gamma
+
+  def _stddev(self, grad, context):
+    if self.eta is None:
+      return _cast(self.stddev, grad)
+    step = context.global_step
+    if step is None:
+      raise _errors.GraphGradError(
+          f"add_noise(eta={self.eta!r}, gamma={self.gamma!r}) anneals with "
+          f"the global step, but the graph has none when the plan is built. "
+          f"Create it before building the plan: "
+          f"`step = tf.compat.v1.train.get_or_create_global_step()`; the "
+          f"plan's apply_gradients then increments it.")
+    context.state[USES_GLOBAL_STEP] = True
+    t = tf.cast(step, grad.dtype)
+    variance = _cast(self.eta, grad) / tf.pow(1 + t, _cast(self.gamma, grad))
+    return tf.sqrt(variance, name="stddev")
 
   def apply_dense(self, grad, context):
     seed = self.seed
@@ -176,30 +202,73 @@ class _AddNoise(Transform):
       # One seed per transformed tensor: equal seeds on two random ops of the
       # same shape would draw the same noise.
       seed = (seed + zlib.crc32(context.tensor.name.encode())) % (2**31 - 1)
+    stddev = self._stddev(grad, context)
     noise = tf.random.normal(tf.shape(grad), stddev=1.0, dtype=grad.dtype,
                              seed=seed)
-    return grad + _cast(self.stddev, grad) * noise
+    return grad + stddev * noise
 
   def __repr__(self):
+    if self.eta is not None:
+      return (f"add_noise(eta={self.eta!r}, gamma={self.gamma!r}, "
+              f"seed={self.seed!r})")
     return f"add_noise({self.stddev!r}, seed={self.seed!r})"
 
 
-def add_noise(stddev, seed: Optional[int] = None) -> Transform:
-  """Adds Gaussian noise ``N(0, stddev^2)`` to the gradient.
+def add_noise(stddev=None, seed: Optional[int] = None, *, eta=None,
+              gamma=0.55) -> Transform:
+  """Adds Gaussian noise to the gradient: constant or annealed.
+
+  Two forms, told apart by keyword:
+
+  * ``add_noise(stddev)``: constant noise, ``g + stddev * n`` with
+    ``n ~ N(0, 1)``.
+  * ``add_noise(eta=eta, gamma=0.55)``: annealed noise (Neelakantan et al.,
+    2015, "Adding Gradient Noise Improves Learning for Very Deep Networks"),
+    ``g + sigma_t * n`` with variance
+
+        sigma_t^2 = eta / (1 + t)^gamma,
+
+    where ``t`` is the graph's global step
+    (``tf.compat.v1.train.get_global_step()``) read when the plan is built.
+    The paper uses ``eta`` in {0.01, 0.3, 1.0} and ``gamma = 0.55``. The
+    global step must exist before the plan is built; the plan's
+    ``apply_gradients`` increments it when no other ``global_step`` is
+    passed, so that ``t`` counts training steps.
 
   Args:
-    stddev: standard deviation of the noise.
+    stddev: standard deviation of constant noise. Give it, or ``eta``.
     seed: op-level seed. With a graph-level seed set, the noise is repeatable;
       each transformed tensor derives its own seed from it.
+    eta: keyword only; the variance at step 0 of annealed noise.
+    gamma: keyword only; the annealing exponent of annealed noise.
 
   Returns:
-    A transform computing ``g + stddev * n`` with ``n ~ N(0, 1)``.
+    A transform adding the noise.
+
+  Raises:
+    GraphGradError: if both or neither of ``stddev`` and ``eta`` are given,
+      or a number among them is negative; when applied, for annealed noise in
+      a graph without a global step.
 
   Example:
     >>> add_noise(0.01, seed=1)
     add_noise(0.01, seed=1)
+    >>> add_noise(eta=0.3, gamma=0.55)
+    add_noise(eta=0.3, gamma=0.55, seed=None)
   """
-  return _AddNoise(stddev, seed)
+  if (stddev is None) == (eta is None):
+    raise _errors.GraphGradError(
+        f"add_noise: give exactly one of `stddev` (constant noise) and `eta` "
+        f"(annealed noise, variance eta / (1 + t)^gamma); got stddev="
+        f"{stddev!r}, eta={eta!r}. Use add_noise(0.01) or "
+        f"add_noise(eta=0.3, gamma=0.55).")
+  for arg, value in (("stddev", stddev), ("eta", eta), ("gamma", gamma)):
+    if isinstance(value, (int, float)) and value < 0:
+      raise _errors.GraphGradError(
+          f"add_noise: `{arg}` must be non-negative; got {value}.")
+  if eta is None:
+    return _AddNoise(stddev, seed)
+  return _AddNoise(None, seed, eta=eta, gamma=gamma)
 
 
 class _ClipByValue(Transform):

@@ -6,12 +6,15 @@ Example:
   chain(scale(0.5), clip_by_norm(1.0))
 """
 
+from graphgrad._group import (GroupTransform, clip_by_global_norm,
+                              trust_ratio)
 from graphgrad._transforms import (Transform, TransformContext, add_noise,
                                    as_transform, chain, clip_by_norm,
                                    clip_by_value, identity, reverse, scale,
                                    zero)
 
 __all__ = [
-    "Transform", "TransformContext", "add_noise", "as_transform", "chain",
-    "clip_by_norm", "clip_by_value", "identity", "reverse", "scale", "zero",
+    "GroupTransform", "Transform", "TransformContext", "add_noise",
+    "as_transform", "chain", "clip_by_global_norm", "clip_by_norm",
+    "clip_by_value", "identity", "reverse", "scale", "trust_ratio", "zero",
 ]

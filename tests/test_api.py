@@ -8,6 +8,8 @@ def test_every_public_name_resolves():
     assert getattr(gg, name) is not None, name
   for name in gg.transforms.__all__:
     assert getattr(gg.transforms, name) is not None, name
+  for name in gg.backward.__all__:
+    assert getattr(gg.backward, name) is not None, name
 
 
 def test_error_hierarchy():

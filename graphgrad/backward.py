@@ -1,0 +1,16 @@
+"""Backward replacements for :meth:`graphgrad.GradientPlan.replace_backward`.
+
+Example:
+  >>> import graphgrad as gg
+  >>> gg.backward.feedback_alignment(seed=0)
+  feedback_alignment(seed=0)
+"""
+
+from graphgrad._backward import (BackwardContext, Replacement,
+                                 direct_feedback_alignment, feedback_alignment)
+from graphgrad._synthetic import SyntheticModule, synthetic
+
+__all__ = [
+    "BackwardContext", "Replacement", "SyntheticModule",
+    "direct_feedback_alignment", "feedback_alignment", "synthetic",
+]
