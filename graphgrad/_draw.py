@@ -8,7 +8,8 @@ networkx and draws it with matplotlib, so that a picture always comes out.
 Layers are nodes labelled with their parameter counts; edges carry the
 shapes of their boundary tensors; an extra ``loss`` node collects the layers
 that reach the loss through glue only. Given a plan, transformed layers and
-edges are highlighted and labelled with their transforms.
+edges are highlighted and labelled with their transforms, and an edge that
+carries a layer's rewritten upstream gradient is dashed.
 """
 
 import logging
@@ -72,7 +73,9 @@ def elements(net, plan=None):
 
   Returns:
     ``(nodes, edges)``: ``nodes`` maps a node id to ``(label, highlighted)``;
-    ``edges`` maps ``(a, b)`` to ``(label, highlighted)``.
+    ``edges`` maps ``(a, b)`` to ``(label, mark)`` with ``mark`` one of
+    ``None``, ``"edge"`` (an edge transform) or ``"upstream"`` (the edge
+    carries the rewritten upstream gradient of ``b``).
   """
   _check_plan(net, plan)
   layer_marks, edge_marks = _marks(plan)
@@ -84,17 +87,21 @@ def elements(net, plan=None):
     lines += layer_marks.get(layer.name, [])
     nodes[layer.name] = ("\n".join(lines), layer.name in layer_marks)
   nodes[_LOSS] = (f"loss\n{net.loss.name}", False)
+  upstream = set(getattr(plan, "_upstream", ()))
   edges = {}
   for lo, up, data in net.graph.edges(data=True):
     label = ", ".join(_shape(t.shape) for t in data["tensors"])
-    hot = (lo, up) in edge_marks
-    if hot:
+    mark = None
+    if (lo, up) in edge_marks:
       label += "\n" + edge_marks[(lo, up)]
-    edges[(lo, up)] = (label, hot)
+      mark = "edge"
+    elif up in upstream:
+      mark = "upstream"
+    edges[(lo, up)] = (label, mark)
   for name in net.names:
     if net.reaches_loss_directly(name):
       outs = [t for t in net[name].outputs]
-      edges[(name, _LOSS)] = (", ".join(_shape(t.shape) for t in outs), False)
+      edges[(name, _LOSS)] = (", ".join(_shape(t.shape) for t in outs), None)
   return nodes, edges
 
 
@@ -112,10 +119,12 @@ def to_dot(net, plan=None) -> str:
     elif hot:
       attrs.append(f'fillcolor="{_HOT}", penwidth=2')
     lines.append(f"  {_quote(node)} [{', '.join(attrs)}];")
-  for (a, b), (label, hot) in edges.items():
+  for (a, b), (label, mark) in edges.items():
     attrs = [f"label={_quote(label)}"]
-    if hot:
+    if mark == "edge":
       attrs.append(f'color="{_EDGE_HOT}", fontcolor="{_EDGE_HOT}", penwidth=2.5')
+    elif mark == "upstream":
+      attrs.append(f'color="{_EDGE_HOT}", style=dashed, penwidth=1.5')
     lines.append(f"  {_quote(a)} -> {_quote(b)} [{', '.join(attrs)}];")
   lines.append("}")
   return "\n".join(lines) + "\n"
@@ -176,12 +185,13 @@ def _matplotlib_render(nodes, edges, path: str, fmt: str) -> None:
               for y in {p[1] for p in pos.values()})
   fig = Figure(figsize=(max(4.0, 3.2 * width), max(3.0, 1.9 * levels)))
   ax = fig.add_subplot(1, 1, 1)
-  for (a, b), (label, hot) in edges.items():
+  for (a, b), (label, mark) in edges.items():
     (xa, ya), (xb, yb) = pos[a], pos[b]
-    color = _EDGE_HOT if hot else "#555555"
+    color = _EDGE_HOT if mark else "#555555"
     ax.annotate("", xy=(xb, yb - 0.22), xytext=(xa, ya + 0.22),
                 arrowprops=dict(arrowstyle="-|>", color=color,
-                                lw=2.5 if hot else 1.2))
+                                lw=2.5 if mark == "edge" else 1.2,
+                                ls="--" if mark == "upstream" else "-"))
     ax.text((xa + xb) / 2 + 0.05, (ya + yb) / 2, label, fontsize=8,
             color=color, ha="left", va="center")
   for n, (label, hot) in nodes.items():

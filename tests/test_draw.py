@@ -68,6 +68,16 @@ def test_dot_highlights_the_plan(graph):
   assert nodes["features"].get("fillcolor") is None
 
 
+def test_dot_dashes_edges_that_carry_a_rewritten_upstream(graph):
+  net = _dann_net()
+  plan = gg.GradientPlan(net.loss, net).transform_upstream(
+      "domain_head", gg.transforms.scale(2.0))
+  nodes, edges = _parse(net.to_dot(plan))
+  assert edges[("features", "domain_head")].get("style") == "dashed"
+  assert edges[("features", "label_head")].get("style") is None
+  assert "upstream: scale(2.0)" in _label(nodes["domain_head"])
+
+
 def test_dot_rejects_a_plan_on_another_net(graph):
   net = _dann_net()
   other = gg.analyze(net.loss)
