@@ -10,7 +10,7 @@ The whole public API::
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
 """
 
-from graphgrad import transforms
+from graphgrad import _compat, transforms
 from graphgrad._analysis import Layer, LayerGraph, analyze
 from graphgrad._errors import (GraphGradError, IncompatibleGradientError,
                                LayerNotFoundError, NotConnectedError,
@@ -18,6 +18,8 @@ from graphgrad._errors import (GraphGradError, IncompatibleGradientError,
 from graphgrad._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
 
 __version__ = "0.1.0"
+
+_compat.check_tensorflow()  # logs a warning outside the tested range
 
 __all__ = [
     "GATE_GRAPH",
