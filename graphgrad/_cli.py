@@ -141,7 +141,6 @@ def _demo(args) -> int:
 
 def _inspect(args) -> int:
   _quiet_tf()
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
   from graphgrad import _metagraph  # pylint: disable=g-import-not-at-top
   for flag, value, ext in (("--dot", args.dot, ".dot"),
@@ -172,7 +171,6 @@ def _inspect(args) -> int:
     raise CommandError(str(e)) from None
   except OSError as e:
     raise CommandError(f"cannot write output: {e}") from None
-  del tf
   return 0
 
 
