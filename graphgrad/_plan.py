@@ -334,6 +334,28 @@ class GradientPlan:
     Raises:
       IncompatibleGradientError, UnsupportedGraphError: as
         :meth:`compute_gradients`.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> with tf.Graph().as_default():
+      ...   x = tf.constant([[1.0, 2.0]])
+      ...   with tf.compat.v1.variable_scope("l1"):
+      ...     h = x @ tf.compat.v1.get_variable("w", initializer=[[1.0], [1.0]])
+      ...   with tf.compat.v1.variable_scope("l2"):
+      ...     y = h * tf.compat.v1.get_variable("w", initializer=3.0)
+      ...   plan = gg.GradientPlan(tf.reduce_sum(y))
+      ...   op = plan.transform_upstream("l2", gg.transforms.scale(0.5)).summaries()
+      ...   with tf.compat.v1.Session() as s:
+      ...     s.run(tf.compat.v1.global_variables_initializer())
+      ...     summary = tf.compat.v1.Summary.FromString(s.run(op))
+      >>> for v in summary.value:
+      ...   print(v.tag, round(v.simple_value, 3))
+      graphgrad/grad_norm/l1/before 3.354
+      graphgrad/grad_norm/l1/after 3.354
+      graphgrad/grad_norm/l2/before 3.0
+      graphgrad/grad_norm/l2/after 3.0
+      graphgrad/upstream_norm/l2/before 1.0
+      graphgrad/upstream_norm/l2/after 0.5
     """
     from graphgrad import _summaries  # pylint: disable=g-import-not-at-top
     self.compute_gradients()
