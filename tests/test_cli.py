@@ -151,3 +151,26 @@ def test_demo_plot_writes_both_curves(tmp_path, capsys):
 def test_demo_plot_bad_extension(tmp_path, capsys):
   line = _error_line(capsys, ["demo", "--plot", str(tmp_path / "c.txt")])
   assert "the file name must end in .png, .svg, .pdf" in line
+
+
+def test_inspect_sums_several_losses(tmp_path, capsys):
+  with tf.Graph().as_default():
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    out = dense(dense(x, 4, "a"), 1, "b")
+    tf1.losses.mean_squared_error(tf.zeros_like(out), out)
+    tf1.losses.add_loss(tf.multiply(1e-2, tf.nn.l2_loss(_kernel("a")),
+                                    name="weight_decay"))
+    tf1.train.export_meta_graph(str(tmp_path / "two.meta"))
+  assert _cli.main(["inspect", str(tmp_path / "two.meta")]) == 0
+  out = capsys.readouterr().out
+  assert ("loss graphgrad_total_loss:0 (the sum of the 2 tensors in the "
+          "LOSSES collection (mean_squared_error/value:0, weight_decay:0))"
+          ) in out
+  assert "2 layers, 21 trainable parameters" in out
+
+
+def test_inspect_unwritable_output(tmp_path, capsys):
+  meta = _save(tmp_path)
+  line = _error_line(capsys, ["inspect", meta, "--png",
+                              str(tmp_path / "no" / "such" / "dir.png")])
+  assert line.startswith("graphgrad inspect: error: cannot write output: ")
