@@ -19,7 +19,7 @@ and the same plans for TF2 Keras models, eagerly or in tf.function::
   optimizer.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
 """
 
-from graphgrad import backward, transforms
+from graphgrad import _compat, backward, transforms
 from graphgrad._analysis import Layer, LayerGraph, analyze
 from graphgrad._errors import (GraphGradError, IncompatibleGradientError,
                                LayerNotFoundError, NotConnectedError,
@@ -28,6 +28,8 @@ from graphgrad._keras import KerasPlan
 from graphgrad._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
 
 __version__ = "0.1.0"
+
+_compat.check_tensorflow()  # logs a warning outside the tested range
 
 __all__ = [
     "GATE_GRAPH",

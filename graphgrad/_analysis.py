@@ -224,6 +224,57 @@ class LayerGraph:
       lines.append("  (none)")
     return "\n".join(lines)
 
+  def to_dot(self, plan=None) -> str:
+    """Graphviz DOT text of the layer graph.
+
+    Layers are nodes labelled with their parameter counts, edges are
+    labelled with the shapes of their boundary tensors, and a ``loss`` node
+    collects the layers that reach the loss through glue only.
+
+    Args:
+      plan: optional :class:`GradientPlan` on this graph; its transformed
+        layers and edges are highlighted and labelled with their transforms.
+
+    Returns:
+      DOT text, for ``dot -Tpng`` or any Graphviz viewer.
+
+    Raises:
+      GraphGradError: if ``plan`` is not a plan on this graph.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> with tf.Graph().as_default():
+      ...   x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+      ...   with tf.compat.v1.variable_scope("l1"):
+      ...     h = x @ tf.compat.v1.get_variable("w", [3, 4])
+      ...   with tf.compat.v1.variable_scope("l2"):
+      ...     y = h @ tf.compat.v1.get_variable("w", [4, 1])
+      ...   print(gg.analyze(tf.reduce_sum(y)).to_dot().splitlines()[-3])
+        "l1" -> "l2" [label="[?,4]"];
+    """
+    from graphgrad import _draw  # pylint: disable=g-import-not-at-top
+    return _draw.to_dot(self, plan)
+
+  def draw(self, path, plan=None) -> str:
+    """Writes a picture of the layer graph to a PNG, SVG or DOT file.
+
+    Uses Graphviz (through ``pydot`` or ``graphviz``) when its ``dot``
+    program is installed; otherwise lays the graph out with networkx and
+    draws it with matplotlib, so a picture always comes out.
+
+    Args:
+      path: file name ending in ``.png``, ``.svg`` or ``.dot``.
+      plan: optional :class:`GradientPlan` whose transforms to highlight.
+
+    Returns:
+      ``path``, as a string.
+
+    Raises:
+      GraphGradError: for another file extension, or a plan on another graph.
+    """
+    from graphgrad import _draw  # pylint: disable=g-import-not-at-top
+    return _draw.draw(self, path, plan)
+
   def __repr__(self) -> str:
     return (f"LayerGraph({len(self.layers)} layers: {', '.join(self.names)}; "
             f"{self.op_graph.number_of_nodes()} forward ops)")

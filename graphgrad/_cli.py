@@ -7,6 +7,13 @@ import time
 from typing import List, Optional
 
 
+_PLOT_FORMATS = (".png", ".svg", ".pdf")
+
+
+class CommandError(Exception):
+  """A user error: printed as one line, exit code 2."""
+
+
 def _quiet_tf() -> None:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -39,7 +46,39 @@ class _Progress:
     self.stream.flush()
 
 
+def _plot_curves(path: str, curves, title: str) -> None:
+  """Writes per-step loss curves and their running means to ``path``."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  # A bare Figure needs no pyplot and no display.
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  fig = Figure(figsize=(7, 4))
+  ax = fig.add_subplot(1, 1, 1)
+  for i, (label, curve) in enumerate(curves.items()):
+    color = f"C{i}"
+    steps = np.arange(1, len(curve) + 1)
+    ax.plot(steps, curve, color=color, alpha=0.25, lw=0.8)
+    k = max(1, len(curve) // 20)
+    smooth = np.convolve(curve, np.ones(k) / k, mode="valid")
+    ax.plot(steps[k - 1:], smooth, color=color, lw=2, label=label)
+  ax.set_xlabel("step")
+  ax.set_ylabel("training loss (minibatch)")
+  ax.set_title(title)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
 def _demo(args) -> int:
+  if args.plot and os.path.splitext(args.plot)[1].lower() not in _PLOT_FORMATS:
+    raise CommandError(
+        f"--plot {args.plot!r}: the file name must end in "
+        f"{', '.join(_PLOT_FORMATS)}, e.g. --plot curves.png")
+  if args.plot:
+    try:
+      import matplotlib  # pylint: disable=g-import-not-at-top,unused-import
+    except ImportError:
+      raise CommandError(
+          "--plot needs matplotlib: pip install 'graphgrad[draw]'") from None
   _quiet_tf()
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -100,6 +139,45 @@ def _demo(args) -> int:
           f"{test_acc:>9.3f}")
     r["sess"].close()
   del np
+  if args.plot:
+    _plot_curves(args.plot, {k: r["curve"] for k, r in runs.items()},
+                 f"seed network, Adam lr={args.lr}, batch {args.batch_size}")
+    print(f"\nwrote the loss curves to {args.plot}")
+  return 0
+
+
+def _inspect(args) -> int:
+  _quiet_tf()
+  import graphgrad as gg  # pylint: disable=g-import-not-at-top
+  from graphgrad import _metagraph  # pylint: disable=g-import-not-at-top
+  for flag, value, ext in (("--dot", args.dot, ".dot"),
+                           ("--png", args.png, ".png")):
+    if value and not value.lower().endswith(ext):
+      raise CommandError(f"{flag} {value!r}: the file name must end in {ext}")
+  try:
+    graph = _metagraph.load(args.path)
+    with graph.as_default():
+      if args.loss:
+        loss = _metagraph.find_loss(graph, args.loss)
+        reason = "given with --loss"
+      else:
+        loss, reason = _metagraph.guess_loss(graph)
+      net = gg.analyze(loss)
+      print(f"{args.path}: loss {loss.name} ({reason})")
+      if not args.loss:
+        print("  pass --loss NAME to analyse another tensor")
+      print()
+      print(net.summary())
+      if args.dot:
+        net.draw(args.dot)
+        print(f"\nwrote {args.dot}")
+      if args.png:
+        net.draw(args.png)
+        print(f"wrote {args.png}")
+  except gg.GraphGradError as e:
+    raise CommandError(str(e)) from None
+  except OSError as e:
+    raise CommandError(f"cannot write output: {e}") from None
   return 0
 
 
@@ -123,7 +201,24 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Adam learning rate (default 0.01)")
   demo.add_argument("--noise", type=float, default=0.01,
                     help="stddev of the upstream noise (default 0.01)")
+  demo.add_argument("--plot", metavar="FILE",
+                    help="write the loss curves of both runs to FILE "
+                         "(.png, .svg or .pdf)")
   demo.set_defaults(func=_demo)
+  inspect = sub.add_parser(
+      "inspect", help="print the layer table of a saved MetaGraph (.meta)",
+      description="Loads a MetaGraph written by tf.compat.v1.train.Saver, "
+                  "finds its loss (the LOSSES collection, or a scalar float "
+                  "op named like a loss; --loss overrides), and prints its "
+                  "layers, parameters and boundary tensors.")
+  inspect.add_argument("path", metavar="PATH.meta", help="the .meta file")
+  inspect.add_argument("--loss", metavar="NAME",
+                       help="name of the loss tensor or op (default: guessed)")
+  inspect.add_argument("--dot", metavar="FILE",
+                       help="also write the layer graph as Graphviz DOT")
+  inspect.add_argument("--png", metavar="FILE",
+                       help="also draw the layer graph to a PNG file")
+  inspect.set_defaults(func=_inspect)
   return parser
 
 
@@ -135,7 +230,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 2
   if getattr(args, "steps", 1) < 1:
     parser.error("--steps must be at least 1")
-  return args.func(args)
+  try:
+    return args.func(args)
+  except CommandError as e:
+    message = " ".join(str(e).split())  # one line, whatever the message
+    print(f"graphgrad {args.command}: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

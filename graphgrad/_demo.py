@@ -76,3 +76,52 @@ def seed_network(dims: int = 10, classes: int = 2, hidden: int = 20
       tf.nn.softmax_cross_entropy_with_logits(labels=y, logits=logits),
       name="loss")
   return x, y, logits, loss
+
+
+@dataclasses.dataclass
+class DomainShiftProblem:
+  """Two domains with one labelling: ``source`` is labelled, ``target`` is not.
+
+  ``target`` holds labels too, for evaluation only. The domains differ by a
+  shift along ``direction``, which the labels do not depend on.
+  """
+  source: Problem
+  target: Problem
+  direction: np.ndarray
+
+
+def domain_shift_problem(seed: int = 0, n_train: int = 2048,
+                         n_test: int = 1024, dims: int = 10,
+                         classes: int = 2, shift: float = 3.0
+                         ) -> DomainShiftProblem:
+  """A source and a shifted target domain for domain adaptation.
+
+  Both domains draw ``x ~ N(0, I)`` and label it with the same random teacher
+  network, which looks only at the first ``dims - 2`` coordinates. The target
+  adds ``shift`` times a unit vector in the last two coordinates, so a domain
+  classifier separates the domains easily unless the features ignore that
+  direction, and ignoring it costs the labels nothing.
+
+  Example:
+    >>> p = domain_shift_problem(0)
+    >>> p.source.x_train.shape, p.target.y_test.shape
+    ((2048, 10), (1024, 2))
+    >>> float(np.round(p.target.x_train.mean(0) @ p.direction, 0))
+    3.0
+  """
+  rng = np.random.default_rng(seed)
+  informative = dims - 2
+  w1 = rng.normal(size=(informative, 16))
+  w2 = rng.normal(size=(16, classes))
+  direction = np.zeros(dims, np.float32)
+  angle = rng.uniform(0, 2 * np.pi)
+  direction[-2:] = np.cos(angle), np.sin(angle)
+
+  def domain(offset):
+    x = rng.normal(size=(n_train + n_test, dims)).astype(np.float32)
+    labels = np.argmax(np.tanh(x[:, :informative] @ w1) @ w2, axis=1)
+    y = np.eye(classes, dtype=np.float32)[labels]
+    x = x + offset * direction
+    return Problem(x[:n_train], y[:n_train], x[n_train:], y[n_train:])
+
+  return DomainShiftProblem(domain(0.0), domain(shift), direction)

@@ -5,7 +5,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphgrad import _backward, _errors, _graph_util, _pcgrad
+from graphgrad import _advice, _backward, _errors, _graph_util, _pcgrad
 from graphgrad._analysis import LayerGraph, analyze, check_loss, scope_of
 from graphgrad._engine import Segments, aggregate
 from graphgrad._group import GroupTransform
@@ -122,6 +122,10 @@ class GradientPlan:
     self._conflicts: Dict[str, tuple] = {}
     self._built: Optional[List[Tuple[Gradient, tf.Variable]]] = None
     self._state: dict = {}
+    # (context, gradient before, gradient after) of every transform applied,
+    # for plan.summaries().
+    self._trace: List[Tuple[TransformContext, Gradient, Gradient]] = []
+    self._warned_adaptive = False
 
   @property
   def net(self) -> LayerGraph:
@@ -369,7 +373,7 @@ class GradientPlan:
         g, v = out[i]
         if g is not None:
           ctx = self._context(layer, "gradients", variable=v)
-          out[i] = (_checked(fn, g, ctx,
+          out[i] = (self._apply(fn, g, ctx,
                              f"transform_gradients({layer!r}) on {v.name}"), v)
 
   def _segmented(self, reached) -> Dict[str, Gradient]:
@@ -377,13 +381,13 @@ class GradientPlan:
       fn = _compose(self._upstream[name])
       if is_identity(fn):
         return None
-      return lambda g, t: _checked(
+      return lambda g, t: self._apply(
           fn, g, self._context(name, "upstream", tensor=t),
           f"transform_upstream({name!r}) on {t.name}")
 
     def edge(key):
       fn = _compose(self._edges[key])
-      return lambda g, t: _checked(
+      return lambda g, t: self._apply(
           fn, g, self._context(key[0], "edge", tensor=t, edge=key),
           f"transform_edge({key[0]!r}, {key[1]!r}) on {t.name}")
 
@@ -446,6 +450,8 @@ class GradientPlan:
           f"no variable has a gradient from the loss {self.loss.name}; "
           f"variables: {', '.join(v.name for v in self._var_list)}. Check "
           f"that `var_list` holds variables the loss depends on.")
+    if not self._warned_adaptive:
+      self._warned_adaptive = _advice.warn_if_scale_cancels(self, optimizer)
     if update_ops is None:
       update_ops = self.loss.graph.get_collection(
           tf.compat.v1.GraphKeys.UPDATE_OPS)
@@ -457,7 +463,69 @@ class GradientPlan:
         return optimizer.apply_gradients(gv, global_step=global_step,
                                          **({"name": name} if name else {}))
 
+  def summaries(self, histograms: bool = False,
+                name: Optional[str] = None) -> tf.Tensor:
+    """TensorBoard summaries of what the plan does to gradient norms.
+
+    Adds, under a ``graphgrad/`` name scope, scalar summaries of
+
+    * ``grad_norm/<layer>/before`` and ``.../after``: the global norm of each
+      layer's parameter gradients before and after its
+      ``transform_gradients`` (equal for a layer without them);
+    * ``upstream_norm/<layer>/before`` and ``.../after``: the norm of the
+      gradient at the outputs of every layer with ``transform_upstream``;
+    * ``edge_norm/<lower>_to_<upper>/before`` and ``.../after``: the norm of
+      the gradient along every transformed edge;
+
+    and with ``histograms=True`` a histogram of each final parameter
+    gradient. Builds the plan if it is not built yet.
+
+    Args:
+      histograms: also add gradient histograms.
+      name: name scope; defaults to the plan's (``"graphgrad"``).
+
+    Returns:
+      The merged summary op (a string tensor) for ``FileWriter.add_summary``.
+      The summaries are also added to the graph's ``SUMMARIES`` collection.
+
+    Raises:
+      IncompatibleGradientError, UnsupportedGraphError: as
+        :meth:`compute_gradients`.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> with tf.Graph().as_default():
+      ...   x = tf.constant([[1.0, 2.0]])
+      ...   with tf.compat.v1.variable_scope("l1"):
+      ...     h = x @ tf.compat.v1.get_variable("w", initializer=[[1.0], [1.0]])
+      ...   with tf.compat.v1.variable_scope("l2"):
+      ...     y = h * tf.compat.v1.get_variable("w", initializer=3.0)
+      ...   plan = gg.GradientPlan(tf.reduce_sum(y))
+      ...   op = plan.transform_upstream("l2", gg.transforms.scale(0.5)).summaries()
+      ...   with tf.compat.v1.Session() as s:
+      ...     s.run(tf.compat.v1.global_variables_initializer())
+      ...     summary = tf.compat.v1.Summary.FromString(s.run(op))
+      >>> for v in summary.value:
+      ...   print(v.tag, round(v.simple_value, 3))
+      graphgrad/grad_norm/l1/before 3.354
+      graphgrad/grad_norm/l1/after 3.354
+      graphgrad/grad_norm/l2/before 3.0
+      graphgrad/grad_norm/l2/after 3.0
+      graphgrad/upstream_norm/l2/before 1.0
+      graphgrad/upstream_norm/l2/after 0.5
+    """
+    from graphgrad import _summaries  # pylint: disable=g-import-not-at-top
+    self.compute_gradients()
+    return _summaries.build(self, histograms=histograms,
+                            name=name or self._name)
+
   # -- helpers -------------------------------------------------------------
+
+  def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
+             where: str) -> Gradient:
+    out = _checked(fn, grad, ctx, where)
+    self._trace.append((ctx, grad, out))
+    return out
 
   def _layer(self, name, arg: str) -> str:
     if self._built is not None:

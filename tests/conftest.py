@@ -4,9 +4,13 @@ TF_USE_LEGACY_KERAS must be set before TensorFlow is first imported; pytest
 loads this file before it imports any test module or doctest.
 """
 
+import importlib.util
 import os
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# TF 2.16+ needs tf-keras for tf.compat.v1.layers; TF 2.15 bundles Keras 2 and
+# must not be pointed at a tf-keras that is not installed.
+if importlib.util.find_spec("tf_keras") is not None:
+  os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402

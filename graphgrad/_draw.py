@@ -1,0 +1,234 @@
+"""Pictures of a layer graph: Graphviz DOT text, PNG and SVG files.
+
+:func:`to_dot` writes DOT text by hand, so it needs nothing installed.
+:func:`draw` renders it with Graphviz (through ``pydot`` or ``graphviz``)
+when the ``dot`` program is available, and otherwise lays the graph out with
+networkx and draws it with matplotlib, so that a picture always comes out.
+
+Layers are nodes labelled with their parameter counts; edges carry the
+shapes of their boundary tensors; an extra ``loss`` node collects the layers
+that reach the loss through glue only. Given a plan, transformed layers and
+edges are highlighted and labelled with their transforms, and an edge that
+carries a layer's rewritten upstream gradient is dashed.
+"""
+
+import logging
+import os
+from typing import Dict, List, Optional, Tuple
+
+import networkx as nx
+
+from graphgrad import _errors
+
+log = logging.getLogger("graphgrad")
+
+_LOSS = "loss"
+_PLAIN, _HOT = "#dbe9f6", "#f6c28b"  # node fills: untouched, transformed
+_EDGE_HOT = "#d9480f"
+_FORMATS = ("png", "svg", "dot")
+
+
+def _shape(shape) -> str:
+  dims = getattr(shape, "dims", None)
+  if dims is None:
+    return "[?]"
+  return "[" + ",".join("?" if d is None else str(d)
+                        for d in shape.as_list()) + "]"
+
+
+def _quote(text: str) -> str:
+  return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace(
+      "\n", "\\n") + '"'
+
+
+def _marks(plan) -> Tuple[Dict[str, List[str]], Dict[Tuple[str, str], str]]:
+  """Per-layer transform labels and per-edge transform labels of a plan."""
+  layers: Dict[str, List[str]] = {}
+  if plan is None:
+    return layers, {}
+  for name, fns in getattr(plan, "_upstream", {}).items():
+    layers.setdefault(name, []).append(
+        "upstream: " + ", ".join(map(repr, fns)))
+  for name, fns in getattr(plan, "_gradients", {}).items():
+    layers.setdefault(name, []).append(
+        "params: " + ", ".join(map(repr, fns)))
+  edges = {key: ", ".join(map(repr, fns))
+           for key, fns in getattr(plan, "_edges", {}).items()}
+  return layers, edges
+
+
+def _check_plan(net, plan) -> None:
+  if plan is None:
+    return
+  if getattr(plan, "net", None) is not net:
+    raise _errors.GraphGradError(
+        f"`plan` must be a gg.GradientPlan built on this LayerGraph; got "
+        f"{type(plan).__name__}{' on another LayerGraph' if hasattr(plan, 'net') else ''}. "
+        f"Pass the plan made by gg.GradientPlan(loss, net) for this net, or "
+        f"plan=None.")
+
+
+def elements(net, plan=None):
+  """Nodes and edges of the picture, shared by the DOT and matplotlib paths.
+
+  Returns:
+    ``(nodes, edges)``: ``nodes`` maps a node id to ``(label, highlighted)``;
+    ``edges`` maps ``(a, b)`` to ``(label, mark)`` with ``mark`` one of
+    ``None``, ``"edge"`` (an edge transform) or ``"upstream"`` (the edge
+    carries the rewritten upstream gradient of ``b``).
+  """
+  _check_plan(net, plan)
+  layer_marks, edge_marks = _marks(plan)
+  nodes = {}
+  for layer in net.layers:
+    lines = [layer.name, f"{layer.num_params:,} params"]
+    if layer.call_sites > 1:
+      lines.append(f"{layer.call_sites} calls")
+    lines += layer_marks.get(layer.name, [])
+    nodes[layer.name] = ("\n".join(lines), layer.name in layer_marks)
+  nodes[_LOSS] = (f"loss\n{net.loss.name}", False)
+  upstream = set(getattr(plan, "_upstream", ()))
+  edges = {}
+  for lo, up, data in net.graph.edges(data=True):
+    label = ", ".join(_shape(t.shape) for t in data["tensors"])
+    mark = None
+    if (lo, up) in edge_marks:
+      label += "\n" + edge_marks[(lo, up)]
+      mark = "edge"
+    elif up in upstream:
+      mark = "upstream"
+    edges[(lo, up)] = (label, mark)
+  for name in net.names:
+    if net.reaches_loss_directly(name):
+      outs = [t for t in net[name].outputs]
+      edges[(name, _LOSS)] = (", ".join(_shape(t.shape) for t in outs), None)
+  return nodes, edges
+
+
+def to_dot(net, plan=None) -> str:
+  """DOT text of ``net``'s layer graph; see :meth:`LayerGraph.to_dot`."""
+  nodes, edges = elements(net, plan)
+  lines = ["digraph layers {", "  rankdir=BT;",
+           '  node [shape=box, style="rounded,filled", fontname="Helvetica", '
+           f'fillcolor="{_PLAIN}"];',
+           '  edge [fontname="Helvetica", fontsize=10];']
+  for node, (label, hot) in nodes.items():
+    attrs = [f"label={_quote(label)}"]
+    if node == _LOSS:
+      attrs.append('shape=ellipse, fillcolor="#eeeeee"')
+    elif hot:
+      attrs.append(f'fillcolor="{_HOT}", penwidth=2')
+    lines.append(f"  {_quote(node)} [{', '.join(attrs)}];")
+  for (a, b), (label, mark) in edges.items():
+    attrs = [f"label={_quote(label)}"]
+    if mark == "edge":
+      attrs.append(f'color="{_EDGE_HOT}", fontcolor="{_EDGE_HOT}", penwidth=2.5')
+    elif mark == "upstream":
+      attrs.append(f'color="{_EDGE_HOT}", style=dashed, penwidth=1.5')
+    lines.append(f"  {_quote(a)} -> {_quote(b)} [{', '.join(attrs)}];")
+  lines.append("}")
+  return "\n".join(lines) + "\n"
+
+
+def _format_of(path: str) -> str:
+  ext = os.path.splitext(str(path))[1].lower().lstrip(".")
+  if ext not in _FORMATS:
+    raise _errors.GraphGradError(
+        f"`path` must end in .png, .svg or .dot; got {str(path)!r}. Name the "
+        f"file e.g. 'layers.png'.")
+  return ext
+
+
+def _graphviz_render(dot: str, path: str, fmt: str) -> bool:
+  """Renders with the Graphviz ``dot`` program; False when unavailable."""
+  try:
+    import pydot  # pylint: disable=g-import-not-at-top
+    graphs = pydot.graph_from_dot_data(dot)
+    graphs[0].write(path, format=fmt)
+    return True
+  except Exception as e:  # pylint: disable=broad-except
+    # No pydot, or no `dot` executable on PATH.
+    log.debug("pydot could not render %s: %s", path, e)
+  try:
+    import graphviz  # pylint: disable=g-import-not-at-top
+    with open(path, "wb") as f:
+      f.write(graphviz.Source(dot).pipe(format=fmt))
+    return True
+  except Exception as e:  # pylint: disable=broad-except
+    log.debug("graphviz could not render %s: %s", path, e)
+  return False
+
+
+def _layout(nodes, edges) -> Dict[str, Tuple[float, float]]:
+  """Layered layout: inputs at the bottom, the loss at the top."""
+  g = nx.DiGraph()
+  g.add_nodes_from(nodes)
+  g.add_edges_from(edges)
+  try:
+    generations = list(nx.topological_generations(g))
+  except nx.NetworkXUnfeasible:  # a cycle: fall back to one column
+    generations = [[n] for n in g.nodes]
+  pos = {}
+  for level, gen in enumerate(generations):
+    gen = sorted(gen)
+    for i, n in enumerate(gen):
+      pos[n] = (i - (len(gen) - 1) / 2.0, float(level))
+  return pos
+
+
+def _matplotlib_render(nodes, edges, path: str, fmt: str) -> None:
+  # A bare Figure needs no pyplot and leaves the user's backend alone.
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  pos = _layout(nodes, edges)
+  levels = max(y for _, y in pos.values()) + 1
+  width = max(sum(1 for p in pos.values() if p[1] == y)
+              for y in {p[1] for p in pos.values()})
+  fig = Figure(figsize=(max(4.0, 3.2 * width), max(3.0, 1.9 * levels)))
+  ax = fig.add_subplot(1, 1, 1)
+  for (a, b), (label, mark) in edges.items():
+    (xa, ya), (xb, yb) = pos[a], pos[b]
+    color = _EDGE_HOT if mark else "#555555"
+    ax.annotate("", xy=(xb, yb - 0.22), xytext=(xa, ya + 0.22),
+                arrowprops=dict(arrowstyle="-|>", color=color,
+                                lw=2.5 if mark == "edge" else 1.2,
+                                ls="--" if mark == "upstream" else "-"))
+    ax.text((xa + xb) / 2 + 0.05, (ya + yb) / 2, label, fontsize=8,
+            color=color, ha="left", va="center")
+  for n, (label, hot) in nodes.items():
+    x, y = pos[n]
+    face = "#eeeeee" if n == _LOSS else (_HOT if hot else _PLAIN)
+    ax.text(x, y, label, ha="center", va="center", fontsize=9,
+            bbox=dict(boxstyle="round,pad=0.4", fc=face,
+                      ec="#333333", lw=2 if hot else 1))
+  xs = [p[0] for p in pos.values()]
+  ax.set_xlim(min(xs) - 1.0, max(xs) + 1.0)
+  ax.set_ylim(-0.6, levels - 0.4)
+  ax.axis("off")
+  fig.tight_layout()
+  fig.savefig(path, format=fmt, dpi=110)
+
+
+def draw(net, path, plan=None) -> str:
+  """Writes a picture of ``net``; see :meth:`LayerGraph.draw`."""
+  fmt = _format_of(path)
+  path = os.fspath(path)
+  dot = to_dot(net, plan)
+  if fmt == "dot":
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(dot)
+    return path
+  if _graphviz_render(dot, path, fmt):
+    log.info("wrote %s with Graphviz", path)
+    return path
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    raise _errors.GraphGradError(
+        f"cannot write {path}: neither Graphviz's `dot` program nor "
+        f"matplotlib is available. Install one of them (pip install "
+        f"'graphgrad[draw]' brings matplotlib), or write DOT text with "
+        f"net.draw('graph.dot').") from None
+  nodes, edges = elements(net, plan)
+  _matplotlib_render(nodes, edges, path, fmt)
+  log.info("wrote %s with matplotlib (Graphviz's `dot` was not found)", path)
+  return path

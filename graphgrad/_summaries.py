@@ -1,0 +1,87 @@
+"""TensorBoard summaries of a built :class:`~graphgrad.GradientPlan`.
+
+For each layer the global norm of its parameter gradients before and after
+its own transforms; at every transformed boundary (a layer's upstream, or an
+edge) the norm of the gradient before and after the transform. Everything is
+grouped under one name scope, ``graphgrad/`` by default, so TensorBoard shows
+it as one section.
+"""
+
+import collections
+from typing import Dict, List
+
+import tensorflow as tf
+
+from graphgrad._types import Gradient
+
+tf1 = tf.compat.v1
+
+
+def _values(g: Gradient) -> tf.Tensor:
+  return g.values if isinstance(g, tf.IndexedSlices) else g
+
+
+def _norm(grads: List[Gradient], name: str) -> tf.Tensor:
+  return tf.linalg.global_norm([_values(g) for g in grads], name=name)
+
+
+def _pair(tag: str, before: List[Gradient], after: List[Gradient],
+          out: List[tf.Tensor]) -> None:
+  """Adds ``tag/before`` and ``tag/after``; one norm op when they agree."""
+  after_norm = _norm(after, "norm")
+  same = len(before) == len(after) and all(
+      b is a for b, a in zip(before, after))
+  before_norm = after_norm if same else _norm(before, "norm_before")
+  out.append(tf1.summary.scalar(f"{tag}/before", before_norm))
+  out.append(tf1.summary.scalar(f"{tag}/after", after_norm))
+
+
+def build(plan, histograms: bool = False, name: str = "graphgrad") -> tf.Tensor:
+  """Builds the summaries of ``plan``; see :meth:`GradientPlan.summaries`."""
+  built = plan.compute_gradients()
+  net = plan.net
+  params_before: Dict[str, Gradient] = {}
+  upstream = collections.defaultdict(lambda: ([], []))
+  edges = collections.defaultdict(lambda: ([], []))
+  for ctx, before, after in plan._trace:  # pylint: disable=protected-access
+    if before is None or after is None:
+      continue
+    if ctx.role == "gradients":
+      params_before[ctx.variable.op.name] = before
+    elif ctx.role == "upstream":
+      upstream[ctx.layer][0].append(before)
+      upstream[ctx.layer][1].append(after)
+    elif ctx.role == "edge":
+      edges[ctx.edge][0].append(before)
+      edges[ctx.edge][1].append(after)
+
+  by_layer = collections.defaultdict(list)
+  for g, v in built:
+    layer = net.layer_of_variable(v)
+    if g is not None and layer is not None:
+      by_layer[layer].append((g, v))
+
+  out: List[tf.Tensor] = []
+  with plan.loss.graph.as_default(), tf.name_scope(name.rstrip("/") + "/"):
+    for layer in net.names:
+      pairs = by_layer.get(layer)
+      if not pairs:
+        continue
+      after = [g for g, _ in pairs]
+      before = [params_before.get(v.op.name, g) for g, v in pairs]
+      _pair(f"grad_norm/{layer}", before, after, out)
+    for layer in net.names:
+      if layer in upstream:
+        _pair(f"upstream_norm/{layer}", *upstream[layer], out)
+    for (lo, up), (before, after) in sorted(edges.items()):
+      _pair(f"edge_norm/{lo}_to_{up}", before, after, out)
+    if histograms:
+      for g, v in built:
+        if g is not None:
+          out.append(tf1.summary.histogram(f"grad_hist/{v.op.name}",
+                                           _values(g)))
+      for layer, (_, after) in upstream.items():
+        for g in after:
+          out.append(tf1.summary.histogram(f"upstream_hist/{layer}",
+                                           _values(g)))
+    return tf1.summary.merge(out, name="summaries")

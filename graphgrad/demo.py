@@ -1,0 +1,13 @@
+"""Small problems for examples and notebooks: data and the seed network.
+
+Example:
+  >>> from graphgrad import demo
+  >>> demo.seed_problem(0).x_train.shape
+  (2048, 10)
+"""
+
+from graphgrad._demo import (DomainShiftProblem, Problem, dense,
+                             domain_shift_problem, seed_network, seed_problem)
+
+__all__ = ["DomainShiftProblem", "Problem", "dense", "domain_shift_problem",
+           "seed_network", "seed_problem"]

@@ -1,0 +1,44 @@
+"""The supported TensorFlow range: one place, agreeing with setup.cfg."""
+
+import configparser
+import logging
+import pathlib
+import re
+
+import pytest
+
+from graphgrad import _compat
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_running_tensorflow_is_in_the_supported_range():
+  assert _compat.OLDEST <= _compat.TF_VERSION <= _compat.NEWEST
+
+
+def test_setup_cfg_declares_the_same_range():
+  cfg = configparser.ConfigParser()
+  cfg.read(ROOT / "setup.cfg")
+  requires = cfg["options"]["install_requires"]
+  m = re.search(r"tensorflow>=(\d+)\.(\d+),<(\d+)\.(\d+)", requires)
+  assert m, requires
+  lo, hi = tuple(map(int, m.group(1, 2))), tuple(map(int, m.group(3, 4)))
+  assert lo == _compat.OLDEST
+  assert hi == (_compat.NEWEST[0], _compat.NEWEST[1] + 1)
+
+
+@pytest.mark.parametrize("version", ["2.14.1", "2.22.0rc1", "3.0.0"])
+def test_unsupported_tensorflow_warns(version, caplog):
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    assert not _compat.check_tensorflow(version)
+  (record,) = caplog.records
+  assert re.search(rf"tested with TensorFlow 2\.15 to 2\.21; found "
+                   rf"{re.escape(version)}\. .*pip install "
+                   rf"'tensorflow>=2\.15,<2\.22'", record.getMessage())
+
+
+@pytest.mark.parametrize("version", ["2.15.0", "2.16.2", "2.21.0"])
+def test_supported_tensorflow_is_quiet(version, caplog):
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    assert _compat.check_tensorflow(version)
+  assert not caplog.records

@@ -1,0 +1,168 @@
+"""plan.summaries(): TensorBoard events that hold the true gradient norms."""
+
+import glob
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphgrad as gg
+from helpers import dense
+
+tf1 = tf.compat.v1
+
+
+def _vars(scope):
+  return tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, scope + "/")
+
+
+def _three_layers():
+  x = tf1.placeholder(tf.float32, [None, 4], name="x")
+  h1 = dense(x, 6, "l1", tf.tanh)
+  h2 = dense(h1, 5, "l2", tf.tanh)
+  out3 = dense(h2, 3, "l3")
+  loss = tf.reduce_sum(tf.square(out3), name="loss")
+  return x, loss
+
+
+def _events(logdir):
+  values, histos = {}, set()
+  for path in glob.glob(f"{logdir}/events.*"):
+    for event in tf1.train.summary_iterator(path):
+      for v in event.summary.value:
+        if v.HasField("histo"):
+          histos.add(v.tag)
+        else:
+          values[v.tag] = v.simple_value
+  return values, histos
+
+
+def _norm(arrays):
+  return float(np.sqrt(sum(np.sum(np.square(a)) for a in arrays)))
+
+
+def test_summaries_hold_the_norms_before_and_after(graph, tmp_path):
+  x, loss = _three_layers()
+  net = gg.analyze(loss)
+  plan = (gg.GradientPlan(loss, net)
+          .transform_upstream("l3", gg.transforms.scale(0.5))
+          .transform_gradients("l2", gg.transforms.scale(0.8))
+          .transform_edge("l1", "l2", gg.transforms.scale(3.0)))
+  merged = plan.summaries(histograms=True)
+  assert merged.dtype == tf.string
+
+  # The reference, by hand: the seed recipe applied layer by layer.
+  out3, = net["l3"].outputs
+  out2, = net["l2"].outputs
+  out1, = net["l1"].outputs
+  g3 = tf.gradients(loss, out3)[0]
+  l3_grads = tf.gradients(loss, _vars("l3"))
+  l2_grads = tf.gradients(out3, _vars("l2"), grad_ys=0.5 * g3)
+  into_l1 = tf.gradients(out3, out1, grad_ys=0.5 * g3)[0]
+  l1_grads = tf.gradients(out1, _vars("l1"), grad_ys=3.0 * into_l1)
+  del out2
+
+  feed = {x: np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)}
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    summary, ref = sess.run(
+        [merged, dict(g3=g3, l3=l3_grads, l2=l2_grads, into=into_l1,
+                      l1=l1_grads)], feed)
+    writer = tf1.summary.FileWriter(str(tmp_path), graph=None)
+    writer.add_summary(summary, global_step=7)
+    writer.close()
+
+  values, histos = _events(tmp_path)
+  want = {
+      "graphgrad/grad_norm/l3/before": _norm(ref["l3"]),
+      "graphgrad/grad_norm/l3/after": _norm(ref["l3"]),
+      "graphgrad/grad_norm/l2/before": _norm(ref["l2"]),
+      "graphgrad/grad_norm/l2/after": 0.8 * _norm(ref["l2"]),
+      "graphgrad/grad_norm/l1/before": _norm(ref["l1"]),
+      "graphgrad/grad_norm/l1/after": _norm(ref["l1"]),
+      "graphgrad/upstream_norm/l3/before": _norm([ref["g3"]]),
+      "graphgrad/upstream_norm/l3/after": 0.5 * _norm([ref["g3"]]),
+      "graphgrad/edge_norm/l1_to_l2/before": _norm([ref["into"]]),
+      "graphgrad/edge_norm/l1_to_l2/after": 3.0 * _norm([ref["into"]]),
+  }
+  assert set(values) == set(want)
+  for tag, expected in want.items():
+    np.testing.assert_allclose(values[tag], expected, rtol=1e-5, err_msg=tag)
+  assert "graphgrad/grad_hist/l1/kernel" in histos
+  assert "graphgrad/upstream_hist/l3" in histos
+
+
+def test_summaries_without_histograms_and_custom_scope(graph, tmp_path):
+  x, loss = _three_layers()
+  merged = gg.GradientPlan(loss).summaries(name="norms")
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    summary, grads = sess.run(
+        [merged, tf.gradients(loss, _vars("l2"))],
+        {x: np.ones((2, 4), np.float32)})
+  writer = tf1.summary.FileWriter(str(tmp_path))
+  writer.add_summary(summary, 0)
+  writer.close()
+  values, histos = _events(tmp_path)
+  assert not histos
+  assert sorted(values) == sorted(f"norms/grad_norm/{l}/{w}"
+                                  for l in ("l1", "l2", "l3")
+                                  for w in ("before", "after"))
+  np.testing.assert_allclose(values["norms/grad_norm/l2/after"], _norm(grads),
+                             rtol=1e-5)
+
+
+# -- the adaptive-optimizer warning -------------------------------------------
+
+
+def _records(caplog):
+  return [r for r in caplog.records
+          if r.name == "graphgrad" and r.levelno == logging.WARNING]
+
+
+def test_scale_under_adam_warns_once(graph, caplog):
+  _, loss = _three_layers()
+  plan = (gg.GradientPlan(loss)
+          .transform_gradients("l2", gg.transforms.scale(0.8))
+          .transform_upstream("l3", gg.transforms.reverse(0.5)))
+  opt = tf1.train.AdamOptimizer(1e-3)
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    plan.apply_gradients(opt)
+    plan.apply_gradients(opt)
+  records = _records(caplog)
+  assert len(records) == 1
+  message = records[0].getMessage()
+  assert "transform_gradients('l2') scales by 0.8 under AdamOptimizer" in message
+  assert "GradientDescentOptimizer" in message and "learning rate" in message
+  assert "l3" not in message  # a reversal is not cancelled
+
+
+@pytest.mark.parametrize("opt", ["RMSPropOptimizer", "AdagradOptimizer"])
+def test_scale_under_other_adaptive_optimizers_warns(graph, caplog, opt):
+  _, loss = _three_layers()
+  plan = gg.GradientPlan(loss).transform_edge(
+      "l1", "l2", gg.transforms.chain(gg.transforms.scale(2.0),
+                                      gg.transforms.scale(2.0)))
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    plan.apply_gradients(getattr(tf1.train, opt)(0.1))
+  (record,) = _records(caplog)
+  assert f"transform_edge('l1', 'l2') scales by 4 under {opt}" in (
+      record.getMessage())
+
+
+@pytest.mark.parametrize("fn,opt", [
+    (gg.transforms.scale(0.8), "GradientDescentOptimizer"),
+    (gg.transforms.reverse(1.0), "AdamOptimizer"),
+    (gg.transforms.zero(), "AdamOptimizer"),
+    (gg.transforms.chain(gg.transforms.scale(2.0), gg.transforms.scale(0.5)),
+     "AdamOptimizer"),
+    (gg.transforms.chain(gg.transforms.scale(2.0),
+                         gg.transforms.clip_by_norm(1.0)), "AdamOptimizer"),
+])
+def test_no_warning_when_the_scale_matters(graph, caplog, fn, opt):
+  _, loss = _three_layers()
+  plan = gg.GradientPlan(loss).transform_upstream("l3", fn)
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    plan.apply_gradients(getattr(tf1.train, opt)(0.1))
+  assert not _records(caplog)
