@@ -356,18 +356,21 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
         f"that your model's parameters feed into.")
 
   var_groups, scopes = _group_variables(connected, trainable, layers, depth)
-  op_layer = _assign_ops(fwd_ops, var_groups, scopes)
-
   op_graph = nx.DiGraph()
-  op_graph.add_nodes_from((op.name, {"op": op, "layer": op_layer.get(op.name)})
-                          for op in fwd_ops)
+  op_graph.add_nodes_from((op.name, {"op": op}) for op in fwd_ops)
   op_graph.add_edges_from((t.op.name, op.name) for op in fwd_ops
                           for t in _graph_util.data_inputs(op))
-  topo_index = {name: i for i, name in enumerate(nx.topological_sort(op_graph))}
+  op_order = list(nx.topological_sort(op_graph))
+  topo_index = {name: i for i, name in enumerate(op_order)}
   loop_edges = [(t.op.name, op.name) for op in fwd_ops for t in op.inputs
                 if _graph_util.is_back_edge(t, op)]
-
   consumers = _graph_util.forward_consumers(fwd_ops)
+
+  op_layer = _assign_ops(fwd_ops, var_groups, scopes)
+  _absorb_enclosed_glue(op_graph, op_order, op_layer, consumers, loss,
+                        {v.op.name for v in connected})
+  nx.set_node_attributes(op_graph, {n: op_layer.get(n) for n in op_order},
+                         "layer")
   members: Dict[str, List[tf.Operation]] = collections.defaultdict(list)
   for op in fwd_ops:
     name = op_layer.get(op.name)
@@ -562,6 +565,59 @@ def _assign_ops(fwd_ops, var_groups, scopes) -> Dict[str, Optional[str]]:
     if name is not None:
       result[op.name] = name
   return result
+
+
+_MANY = object()  # more than one layer
+_LOSS = object()  # the loss itself
+
+
+def _merge(a, b):
+  if a is None:
+    return b
+  if b is None or a is b or a == b:
+    return a
+  return _MANY
+
+
+def _absorb_enclosed_glue(op_graph, order, op_layer, consumers, loss,
+                          variables) -> None:
+  """Moves glue that only leads from a layer back into it into that layer.
+
+  A ``tf.nn.relu`` written between two sub-scopes that ``depth=`` groups into
+  one layer, or between two call sites of a reused scope, is enclosed: every
+  variable-dependent input comes (through glue) from layer ``L`` and every
+  consumer leads (through glue) into ``L``. Left as glue, it would make ``L``
+  feed its own input; inside ``L`` it is what it is, a part of the layer.
+  """
+  dep = set()
+  for name in order:  # topological: inputs first
+    op = op_graph.nodes[name]["op"]
+    if name in variables or any(t.op.name in dep for t in op.inputs
+                                if t.op.name in op_graph):
+      dep.add(name)
+  source: Dict[str, object] = {}
+  for name in order:
+    if name in op_layer or name not in dep:
+      continue
+    s = None
+    for t in op_graph.nodes[name]["op"].inputs:
+      p = t.op.name
+      if p in dep and not _graph_util.is_handle(t):
+        s = _merge(s, op_layer.get(p) or source.get(p))
+    source[name] = s
+  sink: Dict[str, object] = {}
+  for name in reversed(order):
+    if name in op_layer or name not in dep:
+      continue
+    op = op_graph.nodes[name]["op"]
+    k = _LOSS if any(t.name == loss.name for t in op.outputs) else None
+    for t in op.outputs:
+      for c in consumers.get(t.name, ()):
+        k = _merge(k, op_layer.get(c.name) or sink.get(c.name))
+    sink[name] = k
+  for name, s in source.items():
+    if isinstance(s, str) and sink.get(name) == s:
+      op_layer[name] = s
 
 
 def _layer_io(ops, name, op_layer, consumers, loss):

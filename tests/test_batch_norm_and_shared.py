@@ -1,5 +1,6 @@
 """Batch norm with UPDATE_OPS, shared (reused) layers, unconnected layers."""
 
+import networkx as nx
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -75,15 +76,43 @@ def test_shared_tower_is_summed_over_call_sites(graph):
   assert_grads_close(actual, expected)
 
 
-def test_layer_reused_in_series_through_glue_is_refused(graph):
+def test_layer_reused_in_series_around_another_layer_is_refused(graph):
   x = tf1.placeholder(tf.float32, [None, 4])
-  h = tf.tanh(tf1.layers.dense(x, 4, name="cell"))  # activation is glue
-  h = tf.tanh(tf1.layers.dense(h, 4, name="cell", reuse=True))
+  h = tf1.layers.dense(x, 4, name="cell", activation=tf.tanh)
+  h = dense(h, 4, "between", tf.tanh)
+  h = tf1.layers.dense(h, 4, name="cell", activation=tf.tanh, reuse=True)
   loss = tf.reduce_sum(dense(h, 1, "head"))
   plan = gg.GradientPlan(loss).transform_upstream("cell", gg.transforms.scale(2.0))
   with pytest.raises(gg.UnsupportedGraphError,
                      match=r"feed back into themselves.*reused in series"):
     plan.compute_gradients()
+
+
+def test_glue_enclosed_by_one_layer_belongs_to_it(graph):
+  # A relu outside the scopes, between two sub-scopes that depth=1 groups
+  # into one layer, and between two call sites of a reused scope.
+  x = tf1.placeholder(tf.float32, [None, 4])
+  s = dense(x, 4, "stem", tf.tanh)
+  h = tf.nn.relu(dense(s, 4, "block/conv"))
+  h = dense(h, 4, "block/proj")
+  h = tf.nn.relu(tf1.layers.dense(h, 4, name="cell"))
+  h = tf1.layers.dense(h, 4, name="cell", reuse=True)
+  loss = tf.reduce_sum(tf.square(dense(h, 1, "head")))
+  net = gg.analyze(loss, depth=1)
+  assert net.names == ("stem", "block", "cell", "head")
+  assert not list(nx.selfloop_edges(net.graph))
+  assert set(net.graph.edges) == {("stem", "block"), ("block", "cell"),
+                                  ("cell", "head")}
+  plan = (gg.GradientPlan(loss, net)
+          .transform_upstream("block", gg.transforms.scale(-3.0))
+          .transform_edge("stem", "block", gg.transforms.scale(0.5)))
+  got = dict((v.name, g) for g, v in plan.compute_gradients())
+  g_block = tf.gradients(loss, net.boundary("block", "cell")[0])[0]
+  block_out = net.boundary("block", "cell")[0]
+  want = tf.gradients(block_out, _vars("stem"), grad_ys=-1.5 * g_block)
+  actual, expected = evaluate([[got[v.name] for v in _vars("stem")], want],
+                              _feed(x))
+  assert_grads_close(actual, expected)
 
 
 def test_layer_reused_in_series_inside_its_scope_is_one_block(graph):
