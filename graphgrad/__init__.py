@@ -20,7 +20,8 @@ and the same plans for TF2 Keras models, eagerly or in tf.function::
 """
 
 from graphgrad import _compat, backward, transforms
-from graphgrad._analysis import Layer, LayerGraph, analyze
+from graphgrad._analysis import analyze
+from graphgrad._layers import Layer, LayerGraph
 from graphgrad._errors import (GraphGradError, IncompatibleGradientError,
                                LayerNotFoundError, NotConnectedError,
                                UnsupportedGraphError)

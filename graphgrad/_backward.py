@@ -20,8 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphgrad import _errors, _graph_util
-from graphgrad._analysis import Layer, LayerGraph
-from graphgrad._transforms import EXTRA_GRADS_AND_VARS
+from graphgrad._layers import Layer, LayerGraph
 from graphgrad._types import Gradient
 
 

@@ -74,11 +74,10 @@ def _demo(args) -> int:
         f"--plot {args.plot!r}: the file name must end in "
         f"{', '.join(_PLOT_FORMATS)}, e.g. --plot curves.png")
   if args.plot:
-    try:
-      import matplotlib  # pylint: disable=g-import-not-at-top,unused-import
-    except ImportError:
+    from graphgrad import _compat  # pylint: disable=g-import-not-at-top
+    if not _compat.has_module("matplotlib"):
       raise CommandError(
-          "--plot needs matplotlib: pip install 'graphgrad[draw]'") from None
+          "--plot needs matplotlib: pip install 'graphgrad[draw]'")
   _quiet_tf()
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -52,3 +52,18 @@ def check_tensorflow(version: str = tf.__version__) -> bool:
       "pip install 'tensorflow>=%d.%d,<%d.%d'.", *OLDEST, *NEWEST, version,
       *OLDEST, NEWEST[0], NEWEST[1] + 1)
   return False
+
+
+def has_module(name: str) -> bool:
+  """True when the optional package ``name`` can be imported.
+
+  Example:
+    >>> has_module("networkx")
+    True
+  """
+  import importlib  # pylint: disable=g-import-not-at-top
+  try:
+    importlib.import_module(name)
+  except ImportError:
+    return False
+  return True

@@ -14,11 +14,11 @@ carries a layer's rewritten upstream gradient is dashed.
 
 import logging
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import networkx as nx
 
-from graphgrad import _errors
+from graphgrad import _compat, _errors
 
 log = logging.getLogger("graphgrad")
 
@@ -220,14 +220,12 @@ def draw(net, path, plan=None) -> str:
   if _graphviz_render(dot, path, fmt):
     log.info("wrote %s with Graphviz", path)
     return path
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:
+  if not _compat.has_module("matplotlib"):
     raise _errors.GraphGradError(
         f"cannot write {path}: neither Graphviz's `dot` program nor "
         f"matplotlib is available. Install one of them (pip install "
         f"'graphgrad[draw]' brings matplotlib), or write DOT text with "
-        f"net.draw('graph.dot').") from None
+        f"net.draw('graph.dot').")
   nodes, edges = elements(net, plan)
   _matplotlib_render(nodes, edges, path, fmt)
   log.info("wrote %s with matplotlib (Graphviz's `dot` was not found)", path)

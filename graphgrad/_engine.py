@@ -32,7 +32,7 @@ import networkx as nx
 import tensorflow as tf
 
 from graphgrad import _errors, _graph_util
-from graphgrad._analysis import LayerGraph
+from graphgrad._layers import LayerGraph
 
 log = logging.getLogger("graphgrad")
 

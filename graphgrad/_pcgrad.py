@@ -11,7 +11,7 @@ import networkx as nx
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad._analysis import LayerGraph
+from graphgrad._layers import LayerGraph
 from graphgrad._types import Gradient
 
 

@@ -6,13 +6,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from graphgrad import _advice, _backward, _errors, _graph_util, _pcgrad
-from graphgrad._analysis import LayerGraph, analyze, check_loss, scope_of
+from graphgrad._analysis import analyze, check_loss
+from graphgrad._layers import LayerGraph, scope_of
 from graphgrad._engine import Segments, aggregate
 from graphgrad._group import GroupTransform
 from graphgrad._transforms import (EXTRA_GRADS_AND_VARS, USES_GLOBAL_STEP,
                                    Transform, TransformContext, as_transform,
                                    chain, is_identity)
-from graphgrad._types import Gradient, GradsAndVars
+from graphgrad._types import Gradient
 
 log = logging.getLogger("graphgrad")
 
