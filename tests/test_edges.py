@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import add, assert_grads_close, dense, evaluate
+from helpers import assert_grads_close, dense, evaluate
 
 tf1 = tf.compat.v1
 
