@@ -284,3 +284,23 @@ def test_glue_merge_read_by_a_layer_and_the_loss(graph):
                           _feed(x))
   assert_grads_close(actual, want)
 
+
+@needs_edges
+def test_edge_share_through_glue_also_read_by_a_cut_layer(graph):
+  # Minimal form of a case the property tests found: l1's glue tanh t1 is
+  # read by l2 (transformed, so t1 is cut) and, through the glue add t1 + x,
+  # by l3. The edge l1 -> l3 must still see l3's whole share.
+  x = tf1.placeholder(tf.float32, [None, 3])
+  t1 = tf.tanh(dense(x, 3, "l1"))
+  h2 = dense(t1, 3, "l2")
+  h3 = dense(t1 + x, 3, "l3")
+  loss = tf.reduce_sum(tf.square(h2)) + tf.reduce_sum(tf.square(h3))
+  plan = (gg.GradientPlan(loss)
+          .transform_edge("l1", "l3", gg.transforms.scale(0.0))
+          .transform_upstream("l2", lambda g: g))
+  l1 = _vars("l1")
+  expected = tf.gradients(tf.reduce_sum(tf.square(h2)), l1)
+  actual, want, plain = evaluate(
+      [_grads_of(plan, l1), expected, tf.gradients(loss, l1)], _feed(x))
+  assert_grads_close(actual, want)
+  assert not np.allclose(actual[0], plain[0])
