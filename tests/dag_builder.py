@@ -256,7 +256,7 @@ def dag_specs(draw, min_layers: int = 2, max_layers: int = 6,
 def scales() -> st.SearchStrategy:
   """A scale: mostly simple values (0, 1, negative), sometimes any float."""
   return st.one_of(st.sampled_from(SCALES),
-                   st.floats(-4.0, 4.0, allow_nan=False, width=32))
+                   st.floats(-4.0, 4.0, allow_nan=False))
 
 
 def scale_chains(max_size: int = 2) -> st.SearchStrategy:

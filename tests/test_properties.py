@@ -164,3 +164,13 @@ def test_upstream_and_edge_scales_compose_like_reference(data):
   want = _reference_gradients(spec, upstream=upstream, edges=edges)
   _assert_same(got, want, spec)
 
+
+def test_scale_keeps_float64_precision():
+  # A Python float scale must not be rounded through float32 on the way to
+  # a float64 gradient.
+  with tf.Graph().as_default():
+    g = tf.constant([1.0, -3.0], tf.float64)
+    out = gg.transforms.scale(0.1)(g)
+    with tf1.Session() as sess:
+      value = sess.run(out)
+  np.testing.assert_array_equal(value, np.array([1.0, -3.0]) * 0.1)
