@@ -4,8 +4,8 @@ A :class:`DagSpec` describes a small network: dense layers ``l0 .. l{n-1}``,
 each in its own variable scope, each fed by a merge (add or concat, inside or
 outside the layer's scope) of the placeholder and earlier layers' outputs,
 with ``tanh`` inside the scope, outside it as glue, or absent. Some layer
-outputs and some merges also feed the loss directly, some kernels carry an L2
-regularizer, and the loss is the sum of all those terms.
+outputs, pre-activations and merges also feed the loss directly, some kernels
+carry an L2 regularizer, and the loss is the sum of all those terms.
 
 :func:`build` turns a spec into a graph. With ``upstream`` and ``edges`` it
 builds the *reference*: the same network with gradient-scaling identities
@@ -53,6 +53,9 @@ class LayerSpec:
     activation: ``"inside"`` (tanh in the layer's scope, so part of it),
       ``"outside"`` (tanh as glue) or ``"none"``.
     head: whether the layer's output also feeds the loss directly.
+    pre_head: whether the pre-activation also feeds the loss. With tanh
+      inside the scope the layer then has two outputs, one computed from
+      the other.
     merge_head: whether the merge (of several sources) also feeds the loss.
       A merge in the layer's scope is then one of the layer's outputs; a
       merge outside is glue read by the layer and the loss.
@@ -62,6 +65,7 @@ class LayerSpec:
   merge_in_scope: bool = False
   activation: str = "inside"
   head: bool = False
+  pre_head: bool = False
   merge_head: bool = False
 
 
@@ -196,9 +200,11 @@ def build(spec: DagSpec,
         h = merge(operands)
       kernel = tf1.get_variable("kernel", initializer=params[i][0])
       bias = tf1.get_variable("bias", initializer=params[i][1])
-      out = tf.nn.bias_add(tf.matmul(h, kernel), bias)
+      pre = out = tf.nn.bias_add(tf.matmul(h, kernel), bias)
       if l.activation == "inside":
         out = tf.tanh(out)
+    if l.pre_head:
+      terms.append(0.25 * tf.reduce_sum(tf.square(pre)))
     if l.merge_in_scope and merge_head:
       # One of the layer's outputs: the loss's share through it enters the
       # layer, so the layer's upstream and edge scales apply to it.
@@ -242,6 +248,7 @@ def dag_specs(draw, min_layers: int = 2, max_layers: int = 6,
         merge_in_scope=draw(st.booleans()),
         activation=draw(st.sampled_from(ACTIVATIONS)),
         head=draw(st.booleans()),
+        pre_head=draw(st.booleans()),
         merge_head=draw(st.booleans())))
   regularized = tuple(sorted(draw(st.sets(st.integers(0, n - 1)))))
   return DagSpec(
