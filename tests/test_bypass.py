@@ -213,12 +213,20 @@ def test_several_losses_summed_compose_per_path(graph):
                   tf.gradients(loss, l1, stop_gradients=[h2]))
               + tf.gradients(h2, l2, grad_ys=g_h2)
               + tf.gradients(loss, l3))
-  actual, want = evaluate([_grads_of(plan, l1 + l2 + l3), expected], _feed(x))
+  # Per loss, by linearity: at l1, main crosses l3 and l2 (factor 2 * -1),
+  # aux2 crosses l2 (-1), aux1 arrives directly (1); at l2's parameters,
+  # main crosses l3 (2) and aux2 arrives directly (1).
+  by_term = (add(_scaled(-2.0, tf.gradients(main, l1)),
+                 _scaled(-1.0, tf.gradients(aux2, l1)),
+                 tf.gradients(0.5 * aux1, l1))
+             + add(_scaled(2.0, tf.gradients(main, l2)),
+                   tf.gradients(aux2, l2)))
+  actual, want, want_by_term, plain = evaluate(
+      [_grads_of(plan, l1 + l2 + l3), expected, by_term,
+       tf.gradients(loss, l1)], _feed(x))
   assert_grads_close(actual, want)
-  # Each loss alone: aux1 reaches l1 untouched, main reaches it times -2.
-  each = [tf.gradients(term, l1) for term in (main, 0.5 * aux1)]
-  by_term = evaluate(each, _feed(x))
-  assert not np.allclose(actual[0], by_term[0][0] + by_term[1][0])
+  assert_grads_close(actual[:4], want_by_term)
+  assert not np.allclose(actual[0], plain[0])
 
 
 # -- an output read by a higher layer and by the loss ------------------------
