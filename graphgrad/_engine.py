@@ -163,12 +163,13 @@ class Segments:
       self.group_of[op_name] = ("layer", layer) if layer else ("op", op_name)
 
   def _region(self, start_ops: Sequence[tf.Operation],
-              inside: Optional[str] = None):
+              inside: Optional[str] = None, glue_only: bool = False):
     """Walks back from ``start_ops`` to the next cuts.
 
     Returns (targets, variable names): cut tensors where the walk stopped and
     differentiated variables it reached. With ``inside``, the walk stays in
-    that layer and stops at every tensor entering it.
+    that layer and stops at every tensor entering it. With ``glue_only``, the
+    walk crosses glue ops, even cut ones, and stops at every layer's tensor.
     """
     net = self.net
     targets: Dict[str, tf.Tensor] = {}
@@ -191,9 +192,18 @@ class Segments:
           continue
         if inside is not None:
           if net.layer_of(p) != inside:
+            if not differentiable(t):
+              raise _errors.UnsupportedGraphError(
+                  f"layer {inside!r} takes the {t.dtype.name} input {t.name}, "
+                  f"through which its gradient would leave it past the "
+                  f"transform. Group the op that produces {t.name} into the "
+                  f"layer, or transform another layer.")
             targets[t.name] = t
             continue
-        elif p.name in self.cut_ops or net.layer_of(p) in self.cut_layers:
+        elif glue_only and net.layer_of(p) is None:
+          pass  # an edge's share crosses glue, cut or not
+        elif (glue_only or p.name in self.cut_ops
+              or net.layer_of(p) in self.cut_layers):
           if not differentiable(t) or p.name not in self.cut_ops:
             # Only a non-float output of a rewritten layer gets here: the
             # gradient would enter the layer past its transform.
@@ -223,8 +233,12 @@ class Segments:
       direct, glue = [], []
       for t in self.inputs[name]:
         (direct if net.layer_of(t.op) is not None else glue).append(t)
+      # The edge's share must reach the lower layers' boundary tensors
+      # whole, so that the edge transform applies to it; stopping at a glue
+      # op that is cut for another reason (a glue activation also read by
+      # another transformed layer) would hand it on untransformed.
       targets, var_names = self._region(
-          list({t.op.name: t.op for t in glue}.values()))
+          list({t.op.name: t.op for t in glue}.values()), glue_only=True)
       groups[("chan", name)] = dict(sources=self.inputs[name], direct=direct,
                                     glue=glue, targets=targets, vars=var_names)
     g = self.net.op_graph

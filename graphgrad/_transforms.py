@@ -134,6 +134,10 @@ def as_transform(fn: Any) -> Transform:
 
 
 def _cast(value, grad: tf.Tensor) -> tf.Tensor:
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    # tf.cast would first make a float32 tensor of a Python float, rounding
+    # it before a float64 gradient ever sees it.
+    return tf.constant(value, dtype=grad.dtype)
   return tf.cast(value, grad.dtype)
 
 

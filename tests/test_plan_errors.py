@@ -114,3 +114,17 @@ def test_cut_op_with_a_variant_output_is_refused(graph):
   with pytest.raises(gg.UnsupportedGraphError,
                      match=r"into layer 'loop' through its variant output"):
     plan.compute_gradients()
+
+
+def test_variant_input_of_a_rewritten_layer_is_refused(graph):
+  x = tf1.placeholder(tf.float32, [3, 4])
+  lower = dense(x, 4, "lower", tf.tanh)
+  ta = tf.TensorArray(tf.float32, size=3).unstack(lower)  # glue TensorList
+  with tf1.variable_scope("reader"):
+    w = tf1.get_variable("w", initializer=np.ones((4, 2), np.float32))
+    out = tf.matmul(ta.stack(), w)  # reads the TensorList inside the layer
+  loss = tf.reduce_sum(out)
+  plan = gg.GradientPlan(loss).transform_upstream("reader", gg.transforms.scale(2.0))
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match=r"layer 'reader' takes the variant input"):
+    plan.compute_gradients()
