@@ -10,8 +10,9 @@ The whole public API::
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
 """
 
-from graphgrad import transforms
+from graphgrad import cluster, transforms
 from graphgrad._analysis import Layer, LayerGraph, analyze
+from graphgrad._distributed import AfterAggregation
 from graphgrad._errors import (GraphGradError, IncompatibleGradientError,
                                LayerNotFoundError, NotConnectedError,
                                UnsupportedGraphError)
@@ -20,6 +21,7 @@ from graphgrad._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
 __version__ = "0.1.0"
 
 __all__ = [
+    "AfterAggregation",
     "GATE_GRAPH",
     "GATE_NONE",
     "GATE_OP",
@@ -32,5 +34,6 @@ __all__ = [
     "NotConnectedError",
     "UnsupportedGraphError",
     "analyze",
+    "cluster",
     "transforms",
 ]
