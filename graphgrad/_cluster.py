@@ -172,6 +172,7 @@ class LocalCluster:
     }
     self._own_log_dir = log_dir is None
     self.log_dir = log_dir or tempfile.mkdtemp(prefix="graphgrad-cluster-")
+    os.makedirs(self.log_dir, exist_ok=True)
     self.isolate = isolate
     self.env = dict(os.environ)
     self.env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
