@@ -20,6 +20,7 @@ The module is also the parameter-server program::
 """
 
 import argparse
+import ctypes
 import json
 import logging
 import os
@@ -256,7 +257,8 @@ class LocalCluster:
     with open(self.log_path(job, task), "ab") as out:
       proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                               stderr=subprocess.STDOUT, env=self.env,
-                              start_new_session=True)
+                              start_new_session=True,
+                              preexec_fn=_die_with_parent)
     self.procs[key] = proc
     log.info("started %s:%d (pid %d)", job, task, proc.pid)
     return proc
@@ -327,7 +329,8 @@ class LocalCluster:
           f"TensorFlow's servers listen on every interface.")
     holder = subprocess.Popen(
         _UNSHARE, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, start_new_session=True)
+        stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=_die_with_parent)
     self._holder = holder
     mine = os.readlink("/proc/self/ns/net")
     deadline = time.monotonic() + 10
@@ -366,6 +369,19 @@ req = struct.pack("16sH22x", b"lo", 0)
 flags = struct.unpack("16sH22x", fcntl.ioctl(s, 0x8913, req))[1]  # SIOCGIFFLAGS
 fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | 1))  # IFF_UP
 """
+
+
+def _die_with_parent() -> None:
+  """In the child: be killed when the process that started it dies.
+
+  So a launcher killed without a chance to clean up (SIGKILL, a crash)
+  leaves no task behind.
+  """
+  try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+  except (OSError, AttributeError):  # not Linux: stop() still ends them
+    pass
 
 
 def _killpg(proc: subprocess.Popen, sig: int) -> None:
