@@ -5,6 +5,7 @@ Example:
   >>> c = gg.cluster.LocalCluster(num_ps=1, num_workers=2, isolate=False)
   >>> [len(c.spec[job]) for job in ("ps", "worker")]
   [1, 2]
+  >>> c.stop()
 """
 
 from graphgrad._cluster import (ClusterError, LocalCluster, free_ports,

@@ -46,8 +46,8 @@ def wait_event(cluster, task, pred, what, start=0, timeout=TIMEOUT,
       if pred(evs[i]):
         return i, evs[i]
     if alive and not cluster.running("worker", task):
-      raise AssertionError(
-          f"worker {task} exited before {what}:\n{cluster.tail('worker', task)}")
+      raise AssertionError(f"worker {task} exited before {what}:\n"
+                           f"{cluster.tail('worker', task)}")
     if time.monotonic() > deadline:
       raise AssertionError(
           f"worker {task}: no {what} within {timeout} s:\n"

@@ -22,10 +22,11 @@ tf1 = tf.compat.v1
 SYNC_STEPS = 4
 
 
-def _assert_ended(cluster):
+def _assert_ended(cluster, pids):
   for (job, task), proc in cluster.procs.items():
     assert proc.returncode is not None, f"{job}:{task} still runs"
-    assert not os.path.exists(f"/proc/{proc.pid}"), f"{job}:{task} lingers"
+  for pid in pids:  # tasks and the namespace's holder
+    assert not os.path.exists(f"/proc/{pid}"), f"process {pid} lingers"
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +35,12 @@ def sync_run(tmp_path_factory):
   ckpt = tmp_path_factory.mktemp("sync_ckpt")
   cluster = gg.cluster.LocalCluster(
       log_dir=str(tmp_path_factory.mktemp("sync_logs")))
+  pids = []
   try:
     with cluster:
       for task in (0, 1):
         launch_worker(cluster, task, "sync", ckpt, SYNC_STEPS)
+      pids = [p.pid for p in cluster.procs.values()] + [cluster._holder.pid]
       wait_event(cluster, 1, lambda e: e["kind"] == "session", "session")
       # The servers live in the cluster's own network namespace: from here
       # (this machine's namespace) nothing answers on their ports.
@@ -51,7 +54,7 @@ def sync_run(tmp_path_factory):
       evs = [events(cluster, t) for t in (0, 1)]
       assert codes == [0, 0], [cluster.tail("worker", t) for t in (0, 1)]
   finally:
-    _assert_ended(cluster)
+    _assert_ended(cluster, pids)
   return evs, ckpt, refused
 
 

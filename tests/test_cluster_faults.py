@@ -15,6 +15,7 @@ point of training whatever the machine's speed. The timeline is printed
 4. worker 1 resumes (SIGCONT); both train to the last step and exit 0.
 """
 
+import os
 import signal
 import time
 
@@ -44,12 +45,15 @@ def test_killed_worker_rejoins_and_restarted_chief_restores(tmp_path):
     tmp.rename(limit)  # atomic: a worker never reads a half-written file
 
   def start(task):
-    launch_worker(cluster, task, "async", ckpt, LAST_STEP,
-                  save_steps=SAVE_STEPS, limit_file=limit, pace=0.02)
+    pids.append(launch_worker(cluster, task, "async", ckpt, LAST_STEP,
+                              save_steps=SAVE_STEPS, limit_file=limit,
+                              pace=0.02).pid)
 
   cluster = gg.cluster.LocalCluster(log_dir=str(tmp_path / "logs"))
+  pids = []
   try:
     with cluster:
+      pids += [cluster._holder.pid, cluster.procs[("ps", 0)].pid]
       set_limit(40)
       start(0)
       start(1)
@@ -123,3 +127,5 @@ def test_killed_worker_rejoins_and_restarted_chief_restores(tmp_path):
     print("\n".join(["fault timeline:"] + timeline))
     for (job, task), proc in cluster.procs.items():
       assert proc.returncode is not None, f"{job}:{task} still runs"
+    for pid in pids:  # every process started, restarts included
+      assert not os.path.exists(f"/proc/{pid}"), f"process {pid} lingers"

@@ -32,8 +32,9 @@ def test_task_counts_are_checked(kw):
     gg.cluster.LocalCluster(isolate=False, **kw)
 
 
-def test_ports_are_distinct_and_loopback():
-  c = gg.cluster.LocalCluster(num_ps=2, num_workers=3, isolate=False)
+def test_ports_are_distinct_and_loopback(tmp_path):
+  c = gg.cluster.LocalCluster(num_ps=2, num_workers=3, isolate=False,
+                              log_dir=str(tmp_path))
   addrs = c.spec["ps"] + c.spec["worker"]
   assert len(set(addrs)) == 5
   assert all(a.startswith("127.0.0.1:") for a in addrs)
