@@ -132,13 +132,17 @@ def launch(args):
     seen = [0] * args.workers
     deadline = time.monotonic() + args.timeout
     while True:
+      # Whether any runs is asked before reading, so that the last lines of
+      # a worker that exits meanwhile are still printed.
+      alive = any(cluster.running("worker", t) for t in range(args.workers))
       for task in range(args.workers):
-        lines = cluster.output("worker", task).splitlines()
+        # Whole lines only: a worker may be writing the last one right now.
+        lines = cluster.output("worker", task).split("\n")[:-1]
         for line in lines[seen[task]:]:
           if line.startswith(("step", "test", "done")):
             print(f"[worker {task}] {line}", flush=True)
         seen[task] = len(lines)
-      if not any(cluster.running("worker", t) for t in range(args.workers)):
+      if not alive:
         break
       if time.monotonic() > deadline:
         print(f"timed out after {args.timeout} s", file=sys.stderr)

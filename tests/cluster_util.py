@@ -24,7 +24,8 @@ def launch_worker(cluster, task, mode, ckpt, last_step, **flags):
 def events(cluster, task, kind=None):
   """The EVENT lines worker ``task`` printed, across restarts, in order."""
   out = []
-  for line in cluster.output("worker", task).splitlines():
+  # Complete lines only: the worker may be writing the last one right now.
+  for line in cluster.output("worker", task).split("\n")[:-1]:
     if line.startswith("EVENT "):
       e = json.loads(line[len("EVENT "):])
       if kind is None or e["kind"] == kind:
