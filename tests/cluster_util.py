@@ -77,3 +77,10 @@ def wait_checkpoint(ckpt_dir, at_least, timeout=TIMEOUT):
       raise AssertionError(f"no checkpoint at step >= {at_least} in "
                            f"{timeout} s; newest is at {step}")
     time.sleep(0.1)
+
+
+def print_tails(cluster):
+  """Prints the end of every task's output, to diagnose a failed test."""
+  for job in ("ps", "worker"):
+    for task in range(len(cluster.spec[job])):
+      print(f"--- {job}{task} ---\n{cluster.tail(job, task, 40)}")

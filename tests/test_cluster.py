@@ -5,7 +5,6 @@ is killed by the cluster's teardown, also when a test fails.
 """
 
 import os
-import signal
 import socket
 
 import numpy as np
@@ -15,7 +14,7 @@ import tensorflow as tf
 import cluster_worker as cw
 import graphgrad as gg
 from cluster_util import (TIMEOUT, checkpoint_step, events, launch_worker,
-                          wait_checkpoint, wait_event)
+                          print_tails, wait_event)
 
 tf1 = tf.compat.v1
 
@@ -53,6 +52,9 @@ def sync_run(tmp_path_factory):
       codes = [cluster.wait("worker", t, TIMEOUT) for t in (0, 1)]
       evs = [events(cluster, t) for t in (0, 1)]
       assert codes == [0, 0], [cluster.tail("worker", t) for t in (0, 1)]
+  except BaseException:
+    print_tails(cluster)
+    raise
   finally:
     _assert_ended(cluster, pids)
   return evs, ckpt, refused

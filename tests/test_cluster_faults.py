@@ -21,7 +21,7 @@ import time
 
 import graphgrad as gg
 from cluster_util import (TIMEOUT, checkpoint_step, events, launch_worker,
-                          wait_checkpoint, wait_event)
+                          print_tails, wait_checkpoint, wait_event)
 
 LAST_STEP = 160
 SAVE_STEPS = 25
@@ -123,6 +123,9 @@ def test_killed_worker_rejoins_and_restarted_chief_restores(tmp_path):
       assert min(chief_new + w1_resumed) >= last_ckpt
       for task in (0, 1):
         assert [e["kind"] for e in events(cluster, task)].count("done") == 1
+  except BaseException:
+    print_tails(cluster)
+    raise
   finally:
     print("\n".join(["fault timeline:"] + timeline))
     for (job, task), proc in cluster.procs.items():
