@@ -19,6 +19,7 @@ also the worker program: the launcher starts it again with ``--task``.
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -35,6 +36,35 @@ def seed_problem(seed=0, n_train=2048, n_test=1024, dims=10, classes=2):
   x = rng.normal(size=(n_train + n_test, dims)).astype(np.float32)
   y = np.eye(classes, dtype=np.float32)[np.argmax(np.tanh(x @ w1) @ w2, 1)]
   return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+
+
+def release_workers_hook(sync, n):
+  """A chief-only hook that hands each worker a token when the chief stops.
+
+  SyncReplicasOptimizer's tokens are not tied to workers: a fast worker can
+  take another's, which then waits for an update that never comes once the
+  chief has stopped. The extra tokens let it finish its step and stop.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  class Release(tf.compat.v1.train.SessionRunHook):
+
+    def __init__(self):
+      self.op = sync.get_init_tokens_op(num_tokens=n)
+
+    def end(self, session):
+      session.run(self.op)
+
+  return Release()
+
+
+PROGRESS = re.compile(r"(step +\d+  global step.*|done after \d+ steps|"
+                      r"test accuracy .*)$")
+
+
+def say(text):
+  """Prints a line with one write, so other threads' output cannot split it."""
+  os.write(sys.stdout.fileno(), (text + "\n").encode())
 
 
 def worker(args):
@@ -84,8 +114,11 @@ def worker(args):
             gg.AfterAggregation(opt, plan.net).transform_gradients(
                 "l2_dense", gg.transforms.clip_by_norm(1.0)),
             replicas_to_aggregate=n_workers)
-        hooks.append(opt.make_session_run_hook(is_chief, num_tokens=0))
       train_op = plan.apply_gradients(opt, global_step=global_step)
+      if args.sync:
+        hooks.append(opt.make_session_run_hook(is_chief, num_tokens=0))
+        if is_chief:
+          hooks.append(release_workers_hook(opt, n_workers))
 
     if not is_chief:
       gg.cluster.wait_until_initialized(server.target, config)
@@ -102,13 +135,12 @@ def worker(args):
                            {x: xs[idx], y: ys[idx]})
         step += 1
         if step % args.every == 0 or step == 1:
-          print(f"step {step:4d}  global step {g:4d}  loss {l:.4f}",
-                flush=True)
-    print(f"done after {step} steps", flush=True)
+          say(f"step {step:4d}  global step {g:4d}  loss {l:.4f}")
+    say(f"done after {step} steps")
     if is_chief:  # the trained variables live on the ps
       with tf1.Session(server.target, config=config) as plain:
         acc, g = plain.run([accuracy, global_step], {x: x_test, y: y_test})
-      print(f"test accuracy {acc:.3f} at global step {g}", flush=True)
+      say(f"test accuracy {acc:.3f} at global step {g}")
   return 0
 
 
@@ -139,8 +171,9 @@ def launch(args):
         # Whole lines only: a worker may be writing the last one right now.
         lines = cluster.output("worker", task).split("\n")[:-1]
         for line in lines[seen[task]:]:
-          if line.startswith(("step", "test", "done")):
-            print(f"[worker {task}] {line}", flush=True)
+          found = PROGRESS.search(line)  # TF may have written before it
+          if found:
+            print(f"[worker {task}] {found.group(0)}", flush=True)
         seen[task] = len(lines)
       if not alive:
         break

@@ -27,7 +27,7 @@ def events(cluster, task, kind=None):
   # Complete lines only: the worker may be writing the last one right now.
   for line in cluster.output("worker", task).split("\n")[:-1]:
     if line.startswith("EVENT "):
-      e = json.loads(line[len("EVENT "):])
+      e, _ = json.JSONDecoder().raw_decode(line[len("EVENT "):])
       if kind is None or e["kind"] == kind:
         out.append(e)
   return out

@@ -74,7 +74,10 @@ def build_plan():
 
 
 def emit(kind, **data):
-  print("EVENT " + json.dumps(dict(kind=kind, **data)), flush=True)
+  # One write per line: TF's threads write to the same file (stderr), and
+  # print() may split a line around their output.
+  line = "EVENT " + json.dumps(dict(kind=kind, **data)) + "\n"
+  os.write(sys.stdout.fileno(), line.encode())
 
 
 class _Restored(tf1.train.SessionRunHook):
@@ -85,6 +88,20 @@ class _Restored(tf1.train.SessionRunHook):
 
   def after_create_session(self, session, coord):
     emit("session", global_step=int(session.run(self.gs)))
+
+
+class _ReleaseWorkers(tf1.train.SessionRunHook):
+  """When the chief stops, hands each worker a token.
+
+  A worker may wait for its token from an update that will never come (the
+  other worker took it); without this, it would wait forever.
+  """
+
+  def __init__(self, sync, n):
+    self.op = sync.get_init_tokens_op(num_tokens=n)
+
+  def end(self, session):
+    session.run(self.op)
 
 
 def _read_limit(path):
@@ -145,6 +162,14 @@ def main():
       # gradient went into, so every update averages exactly one gradient of
       # each replica, computed on the current weights.
       hooks.append(opt.make_session_run_hook(is_chief, num_tokens=0))
+      if is_chief:
+        hooks.append(_ReleaseWorkers(opt, 2))
+      # A replica may take both tokens of an update (the other's too) and
+      # put two gradients into the next one. Waiting until the queue is empty
+      # before the next step keeps the replicas in lockstep: every update
+      # then holds exactly one gradient of each.
+      queue = opt._sync_token_queue  # pylint: disable=protected-access
+      tokens_left = queue.size()
     if not is_chief:
       gg.cluster.wait_until_initialized(server.target, config)
     feed = {x: xs, y: ys}
@@ -169,6 +194,10 @@ def main():
         waiting = False
         _, g = sess.run([train_op, gs], feed)
         steps += 1
+        while args.mode == "sync" and not sess.should_stop():
+          if sess.run(tokens_left) == 0:
+            break
+          time.sleep(0.005)
         if is_chief and args.mode == "sync" and steps == 1:
           values, g1 = sess.run([trainable, gs])
           emit("after", global_step=int(g1),
