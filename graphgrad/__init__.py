@@ -19,8 +19,9 @@ and the same plans for TF2 Keras models, eagerly or in tf.function::
   optimizer.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
 """
 
-from graphgrad import _compat, backward, transforms
+from graphgrad import _compat, backward, cluster, transforms
 from graphgrad._analysis import analyze
+from graphgrad._distributed import AfterAggregation
 from graphgrad._layers import Layer, LayerGraph
 from graphgrad._errors import (GraphGradError, IncompatibleGradientError,
                                LayerNotFoundError, NotConnectedError,
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 _compat.check_tensorflow()  # logs a warning outside the tested range
 
 __all__ = [
+    "AfterAggregation",
     "GATE_GRAPH",
     "GATE_NONE",
     "GATE_OP",
@@ -47,5 +49,6 @@ __all__ = [
     "UnsupportedGraphError",
     "analyze",
     "backward",
+    "cluster",
     "transforms",
 ]

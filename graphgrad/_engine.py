@@ -277,8 +277,16 @@ class Segments:
 
   # -- building ------------------------------------------------------------
 
-  def build(self, seed: tf.Tensor) -> Dict[str, List]:
-    """Builds the backward pass; returns variable name -> contributions."""
+  def build(self, seed: tf.Tensor,
+            reduce: Optional[Callable] = None) -> Dict[str, List]:
+    """Builds the backward pass; returns variable name -> contributions.
+
+    Args:
+      seed: the gradient of the loss.
+      reduce: optional ``(var_names, grads) -> grads``, applied to the
+        parameter gradients each ``tf.gradients`` call (segment) produces,
+        before they join the variables' contributions.
+    """
     acc: Dict[str, List] = collections.defaultdict(list)
     chan: Dict[str, Dict[str, List]] = collections.defaultdict(
         lambda: collections.defaultdict(list))
@@ -303,9 +311,14 @@ class Segments:
       for t, g in zip(targets, results[:n]):
         if g is not None:
           store[t.name].append(g)
-      for name, g in zip(var_names, results[n:]):
-        if g is not None:
-          var_grads[name].append(g)
+      found = [(name, g) for name, g in zip(var_names, results[n:])
+               if g is not None]
+      if reduce is not None and found:
+        found = list(zip([name for name, _ in found],
+                         reduce([name for name, _ in found],
+                                [g for _, g in found])))
+      for name, g in found:
+        var_grads[name].append(g)
 
     done: Dict[str, List] = {}
 

@@ -64,6 +64,18 @@ class GradientPlan:
     aggregation_method: passed to ``tf.gradients``.
     colocate_gradients_with_ops: passed to ``tf.gradients``.
     name: name scope for the ops graphgrad adds.
+    reduce_fn: the cross-replica reduction of a wrapper that acts in
+      ``compute_gradients`` (Horovod's ``allreduce``): a callable taking a
+      list of ``(gradient, variable)`` pairs and returning the reduced
+      gradients, in order. It is called once per backward segment (one
+      ``tf.gradients`` call) with the parameter gradients that segment
+      produced, or once with all of them when the plan needs no cut. It must
+      be linear (a sum or mean over replicas): a variable reached by several
+      segments gets the sum of its reduced contributions. Parameter
+      gradients are reduced before ``transform_gradients``, so those
+      transforms see the global gradient. Upstream and edge gradients are
+      never reduced: they belong to this replica's own examples, and upstream
+      transforms act on them per replica.
 
   Raises:
     GraphGradError: on a malformed argument.
@@ -89,7 +101,8 @@ class GradientPlan:
                gate_gradients: int = GATE_OP,
                aggregation_method=None,
                colocate_gradients_with_ops: bool = False,
-               name: str = "graphgrad"):
+               name: str = "graphgrad",
+               reduce_fn: Optional[Callable] = None):
     if net is None:
       # Analysed on first use: a plan without transforms needs no analysis,
       # so it costs exactly what Optimizer.minimize costs.
@@ -103,6 +116,12 @@ class GradientPlan:
           f"`net` was analysed for the loss {net.loss.name}, not for `loss` "
           f"{getattr(loss, 'name', loss)!r}. Pass net=gg.analyze(loss) for "
           f"this loss.")
+    if reduce_fn is not None and not callable(reduce_fn):
+      raise _errors.GraphGradError(
+          f"`reduce_fn` must be a callable mapping a list of (gradient, "
+          f"variable) pairs to the list of reduced gradients; got "
+          f"{type(reduce_fn).__name__}. Pass e.g. "
+          f"`lambda gv: [hvd.allreduce(g) for g, _ in gv]`, or None.")
     if gate_gradients not in (GATE_NONE, GATE_OP, GATE_GRAPH):
       raise _errors.GraphGradError(
           f"`gate_gradients` must be GATE_NONE (0), GATE_OP (1) or GATE_GRAPH "
@@ -116,6 +135,7 @@ class GradientPlan:
         aggregation_method=aggregation_method,
         colocate_gradients_with_ops=colocate_gradients_with_ops)
     self._name = name
+    self._reduce_fn = reduce_fn
     self._upstream: Dict[str, List[Transform]] = {}
     self._gradients: Dict[str, List[Transform]] = {}
     self._edges: Dict[Tuple[str, str], List[Transform]] = {}
@@ -336,9 +356,7 @@ class GradientPlan:
               or self._conflicts):
         # The very call Optimizer.compute_gradients makes; unreached
         # variables get None from it.
-        grads = tf.compat.v1.gradients(self.loss, self._var_list,
-                                       **self._options)
-        by_name = {v.op.name: g for v, g in zip(self._var_list, grads)}
+        by_name = self._whole(self._var_list)
       else:
         known = self.net.op_graph
         by_name = self._segmented(
@@ -400,11 +418,16 @@ class GradientPlan:
             for c in (f.cuts(self.net, n) if hasattr(f, "cuts") else [])]
     conflicts = {n: self._projection(n) for n in self._conflicts}
     if not ups and not edges and not backward and not conflicts:
-      grads = tf.compat.v1.gradients(self.loss, reached, **self._options)
-      return {v.op.name: g for v, g in zip(reached, grads)}
+      return self._whole(reached)
     segments = Segments(self.net, reached, ups, edges, self._options,
                         backward=backward, outputs_fn=conflicts, cuts=cuts)
-    contributions = segments.build(tf.ones_like(self.loss, name="seed"))
+    by_name = {v.op.name: v for v in reached}
+    reduce = None
+    if self._reduce_fn is not None:
+      reduce = lambda names, grads: self._reduce(  # noqa: E731
+          [by_name[n] for n in names], grads)
+    contributions = segments.build(tf.ones_like(self.loss, name="seed"),
+                                   reduce=reduce)
     return {v.op.name: aggregate(contributions.get(v.op.name, ()), like=v)
             for v in reached}
 
@@ -415,6 +438,33 @@ class GradientPlan:
 
   def _replacement(self, name: str, fn) -> Callable:
     return _backward.engine_hook(self.net, name, fn, self._state)
+
+  def _whole(self, variables) -> Dict[str, Gradient]:
+    """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
+    grads = tf.compat.v1.gradients(self.loss, variables, **self._options)
+    found = [(v, g) for v, g in zip(variables, grads) if g is not None]
+    if self._reduce_fn is not None and found:
+      found = list(zip([v for v, _ in found],
+                       self._reduce([v for v, _ in found],
+                                    [g for _, g in found])))
+    return {v.op.name: g for v, g in found}
+
+  def _reduce(self, variables, grads) -> List[Gradient]:
+    """Calls reduce_fn on one segment's parameter gradients and checks it."""
+    with tf.name_scope("reduce"):
+      out = self._reduce_fn(list(zip(grads, variables)))
+    out = list(out) if isinstance(out, (list, tuple)) else out
+    if not isinstance(out, list) or len(out) != len(grads):
+      got = (f"{len(out)} gradients" if isinstance(out, list)
+             else type(out).__name__)
+      raise _errors.GraphGradError(
+          f"`reduce_fn` must return one reduced gradient per (gradient, "
+          f"variable) pair it receives, in order; it received {len(grads)} "
+          f"pairs ({', '.join(v.op.name for v in variables)}) and returned "
+          f"{got}.")
+    return [_checked(lambda g, ctx, r=r: r, g, None,
+                     f"reduce_fn on {v.name}")
+            for g, r, v in zip(grads, out, variables)]
 
   def apply_gradients(self, optimizer, global_step=None,
                       name: Optional[str] = None,
