@@ -56,15 +56,20 @@ class Suite:
   run: Callable[[Config], SuiteResult]
   order: int = 50
   in_tiny: bool = True
+  # Optional: (data, out_dir) -> Markdown, to redraw a report from saved
+  # numbers (python -m benchmarks --render) without measuring again.
+  render: Optional[Callable[[Dict[str, Any], str], str]] = None
 
 
 _REGISTRY: Dict[str, Suite] = {}
 
 
 def register(name: str, run: Callable[[Config], SuiteResult], order: int = 50,
-             in_tiny: bool = True) -> None:
+             in_tiny: bool = True,
+             render: Optional[Callable[[Dict[str, Any], str], str]] = None
+             ) -> None:
   """Registers a suite under ``name``; lower ``order`` runs first."""
-  _REGISTRY[name] = Suite(name, run, order, in_tiny)
+  _REGISTRY[name] = Suite(name, run, order, in_tiny, render)
 
 
 def suites() -> List[Suite]:

@@ -91,6 +91,17 @@ def build_once(model: "_models.Model", variant: str) -> Instance:
   return Instance(variant, graph, built, train_op, ops_added, build_s, info)
 
 
+def fresh_heap() -> None:
+  """Collects, then freezes every live object out of the collector's way.
+
+  A build then pays for collecting its own garbage only, as in a process
+  that builds one model, instead of for scanning every graph built before
+  it. ``gc.unfreeze()`` undoes it.
+  """
+  gc.collect()
+  gc.freeze()
+
+
 def rotate(items: List, k: int) -> List:
   k %= max(1, len(items))
   return items[k:] + items[:k]
@@ -105,17 +116,13 @@ def build_alternating(model, variants, reps: int):
   times: Dict[str, List[float]] = {v: [] for v in variants}
   last: Dict[str, Instance] = {}
   skipped: Dict[str, str] = {}
-  # Earlier models' objects are frozen out of the collector's way, so that a
-  # build pays for collecting its own garbage only (gc.collect() itself takes
-  # most of a second with TensorFlow loaded, so it runs once per model).
-  gc.collect()
-  gc.freeze()
   try:
     for r in range(reps):
       for v in rotate(list(variants), r):
         if v in skipped:
           continue
         last.pop(v, None)
+        fresh_heap()
         try:
           inst = build_once(model, v)
         except _variants.Skip as e:
@@ -150,10 +157,13 @@ def step_alternating(instances: Dict[str, Instance], reps: int,
   """Times train steps, one Session per variant, alternating variants.
 
   Each sample is the mean over ``k`` steps, with ``k`` chosen once so that
-  the fastest variant's sample takes about ``target_s``.
+  the fastest variant's sample takes about ``target_s``. A sample is taken
+  twice: wall time, and the CPU time of this process (every TensorFlow
+  thread), which a busy shared machine disturbs much less.
 
   Returns:
-    (step seconds per variant, executed ops per variant, steps per sample).
+    (wall seconds per step per variant, CPU seconds per step per variant,
+    executed ops per variant, steps per sample).
   """
   sessions = {v: _session(i, grappler) for v, i in instances.items()}
   try:
@@ -168,15 +178,17 @@ def step_alternating(instances: Dict[str, Instance], reps: int,
     one = (time.perf_counter() - t) / 3
     k = int(min(max_steps, max(1, round(target_s / max(one, 1e-6)))))
     samples: Dict[str, List[float]] = {v: [] for v in instances}
+    cpu: Dict[str, List[float]] = {v: [] for v in instances}
     order = list(instances)
     for r in range(reps):
       for v in rotate(order, r):
         inst, sess = instances[v], sessions[v]
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(k):
           sess.run(inst.train_op, inst.built.feed)
         samples[v].append((time.perf_counter() - t) / k)
-    return samples, executed, k
+        cpu[v].append((time.process_time() - c) / k)
+    return samples, cpu, executed, k
   finally:
     for s in sessions.values():
       s.close()

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import benchmarks
 import graphgrad as gg
-from benchmarks import _report
+from benchmarks import _measure, _report
 
 tf1 = tf.compat.v1
 log = logging.getLogger("graphgrad.benchmarks")
@@ -42,8 +42,6 @@ def synthetic(blocks: int, width: int = 8):
 
 
 def measure(blocks: int, reps: int) -> Dict:
-  gc.collect()
-  gc.freeze()  # earlier sizes' objects stay out of the collector's way
   try:
     return _measure_unfrozen(blocks, reps)
   finally:
@@ -53,27 +51,34 @@ def measure(blocks: int, reps: int) -> Dict:
 def _measure_unfrozen(blocks: int, reps: int) -> Dict:
   graph = tf.Graph()
   with graph.as_default():
-    t = time.perf_counter()
+    _measure.fresh_heap()
+    t, c = time.perf_counter(), time.process_time()
     loss = synthetic(blocks)
-    forward_s = time.perf_counter() - t
+    forward_s, forward_cpu = time.perf_counter() - t, time.process_time() - c
     n_ops = len(graph.get_operations())
-    times = []
+    times, cpu = [], []
     for _ in range(reps):
-      t = time.perf_counter()
+      _measure.fresh_heap()
+      t, c = time.perf_counter(), time.process_time()
       net = gg.analyze(loss)
       times.append(time.perf_counter() - t)
+      cpu.append(time.process_time() - c)
     fwd = net.op_graph
-    t = time.perf_counter()
+    _measure.fresh_heap()
+    t, c = time.perf_counter(), time.process_time()
     tf1.gradients(loss, tf1.trainable_variables())
-    grad_s = time.perf_counter() - t
+    grad_s, grad_cpu = time.perf_counter() - t, time.process_time() - c
   return {"blocks": blocks, "graph_ops": n_ops,
           "forward_ops": fwd.number_of_nodes(),
           "forward_edges": fwd.number_of_edges(),
           "layers": len(net), "layer_edges": net.graph.number_of_edges(),
           "forward_build_s": forward_s,
+          "forward_build_cpu_s": forward_cpu,
           "analyze_s": {"min": min(times), "median": statistics.median(times),
                         "max": max(times), "n": len(times)},
+          "analyze_cpu_s": _measure.stats(cpu),
           "gradients_s": grad_s,
+          "gradients_cpu_s": grad_cpu,
           "ops_after_gradients": len(graph.get_operations())}
 
 
@@ -88,4 +93,9 @@ def run(config: benchmarks.Config) -> benchmarks.SuiteResult:
   return benchmarks.SuiteResult(_report.analyze_markdown(rows), {"sizes": rows})
 
 
-benchmarks.register("analyze_scale", run, order=20)
+def render(data: Dict, out_dir: str) -> str:
+  del out_dir  # no figures
+  return _report.analyze_markdown(data["sizes"])
+
+
+benchmarks.register("analyze_scale", run, order=20, render=render)

@@ -45,15 +45,18 @@ def run_model(config: benchmarks.Config, model: _models.Model) -> Dict:
   notes.update(skipped)
   log.info("%s: stepping", model.name)
   target_s = 0.01 if config.tiny else 0.25
-  steps, executed, k = _measure.step_alternating(
+  steps, cpu, executed, k = _measure.step_alternating(
       insts, _reps(config, model, False), target_s=target_s)
   out = {"model": model.name, "description": model.description,
          "depth": model.depth, "steps_per_sample": k, "notes": notes,
          "variants": {}}
   paired = _measure.paired_ratios(steps)
+  paired_cpu = _measure.paired_ratios(cpu)
   for v, inst in insts.items():
     out["variants"][v] = {
         "step_ratio": paired.get(v),
+        "step_cpu_s": _measure.stats(cpu[v]),
+        "step_cpu_ratio": paired_cpu.get(v),
         "build_s": _measure.stats(build_s[v]),
         "ops_added": inst.ops_added,
         "executed_ops": executed[v],
@@ -63,10 +66,12 @@ def run_model(config: benchmarks.Config, model: _models.Model) -> Dict:
     }
   if config.grappler_off and model.name in GRAPPLER_OFF_MODELS:
     log.info("%s: stepping with Grappler off", model.name)
-    off, off_exec, _ = _measure.step_alternating(
+    off, off_cpu, off_exec, _ = _measure.step_alternating(
         insts, _reps(config, model, False), target_s=target_s, grappler=False)
     paired_off = _measure.paired_ratios(off)
+    paired_off_cpu = _measure.paired_ratios(off_cpu)
     for v in insts:
+      out["variants"][v]["step_cpu_ratio_grappler_off"] = paired_off_cpu.get(v)
       out["variants"][v]["step_s_grappler_off"] = _measure.stats(off[v])
       out["variants"][v]["step_ratio_grappler_off"] = paired_off.get(v)
       out["variants"][v]["executed_ops_grappler_off"] = off_exec[v]
@@ -117,10 +122,13 @@ def run(config: benchmarks.Config) -> benchmarks.SuiteResult:
     if config.only and model.name not in config.only:
       continue
     results.append(run_model(config, model))
-  fits = depth_fits(results)
-  figures = _report.depth_plot(results, config.out_dir)
-  md = _report.plans_markdown(results, fits, figures)
-  return benchmarks.SuiteResult(md, {"models": results, "fits": fits}, figures)
+  data = {"models": results, "fits": depth_fits(results)}
+  return benchmarks.SuiteResult(render(data, config.out_dir), data)
 
 
-benchmarks.register("gradient_plans", run, order=10)
+def render(data: Dict, out_dir: str) -> str:
+  figures = _report.depth_plot(data["models"], out_dir)
+  return _report.plans_markdown(data["models"], data["fits"], figures)
+
+
+benchmarks.register("gradient_plans", run, order=10, render=render)

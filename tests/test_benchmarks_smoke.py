@@ -47,7 +47,7 @@ def test_tiny_benchmark_run_writes_a_well_formed_report(tmp_path):
   assert names == ["seed", "mlp2", "mlp4"]
   for m in plans["models"]:
     assert set(m["variants"]) == {"minimize", "naive", "gg_identity",
-                                  "gg_all", "gg_edge"}
+                                  "gg_all", "gg_cut", "gg_edge"}
     for v, e in m["variants"].items():
       assert e["ops_added"] > 0 and e["executed_ops"] > 0, (m["model"], v)
       for key in ("build_s", "step_s"):
