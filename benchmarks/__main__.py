@@ -58,8 +58,9 @@ METHOD = """\
 - Peak RSS: one fresh child process per (model, variant), forked from a
   server that has imported only TensorFlow and graphgrad. It builds the
   model, reads `VmRSS`, builds the variant, runs two steps and reads the
-  kernel's high-water mark `VmHWM`. The table gives the peak and, in
-  brackets, the growth over the RSS with the forward model built.
+  kernel's high-water mark `VmHWM` twice: after the build and after the
+  steps. The table gives the build's growth over the RSS with the forward
+  model built, then the peak after two steps and, in brackets, its growth.
 - `gg.analyze` time on each model is measured inside the graphgrad variants'
   builds; the section "gg.analyze on large graphs" measures it alone.
 
@@ -69,9 +70,28 @@ METHOD = """\
 
 The machine is shared with other jobs: load average at start
 {load}. Build times of identical graphs vary by up to the min-max spread
-shown; step-time ratios of variants that execute the same ops (see
-"executed ops") are the noise floor of this machine.
+shown. The identity plan executes the same ops as `minimize()` (see
+"executed ops"), so its step ratio is the noise floor of this machine:
+{noise}
 """
+
+
+def _noise(data) -> str:
+  """The identity plan's paired step ratios: the measurement's noise floor."""
+  plans = data["suites"].get("gradient_plans", {}).get("data", {})
+  rows = []
+  for m in plans.get("models", ()):
+    e = m["variants"].get("gg_identity", {})
+    for key, what in (("step_cpu_ratio", "CPU"), ("step_ratio", "wall")):
+      r = e.get(key)
+      if r:
+        rows.append((m["model"], what, r))
+  if not rows:
+    return "(not measured in this run)."
+  lines = ["", "| model | clock | median | min | max |", "|---|---|---|---|---|"]
+  lines += [f"| {m} | {w} | {r['median']:.3f} | {r['min']:.3f} | {r['max']:.3f} |"
+            for m, w, r in rows]
+  return "\n".join(lines)
 
 
 def _machine_md(m):
@@ -177,7 +197,7 @@ def _write(out_dir, data) -> None:
       header += [f.read().strip(), ""]
   method = METHOD.format(command=command, wall=data["wall_s"],
                          machine=_machine_md(machine),
-                         load=machine["load_at_start"])
+                         load=machine["load_at_start"], noise=_noise(data))
   sections = [s["markdown"] for s in data["suites"].values()]
   with open(os.path.join(out_dir, "RESULTS.md"), "w") as f:
     f.write("\n".join(header + sections + [method]) + "\n")

@@ -44,7 +44,8 @@ def model_table(r: Dict) -> str:
       "| variant | build s, median (min-max) | x min() | ops added | x min() "
       "| executed ops | step ms, wall, median (min-max) | x min(), wall, "
       "paired median (min-max) | step ms, CPU | x min(), CPU, paired median "
-      "(min-max) | analyze s | peak RSS MiB (+ over model) |",
+      "(min-max) | analyze s | peak RSS MiB: build (+ over model) / "
+      "after 2 steps |",
       "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for v in _variants.VARIANTS:
     e = r["variants"].get(v)
@@ -54,7 +55,8 @@ def model_table(r: Dict) -> str:
       continue
     q = ratios(e, base) if base else {}
     rss = e.get("rss")
-    rss_s = (f"{rss['peak_mb']:.0f} (+{rss['peak_mb'] - rss['base_mb']:.0f})"
+    rss_s = (f"+{rss['build_peak_mb'] - rss['base_mb']:.0f} / "
+             f"{rss['peak_mb']:.0f} (+{rss['peak_mb'] - rss['base_mb']:.0f})"
              if rss else "-")
     lines.append(
         f"| {_variants.LABELS[v]} | {_spread(e['build_s'])} "
