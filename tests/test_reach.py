@@ -101,3 +101,41 @@ def test_behind_stops_at_the_oldest_x(graph, depth):
   assert {op.name.split("/")[0] for op in ops} <= {f"l{depth - 1}",
                                                    hs[-2].op.name.split("/")[0]}
   assert hs[-2].op in ops and hs[-1].op in ops and x.op not in ops
+
+
+def _loop_net():
+  """A dense layer, a functional while loop layer, a dense head."""
+  x = tf1.placeholder(tf.float32, [3, 4, 5], name="x")
+  seq = tf.transpose(tf.reshape(dense(tf.reshape(x, [-1, 5]), 6, "proj"),
+                                [3, 4, 6]), [1, 0, 2])
+  with tf1.variable_scope("cell"):
+    wh = tf1.get_variable("wh", initializer=np.eye(6, dtype=np.float32) * 0.5)
+    _, last = tf1.while_loop(
+        lambda t, h: t < 4,
+        lambda t, h: (t + 1, tf.tanh(tf.gather(seq, t) + tf.matmul(h, wh))),
+        [tf.constant(0), tf.zeros([3, 6])])
+  loss = tf.reduce_sum(tf.square(dense(last, 2, "head")))
+  return x, loss
+
+
+def test_bounded_walk_is_exact_through_a_functional_while_loop(monkeypatch):
+  results = []
+  for bound in (True, False):
+    monkeypatch.setattr(_reach, "can_bound",
+                        (lambda ops: _reach.available()) if bound
+                        else (lambda ops: False))
+    with tf.Graph().as_default() as g:
+      x, loss = _loop_net()
+      plan = gg.GradientPlan(loss)
+      for name in ("cell", "head"):
+        plan.transform_upstream(name, gg.transforms.clip_by_value(-0.2, 0.2))
+      grads = [gr for gr, _ in plan.compute_gradients()]
+      feed = {x: np.random.default_rng(4).normal(size=(3, 4, 5)).astype(
+          np.float32)}
+      results.append((evaluate(grads, feed),
+                      [(n.name, n.op, tuple(n.input))
+                       for n in g.as_graph_def().node]))
+  (values_b, nodes_b), (values_u, nodes_u) = results
+  assert nodes_b == nodes_u
+  for a, b in zip(values_b, values_u):
+    np.testing.assert_array_equal(a, b)
