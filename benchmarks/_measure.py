@@ -18,7 +18,6 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import rewriter_config_pb2
 
 from benchmarks import _models, _variants
 

@@ -104,7 +104,6 @@ def grappler_table(results: List[Dict]) -> str:
            "| x min() off, wall / CPU |",
            "|---|---|---|---|---|---|---|"]
   for r in results:
-    base = r["variants"].get("minimize")
     for v, e in r["variants"].items():
       if "step_s_grappler_off" not in e:
         continue

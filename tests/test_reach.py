@@ -86,7 +86,7 @@ def test_v1_loops_are_not_bounded(graph, monkeypatch):
                           [tf.constant(0), x])
   assert not _reach.can_bound(graph.get_operations())
   with tf.Graph().as_default() as g2:
-    y = tf.square(tf1.placeholder(tf.float32, [4]))
+    tf.square(tf1.placeholder(tf.float32, [4]))
     assert _reach.can_bound(g2.get_operations())
 
 
