@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 import networkx as nx
 import tensorflow as tf
 
-from graphgrad import _errors, _graph_util
+from graphgrad import _errors, _graph_util, _reach
 from graphgrad._layers import LayerGraph
 
 log = logging.getLogger("graphgrad")
@@ -105,6 +105,9 @@ class Segments:
     self.edge_uppers = {up for _, up in edges}
     self._dep = self._variable_dependent_ops()
     self._build_cuts()
+    # Each segment call walks only the ops behind its ys (see _reach).
+    self._bound = _reach.can_bound(
+        d["op"] for _, d in net.op_graph.nodes(data=True))
 
   # -- planning ------------------------------------------------------------
 
@@ -302,9 +305,12 @@ class Segments:
       if not pairs or not xs:
         return [None] * len(xs)
       stops = list(targets) if stops is None else list(stops)
-      return tf.compat.v1.gradients([y for y, _ in pairs], xs,
-                          grad_ys=[gy for _, gy in pairs],
-                          stop_gradients=stops, **self.options)
+      ys = [y for y, _ in pairs]
+      allowed = _reach.behind(ys, xs) if self._bound else None
+      with _reach.bounded(allowed):
+        return tf.compat.v1.gradients(ys, xs,
+                                      grad_ys=[gy for _, gy in pairs],
+                                      stop_gradients=stops, **self.options)
 
     def deposit(targets, var_names, results, store=acc):
       n = len(targets)
