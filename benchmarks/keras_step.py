@@ -114,6 +114,44 @@ def run(reps: int = 31, steps: int = 20, batch: int = 256, width: int = 256,
   return times, {v: op_count(fn, x, y) for v, fn in fns.items()}
 
 
+def _table(times, ops) -> list:
+  rows = [f"| {'variant'} | ms/step (median) | ratio to plain (median, paired) "
+          f"| ops |", "| --- | --- | --- | --- |"]
+  for v in VARIANTS:
+    ratio = statistics.median(t / p for t, p in zip(times[v], times["plain"]))
+    rows.append(f"| {v} | {1000 * statistics.median(times[v]):.3f} | "
+                f"{ratio:.3f} | {ops[v]} |")
+  return rows
+
+
+def _suite(config):
+  """The TF2 step benchmark as a section of benchmarks/RESULTS.md."""
+  import benchmarks  # pylint: disable=g-import-not-at-top
+  reps = max(config.reps, 15)
+  times, ops = run(reps=reps)
+  markdown = "\n".join([
+      "## TF2: KerasPlan step against a plain tape.gradient step",
+      "",
+      f"`python -m benchmarks.keras_step`: a `tf.function` training step of "
+      f"a Keras 3 MLP 4x256, batch 256, {reps} alternating repetitions of 20 "
+      f"steps; each ratio pairs a variant with the plain step of the same "
+      f"repetition. Target: identity <= 1.05x.",
+      ""] + _table(times, ops) + [""])
+  return benchmarks.SuiteResult(markdown=markdown, data={
+      "times": times, "ops": ops})
+
+
+def _register():
+  try:
+    import benchmarks  # pylint: disable=g-import-not-at-top
+  except ImportError:  # run as a plain script
+    return
+  benchmarks.register("keras_step", _suite, order=80, in_tiny=False)
+
+
+_register()
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--reps", type=int, default=31)

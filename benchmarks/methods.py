@@ -193,6 +193,45 @@ def write_results(curves: Dict[str, np.ndarray], times: Dict[str, float],
   plt.close(fig)
 
 
+def train_all(methods=METHODS, seeds: int = 3, epochs: int = 40, log=print):
+  """Trains every method for every seed; returns (curves, seconds per run)."""
+  data = load_digits()
+  curves, times = {}, {}
+  for method in methods:
+    start = time.time()
+    curves[method] = np.array([run(method, s, epochs, data=data)
+                               for s in range(seeds)])
+    times[method] = (time.time() - start) / seeds
+    final = curves[method][:, -1]
+    log(f"{LABELS[method]:36s} {100 * final.mean():6.2f} +- "
+        f"{100 * final.std():4.2f}  ({times[method]:.1f} s per run)")
+  return curves, times
+
+
+def _suite(config):
+  """The methods table as a section of benchmarks/RESULTS.md."""
+  import benchmarks  # pylint: disable=g-import-not-at-top
+  epochs = 40
+  curves, times = train_all(epochs=epochs, log=lambda m: None)
+  write_results(curves, times, epochs, config.out_dir)
+  with open(os.path.join(config.out_dir, "METHODS.md")) as f:
+    markdown = f.read().replace("# Training methods", "## Training methods", 1)
+  final = {m: [float(v) for v in c[:, -1]] for m, c in curves.items()}
+  return benchmarks.SuiteResult(markdown=markdown, data={"final": final},
+                                figures=["methods.png"])
+
+
+def _register():
+  try:
+    import benchmarks  # pylint: disable=g-import-not-at-top
+  except ImportError:  # run as a plain script
+    return
+  benchmarks.register("methods", _suite, order=90, in_tiny=False)
+
+
+_register()
+
+
 def main(argv=None) -> Dict[str, np.ndarray]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seeds", type=int, default=3)
@@ -203,16 +242,7 @@ def main(argv=None) -> Dict[str, np.ndarray]:
   parser.add_argument("--no-write", action="store_true",
                       help="print the table only")
   args = parser.parse_args(argv)
-  data = load_digits()
-  curves, times = {}, {}
-  for method in args.methods:
-    start = time.time()
-    curves[method] = np.array([run(method, s, args.epochs, data=data)
-                               for s in range(args.seeds)])
-    times[method] = (time.time() - start) / args.seeds
-    final = curves[method][:, -1]
-    print(f"{LABELS[method]:36s} {100 * final.mean():6.2f} +- "
-          f"{100 * final.std():4.2f}  ({times[method]:.1f} s per run)")
+  curves, times = train_all(args.methods, args.seeds, args.epochs)
   if not args.no_write:
     write_results(curves, times, args.epochs, args.out)
   return curves
