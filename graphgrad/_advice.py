@@ -62,6 +62,8 @@ def warn_if_scale_cancels(plan, optimizer) -> bool:
         found.append(f"{kind}({where}) scales by {factor:g}")
   if not found:
     return False
+  if len(found) > 3:  # one readable line, however many layers
+    found = found[:3] + [f"and {len(found) - 3} more"]
   log.warning(
       "%s under %s: an adaptive optimizer divides each parameter's step by a "
       "running estimate of its gradient's magnitude, so a constant scale "

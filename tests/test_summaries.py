@@ -166,3 +166,17 @@ def test_no_warning_when_the_scale_matters(graph, caplog, fn, opt):
   with caplog.at_level(logging.WARNING, logger="graphgrad"):
     plan.apply_gradients(getattr(tf1.train, opt)(0.1))
   assert not _records(caplog)
+
+
+def test_warning_names_at_most_three_scales(graph, caplog):
+  _, loss = _three_layers()
+  plan = gg.GradientPlan(loss)
+  for layer in ("l1", "l2", "l3"):
+    plan.transform_gradients(layer, gg.transforms.scale(0.5))
+  plan.transform_upstream("l3", gg.transforms.scale(2.0))
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    plan.apply_gradients(tf1.train.AdamOptimizer(1e-3))
+  (record,) = _records(caplog)
+  message = record.getMessage()
+  assert message.count("scales by") == 3
+  assert "; and 1 more under AdamOptimizer" in message
