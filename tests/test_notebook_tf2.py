@@ -5,6 +5,9 @@ import pathlib
 
 import nbclient
 import nbformat
+import pytest
+
+from graphgrad import _compat
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "04_tf2_migration.ipynb"
@@ -17,6 +20,9 @@ def test_notebook_04_is_committed_with_outputs():
   assert all(c.outputs for c in code)
 
 
+@pytest.mark.skipif(_compat.TF_VERSION < (2, 16),
+                    reason="the notebook shows TF2 with Keras 3, which TF 2.15 "
+                           "does not bundle")
 def test_notebook_04_executes(monkeypatch):
   # The notebook shows TF2 as users get it: Keras 3 behind tf.keras. It must
   # import this checkout's graphgrad, installed or not.
