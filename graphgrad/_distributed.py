@@ -24,7 +24,8 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._layers import LayerGraph
-from graphgrad._plan import _checked, _compose
+from graphgrad._checks import checked as _checked
+from graphgrad._checks import compose as _compose
 from graphgrad._transforms import Transform, TransformContext, as_transform
 
 

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad._plan import _checked
+from graphgrad._checks import checked as _checked
 from graphgrad._transforms import TransformContext, is_identity
 
 log = logging.getLogger("graphgrad")

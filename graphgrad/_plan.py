@@ -5,14 +5,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphgrad import _advice, _backward, _errors, _graph_util, _pcgrad
+from graphgrad import (_advice, _backward, _checks, _errors, _graph_util,
+                       _pcgrad)
 from graphgrad._analysis import analyze, check_loss
 from graphgrad._layers import LayerGraph, scope_of
 from graphgrad._engine import Segments, aggregate
 from graphgrad._group import GroupTransform
 from graphgrad._transforms import (EXTRA_GRADS_AND_VARS, USES_GLOBAL_STEP,
                                    Transform, TransformContext, as_transform,
-                                   chain, is_identity)
+                                   is_identity)
 from graphgrad._types import Gradient
 
 log = logging.getLogger("graphgrad")
@@ -174,7 +175,7 @@ class GradientPlan:
         layer has no output tensor to rewrite.
     """
     name = self._layer(layer, "layer")
-    _not_group(fn, "transform_upstream")
+    _checks.not_group(fn, "transform_upstream")
     if not any(_differentiable(t) for t in self.net[name].outputs):
       raise _errors.GraphGradError(
           f"transform_upstream: layer {name!r} has no floating-point output "
@@ -232,7 +233,7 @@ class GradientPlan:
           f"transform_edge: `lower` and `upper` are both {lo!r}; an edge joins "
           f"two layers. Use transform_upstream({lo!r}, fn) instead.")
     self.net.boundary(lo, up)  # raises with the real neighbours
-    _not_group(fn, "transform_edge")
+    _checks.not_group(fn, "transform_edge")
     self._edges.setdefault((lo, up), []).append(as_transform(fn))
     return self
 
@@ -386,7 +387,7 @@ class GradientPlan:
         new = fn([out[i] for i in idx], ctx)
         for i, g in zip(idx, new):
           where = f"transform_gradients({layer!r}, {fn!r}) on {out[i][1].name}"
-          out[i] = (_check_result(out[i][0], g, where), out[i][1])
+          out[i] = (_checks.check_result(out[i][0], g, where), out[i][1])
         continue
       for i in idx:
         g, v = out[i]
@@ -397,7 +398,7 @@ class GradientPlan:
 
   def _segmented(self, reached) -> Dict[str, Gradient]:
     def upstream(name):
-      fn = _compose(self._upstream[name])
+      fn = _checks.compose(self._upstream[name])
       if is_identity(fn):
         return None
       return lambda g, t: self._apply(
@@ -405,7 +406,7 @@ class GradientPlan:
           f"transform_upstream({name!r}) on {t.name}")
 
     def edge(key):
-      fn = _compose(self._edges[key])
+      fn = _checks.compose(self._edges[key])
       return lambda g, t: self._apply(
           fn, g, self._context(key[0], "edge", tensor=t, edge=key),
           f"transform_edge({key[0]!r}, {key[1]!r}) on {t.name}")
@@ -462,7 +463,7 @@ class GradientPlan:
           f"variable) pair it receives, in order; it received {len(grads)} "
           f"pairs ({', '.join(v.op.name for v in variables)}) and returned "
           f"{got}.")
-    return [_checked(lambda g, ctx, r=r: r, g, None,
+    return [_checks.checked(lambda g, ctx, r=r: r, g, None,
                      f"reduce_fn on {v.name}")
             for g, r, v in zip(grads, out, variables)]
 
@@ -574,7 +575,7 @@ class GradientPlan:
 
   def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:
-    out = _checked(fn, grad, ctx, where)
+    out = _checks.checked(fn, grad, ctx, where)
     self._trace.append((ctx, grad, out))
     return out
 
@@ -630,54 +631,5 @@ class GradientPlan:
             f"conflicts={sorted(self._conflicts)})")
 
 
-def _compose(fns: Sequence[Transform]) -> Transform:
-  return fns[0] if len(fns) == 1 else chain(*fns)
-
-
 def _differentiable(t) -> bool:
   return (t.dtype.is_floating or t.dtype.is_complex) and not _graph_util.is_handle(t)
-
-
-def _not_group(fn, method: str) -> None:
-  if isinstance(fn, GroupTransform):
-    raise _errors.GraphGradError(
-        f"{method}: {fn!r} is a group transform, which rewrites a layer's "
-        f"parameter gradients together; it has no meaning for one boundary "
-        f"gradient. Use plan.transform_gradients(layer, {fn!r}).")
-
-
-def _checked(fn: Transform, grad: Gradient, ctx: TransformContext,
-             where: str) -> Gradient:
-  """Applies ``fn`` and checks that shape and dtype are kept."""
-  return _check_result(grad, fn(grad, ctx), where)
-
-
-def _check_result(grad: Gradient, out: Gradient, where: str) -> Gradient:
-  """Checks that a transform's result ``out`` keeps ``grad``'s shape, dtype."""
-  if grad is None:
-    return out
-  before = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-  after = out.values if isinstance(out, tf.IndexedSlices) else out
-  if after is None:
-    raise _errors.IncompatibleGradientError(
-        f"{where}: the transform returned None for a gradient of shape "
-        f"{before.shape} {before.dtype.name}. Return a tensor; use "
-        f"gg.transforms.zero() to drop a gradient.")
-  if isinstance(grad, tf.IndexedSlices) != isinstance(out, tf.IndexedSlices):
-    raise _errors.IncompatibleGradientError(
-        f"{where}: the transform turned a "
-        f"{type(grad).__name__} gradient into a {type(out).__name__}. Keep "
-        f"sparse gradients sparse: act on .values, as gg.transforms do.")
-  try:
-    after = tf.convert_to_tensor(after)
-  except (TypeError, ValueError):
-    raise _errors.IncompatibleGradientError(
-        f"{where}: the transform returned {type(after).__name__}, not a "
-        f"tensor. Return a tensor of the same shape and dtype.") from None
-  if after.dtype != before.dtype or not after.shape.is_compatible_with(
-      before.shape):
-    raise _errors.IncompatibleGradientError(
-        f"{where}: the transform changed the gradient from shape "
-        f"{before.shape} {before.dtype.name} to shape {after.shape} "
-        f"{after.dtype.name}. A transform must keep shape and dtype.")
-  return out
