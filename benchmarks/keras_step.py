@@ -30,6 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import benchmarks  # noqa: E402
 import graphgrad as gg  # noqa: E402
 
 VARIANTS = ("plain", "identity", "forced", "transformed")
@@ -126,7 +127,6 @@ def _table(times, ops) -> list:
 
 def _suite(config):
   """The TF2 step benchmark as a section of benchmarks/RESULTS.md."""
-  import benchmarks  # pylint: disable=g-import-not-at-top
   reps = max(config.reps, 15)
   times, ops = run(reps=reps)
   markdown = "\n".join([
@@ -141,15 +141,7 @@ def _suite(config):
       "times": times, "ops": ops})
 
 
-def _register():
-  try:
-    import benchmarks  # pylint: disable=g-import-not-at-top
-  except ImportError:  # run as a plain script
-    return
-  benchmarks.register("keras_step", _suite, order=80, in_tiny=False)
-
-
-_register()
+benchmarks.register("keras_step", _suite, order=80, in_tiny=False)
 
 
 def main(argv=None):

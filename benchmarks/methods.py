@@ -21,6 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import benchmarks  # noqa: E402
 import graphgrad as gg  # noqa: E402
 
 tf1 = tf.compat.v1
@@ -210,7 +211,6 @@ def train_all(methods=METHODS, seeds: int = 3, epochs: int = 40, log=print):
 
 def _suite(config):
   """The methods table as a section of benchmarks/RESULTS.md."""
-  import benchmarks  # pylint: disable=g-import-not-at-top
   epochs = 40
   curves, times = train_all(epochs=epochs, log=lambda m: None)
   write_results(curves, times, epochs, config.out_dir)
@@ -221,15 +221,7 @@ def _suite(config):
                                 figures=["methods.png"])
 
 
-def _register():
-  try:
-    import benchmarks  # pylint: disable=g-import-not-at-top
-  except ImportError:  # run as a plain script
-    return
-  benchmarks.register("methods", _suite, order=90, in_tiny=False)
-
-
-_register()
+benchmarks.register("methods", _suite, order=90, in_tiny=False)
 
 
 def main(argv=None) -> Dict[str, np.ndarray]:
