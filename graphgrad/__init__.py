@@ -20,14 +20,18 @@ and the same plans for TF2 Keras models, eagerly or in tf.function::
 """
 
 from graphgrad import _compat, backward, cluster, transforms
-from graphgrad._analysis import analyze
-from graphgrad._distributed import AfterAggregation
-from graphgrad._layers import Layer, LayerGraph
-from graphgrad._errors import (GraphGradError, IncompatibleGradientError,
-                               LayerNotFoundError, NotConnectedError,
-                               UnsupportedGraphError)
-from graphgrad._keras import KerasPlan
-from graphgrad._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
+from graphgrad._errors import (
+                               GraphGradError,
+                               IncompatibleGradientError,
+                               LayerNotFoundError,
+                               NotConnectedError,
+                               UnsupportedGraphError,
+)
+from graphgrad.analysis._analyze import analyze
+from graphgrad.analysis._layers import Layer, LayerGraph
+from graphgrad.distributed._after_aggregation import AfterAggregation
+from graphgrad.keras._plan import KerasPlan
+from graphgrad.plan._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
 
 __version__ = "0.1.0"
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from graphgrad._cli import main
+from graphgrad.cli._main import main
 
 sys.exit(main())

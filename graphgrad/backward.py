@@ -6,9 +6,13 @@ Example:
   feedback_alignment(seed=0)
 """
 
-from graphgrad._backward import (BackwardContext, Replacement,
-                                 direct_feedback_alignment, feedback_alignment)
-from graphgrad._synthetic import SyntheticModule, synthetic
+from graphgrad.methods._backward import (
+                                 BackwardContext,
+                                 Replacement,
+                                 direct_feedback_alignment,
+                                 feedback_alignment,
+)
+from graphgrad.methods._synthetic import SyntheticModule, synthetic
 
 __all__ = [
     "BackwardContext", "Replacement", "SyntheticModule",

@@ -8,9 +8,14 @@ Example:
   >>> c.stop()
 """
 
-from graphgrad._cluster import (ClusterError, LocalCluster, free_ports,
-                                session_config, start_server,
-                                wait_until_initialized)
+from graphgrad.distributed._cluster import (
+                                ClusterError,
+                                LocalCluster,
+                                free_ports,
+                                session_config,
+                                start_server,
+                                wait_until_initialized,
+)
 
 __all__ = [
     "ClusterError", "LocalCluster", "free_ports", "session_config",

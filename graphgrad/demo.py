@@ -6,8 +6,14 @@ Example:
   (2048, 10)
 """
 
-from graphgrad._demo import (DomainShiftProblem, Problem, dense,
-                             domain_shift_problem, seed_network, seed_problem)
+from graphgrad.cli._demo import (
+                             DomainShiftProblem,
+                             Problem,
+                             dense,
+                             domain_shift_problem,
+                             seed_network,
+                             seed_problem,
+)
 
 __all__ = ["DomainShiftProblem", "Problem", "dense", "domain_shift_problem",
            "seed_network", "seed_problem"]

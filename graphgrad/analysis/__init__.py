@@ -1,0 +1,1 @@
+"""tf.Graph -> LayerGraph: the analyser, layers, graph utilities, MetaGraph loading, pictures."""

@@ -1,0 +1,424 @@
+"""Layer analysis: from a loss tensor to a :class:`~graphgrad.LayerGraph`.
+
+The vocabulary (forward graph, layer, glue, inputs, outputs, boundary) is
+defined in :mod:`graphgrad.analysis._layers`.
+"""
+
+import collections
+import logging
+import re
+from typing import Dict, Iterable, List, Optional
+
+import networkx as nx
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad._types import LayerSpec
+from graphgrad.analysis import _graph_util
+from graphgrad.analysis._layers import Layer, LayerGraph, scope_of
+
+log = logging.getLogger("graphgrad")
+
+_UNIQUIFIED = re.compile(r"^(.*)_\d+$")
+
+
+# --------------------------------------------------------------------------
+# analyze
+# --------------------------------------------------------------------------
+
+
+def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
+            depth: Optional[int] = None) -> LayerGraph:
+  """Finds the layers of ``loss``'s graph and the tensors between them.
+
+  Args:
+    loss: a floating-point tensor of a ``tf.Graph``. A non-scalar loss is
+      summed, as ``tf.gradients`` does.
+    layers: optional mapping from layer name to a scope prefix (``str``) or a
+      list of variables. Trainable variables the mapping does not cover are
+      grouped automatically. ``None`` finds one layer per variable scope that
+      directly holds variables.
+    depth: optional grouping depth for automatic discovery: with ``depth=2``
+      the variables of ``resnet/block1/conv1`` and ``resnet/block1/bn1`` form
+      one layer ``resnet/block1``.
+
+  Returns:
+    A :class:`LayerGraph`.
+
+  Raises:
+    GraphGradError: if ``loss`` is not a floating-point graph tensor, if
+      ``layers`` or ``depth`` is malformed, or if the loss depends on no
+      trainable variable.
+
+  Example:
+    >>> import tensorflow as tf, graphgrad as gg
+    >>> with tf.Graph().as_default():
+    ...   x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+    ...   with tf.compat.v1.variable_scope("l1"):
+    ...     h = x @ tf.compat.v1.get_variable("w", [3, 4])
+    ...   with tf.compat.v1.variable_scope("l2"):
+    ...     y = h @ tf.compat.v1.get_variable("w", [4, 1])
+    ...   net = gg.analyze(tf.reduce_sum(y))
+    >>> net.names
+    ('l1', 'l2')
+    >>> list(net.graph.edges)
+    [('l1', 'l2')]
+  """
+  check_loss(loss)
+  if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool)
+                            or depth < 1):
+    raise _errors.GraphGradError(
+        f"`depth` must be a positive int (how many scope levels form a "
+        f"layer name); got {depth!r}. Use depth=1 for top-level scopes, or "
+        f"leave it None for one layer per variable scope.")
+  graph = loss.graph
+  fwd_ops = _graph_util.forward_ops(loss)
+  op_names = {op.name for op in fwd_ops}
+  trainable = _graph_util.trainable_variables(graph)
+  connected = [v for v in trainable if v.op.name in op_names]
+  if not connected:
+    raise _errors.NotConnectedError(
+        f"`loss` {loss.name} depends on no trainable variable of its graph "
+        f"({len(trainable)} trainable variables exist). Pass the loss tensor "
+        f"that your model's parameters feed into.")
+
+  var_groups, scopes = _group_variables(connected, trainable, layers, depth)
+  op_graph = nx.DiGraph()
+  op_graph.add_nodes_from((op.name, {"op": op}) for op in fwd_ops)
+  op_graph.add_edges_from((t.op.name, op.name) for op in fwd_ops
+                          for t in _graph_util.data_inputs(op))
+  op_order = list(nx.topological_sort(op_graph))
+  topo_index = {name: i for i, name in enumerate(op_order)}
+  loop_edges = [(t.op.name, op.name) for op in fwd_ops for t in op.inputs
+                if _graph_util.is_back_edge(t, op)]
+  consumers = _graph_util.forward_consumers(fwd_ops)
+
+  op_layer = _assign_ops(fwd_ops, var_groups, scopes)
+  _absorb_enclosed_glue(op_graph, op_order, op_layer, consumers, loss,
+                        {v.op.name for v in connected})
+  nx.set_node_attributes(op_graph, {n: op_layer.get(n) for n in op_order},
+                         "layer")
+  members: Dict[str, List[tf.Operation]] = collections.defaultdict(list)
+  for op in fwd_ops:
+    name = op_layer.get(op.name)
+    if name is not None:
+      members[name].append(op)
+
+  layer_objs = {}
+  for name, variables in var_groups.items():
+    ops = sorted(members.get(name, ()), key=lambda o: topo_index[o.name])
+    inputs, outputs = _layer_io(ops, name, op_layer, consumers, loss)
+    layer_objs[name] = Layer(
+        name=name, variables=tuple(variables), ops=tuple(ops),
+        inputs=tuple(inputs), outputs=tuple(outputs),
+        scopes=tuple(sorted(scopes[name])),
+        call_sites=_count_call_sites(op_graph, ops))
+
+  lgraph = _layer_graph(layer_objs, op_layer, loss)
+  order = _layer_order(lgraph, layer_objs, topo_index)
+  net = LayerGraph(loss, [layer_objs[n] for n in order], lgraph, op_graph,
+                   op_layer, topo_index, loop_edges)
+  log.debug("analyzed %s: %d layers, %d forward ops, %d layer edges",
+            loss.name, len(order), len(fwd_ops), lgraph.number_of_edges())
+  return net
+
+
+def check_loss(loss) -> None:
+  """Raises GraphGradError unless ``loss`` is a float tensor of a graph."""
+  if isinstance(loss, tf.Variable):
+    raise _errors.GraphGradError(
+        f"`loss` must be a floating-point tensor of a tf.Graph; got the "
+        f"variable {loss.name}. Pass the tensor computed from it, e.g. "
+        f"tf.identity(var) or the loss built on it.")
+  if not isinstance(loss, tf.Tensor):
+    raise _errors.GraphGradError(
+        f"`loss` must be a floating-point tensor of a tf.Graph; got "
+        f"{type(loss).__name__}. Build the model and loss inside "
+        f"`with tf.Graph().as_default():` and pass the loss tensor.")
+  if not tf.is_symbolic_tensor(loss):
+    raise _errors.GraphGradError(
+        "`loss` is an eager tensor; graphgrad's GradientPlan works on "
+        "tf.compat.v1 graphs. Build the model and loss inside "
+        "`with tf.Graph().as_default():`, or use gg.KerasPlan for eager "
+        "Keras models.")
+  if not (loss.dtype.is_floating or loss.dtype.is_complex):
+    raise _errors.GraphGradError(
+        f"`loss` must be a floating-point tensor; got {loss.name} of dtype "
+        f"{loss.dtype.name}. Cast it first: tf.cast(loss, tf.float32).")
+
+
+def _group_variables(connected, trainable, layers, depth):
+  """Maps layer name -> variables, and layer name -> set of name scopes."""
+  groups: Dict[str, List[tf.Variable]] = {}
+  scopes: Dict[str, set] = collections.defaultdict(set)
+  owner: Dict[str, str] = {}
+  if layers is not None:
+    if not hasattr(layers, "items"):
+      raise _errors.GraphGradError(
+          f"`layers` must map layer names to a scope prefix or a list of "
+          f"variables; got {type(layers).__name__}. Example: "
+          f"layers={{'encoder': 'model/enc', 'head': [w, b]}}.")
+    if not layers:
+      raise _errors.GraphGradError(
+          "`layers` is an empty mapping. Pass None to discover layers from "
+          "variable scopes, or map at least one layer name to a scope prefix "
+          "or a list of variables.")
+    by_name = {v.op.name: v for v in trainable}
+    connected_names = {v.op.name for v in connected}
+    for lname, spec in layers.items():
+      if not isinstance(lname, str) or not lname:
+        raise _errors.GraphGradError(
+            f"`layers` keys must be non-empty layer names (str); got "
+            f"{lname!r}.")
+      if isinstance(spec, str):
+        prefix = spec.rstrip("/")
+        members = [v for v in connected
+                   if v.op.name == prefix or v.op.name.startswith(prefix + "/")]
+        if not members:
+          raise _errors.GraphGradError(
+              f"`layers[{lname!r}]` is the scope prefix {spec!r}, but no "
+              f"trainable variable that the loss depends on lies under it. "
+              f"Variables the loss depends on: "
+              f"{', '.join(v.name for v in connected)}")
+        scopes[lname].add(prefix)
+      else:
+        try:
+          members = list(spec)
+        except TypeError:
+          raise _errors.GraphGradError(
+              f"`layers[{lname!r}]` must be a scope prefix (str) or a list of "
+              f"variables; got {type(spec).__name__}.") from None
+        if not members:
+          raise _errors.GraphGradError(
+              f"`layers[{lname!r}]` is an empty list of variables. Give it "
+              f"at least one variable, or leave the layer out.")
+        for v in members:
+          if not isinstance(v, tf.Variable) or v.op.name not in by_name:
+            raise _errors.GraphGradError(
+                f"`layers[{lname!r}]` holds {v!r}, which is not a trainable "
+                f"variable of the loss's graph. List tf.Variable objects from "
+                f"tf.compat.v1.trainable_variables().")
+          if v.op.name not in connected_names:
+            raise _errors.NotConnectedError(
+                f"`layers[{lname!r}]` holds {v.name}, which the loss does not "
+                f"depend on, so the layer would not reach the loss. Leave it "
+                f"out of the mapping.")
+        scopes[lname].update(scope_of(v.op.name) for v in members)
+      for v in members:
+        if v.op.name in owner and owner[v.op.name] != lname:
+          raise _errors.GraphGradError(
+              f"`layers` puts {v.name} in both {owner[v.op.name]!r} and "
+              f"{lname!r}; a variable belongs to one layer. Narrow one of the "
+              f"prefixes or lists.")
+        owner[v.op.name] = lname
+      groups[lname] = members
+  for v in connected:
+    if v.op.name in owner:
+      continue
+    scope = scope_of(v.op.name)
+    if depth is not None:
+      scope = "/".join(scope.split("/")[:depth])
+    if scope in groups and scope not in scopes.get(scope, ()) and layers:
+      raise _errors.GraphGradError(
+          f"variable {v.name} is not covered by `layers`, and its automatic "
+          f"layer name {scope!r} is already a mapped layer. Add it to the "
+          f"mapping explicitly.")
+    groups.setdefault(scope, []).append(v)
+    owner[v.op.name] = scope
+    scopes[scope].add(scope)
+  seen: Dict[str, str] = {}
+  for lname, ss in scopes.items():
+    for s in ss:
+      if s in seen and seen[s] != lname:
+        raise _errors.GraphGradError(
+            f"`layers` splits the name scope {s!r} between layers "
+            f"{seen[s]!r} and {lname!r}, so its ops cannot be attributed to "
+            f"one layer. Keep all variables of one scope in one layer.")
+      seen[s] = lname
+  # keep graph order of variables within each layer
+  order = {v.op.name: i for i, v in enumerate(trainable)}
+  groups = {k: sorted(vs, key=lambda v: order[v.op.name])
+            for k, vs in groups.items()}
+  return groups, scopes
+
+
+def _assign_ops(fwd_ops, var_groups, scopes) -> Dict[str, Optional[str]]:
+  """Maps each forward op name to its layer name (glue ops are absent)."""
+  scope_layer = {s: l for l, ss in scopes.items() for s in ss}
+  handle_layer = {v.op.name: l for l, vs in var_groups.items() for v in vs}
+  cache: Dict[str, Optional[str]] = {}
+
+  def by_scope(op_name: str) -> Optional[str]:
+    scope = op_name.rsplit("/", 1)[0] if "/" in op_name else ""
+    if scope in cache:
+      return cache[scope]
+    parts = scope.split("/") if scope else []
+    found = None
+    # Exact scope, longest first; then the same scope nested under an outer
+    # one (a Keras layer called inside a model: "model/dense/MatMul"); then a
+    # uniquified scope of a reused layer ("l1_dense_1/MatMul").
+    for strip in (False, True):
+      for start in range(len(parts)):
+        for end in range(len(parts), start, -1):
+          cand = parts[start:end]
+          if strip:
+            m = _UNIQUIFIED.match(cand[-1])
+            if not m:
+              continue
+            cand = cand[:-1] + [m.group(1)]
+          key = "/".join(cand)
+          if key in scope_layer:
+            found = scope_layer[key]
+            break
+        if found is not None:
+          break
+      if found is not None:
+        break
+    cache[scope] = found
+    return found
+
+  result: Dict[str, Optional[str]] = {}
+  for op in fwd_ops:
+    if op.name in handle_layer:
+      result[op.name] = handle_layer[op.name]
+      continue
+    read = _graph_util.read_variable_source(op)
+    if read is not None and read in handle_layer:
+      result[op.name] = handle_layer[read]
+      continue
+    name = by_scope(op.name)
+    if name is None and op.name in scope_layer:  # op named like the scope
+      name = scope_layer[op.name]
+    if name is not None:
+      result[op.name] = name
+  return result
+
+
+_MANY = object()  # more than one layer
+_LOSS = object()  # the loss itself
+
+
+def _merge(a, b):
+  if a is None:
+    return b
+  if b is None or a is b or a == b:
+    return a
+  return _MANY
+
+
+def _absorb_enclosed_glue(op_graph, order, op_layer, consumers, loss,
+                          variables) -> None:
+  """Moves glue that only leads from a layer back into it into that layer.
+
+  A ``tf.nn.relu`` written between two sub-scopes that ``depth=`` groups into
+  one layer, or between two call sites of a reused scope, is enclosed: every
+  variable-dependent input comes (through glue) from layer ``L`` and every
+  consumer leads (through glue) into ``L``. Left as glue, it would make ``L``
+  feed its own input; inside ``L`` it is what it is, a part of the layer.
+  """
+  dep = set()
+  for name in order:  # topological: inputs first
+    op = op_graph.nodes[name]["op"]
+    if name in variables or any(t.op.name in dep for t in op.inputs
+                                if t.op.name in op_graph):
+      dep.add(name)
+  source: Dict[str, object] = {}
+  for name in order:
+    if name in op_layer or name not in dep:
+      continue
+    s = None
+    for t in op_graph.nodes[name]["op"].inputs:
+      p = t.op.name
+      if p in dep and not _graph_util.is_handle(t):
+        s = _merge(s, op_layer.get(p) or source.get(p))
+    source[name] = s
+  sink: Dict[str, object] = {}
+  for name in reversed(order):
+    if name in op_layer or name not in dep:
+      continue
+    op = op_graph.nodes[name]["op"]
+    k = _LOSS if any(t.name == loss.name for t in op.outputs) else None
+    for t in op.outputs:
+      for c in consumers.get(t.name, ()):
+        k = _merge(k, op_layer.get(c.name) or sink.get(c.name))
+    sink[name] = k
+  for name, s in source.items():
+    if isinstance(s, str) and sink.get(name) == s:
+      op_layer[name] = s
+
+
+def _layer_io(ops, name, op_layer, consumers, loss):
+  inputs, outputs = [], []
+  seen_in, seen_out = set(), set()
+  for op in ops:
+    for t in op.inputs:
+      if op_layer.get(t.op.name) != name and not _graph_util.is_handle(t):
+        if t.name not in seen_in:
+          seen_in.add(t.name)
+          inputs.append(t)
+    for t in op.outputs:
+      if t.name in seen_out or _graph_util.is_handle(t):
+        continue
+      outside = t is loss or t.name == loss.name or any(
+          op_layer.get(c.name) != name for c in consumers.get(t.name, ()))
+      if outside:
+        seen_out.add(t.name)
+        outputs.append(t)
+  return inputs, outputs
+
+
+def _count_call_sites(op_graph, ops) -> int:
+  body = [op.name for op in ops
+          if not _graph_util.is_variable_op(op)
+          and _graph_util.read_variable_source(op) is None]
+  if not body:
+    return 1
+  return max(1, nx.number_weakly_connected_components(op_graph.subgraph(body)))
+
+
+def _layer_graph(layers: Dict[str, Layer], op_layer, loss) -> nx.DiGraph:
+  g = nx.DiGraph()
+  for name, layer in layers.items():
+    g.add_node(name, layer=layer, to_loss=False)
+  for upper, layer in layers.items():
+    found = collections.defaultdict(dict)  # lower -> {tensor name: tensor}
+    _glue_sources(layer.inputs, op_layer, found)
+    for lower, ts in found.items():
+      g.add_edge(lower, upper,
+                 tensors=tuple(sorted(ts.values(), key=lambda t: t.name)))
+  # which layers reach the loss through glue only
+  found = collections.defaultdict(dict)
+  _glue_sources([loss], op_layer, found, include_self=True)
+  for lower in found:
+    g.nodes[lower]["to_loss"] = True
+  return g
+
+
+def _glue_sources(tensors: Iterable[tf.Tensor], op_layer, found,
+                  include_self=False) -> None:
+  """Walks back from ``tensors`` through glue ops to layer outputs."""
+  stack = list(tensors)
+  seen = set()
+  while stack:
+    t = stack.pop()
+    if t.name in seen or _graph_util.is_handle(t):
+      continue
+    seen.add(t.name)
+    owner = op_layer.get(t.op.name)
+    if owner is not None:
+      found[owner][t.name] = t
+    else:
+      stack.extend(t.op.inputs)
+
+
+def _layer_order(lgraph, layers, topo_index) -> List[str]:
+  def first(name):
+    ops = layers[name].ops
+    return min((topo_index[o.name] for o in ops), default=0)
+  dag = nx.DiGraph(lgraph.edges)
+  dag.add_nodes_from(lgraph.nodes)
+  dag.remove_edges_from(list(nx.selfloop_edges(dag)))
+  try:
+    return list(nx.lexicographical_topological_sort(dag, key=first))
+  except nx.NetworkXUnfeasible:
+    return sorted(layers, key=first)

@@ -1,0 +1,1 @@
+"""The graphgrad command line and its demo."""

@@ -1,0 +1,1 @@
+"""Distributed TF1 training: AfterAggregation and local ps/worker clusters."""
