@@ -19,7 +19,14 @@ and the same plans for TF2 Keras models, eagerly or in tf.function::
   optimizer.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
 """
 
-from graphgrad import _compat, backward, cluster, transforms
+# pylint: disable=g-bad-import-order,g-import-not-at-top
+from graphgrad.cli import _startup
+
+with _startup.quiet_when_command_line():  # TF's start-up lines, see _startup
+  import tensorflow as _tf  # noqa: F401
+del _tf
+
+from graphgrad import _compat, backward, cluster, transforms  # noqa: E402
 from graphgrad._errors import (
                                GraphGradError,
                                IncompatibleGradientError,

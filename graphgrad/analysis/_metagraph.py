@@ -46,6 +46,11 @@ def load(path: str) -> tf.Graph:
           f"cannot read {path!r} as a MetaGraph ({type(e).__name__}: "
           f"{first}). Pass a .meta file written by "
           f"tf.compat.v1.train.Saver or export_meta_graph.") from None
+  if not graph.get_operations():  # an empty file parses as an empty proto
+    raise MetaGraphError(
+        f"{path!r} is not a MetaGraph: it holds no graph (an empty file, or "
+        f"another kind of protocol buffer). Pass a .meta file written by "
+        f"tf.compat.v1.train.Saver or export_meta_graph.")
   return graph
 
 

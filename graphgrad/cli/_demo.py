@@ -11,6 +11,8 @@ from typing import Tuple
 import numpy as np
 import tensorflow as tf
 
+from graphgrad import _errors
+
 
 @dataclasses.dataclass
 class Problem:
@@ -21,7 +23,21 @@ class Problem:
   y_test: np.ndarray
 
   def batches(self, batch_size: int, seed: int):
-    """Yields ``(x, y)`` minibatches forever, reshuffled each epoch."""
+    """An endless iterator of ``(x, y)`` minibatches, reshuffled each epoch.
+
+    Raises:
+      GraphGradError: unless ``1 <= batch_size <= len(x_train)``: a larger
+        batch never fills, and the iterator would loop without yielding.
+    """
+    n = len(self.x_train)
+    if (not isinstance(batch_size, (int, np.integer))
+        or isinstance(batch_size, bool) or not 1 <= batch_size <= n):
+      raise _errors.GraphGradError(
+          f"`batch_size` must be an int from 1 to the {n} training examples; "
+          f"got {batch_size!r}. Pass a smaller batch.")
+    return self._batches(int(batch_size), seed)
+
+  def _batches(self, batch_size: int, seed: int):
     rng = np.random.default_rng(seed)
     n = len(self.x_train)
     while True:

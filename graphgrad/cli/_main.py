@@ -6,15 +6,11 @@ import sys
 import time
 from typing import List, Optional
 
+from graphgrad._errors import GraphGradError
+from graphgrad.cli import _args
+from graphgrad.cli._args import CommandError
+
 _PLOT_FORMATS = (".png", ".svg", ".pdf")
-
-
-class CommandError(Exception):
-  """A user error: printed as one line, exit code 2."""
-
-
-def _quiet_tf() -> None:
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 class _Progress:
@@ -69,6 +65,37 @@ def _plot_curves(path: str, curves, title: str) -> None:
 
 
 def _demo(args) -> int:
+  _check_demo_args(args)
+  _args.quiet_tensorflow(args.verbose)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from graphgrad.cli import _demo as demo  # pylint: disable=g-import-not-at-top
+
+  problem = demo.seed_problem(args.seed)
+  if args.batch_size > len(problem.x_train):
+    raise CommandError(
+        f"argument --batch-size: the demo has {len(problem.x_train)} training "
+        f"examples, so a batch holds at most {len(problem.x_train)}; got "
+        f"{args.batch_size}")
+  runs = {label: _demo_run(tf, demo, args, label)
+          for label in ("plain backprop", "graphgrad plan")}
+  print("training both side by side: plain backprop, and the seed's plan "
+        f"(l2 parameter gradients x0.8, noise stddev {args.noise} on the "
+        "upstream into l1)")
+  _demo_train(runs, problem.batches(args.batch_size, args.seed), args.steps)
+  _demo_report(runs, problem)
+  if args.plot:
+    try:
+      _plot_curves(args.plot, {k: r["curve"] for k, r in runs.items()},
+                   f"seed network, Adam lr={args.lr}, batch {args.batch_size}")
+    except OSError as e:
+      raise CommandError(f"--plot {args.plot!r}: cannot write it: {e}") from None
+    print(f"\nwrote the loss curves to {args.plot}")
+  return 0
+
+
+def _check_demo_args(args) -> None:
+  """Refuses a bad --plot before TensorFlow is even imported."""
   if args.plot and os.path.splitext(args.plot)[1].lower() not in _PLOT_FORMATS:
     raise CommandError(
         f"--plot {args.plot!r}: the file name must end in "
@@ -78,46 +105,40 @@ def _demo(args) -> int:
     if not _compat.has_module("matplotlib"):
       raise CommandError(
           "--plot needs matplotlib: pip install 'graphgrad[draw]'")
-  _quiet_tf()
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    _args.check_output("--plot", args.plot)
 
+
+def _demo_run(tf, demo, args, label: str) -> dict:
+  """One of the two runs: its graph, session, train op and loss curve."""
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
-  from graphgrad.cli import _demo as demo  # pylint: disable=g-import-not-at-top
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.compat.v1.set_random_seed(args.seed)
+    x, y, logits, loss = demo.seed_network()
+    accuracy = tf.reduce_mean(tf.cast(
+        tf.equal(tf.argmax(logits, 1), tf.argmax(y, 1)), tf.float32))
+    opt = tf.compat.v1.train.AdamOptimizer(args.lr)
+    if label == "plain backprop":
+      train = opt.minimize(loss)
+    else:
+      net = gg.analyze(loss)
+      print(net.summary())
+      print()
+      plan = (gg.GradientPlan(loss, net)
+              .transform_gradients("l2_dense", gg.transforms.scale(0.8))
+              .transform_upstream("l2_dense",
+                                  gg.transforms.add_noise(args.noise,
+                                                          seed=args.seed)))
+      train = plan.apply_gradients(opt)
+    sess = tf.compat.v1.Session(graph=graph)
+    sess.run(tf.compat.v1.global_variables_initializer())
+  return dict(sess=sess, x=x, y=y, loss=loss, acc=accuracy, train=train,
+              curve=[])
 
-  problem = demo.seed_problem(args.seed)
-  runs = {}
-  for label in ("plain backprop", "graphgrad plan"):
-    graph = tf.Graph()
-    with graph.as_default():
-      tf.compat.v1.set_random_seed(args.seed)
-      x, y, logits, loss = demo.seed_network()
-      accuracy = tf.reduce_mean(tf.cast(
-          tf.equal(tf.argmax(logits, 1), tf.argmax(y, 1)), tf.float32))
-      opt = tf.compat.v1.train.AdamOptimizer(args.lr)
-      if label == "plain backprop":
-        train = opt.minimize(loss)
-      else:
-        net = gg.analyze(loss)
-        print(net.summary())
-        print()
-        plan = (gg.GradientPlan(loss, net)
-                .transform_gradients("l2_dense", gg.transforms.scale(0.8))
-                .transform_upstream("l2_dense",
-                                    gg.transforms.add_noise(args.noise,
-                                                            seed=args.seed)))
-        train = plan.apply_gradients(opt)
-      sess = tf.compat.v1.Session(graph=graph)
-      sess.run(tf.compat.v1.global_variables_initializer())
-    runs[label] = dict(sess=sess, x=x, y=y, loss=loss, acc=accuracy,
-                       train=train, curve=[])
 
-  print("training both side by side: plain backprop, and the seed's plan "
-        f"(l2 parameter gradients x0.8, noise stddev {args.noise} on the "
-        "upstream into l1)")
-  bar = _Progress(args.steps)
-  batches = problem.batches(args.batch_size, args.seed)
-  for step in range(1, args.steps + 1):
+def _demo_train(runs, batches, steps: int) -> None:
+  bar = _Progress(steps)
+  for step in range(1, steps + 1):
     xb, yb = next(batches)
     text = []
     for label, r in runs.items():
@@ -127,6 +148,8 @@ def _demo(args) -> int:
     bar.update(step, "loss " + "  ".join(text))
   bar.close()
 
+
+def _demo_report(runs, problem) -> None:
   print()
   print(f"{'run':<16} {'train loss':>10} {'test loss':>10} {'test acc':>9}")
   for label, r in runs.items():
@@ -138,22 +161,18 @@ def _demo(args) -> int:
     print(f"{label:<16} {train_loss:>10.4f} {test_loss:>10.4f} "
           f"{test_acc:>9.3f}")
     r["sess"].close()
-  del np
-  if args.plot:
-    _plot_curves(args.plot, {k: r["curve"] for k, r in runs.items()},
-                 f"seed network, Adam lr={args.lr}, batch {args.batch_size}")
-    print(f"\nwrote the loss curves to {args.plot}")
-  return 0
 
 
 def _inspect(args) -> int:
-  _quiet_tf()
-  import graphgrad as gg  # pylint: disable=g-import-not-at-top
-  from graphgrad.analysis import _metagraph  # pylint: disable=g-import-not-at-top
   for flag, value, ext in (("--dot", args.dot, ".dot"),
                            ("--png", args.png, ".png")):
     if value and not value.lower().endswith(ext):
       raise CommandError(f"{flag} {value!r}: the file name must end in {ext}")
+    if value:
+      _args.check_output(flag, value)
+  _args.quiet_tensorflow(args.verbose)
+  import graphgrad as gg  # pylint: disable=g-import-not-at-top
+  from graphgrad.analysis import _metagraph  # pylint: disable=g-import-not-at-top
   try:
     graph = _metagraph.load(args.path)
     with graph.as_default():
@@ -182,31 +201,40 @@ def _inspect(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = _args.Parser(
       prog="graphgrad",
       description="Rewrite gradients at layer boundaries of TF1 graphs.")
+  parser.add_argument("--verbose", action="store_true",
+                      help="show TensorFlow's start-up and deprecation logs")
   sub = parser.add_subparsers(dest="command", metavar="command")
+  # Also accepted after the command; SUPPRESS keeps a --verbose given before.
+  common = argparse.ArgumentParser(add_help=False)
+  common.add_argument("--verbose", action="store_true",
+                      default=argparse.SUPPRESS,
+                      help="show TensorFlow's start-up and deprecation logs")
   demo = sub.add_parser(
-      "demo", help="train the seed network plainly and with a gradient plan",
+      "demo", parents=[common],
+      help="train the seed network plainly and with a gradient plan",
       description="Builds the two-layer seed network, prints its layer table, "
                   "then trains plain backprop and the seed's gradient plan "
                   "side by side on a fixed synthetic problem.")
-  demo.add_argument("--steps", type=int, default=300,
+  demo.add_argument("--steps", type=_args.positive_int, default=300,
                     help="training steps per run (default 300)")
-  demo.add_argument("--seed", type=int, default=0,
+  demo.add_argument("--seed", type=_args.non_negative_int, default=0,
                     help="seed of data, weights and noise (default 0)")
-  demo.add_argument("--batch-size", type=int, default=64,
-                    help="minibatch size (default 64)")
-  demo.add_argument("--lr", type=float, default=0.01,
+  demo.add_argument("--batch-size", type=_args.positive_int, default=64,
+                    help="minibatch size, at most 2048 (default 64)")
+  demo.add_argument("--lr", type=_args.positive_float, default=0.01,
                     help="Adam learning rate (default 0.01)")
-  demo.add_argument("--noise", type=float, default=0.01,
+  demo.add_argument("--noise", type=_args.non_negative_float, default=0.01,
                     help="stddev of the upstream noise (default 0.01)")
   demo.add_argument("--plot", metavar="FILE",
                     help="write the loss curves of both runs to FILE "
                          "(.png, .svg or .pdf)")
   demo.set_defaults(func=_demo)
   inspect = sub.add_parser(
-      "inspect", help="print the layer table of a saved MetaGraph (.meta)",
+      "inspect", parents=[common],
+      help="print the layer table of a saved MetaGraph (.meta)",
       description="Loads a MetaGraph written by tf.compat.v1.train.Saver, "
                   "finds its loss (the LOSSES collection, or a scalar float "
                   "op named like a loss; --loss overrides), and prints its "
@@ -223,19 +251,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+  """Runs the command line; returns the exit code (2 for any user error).
+
+  A bad argument, a file that cannot be read or written, and a
+  ``GraphGradError`` from the library each print one line,
+  ``graphgrad COMMAND: error: ...``, to stderr, with no traceback.
+  """
   parser = build_parser()
-  args = parser.parse_args(argv)
+  try:
+    args = parser.parse_args(argv)
+  except _args.UsageError as e:
+    return _fail(e.prog, str(e))
   if not getattr(args, "func", None):
     parser.print_help()
     return 2
-  if getattr(args, "steps", 1) < 1:
-    parser.error("--steps must be at least 1")
+  prog = f"graphgrad {args.command}"
   try:
     return args.func(args)
-  except CommandError as e:
-    message = " ".join(str(e).split())  # one line, whatever the message
-    print(f"graphgrad {args.command}: error: {message}", file=sys.stderr)
-    return 2
+  except (CommandError, GraphGradError) as e:
+    return _fail(prog, str(e))
+
+
+def _fail(prog: str, message: str) -> int:
+  message = " ".join(message.split())  # one line, whatever the message
+  print(f"{prog}: error: {message}", file=sys.stderr)
+  return 2
 
 
 if __name__ == "__main__":

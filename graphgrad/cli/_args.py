@@ -1,0 +1,140 @@
+"""Argument checks and a quiet TensorFlow for the ``graphgrad`` command line.
+
+Every bad argument ends as one line on stderr and exit code 2, never a
+traceback: argparse's own errors go through :class:`Parser`, the value checks
+here raise ``argparse.ArgumentTypeError`` (which argparse reports as
+``argument --steps: ...``), and :func:`check_output` refuses an output file
+that cannot be written before any work starts.
+"""
+
+import argparse
+import math
+import os
+import sys
+import warnings
+
+from graphgrad.cli import _startup
+
+
+class CommandError(Exception):
+  """A user error: printed as one line, exit code 2."""
+
+
+class UsageError(Exception):
+  """A bad command line: ``prog`` and the message, printed as one line."""
+
+  def __init__(self, prog: str, message: str):
+    super().__init__(message)
+    self.prog = prog
+
+
+class Parser(argparse.ArgumentParser):
+  """An ArgumentParser whose errors are one line, reported by ``main``.
+
+  argparse prints the usage and the error on two lines and exits; the
+  command line prints ``graphgrad demo: error: ...`` alone and returns 2.
+  """
+
+  def error(self, message):
+    raise UsageError(self.prog, message)
+
+
+def _number(text: str, kind, what: str):
+  try:
+    value = kind(text)
+  except (TypeError, ValueError):
+    raise argparse.ArgumentTypeError(
+        f"expected {what}; got {text!r}") from None
+  if kind is float and not math.isfinite(value):
+    raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}")
+  return value
+
+
+def positive_int(text: str) -> int:
+  """An int of at least 1, for ``--steps`` and ``--batch-size``.
+
+  Example:
+    >>> positive_int("3")
+    3
+  """
+  value = _number(text, int, "a positive integer")
+  if value < 1:
+    raise argparse.ArgumentTypeError(
+        f"expected a positive integer (1 or more); got {text!r}")
+  return value
+
+
+def non_negative_int(text: str) -> int:
+  """An int of at least 0, for ``--seed``."""
+  value = _number(text, int, "a non-negative integer")
+  if value < 0:
+    raise argparse.ArgumentTypeError(
+        f"expected a non-negative integer (0 or more); got {text!r}")
+  return value
+
+
+def positive_float(text: str) -> float:
+  """A finite float above 0, for ``--lr``.
+
+  Example:
+    >>> positive_float("1e-3")
+    0.001
+  """
+  value = _number(text, float, "a positive finite number")
+  if value <= 0:
+    raise argparse.ArgumentTypeError(
+        f"expected a positive finite number (above 0); got {text!r}")
+  return value
+
+
+def non_negative_float(text: str) -> float:
+  """A finite float of at least 0, for ``--noise``."""
+  value = _number(text, float, "a non-negative finite number")
+  if value < 0:
+    raise argparse.ArgumentTypeError(
+        f"expected a non-negative finite number (0 or more); got {text!r}")
+  return value
+
+
+def check_output(flag: str, path: str) -> None:
+  """Refuses an output file that cannot be written, before any work.
+
+  A typo in a directory then costs no training run. Writing can still fail
+  later (a full disk); the caller reports that ``OSError`` too.
+
+  Raises:
+    CommandError: naming ``flag``, the path and the reason.
+  """
+  folder = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    raise CommandError(f"{flag} {path!r} is a directory; pass a file name")
+  if not os.path.isdir(folder):
+    raise CommandError(
+        f"{flag} {path!r}: the directory {folder!r} does not exist")
+  if not os.access(folder, os.W_OK):
+    raise CommandError(
+        f"{flag} {path!r}: the directory {folder!r} is not writable")
+
+
+def quiet_tensorflow(verbose: bool) -> None:
+  """Imports TensorFlow with its start-up and deprecation logs off.
+
+  With ``verbose`` nothing is hidden. Otherwise ``TF_CPP_MIN_LOG_LEVEL``
+  defaults to 3, the C++ start-up lines are dropped, and the Python loggers
+  of TensorFlow and absl and TensorFlow's warnings show errors only.
+  """
+  if verbose:
+    return
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  if "tensorflow" not in sys.modules:
+    with _startup.stderr_silenced():
+      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  import logging  # pylint: disable=g-import-not-at-top
+  logging.getLogger("tensorflow").setLevel(logging.ERROR)
+  try:
+    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+    absl_logging.set_verbosity(absl_logging.ERROR)
+  except ImportError:  # absl comes with TensorFlow; be safe anyway
+    pass
+  warnings.filterwarnings(
+      "ignore", module=r"(tensorflow|tf_keras|keras)(\.|$)")

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Runs the test suite on the next TensorFlow: a pinned tf-nightly with the
+# matching tf-keras-nightly, in a fresh virtualenv.
+#
+#   tools/test_newest_tf.sh                  # venv in .venv-tf-nightly, then pytest
+#   tools/test_newest_tf.sh -m "not slow"    # extra arguments go to pytest
+#   TF_NIGHTLY=2.23.0.dev20261026 TF_KERAS_NIGHTLY=2.23.0.dev2026102618 tools/test_newest_tf.sh
+#
+# setup.cfg caps tensorflow below the next release, and tf-nightly is another
+# distribution name than tensorflow, so graphgrad is installed with --no-deps
+# and its other requirements and the test tools are installed by name here.
+# The result of the last run is recorded in docs/versions.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV="${VENV:-.venv-tf-nightly}"
+PY="${PYTHON:-python3.11}"
+TF_NIGHTLY="${TF_NIGHTLY:-2.23.0.dev20261026}"
+TF_KERAS_NIGHTLY="${TF_KERAS_NIGHTLY:-2.23.0.dev2026102618}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+rm -rf "$VENV"
+"$PY" -m venv "$VENV"
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+python -m pip install --quiet --upgrade pip
+python -m pip install --quiet "tf-nightly==$TF_NIGHTLY" "tf-keras-nightly==$TF_KERAS_NIGHTLY"
+python -m pip install --quiet --no-deps .
+# graphgrad's own requirements besides tensorflow, and the [test] tools.
+python -m pip install --quiet "numpy>=1.23" "networkx>=2.8" "pytest>=7" "hypothesis>=6" \
+  "matplotlib>=3.5" "pydot>=1.4" "nbclient>=0.7" "nbformat>=5.7" "ipykernel>=6" "scikit-learn>=1.2"
+python - <<'PY'
+import importlib.metadata as md
+
+def version(name):
+  try:
+    return md.version(name)
+  except md.PackageNotFoundError:
+    return "not installed"
+
+import tensorflow as tf
+print("tensorflow", tf.__version__, "| tf-nightly", version("tf-nightly"),
+      "| tf-keras-nightly", version("tf-keras-nightly"), "| keras", version("keras"))
+PY
+
+set +e
+python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing the run" >&2
+  exit 1
+fi
+exit "$rc"
