@@ -3,12 +3,36 @@
 graphgrad supports TensorFlow 2.15 (the last release that bundles Keras 2)
 through 2.21. Within that range the ``tf.compat.v1`` graph API it builds on
 is the same, so the library needs no version switches; this module holds the
-range, and the check that says so when TensorFlow is outside it.
+range, the check that says so when TensorFlow is outside it, and every use
+of a private TensorFlow or Keras API, each with its fallback.
+
+Private APIs graphgrad touches (:data:`PRIVATE_APIS`), and what happens
+when a TensorFlow release drops or changes one:
+
+* ``tf.Operation._id`` (creation order; :func:`op_id`): falls back to the
+  op's position in ``graph.get_operations()``, which lists ops in creation
+  order.
+* ``tf.DType._is_ref_dtype`` (:func:`is_ref_dtype`): falls back to
+  ``dtype.base_dtype != dtype``, which holds exactly for reference dtypes.
+* ``tf.Operation._get_control_flow_context`` (``tf.compat.v1`` loops and
+  conds; :func:`control_flow_context`): falls back to the while and cond
+  contexts of the graph's ``WHILE_CONTEXT`` and ``COND_CONTEXT``
+  collections, matched by name scope.
+* ``gradients_util._MarkReachedOps`` (the walk ``graphgrad.plan._reach``
+  shortens): when it is missing or has another signature the plan keeps
+  TensorFlow's own walk, which builds the same graph more slowly, and logs
+  that once.
+* Keras ``Layer._flatten_layers`` (direct sublayers; :func:`sublayers`):
+  falls back to ``model.layers``, then to the layers held in the object's
+  attributes.
+* Keras 3 ``Variable._value`` (``graphgrad.keras._tape.tf_variable``): the
+  public ``Variable.value`` is tried first.
 """
 
+import inspect
 import logging
 import re
-from typing import Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -67,3 +91,147 @@ def has_module(name: str) -> bool:
   except ImportError:
     return False
   return True
+
+
+# --------------------------------------------------------------------------
+# Private TensorFlow and Keras APIs, each with its fallback
+# --------------------------------------------------------------------------
+
+PRIVATE_APIS = (
+    "tf.Operation._id",
+    "tf.DType._is_ref_dtype",
+    "tf.Operation._get_control_flow_context",
+    "tensorflow.python.ops.gradients_util._MarkReachedOps",
+    "keras Layer._flatten_layers",
+    "keras 3 Variable._value",
+)
+
+_warned = set()
+
+
+def warn_fallback(api: str, fallback: str) -> None:
+  """Logs once per process that ``api`` is missing and ``fallback`` is used."""
+  if api in _warned:
+    return
+  _warned.add(api)
+  log.warning("TensorFlow %s has no usable %s; graphgrad uses %s instead.",
+              tf.__version__, api, fallback)
+
+
+_ORDER_CACHE: Dict[int, Tuple[int, Dict[str, int]]] = {}
+
+
+def op_id(op: tf.Operation) -> int:
+  """The op's creation index in its graph (``op._id``, or its fallback).
+
+  Example:
+    >>> with tf.Graph().as_default():
+    ...   a = tf.constant(1.0); b = a + 1.0
+    ...   op_id(a.op) < op_id(b.op)
+    True
+  """
+  try:
+    return op._id  # pylint: disable=protected-access
+  except AttributeError:
+    warn_fallback("tf.Operation._id", "the order of graph.get_operations()")
+  graph = op.graph
+  version, order = _ORDER_CACHE.get(id(graph), (-1, {}))
+  if version != graph.version or op.name not in order:
+    order = {o.name: i for i, o in enumerate(graph.get_operations())}
+    _ORDER_CACHE[id(graph)] = (graph.version, order)
+  return order[op.name]
+
+
+def is_ref_dtype(dtype: tf.DType) -> bool:
+  """True for a reference dtype (``float32_ref``), a TF1 ref variable's.
+
+  Example:
+    >>> is_ref_dtype(tf.float32), is_ref_dtype(tf.float32._as_ref)
+    (False, True)
+  """
+  try:
+    return dtype._is_ref_dtype  # pylint: disable=protected-access
+  except AttributeError:
+    warn_fallback("tf.DType._is_ref_dtype", "dtype.base_dtype != dtype")
+  return dtype.base_dtype != dtype
+
+
+def control_flow_context(op: tf.Operation):
+  """The ``tf.compat.v1`` while or cond context ``op`` was built in, or None.
+
+  Contexts have ``name`` and ``outer_context``.
+  """
+  get = getattr(op, "_get_control_flow_context", None)
+  if callable(get):
+    return get()
+  warn_fallback("tf.Operation._get_control_flow_context",
+                "the WHILE_CONTEXT and COND_CONTEXT collections")
+  return context_by_name(op)
+
+
+def context_by_name(op: tf.Operation):
+  """The innermost v1 context whose name scope holds ``op``'s name."""
+  best = None
+  for key in (tf.compat.v1.GraphKeys.WHILE_CONTEXT,
+              tf.compat.v1.GraphKeys.COND_CONTEXT):
+    for ctx in op.graph.get_collection(key):
+      prefix = ctx.name.rstrip("/") + "/"
+      if op.name.startswith(prefix) and (
+          best is None or len(prefix) > len(best.name.rstrip("/")) + 1):
+        best = ctx
+  return best
+
+
+_MARK_REACHED_PARAMS = ("from_ops", "reached_ops", "func_graphs")
+
+
+def mark_reached_ops(fn, module) -> Optional[Any]:
+  """``fn``, TF's ``_MarkReachedOps`` of ``module``, if it is usable.
+
+  Returns None, and logs once, when ``fn`` is missing or takes other
+  parameters, or ``module`` lacks the ``_PendingCount`` it pairs with: the
+  caller then leaves TensorFlow's walk alone.
+  """
+  params = None
+  if callable(fn):
+    try:
+      params = tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+      params = None
+  if params == _MARK_REACHED_PARAMS and hasattr(module, "_PendingCount"):
+    return fn
+  warn_fallback("gradients_util._MarkReachedOps(from_ops, reached_ops, "
+                "func_graphs)", "TensorFlow's unbounded walk (same graph, "
+                "slower build)")
+  return None
+
+
+def has_sublayers_api(layer) -> bool:
+  """True for an object that :func:`sublayers` can list: a Keras layer."""
+  return callable(getattr(layer, "_flatten_layers", None)) or _is_layer(layer)
+
+
+def _is_layer(obj) -> bool:
+  return (callable(obj) and hasattr(obj, "trainable_weights")
+          and hasattr(obj, "name"))
+
+
+def sublayers(layer) -> List[Any]:
+  """The direct sublayers of a Keras 3 or tf-keras layer, in order."""
+  flatten = getattr(layer, "_flatten_layers", None)
+  if callable(flatten):
+    return list(flatten(include_self=False, recursive=False))
+  warn_fallback("keras Layer._flatten_layers",
+                "model.layers and the layers held in attributes")
+  listed = getattr(layer, "layers", None)
+  if isinstance(listed, (list, tuple)):
+    return list(listed)
+  found, seen = [], set()
+  for value in vars(layer).values():
+    items = value if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+      if item is not layer and id(item) not in seen and _is_layer(item):
+        seen.add(id(item))
+        found.append(item)
+  return found
+

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import LayerSpec
-from graphgrad.analysis import _graph_util
+from graphgrad.analysis import _control_flow, _graph_util
 from graphgrad.analysis._layers import Layer, LayerGraph, scope_of
 
 log = logging.getLogger("graphgrad")
@@ -94,6 +94,9 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
   consumers = _graph_util.forward_consumers(fwd_ops)
 
   op_layer = _assign_ops(fwd_ops, var_groups, scopes)
+  _control_flow.absorb_control_flow(
+      fwd_ops, op_layer,
+      {v.op.name: l for l, vs in var_groups.items() for v in vs}, consumers)
   _absorb_enclosed_glue(op_graph, op_order, op_layer, consumers, loss,
                         {v.op.name for v in connected})
   nx.set_node_attributes(op_graph, {n: op_layer.get(n) for n in op_order},

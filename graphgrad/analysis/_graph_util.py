@@ -5,6 +5,8 @@ from typing import Dict, Iterable, List, Optional, Set
 
 import tensorflow as tf
 
+from graphgrad import _compat
+
 _VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 
 
@@ -15,7 +17,7 @@ def is_variable_op(op: tf.Operation) -> bool:
 
 def is_handle(t: tf.Tensor) -> bool:
   """True for a variable handle or reference tensor: a parameter, not data."""
-  return t.dtype == tf.resource or t.dtype._is_ref_dtype  # pylint: disable=protected-access
+  return t.dtype == tf.resource or _compat.is_ref_dtype(t.dtype)
 
 
 _HANDLE_FORWARDING_OPS = frozenset({
@@ -71,7 +73,7 @@ def forward_ops(loss: tf.Tensor) -> List[tf.Operation]:
         seen.add(t.op.name)
         found.append(t.op)
         stack.append(t.op)
-  found.sort(key=lambda o: o._id)  # pylint: disable=protected-access
+  found.sort(key=_compat.op_id)
   return found
 
 
@@ -102,7 +104,7 @@ def in_control_flow(op: tf.Operation) -> bool:
 
   A loop's ``Exit`` sits in the loop's context, but its output is outside.
   """
-  ctx = op._get_control_flow_context()  # pylint: disable=protected-access
+  ctx = _compat.control_flow_context(op)
   if ctx is not None and op.type in ("Exit", "RefExit"):
     ctx = ctx.outer_context
   return ctx is not None

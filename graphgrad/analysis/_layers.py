@@ -107,6 +107,8 @@ class LayerGraph:
     self.loop_edges: Tuple[Tuple[str, str], ...] = tuple(loop_edges)
     self._var_layer = {v.op.name: l.name for l in self.layers
                        for v in l.variables}
+    # (method, layer) pairs already warned about by check_declaration.
+    self.warned: set = set()
 
   # -- lookup --------------------------------------------------------------
 
@@ -123,7 +125,60 @@ class LayerGraph:
     try:
       return self._by_name[name]
     except KeyError:
-      raise _errors.layer_not_found(name, self.names) from None
+      pass
+    return self._by_name[self.lookup(name, "name")]
+
+  def lookup(self, name, arg: str = "layer") -> str:
+    """The name of the layer ``name``, or an error that says why there is none.
+
+    Args:
+      name: a layer name.
+      arg: the argument that passed it, for the message (``"lower"``).
+
+    Returns:
+      ``name``.
+
+    Raises:
+      NotConnectedError: if ``name`` holds trainable variables the loss does
+        not depend on.
+      LayerNotFoundError: otherwise; the message says when ``name`` holds
+        only non-trainable variables or is a sub-scope of a layer.
+    """
+    from graphgrad.analysis import _declarations  # pylint: disable=g-import-not-at-top
+    return _declarations.lookup(self, name, arg)
+
+  def check_declaration(self, method: str, name: str,
+                        upper: Optional[str] = None) -> None:
+    """Refuses or reports a declaration that cannot act below the layer.
+
+    Called by the plans' ``transform_upstream``, ``transform_edge`` (on the
+    lower layer) and ``replace_backward``. A layer applied inside a v2 cond
+    or loop with other layers raises ``UnsupportedGraphError`` naming the op.
+    A declaration through which no gradient reaches any layer below *warns
+    once* through the ``graphgrad`` logger: it is not wrong (the gradients
+    below are exactly the plain ones) and a transform declared on every
+    layer must keep working, but it does nothing. The bottom layer is quiet.
+
+    Args:
+      method: the plan method, for the messages.
+      name: the layer name (the lower one of an edge).
+      upper: the upper layer of ``transform_edge``.
+
+    Raises:
+      UnsupportedGraphError: for a layer inside a v2 cond or loop.
+    """
+    from graphgrad.analysis import _declarations  # pylint: disable=g-import-not-at-top
+    _declarations.check_declaration(self, method, name, upper)
+
+  def passes_gradient(self, name: str, method: str = "transform_upstream",
+                      upper: Optional[str] = None) -> bool:
+    """False when ``method`` on ``name`` can change nothing below the layer.
+
+    True for the bottom layer, below which nothing lies.
+    """
+    from graphgrad.analysis import _declarations  # pylint: disable=g-import-not-at-top
+    return _declarations.no_gradient_reason(
+        self, method, self[name].name, upper) is None
 
   def __contains__(self, name) -> bool:
     return name in self._by_name

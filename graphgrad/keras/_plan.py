@@ -15,7 +15,7 @@ inside ``tf.function``.
 import logging
 from typing import Any, Dict, List, Tuple, Union
 
-from graphgrad import _errors
+from graphgrad import _compat, _errors
 from graphgrad.keras._tape import PlanTape, children, layer_variables
 from graphgrad.transforms._transforms import (
   Transform,
@@ -81,7 +81,7 @@ class KerasPlan:
   """
 
   def __init__(self, model: Any, global_step=None, name: str = "graphgrad"):
-    if not callable(getattr(model, "_flatten_layers", None)):
+    if not _compat.has_sublayers_api(model):
       raise _errors.GraphGradError(
           f"`model` must be a Keras model or layer (Keras 3 or tf-keras); got "
           f"{type(model).__name__}. For a tf.compat.v1 graph use "

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
-from graphgrad import _errors
+from graphgrad import _compat, _errors
 from graphgrad.transforms._checks import checked as _checked
 from graphgrad.transforms._transforms import TransformContext, is_identity
 
@@ -40,7 +40,7 @@ log = logging.getLogger("graphgrad")
 
 def children(layer) -> List[Any]:
   """The direct sublayers of a Keras 3 or tf-keras layer."""
-  return list(layer._flatten_layers(include_self=False, recursive=False))  # pylint: disable=protected-access
+  return _compat.sublayers(layer)
 
 
 def tf_variable(v) -> Optional[tf.Variable]:

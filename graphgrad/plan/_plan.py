@@ -183,6 +183,7 @@ class GradientPlan:
         layer has no output tensor to rewrite.
     """
     name = self._layer(layer, "layer")
+    self.net.check_declaration("transform_upstream", name)
     _checks.not_group(fn, "transform_upstream")
     if not any(_differentiable(t) for t in self.net[name].outputs):
       raise _errors.GraphGradError(
@@ -241,6 +242,7 @@ class GradientPlan:
           f"transform_edge: `lower` and `upper` are both {lo!r}; an edge joins "
           f"two layers. Use transform_upstream({lo!r}, fn) instead.")
     self.net.boundary(lo, up)  # raises with the real neighbours
+    self.net.check_declaration("transform_edge", lo, upper=up)
     _checks.not_group(fn, "transform_edge")
     self._edges.setdefault((lo, up), []).append(as_transform(fn))
     return self
@@ -272,6 +274,7 @@ class GradientPlan:
         alignment on a convolution), or the plan is built.
     """
     name = self._layer(layer, "layer")
+    self.net.check_declaration("replace_backward", name)
     if not callable(fn) or isinstance(fn, (Transform, GroupTransform)):
       raise _errors.GraphGradError(
           f"replace_backward: `fn` must be a gg.backward replacement or a "
@@ -603,7 +606,7 @@ class GradientPlan:
             f"loss {self.loss.name} does not depend on, so the layer does not "
             f"reach the loss. Transform a layer the loss depends on: "
             f"{', '.join(self.net.names)}")
-    return self.net[name].name
+    return self.net.lookup(name, arg)
 
   def _check_var_list(self, var_list):
     graph = self.loss.graph

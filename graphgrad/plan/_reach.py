@@ -20,6 +20,11 @@ forward graph, which a ``tf.compat.v1`` while loop breaks (its
 ``NextIteration`` feeds a ``Merge`` created earlier): the engine only bounds
 graphs without loops (:func:`can_bound`). Any other call to ``tf.gradients``,
 from another thread or outside :func:`bounded`, walks as usual.
+
+``_MarkReachedOps`` is private: when a TensorFlow release drops it or
+changes its signature (:func:`graphgrad._compat.mark_reached_ops`), the
+engine keeps TensorFlow's own walk, which builds the same graph, and logs
+that once.
 """
 
 import collections
@@ -28,18 +33,43 @@ import threading
 from typing import Iterable, Optional, Set
 
 import tensorflow as tf
-from tensorflow.python.ops import gradients_util  # pylint: disable=g-direct-tensorflow-import
 
-_ORIGINAL = getattr(gradients_util, "_MarkReachedOps", None)
-_is_trainable = gradients_util.backprop_util.IsTrainable
+from graphgrad import _compat
+
+try:
+  from tensorflow.python.ops import gradients_util  # pylint: disable=g-direct-tensorflow-import
+except ImportError:  # a TensorFlow that moved it: keep TF's walk
+  gradients_util = None
+
+_AT_IMPORT = getattr(gradients_util, "_MarkReachedOps", None)
 _LOCAL = threading.local()
+# TF's walk and IsTrainable, looked up on first use; (None, None) when this
+# TensorFlow lacks them.
+_RESOLVED: Optional[tuple] = None
+
+
+def _tf_walk():
+  global _RESOLVED
+  if _RESOLVED is None:
+    fn = getattr(gradients_util, "_MarkReachedOps", None)
+    if fn is _mark_reached_ops:  # replaced by bounded(): the one it replaced
+      fn = _AT_IMPORT
+    fn = _compat.mark_reached_ops(fn, gradients_util)
+    util = getattr(gradients_util, "backprop_util", None)
+    trainable = getattr(util, "IsTrainable", None)
+    if fn is not None and not callable(trainable):
+      _compat.warn_fallback("backprop_util.IsTrainable",
+                            "TensorFlow's unbounded walk")
+    _RESOLVED = (fn, trainable) if callable(trainable) else (None, None)
+  return _RESOLVED
 _LOOP_OPS = frozenset({"NextIteration", "RefNextIteration"})
 
 
 def _mark_reached_ops(from_ops, reached_ops, func_graphs):
+  original, is_trainable = _tf_walk()
   allowed = getattr(_LOCAL, "allowed", None)
   if allowed is None or func_graphs:
-    return _ORIGINAL(from_ops, reached_ops, func_graphs)
+    return original(from_ops, reached_ops, func_graphs)
   # TF's walk, restricted to ``allowed`` (``from_ops`` are always marked).
   queue = collections.deque(from_ops)
   while queue:
@@ -47,14 +77,14 @@ def _mark_reached_ops(from_ops, reached_ops, func_graphs):
     if op not in reached_ops:
       reached_ops.add(op)
       for output in op.outputs:
-        if _is_trainable(output):
+        if is_trainable(output):
           queue.extend(c for c in output.consumers() if c in allowed)
   return None
 
 
 def available() -> bool:
   """True when this TensorFlow has the walk that :func:`bounded` shortens."""
-  return _ORIGINAL is not None and hasattr(gradients_util, "_PendingCount")
+  return _tf_walk()[0] is not None
 
 
 def can_bound(forward_ops: Iterable[tf.Operation]) -> bool:
@@ -64,7 +94,7 @@ def can_bound(forward_ops: Iterable[tf.Operation]) -> bool:
   for op in forward_ops:
     if op.type in _LOOP_OPS:
       return False
-    if any(t.op._id > op._id for t in op.inputs):  # pylint: disable=protected-access
+    if any(_compat.op_id(t.op) > _compat.op_id(op) for t in op.inputs):
       return False
   return True
 
@@ -74,12 +104,12 @@ def behind(ys: Iterable[tf.Tensor], xs: Iterable) -> Set[tf.Operation]:
 
   ``xs`` holds tensors or variables (whose op is the variable's own).
   """
-  floor = min(x.op._id for x in xs)  # pylint: disable=protected-access
+  floor = min(_compat.op_id(x.op) for x in xs)
   seen: Set[tf.Operation] = set()
   stack = [y.op for y in ys]
   while stack:
     op = stack.pop()
-    if op in seen or op._id < floor:  # pylint: disable=protected-access
+    if op in seen or _compat.op_id(op) < floor:
       continue
     seen.add(op)
     stack.extend(t.op for t in op.inputs)

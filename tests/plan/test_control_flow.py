@@ -66,17 +66,20 @@ def test_cond_inside_a_layer(graph):
                         _feed(x), c=3.0)
 
 
-def test_layer_inside_a_v2_loop_body_has_nothing_to_rewrite(graph):
+def test_a_v2_loop_that_reads_one_layer_belongs_to_it(graph):
   x = tf1.placeholder(tf.float32, [None, 3])
+  h0 = dense(x, 3, "stem")
   with tf1.variable_scope("cell"):
     w = tf1.get_variable("w", initializer=np.eye(3, dtype=np.float32))
   _, h = tf.while_loop(lambda i, h: i < 3,
                        lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))),
-                       (tf.constant(0), x))
-  loss = tf.reduce_sum(dense(h, 2, "top"))
-  plan = gg.GradientPlan(loss)
-  with pytest.raises(gg.GraphGradError, match=r"layer 'cell' has no floating-point output"):
-    plan.transform_upstream("cell", gg.transforms.scale(2.0))
+                       (tf.constant(0), h0))
+  top = dense(h, 2, "top")
+  loss = tf.reduce_sum(tf.square(top))
+  net = gg.analyze(loss)
+  assert any(op.type in ("While", "StatelessWhile") for op in net["cell"].ops)
+  assert list(net.graph.edges) == [("stem", "cell"), ("cell", "top")]
+  _check_upstream_scale(loss, h, "stem", "cell", _feed(x), c=2.0)
 
 
 def test_boundary_inside_a_v1_while_loop_is_refused():
@@ -89,10 +92,16 @@ def test_boundary_inside_a_v1_while_loop_is_refused():
       with tf1.variable_scope("inner"):
         w = tf1.get_variable("w", initializer=np.eye(3, dtype=np.float32))
 
+      with tf1.variable_scope("other"):
+        u = tf1.get_variable("u", initializer=np.eye(3, dtype=np.float32))
+
       def body(i, h):
+        # Two layers in one loop: the loop is glue, the boundary inside it.
         with tf1.variable_scope("inner", reuse=True):
           w_in = tf1.get_variable("w")
-          return i + 1, tf.tanh(tf.matmul(h, w_in))
+          h = tf.tanh(tf.matmul(h, w_in))
+        with tf1.variable_scope("other", reuse=True):
+          return i + 1, tf.matmul(h, tf1.get_variable("u"))
 
       _, h = tf1.while_loop(lambda i, h: i < 3, body, (tf.constant(0), x))
       loss = tf.reduce_sum(dense(h, 2, "top"))
@@ -108,9 +117,9 @@ def test_boundary_inside_a_v1_while_loop_is_refused():
           "top", gg.transforms.scale(2.0))
       top_out = loss.op.inputs[0]
       got = dict((v.name, g) for g, v in plan.compute_gradients())
-      want = tf.gradients(loss, w)[0] * 2.0
-      actual, expected = evaluate([got[w.name], want], _feed(x))
-      np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+      want = [g * 2.0 for g in tf.gradients(loss, [w, u])]
+      actual, expected = evaluate([[got[w.name], got[u.name]], want], _feed(x))
+      assert_grads_close(actual, expected)
       del top_out
   finally:
     if was_enabled:
