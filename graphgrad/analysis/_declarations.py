@@ -96,22 +96,31 @@ def _frame_layers(net, op: tf.Operation) -> List[str]:
   return sorted(l for l in found if l is not None)
 
 
+# Ops whose outputs carry no gradient back to their inputs.
+_NO_GRADIENT = frozenset({"StopGradient", "Shape", "ShapeN", "Size", "Rank",
+                          "ZerosLike", "OnesLike", "PreventGradient"})
+
+
 def _path_through(net, name: str) -> bool:
-  """True when an output of the layer depends on one of its inputs."""
+  """True when an output of the layer depends differentiably on an input."""
   layer = net[name]
   members = {op.name for op in layer.ops}
   produced = {t.op.name for t in layer.outputs}
-  start = {c for t in layer.inputs for c in net.op_graph.successors(t.op.name)
-           if c in members} if layer.inputs else set()
-  seen, stack = set(), list(start)
+  stack = [c for t in layer.inputs if _graph_util.is_float(t)
+           for c in net.op_graph.successors(t.op.name) if c in members]
+  back = {}  # tf.compat.v1 loops: NextIteration -> Merge, outside op_graph
+  for a, b in net.loop_edges:
+    back.setdefault(a, []).append(b)
+  seen = set()
   while stack:
     op = stack.pop()
-    if op in seen:
+    if op in seen or net.op_graph.nodes[op]["op"].type in _NO_GRADIENT:
       continue
     seen.add(op)
     if op in produced:
       return True
-    stack.extend(s for s in net.op_graph.successors(op) if s in members)
+    stack.extend(s for s in list(net.op_graph.successors(op)) + back.get(op, [])
+                 if s in members)
   return False
 
 
@@ -119,9 +128,10 @@ def no_gradient_reason(net, method: str, name: str,
                        upper: Optional[str] = None) -> Optional[str]:
   """Why ``method`` on ``name`` can change nothing below it, or None.
 
-  ``None`` also for the bottom layer (no layer feeds it): nothing lies below,
-  and declaring there is legal. An edge's gradient reaches the lower layer's
-  own variables whenever its boundary tensors depend on them.
+  ``None`` for the bottom layer (it has inputs, but no layer feeds them):
+  nothing lies below, and declaring there is legal. An edge's gradient
+  reaches the lower layer's own variables whenever its boundary tensors
+  depend on them.
   """
   if method == "transform_edge":
     ops = {t.op.name for t in net.boundary(name, upper)}
@@ -130,16 +140,19 @@ def no_gradient_reason(net, method: str, name: str,
            for o in behind):
       return None
     return "its boundary tensors depend on no trainable variable"
-  if not nx.ancestors(net.graph, name):
-    return None
+  layer = net[name]
+  below = bool(nx.ancestors(net.graph, name))
+  if not layer.inputs:
+    return ("it has no input: it holds only its variables' reads (its "
+            "computation is glue), so no gradient passes through it")
   if method == "replace_backward":
-    if any(t.dtype.is_floating for t in net[name].inputs):
-      return None
-    return "it has no floating-point input to send a gradient to"
-  if _path_through(net, name):
+    if below and not any(_graph_util.is_float(t) for t in layer.inputs):
+      return "it has no floating-point input to send a gradient to"
     return None
-  return ("none of its outputs depends on its inputs (its computation is "
-          "variable reads and glue), so no gradient passes through it")
+  if not below or _path_through(net, name):
+    return None
+  return ("none of its outputs depends differentiably on its inputs, so no "
+          "gradient passes through it")
 
 
 def check_declaration(net, method: str, name: str,
