@@ -115,7 +115,7 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
         name=name, variables=tuple(variables), ops=tuple(ops),
         inputs=tuple(inputs), outputs=tuple(outputs),
         scopes=tuple(sorted(scopes[name])),
-        call_sites=_count_call_sites(op_graph, ops))
+        call_sites=_count_call_sites(op_graph, ops, inputs))
 
   lgraph = _layer_graph(layer_objs, op_layer, loss)
   order = _layer_order(lgraph, layer_objs, topo_index)
@@ -370,13 +370,26 @@ def _layer_io(ops, name, op_layer, consumers, loss):
   return inputs, outputs
 
 
-def _count_call_sites(op_graph, ops) -> int:
-  body = [op.name for op in ops
-          if not _graph_util.is_variable_op(op)
-          and _graph_util.read_variable_source(op) is None]
-  if not body:
-    return 1
-  return max(1, nx.number_weakly_connected_components(op_graph.subgraph(body)))
+def _count_call_sites(op_graph, ops, inputs) -> int:
+  """How many times the layer is applied to inputs.
+
+  A call site is a connected piece of the layer's computation that both
+  reads the layer's variables and consumes one of its inputs. Pieces that
+  read variables only (a weight-decay regulariser) or consume inputs only
+  (the activation tf-slim puts in a conv's scope after its BatchNorm) are
+  not applications of the layer.
+  """
+  reads = {op.name for op in ops if _graph_util.read_variable_source(op)
+           or _graph_util.is_variable_op(op)}
+  body = [op.name for op in ops if op.name not in reads]
+  fed = {c for t in inputs for c in op_graph.successors(t.op.name)}
+  count = 0
+  for piece in nx.weakly_connected_components(op_graph.subgraph(body)):
+    uses_params = any(p in reads for o in piece
+                      for p in op_graph.predecessors(o))
+    if uses_params and piece & fed:
+      count += 1
+  return max(1, count)
 
 
 def _layer_graph(layers: Dict[str, Layer], op_layer, loss) -> nx.DiGraph:

@@ -32,7 +32,7 @@ import networkx as nx
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.analysis import _graph_util
+from graphgrad.analysis import _declarations, _graph_util
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.plan import _reach
 
@@ -276,9 +276,19 @@ class Segments:
           f"before it is used. This happens when a transformed layer's output "
           f"reaches its own input (a layer reused in series). Transform a "
           f"layer that is applied once, or group the repeated layers into "
-          f"one.") from None
+          f"one." + _declarations.depth_hint(self._layers_of(cycle))) from None
     log.debug("segmented backward: %d source groups", len(order))
     return [(k, groups[k]) for k in order]
+
+  def _layers_of(self, cycle) -> List[str]:
+    """The layer names of a cycle's source groups (ops by their layer)."""
+    found = []
+    for (kind, name), _ in cycle:
+      if kind == "op" and name in self.net.op_graph:
+        name = self.net.op_graph.nodes[name]["layer"]
+      if isinstance(name, str) and name in self.net:
+        found.append(name)
+    return found
 
   # -- building ------------------------------------------------------------
 

@@ -1,0 +1,109 @@
+"""Layer.call_sites counts applications to inputs, not disconnected pieces."""
+
+import importlib
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphgrad as gg
+from helpers import assert_grads_close, dense, evaluate
+
+tf1 = tf.compat.v1
+
+
+def _feed(x):
+  return {x: np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)}
+
+
+def test_in_scope_regulariser_is_not_a_call_site(graph):
+  x = tf1.placeholder(tf.float32, [None, 3])
+  with tf1.variable_scope("l1"):
+    w = tf1.get_variable("w", initializer=np.eye(3, dtype=np.float32))
+    h = tf.matmul(x, w)
+    decay = 1e-3 * tf.nn.l2_loss(w)  # in the scope, reads w only
+  loss = tf.reduce_sum(dense(h, 2, "top")) + decay
+  net = gg.analyze(loss)
+  assert net["l1"].call_sites == 1
+
+
+def test_towers_sharing_a_scope_are_two_call_sites(graph):
+  x1 = tf1.placeholder(tf.float32, [None, 3])
+  x2 = tf1.placeholder(tf.float32, [None, 3])
+  t1 = dense(x1, 3, "tower")
+  with tf1.variable_scope("tower", reuse=True):
+    t2 = tf.matmul(x2, tf1.get_variable("kernel")) + tf1.get_variable("bias")
+    reg = tf.nn.l2_loss(tf1.get_variable("kernel"))
+  loss = tf.reduce_sum(dense(t1 * t2, 1, "head")) + reg
+  assert gg.analyze(loss)["tower"].call_sites == 2
+
+
+def _conv_bn_relu():
+  """tf-slim's pattern: conv, a BatchNorm sub-scope, the relu in conv's scope."""
+  x = tf1.placeholder(tf.float32, [None, 3])
+  with tf1.variable_scope("block/conv") as scope:
+    w = tf1.get_variable("weights", initializer=np.eye(3, dtype=np.float32))
+    h = tf.matmul(x, w)
+    with tf1.variable_scope("BatchNorm"):
+      gamma = tf1.get_variable("gamma", initializer=np.ones(3, np.float32))
+      hb = h * gamma
+    with tf.name_scope(scope.original_name_scope):
+      out = tf.nn.relu(hb)
+  loss = tf.reduce_sum(tf.square(dense(out, 2, "top")))
+  return x, out, loss
+
+
+def test_activation_after_an_in_scope_batch_norm_is_not_a_call_site(graph):
+  _, out, loss = _conv_bn_relu()
+  net = gg.analyze(loss)
+  assert net.layer_of(out.op) == "block/conv"
+  assert net["block/conv"].call_sites == 1
+  assert net["block/conv/BatchNorm"].call_sites == 1
+
+
+def test_layers_feeding_each_other_suggest_depth(graph):
+  x, out, loss = _conv_bn_relu()
+  plan = gg.GradientPlan(loss).transform_upstream(
+      "block/conv", gg.transforms.scale(0.5))
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match=r"a layer reused in series\).*Analysing with "
+                           r"gg.analyze\(loss, depth=2\) makes 'block/conv' "
+                           r"one layer of 'block/conv', "
+                           r"'block/conv/BatchNorm'\."):
+    plan.compute_gradients()
+  # The suggestion resolves it: one layer, its upstream rewritten.
+  net = gg.analyze(loss, depth=2)
+  assert net.names == ("block/conv", "top")
+  plan = gg.GradientPlan(loss, net).transform_upstream(
+      "block/conv", gg.transforms.scale(0.5))
+  got = {v.name: g for g, v in plan.compute_gradients()}
+  variables = list(net["block/conv"].variables)
+  want = tf.gradients(loss, variables)
+  actual, expected = evaluate([[got[v.name] for v in variables], want],
+                              _feed(x))
+  assert_grads_close(actual, expected)  # nothing below: its own gradients
+
+
+def test_tf_slim_resnet_blocks_are_called_once(graph, monkeypatch):
+  if importlib.util.find_spec("tf_slim") is None:
+    pytest.skip("tf_slim is not installed")
+  # tf_slim 1.1 imports tf_keras.legacy_tf_layers, which tf-keras 2.16+
+  # keeps under tf_keras.src.
+  legacy = importlib.import_module("tf_keras.src.legacy_tf_layers")
+  monkeypatch.setitem(sys.modules, "tf_keras.legacy_tf_layers", legacy)
+  for sub in ("base", "core", "convolutional", "normalization", "pooling"):
+    monkeypatch.setitem(sys.modules, f"tf_keras.legacy_tf_layers.{sub}",
+                        importlib.import_module(
+                            f"tf_keras.src.legacy_tf_layers.{sub}"))
+  slim = importlib.import_module("tf_slim")
+  from tf_slim.nets import resnet_v1  # pylint: disable=g-import-not-at-top
+  images = tf1.placeholder(tf.float32, [2, 32, 32, 3])
+  with slim.arg_scope(resnet_v1.resnet_arg_scope()):
+    logits, _ = resnet_v1.resnet_v1_50(images, num_classes=3,
+                                       is_training=True, global_pool=True)
+  loss = tf.reduce_sum(tf.square(logits)) + tf.add_n(
+      tf1.losses.get_regularization_losses())
+  net = gg.analyze(loss, depth=4)
+  sites = {l.name: l.call_sites for l in net if "/block" in l.name}
+  assert sites and set(sites.values()) == {1}, sites
