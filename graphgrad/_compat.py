@@ -12,12 +12,14 @@ when a TensorFlow release drops or changes one:
 * ``tf.Operation._id`` (creation order; :func:`op_id`): falls back to the
   op's position in ``graph.get_operations()``, which lists ops in creation
   order.
-* ``tf.DType._is_ref_dtype`` (:func:`is_ref_dtype`): falls back to
-  ``dtype.base_dtype != dtype``, which holds exactly for reference dtypes.
+* ``tf.DType._is_ref_dtype`` (:func:`is_ref_dtype`): falls back to the
+  dtype's name, which ends in ``_ref`` exactly for reference dtypes.
 * ``tf.Operation._get_control_flow_context`` (``tf.compat.v1`` loops and
   conds; :func:`control_flow_context`): falls back to the while and cond
   contexts of the graph's ``WHILE_CONTEXT`` and ``COND_CONTEXT``
-  collections, matched by name scope.
+  collections, matched by name scope. It is exact for while loops and
+  conservative for conds (a cond's ``Switch`` and ``Merge`` count as inside),
+  so a boundary there is refused rather than cut wrongly.
 * ``gradients_util._MarkReachedOps`` (the walk ``graphgrad.plan._reach``
   shortens): when it is missing or has another signature the plan keeps
   TensorFlow's own walk, which builds the same graph more slowly, and logs
@@ -152,8 +154,8 @@ def is_ref_dtype(dtype: tf.DType) -> bool:
   try:
     return dtype._is_ref_dtype  # pylint: disable=protected-access
   except AttributeError:
-    warn_fallback("tf.DType._is_ref_dtype", "dtype.base_dtype != dtype")
-  return dtype.base_dtype != dtype
+    warn_fallback("tf.DType._is_ref_dtype", "the dtype's name")
+  return dtype.name.endswith("_ref")
 
 
 def control_flow_context(op: tf.Operation):
@@ -170,15 +172,18 @@ def control_flow_context(op: tf.Operation):
 
 
 def context_by_name(op: tf.Operation):
-  """The innermost v1 context whose name scope holds ``op``'s name."""
-  best = None
+  """The innermost v1 context whose name scope holds ``op``'s name.
+
+  A context named ``rnn/while/while_context`` holds the ops under
+  ``rnn/while/``.
+  """
+  best, best_len = None, -1
   for key in (tf.compat.v1.GraphKeys.WHILE_CONTEXT,
               tf.compat.v1.GraphKeys.COND_CONTEXT):
     for ctx in op.graph.get_collection(key):
-      prefix = ctx.name.rstrip("/") + "/"
-      if op.name.startswith(prefix) and (
-          best is None or len(prefix) > len(best.name.rstrip("/")) + 1):
-        best = ctx
+      prefix = ctx.name.rsplit("/", 1)[0] + "/" if "/" in ctx.name else ""
+      if prefix and op.name.startswith(prefix) and len(prefix) > best_len:
+        best, best_len = ctx, len(prefix)
   return best
 
 

@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import LayerSpec
-from graphgrad.analysis import _control_flow, _graph_util
-from graphgrad.analysis._layers import Layer, LayerGraph, scope_of
+from graphgrad.analysis import _control_flow, _graph_util, _grouping
+from graphgrad.analysis._layers import Layer, LayerGraph
 
 log = logging.getLogger("graphgrad")
 
@@ -65,48 +65,80 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
     [('l1', 'l2')]
   """
   check_loss(loss)
+  _check_depth(depth)
+  fwd_ops = _graph_util.forward_ops(loss)
+  trainable = _graph_util.trainable_variables(loss.graph)
+  connected = _connected(loss, fwd_ops, trainable)
+  var_groups, scopes = _grouping.group_variables(connected, trainable, layers,
+                                                 depth)
+  op_graph, op_order, topo_index = _op_graph(fwd_ops)
+  loop_edges = [(t.op.name, op.name) for op in fwd_ops for t in op.inputs
+                if _graph_util.is_back_edge(t, op)]
+  consumers = _graph_util.forward_consumers(fwd_ops)
+  op_layer = _op_layers(fwd_ops, var_groups, scopes, op_graph, op_order,
+                        consumers, loss)
+  layer_objs = _layers(fwd_ops, var_groups, scopes, op_graph, op_layer,
+                       topo_index, consumers, loss)
+  lgraph = _layer_graph(layer_objs, op_layer, loss)
+  order = _layer_order(lgraph, layer_objs, topo_index)
+  net = LayerGraph(loss, [layer_objs[n] for n in order], lgraph, op_graph,
+                   op_layer, topo_index, loop_edges)
+  log.debug("analyzed %s: %d layers, %d forward ops, %d layer edges",
+            loss.name, len(order), len(fwd_ops), lgraph.number_of_edges())
+  return net
+
+
+def _op_layers(fwd_ops, var_groups, scopes, op_graph, op_order, consumers,
+               loss) -> Dict[str, Optional[str]]:
+  """Op name -> layer: by scope and reads, then control flow, then glue."""
+  op_layer = _assign_ops(fwd_ops, var_groups, scopes)
+  var_layer = {v.op.name: l for l, vs in var_groups.items() for v in vs}
+  _control_flow.absorb_control_flow(fwd_ops, op_layer, var_layer, consumers)
+  _absorb_enclosed_glue(op_graph, op_order, op_layer, consumers, loss,
+                        set(var_layer))
+  nx.set_node_attributes(op_graph, {n: op_layer.get(n) for n in op_order},
+                         "layer")
+  return op_layer
+
+
+def _check_depth(depth) -> None:
   if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool)
                             or depth < 1):
     raise _errors.GraphGradError(
         f"`depth` must be a positive int (how many scope levels form a "
         f"layer name); got {depth!r}. Use depth=1 for top-level scopes, or "
         f"leave it None for one layer per variable scope.")
-  graph = loss.graph
-  fwd_ops = _graph_util.forward_ops(loss)
+
+
+def _connected(loss, fwd_ops, trainable) -> List[tf.Variable]:
+  """The trainable variables ``loss`` depends on; raises when there is none."""
   op_names = {op.name for op in fwd_ops}
-  trainable = _graph_util.trainable_variables(graph)
   connected = [v for v in trainable if v.op.name in op_names]
   if not connected:
     raise _errors.NotConnectedError(
         f"`loss` {loss.name} depends on no trainable variable of its graph "
         f"({len(trainable)} trainable variables exist). Pass the loss tensor "
         f"that your model's parameters feed into.")
+  return connected
 
-  var_groups, scopes = _group_variables(connected, trainable, layers, depth)
+
+def _op_graph(fwd_ops):
+  """The forward op DAG, its topological order and each op's index in it."""
   op_graph = nx.DiGraph()
   op_graph.add_nodes_from((op.name, {"op": op}) for op in fwd_ops)
   op_graph.add_edges_from((t.op.name, op.name) for op in fwd_ops
                           for t in _graph_util.data_inputs(op))
   op_order = list(nx.topological_sort(op_graph))
-  topo_index = {name: i for i, name in enumerate(op_order)}
-  loop_edges = [(t.op.name, op.name) for op in fwd_ops for t in op.inputs
-                if _graph_util.is_back_edge(t, op)]
-  consumers = _graph_util.forward_consumers(fwd_ops)
+  return op_graph, op_order, {name: i for i, name in enumerate(op_order)}
 
-  op_layer = _assign_ops(fwd_ops, var_groups, scopes)
-  _control_flow.absorb_control_flow(
-      fwd_ops, op_layer,
-      {v.op.name: l for l, vs in var_groups.items() for v in vs}, consumers)
-  _absorb_enclosed_glue(op_graph, op_order, op_layer, consumers, loss,
-                        {v.op.name for v in connected})
-  nx.set_node_attributes(op_graph, {n: op_layer.get(n) for n in op_order},
-                         "layer")
+
+def _layers(fwd_ops, var_groups, scopes, op_graph, op_layer, topo_index,
+            consumers, loss) -> Dict[str, Layer]:
   members: Dict[str, List[tf.Operation]] = collections.defaultdict(list)
   for op in fwd_ops:
     name = op_layer.get(op.name)
     if name is not None:
       members[name].append(op)
-
   layer_objs = {}
   for name, variables in var_groups.items():
     ops = sorted(members.get(name, ()), key=lambda o: topo_index[o.name])
@@ -116,14 +148,7 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
         inputs=tuple(inputs), outputs=tuple(outputs),
         scopes=tuple(sorted(scopes[name])),
         call_sites=_count_call_sites(op_graph, ops, inputs))
-
-  lgraph = _layer_graph(layer_objs, op_layer, loss)
-  order = _layer_order(lgraph, layer_objs, topo_index)
-  net = LayerGraph(loss, [layer_objs[n] for n in order], lgraph, op_graph,
-                   op_layer, topo_index, loop_edges)
-  log.debug("analyzed %s: %d layers, %d forward ops, %d layer edges",
-            loss.name, len(order), len(fwd_ops), lgraph.number_of_edges())
-  return net
+  return layer_objs
 
 
 def check_loss(loss) -> None:
@@ -148,101 +173,6 @@ def check_loss(loss) -> None:
     raise _errors.GraphGradError(
         f"`loss` must be a floating-point tensor; got {loss.name} of dtype "
         f"{loss.dtype.name}. Cast it first: tf.cast(loss, tf.float32).")
-
-
-def _group_variables(connected, trainable, layers, depth):
-  """Maps layer name -> variables, and layer name -> set of name scopes."""
-  groups: Dict[str, List[tf.Variable]] = {}
-  scopes: Dict[str, set] = collections.defaultdict(set)
-  owner: Dict[str, str] = {}
-  if layers is not None:
-    if not hasattr(layers, "items"):
-      raise _errors.GraphGradError(
-          f"`layers` must map layer names to a scope prefix or a list of "
-          f"variables; got {type(layers).__name__}. Example: "
-          f"layers={{'encoder': 'model/enc', 'head': [w, b]}}.")
-    if not layers:
-      raise _errors.GraphGradError(
-          "`layers` is an empty mapping. Pass None to discover layers from "
-          "variable scopes, or map at least one layer name to a scope prefix "
-          "or a list of variables.")
-    by_name = {v.op.name: v for v in trainable}
-    connected_names = {v.op.name for v in connected}
-    for lname, spec in layers.items():
-      if not isinstance(lname, str) or not lname:
-        raise _errors.GraphGradError(
-            f"`layers` keys must be non-empty layer names (str); got "
-            f"{lname!r}.")
-      if isinstance(spec, str):
-        prefix = spec.rstrip("/")
-        members = [v for v in connected
-                   if v.op.name == prefix or v.op.name.startswith(prefix + "/")]
-        if not members:
-          raise _errors.GraphGradError(
-              f"`layers[{lname!r}]` is the scope prefix {spec!r}, but no "
-              f"trainable variable that the loss depends on lies under it. "
-              f"Variables the loss depends on: "
-              f"{', '.join(v.name for v in connected)}")
-        scopes[lname].add(prefix)
-      else:
-        try:
-          members = list(spec)
-        except TypeError:
-          raise _errors.GraphGradError(
-              f"`layers[{lname!r}]` must be a scope prefix (str) or a list of "
-              f"variables; got {type(spec).__name__}.") from None
-        if not members:
-          raise _errors.GraphGradError(
-              f"`layers[{lname!r}]` is an empty list of variables. Give it "
-              f"at least one variable, or leave the layer out.")
-        for v in members:
-          if not isinstance(v, tf.Variable) or v.op.name not in by_name:
-            raise _errors.GraphGradError(
-                f"`layers[{lname!r}]` holds {v!r}, which is not a trainable "
-                f"variable of the loss's graph. List tf.Variable objects from "
-                f"tf.compat.v1.trainable_variables().")
-          if v.op.name not in connected_names:
-            raise _errors.NotConnectedError(
-                f"`layers[{lname!r}]` holds {v.name}, which the loss does not "
-                f"depend on, so the layer would not reach the loss. Leave it "
-                f"out of the mapping.")
-        scopes[lname].update(scope_of(v.op.name) for v in members)
-      for v in members:
-        if v.op.name in owner and owner[v.op.name] != lname:
-          raise _errors.GraphGradError(
-              f"`layers` puts {v.name} in both {owner[v.op.name]!r} and "
-              f"{lname!r}; a variable belongs to one layer. Narrow one of the "
-              f"prefixes or lists.")
-        owner[v.op.name] = lname
-      groups[lname] = members
-  for v in connected:
-    if v.op.name in owner:
-      continue
-    scope = scope_of(v.op.name)
-    if depth is not None:
-      scope = "/".join(scope.split("/")[:depth])
-    if scope in groups and scope not in scopes.get(scope, ()) and layers:
-      raise _errors.GraphGradError(
-          f"variable {v.name} is not covered by `layers`, and its automatic "
-          f"layer name {scope!r} is already a mapped layer. Add it to the "
-          f"mapping explicitly.")
-    groups.setdefault(scope, []).append(v)
-    owner[v.op.name] = scope
-    scopes[scope].add(scope)
-  seen: Dict[str, str] = {}
-  for lname, ss in scopes.items():
-    for s in ss:
-      if s in seen and seen[s] != lname:
-        raise _errors.GraphGradError(
-            f"`layers` splits the name scope {s!r} between layers "
-            f"{seen[s]!r} and {lname!r}, so its ops cannot be attributed to "
-            f"one layer. Keep all variables of one scope in one layer.")
-      seen[s] = lname
-  # keep graph order of variables within each layer
-  order = {v.op.name: i for i, v in enumerate(trainable)}
-  groups = {k: sorted(vs, key=lambda v: order[v.op.name])
-            for k, vs in groups.items()}
-  return groups, scopes
 
 
 def _assign_ops(fwd_ops, var_groups, scopes) -> Dict[str, Optional[str]]:

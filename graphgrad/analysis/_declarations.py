@@ -198,6 +198,17 @@ def check_declaration(net, method: str, name: str,
                 "on its inputs.", method, name, reason)
 
 
+def layers_of(net, keys) -> List[str]:
+  """Layer names of ``(kind, name)`` keys; an ``"op"`` key by its op's layer."""
+  found = []
+  for kind, name in keys:
+    if kind == "op" and name in net.op_graph:
+      name = net.op_graph.nodes[name]["layer"]
+    if isinstance(name, str) and name in net:
+      found.append(name)
+  return found
+
+
 def depth_hint(names) -> str:
   """A sentence suggesting ``depth=`` when it would make ``names`` one layer.
 

@@ -276,19 +276,10 @@ class Segments:
           f"before it is used. This happens when a transformed layer's output "
           f"reaches its own input (a layer reused in series). Transform a "
           f"layer that is applied once, or group the repeated layers into "
-          f"one." + _declarations.depth_hint(self._layers_of(cycle))) from None
+          f"one." + _declarations.depth_hint(
+              _declarations.layers_of(self.net, [k for k, _ in cycle]))) from None
     log.debug("segmented backward: %d source groups", len(order))
     return [(k, groups[k]) for k in order]
-
-  def _layers_of(self, cycle) -> List[str]:
-    """The layer names of a cycle's source groups (ops by their layer)."""
-    found = []
-    for (kind, name), _ in cycle:
-      if kind == "op" and name in self.net.op_graph:
-        name = self.net.op_graph.nodes[name]["layer"]
-      if isinstance(name, str) and name in self.net:
-        found.append(name)
-    return found
 
   # -- building ------------------------------------------------------------
 
