@@ -50,7 +50,8 @@ def lookup(net, name, arg: str) -> str:
   if name in net:
     return name
   graph = net.loss.graph
-  trainable = _scoped(_graph_util.trainable_variables(graph), name)
+  trainable = [v for v in _scoped(_graph_util.trainable_variables(graph), name)
+               if net.layer_of_variable(v) is None]
   if trainable:
     raise _errors.NotConnectedError(
         f"`{arg}` {name!r} names trainable variables "
@@ -58,9 +59,11 @@ def lookup(net, name, arg: str) -> str:
         f"{net.loss.name} does not depend on, so the layer does not reach the "
         f"loss and has no gradient to transform. Transform a layer the loss "
         f"depends on: {', '.join(net.names)}")
-  frozen = _scoped(graph.get_collection(
+  trainable_names = {v.op.name for v in _graph_util.trainable_variables(graph)}
+  frozen = [v for v in _scoped(graph.get_collection(
       tf.compat.v1.GraphKeys.GLOBAL_VARIABLES), name)
-  if frozen:
+            if v.op.name not in trainable_names]
+  if frozen and not _scoped(net.variables, name):
     raise _errors.LayerNotFoundError(
         f"`{arg}` {name!r} holds only non-trainable variables "
         f"({', '.join(v.name for v in frozen[:6])}), which get no gradient, "

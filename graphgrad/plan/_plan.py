@@ -9,7 +9,7 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._analyze import analyze, check_loss
-from graphgrad.analysis._layers import LayerGraph, scope_of
+from graphgrad.analysis._layers import LayerGraph
 from graphgrad.methods import _backward, _pcgrad
 from graphgrad.plan import _advice
 from graphgrad.plan._engine import Segments, aggregate
@@ -596,16 +596,6 @@ class GradientPlan:
           "this plan is already built (compute_gradients or apply_gradients "
           "was called); declare every transform before building, or make a "
           "new GradientPlan.")
-    if isinstance(name, str) and name not in self.net:
-      scoped = [v.name for v in _graph_util.trainable_variables(self.loss.graph)
-                if scope_of(v.op.name) == name
-                or v.op.name.startswith(name + "/")]
-      if scoped:
-        raise _errors.NotConnectedError(
-            f"`{arg}` {name!r} names variables ({', '.join(scoped)}) that the "
-            f"loss {self.loss.name} does not depend on, so the layer does not "
-            f"reach the loss. Transform a layer the loss depends on: "
-            f"{', '.join(self.net.names)}")
     return self.net.lookup(name, arg)
 
   def _check_var_list(self, var_list):
