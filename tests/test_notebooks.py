@@ -1,6 +1,7 @@
 """The notebooks run top to bottom, use only the public API, and are committed
 with their outputs."""
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -40,9 +41,27 @@ def test_notebook_is_committed_with_outputs_and_public_api(path):
              for cell in _code(nb) for out in cell.outputs)
 
 
+# The README tells tf.compat.v1.layers users to set TF_USE_LEGACY_KERAS=1;
+# the notebooks run both with it and without it (then tf.keras is Keras 3).
+LEGACY_MODES = [pytest.param("1", id="legacy-keras"),
+                pytest.param(None, id="keras3")]
+
+
+def set_keras_mode(monkeypatch, legacy):
+  """Sets or unsets TF_USE_LEGACY_KERAS for a notebook kernel."""
+  if legacy is None:
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+  elif importlib.util.find_spec("tf_keras") is None:
+    pytest.skip("TF_USE_LEGACY_KERAS=1 needs tf-keras, which is not installed")
+  else:
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", legacy)
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("legacy", LEGACY_MODES)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_top_to_bottom(path, monkeypatch):
+def test_notebook_runs_top_to_bottom(path, legacy, monkeypatch):
+  set_keras_mode(monkeypatch, legacy)
   # The kernel must import this checkout's graphgrad, installed or not.
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
       [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
