@@ -42,7 +42,8 @@ from graphgrad.plan._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
 
 __version__ = "0.1.0"
 
-_compat.check_tensorflow()  # logs a warning outside the tested range
+if not _startup.is_command_line():  # the command line checks after its args
+  _compat.check_tensorflow()  # logs a warning outside the tested range
 
 __all__ = [
     "AfterAggregation",

@@ -54,7 +54,7 @@ def lookup(net, name, arg: str) -> str:
                if net.layer_of_variable(v) is None]
   if trainable:
     raise _errors.NotConnectedError(
-        f"`{arg}` {name!r} names trainable variables "
+        f"`{arg}` {name!r} names variables "
         f"({', '.join(v.name for v in trainable)}) that the loss "
         f"{net.loss.name} does not depend on, so the layer does not reach the "
         f"loss and has no gradient to transform. Transform a layer the loss "

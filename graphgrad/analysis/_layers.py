@@ -7,6 +7,12 @@ Vocabulary (after TF's old ``graph_editor``):
   that read a layer's variables (``ReadVariableOp``, a reference variable's
   ``read``) belong to that layer wherever they sit, so a regularizer term reads
   its layer's parameters through the layer's own outputs.
+* Control flow whose body reads the variables of exactly one layer belongs to
+  that layer: a ``tf.compat.v1`` while loop or cond (its whole frame), or a
+  v2 ``While``/``If`` op, with the ``TensorArray``/``TensorList`` ops around
+  it (``dynamic_rnn`` under ``variable_scope("rnn")`` is the layer
+  ``rnn/rnn/lstm_cell``, loop included; see
+  :mod:`graphgrad.analysis._control_flow`).
 * **Glue** is a forward op that belongs to no layer: an activation outside the
   scope, an add, a concat, the loss itself.
 * A layer's **inputs** are the tensors its ops consume from outside it; its
@@ -39,8 +45,10 @@ class Layer:
     inputs: tensors that enter the layer from outside it.
     outputs: the layer's tensors consumed outside it on the way to the loss.
     scopes: the name scopes whose ops belong to the layer.
-    call_sites: how many separate times the layer is applied (a variable
-      scope reused for siamese towers has two).
+    call_sites: how many times the layer is applied to inputs (a variable
+      scope reused for siamese towers has two). A regulariser that reads the
+      variables only, or an activation in the scope that reads none (tf-slim's
+      after a BatchNorm), is not a call site.
   """
   name: str
   variables: Tuple[tf.Variable, ...]

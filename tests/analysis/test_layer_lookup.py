@@ -53,7 +53,7 @@ def test_layer_that_does_not_reach_the_loss(graph):
   loss = _net_with_frozen_and_unused()
   net = gg.analyze(loss)
   with pytest.raises(gg.NotConnectedError,
-                     match=r"`layer` 'unused' names trainable variables "
+                     match=r"`layer` 'unused' names variables "
                            r"\(unused/w:0\) that the loss Sum:0 does not "
                            r"depend on, so the layer does not reach the loss"):
     net.lookup("unused", "layer")

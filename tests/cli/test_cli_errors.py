@@ -181,3 +181,16 @@ def test_verbose_shows_tensorflow_logs():
   assert done.returncode == 0, done.stderr
   # Deprecation warnings of tf.compat.v1 APIs reach the terminal again.
   assert _TF_LOG.search(done.stderr), done.stderr
+
+
+def test_version_check_comes_after_the_arguments(capsys, monkeypatch):
+  """On an untested TensorFlow, a bad argument is still one line."""
+  from graphgrad import _compat  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli import _startup  # pylint: disable=g-import-not-at-top
+  calls = []
+  monkeypatch.setattr(_startup, "is_command_line", lambda: True)
+  monkeypatch.setattr(_compat, "check_tensorflow", lambda: calls.append(1))
+  _error_line(capsys, ["demo", "--noise", "-1"])
+  assert not calls
+  _args.quiet_tensorflow(verbose=True)
+  assert calls == [1]
