@@ -39,7 +39,8 @@ def version(name):
 
 import tensorflow as tf
 print("tensorflow", tf.__version__, "| tf-nightly", version("tf-nightly"),
-      "| tf-keras-nightly", version("tf-keras-nightly"), "| keras", version("keras"))
+      "| tf-keras-nightly", version("tf-keras-nightly"), "| keras-nightly",
+      version("keras-nightly"))
 PY
 
 set +e
