@@ -212,6 +212,23 @@ def layers_of(net, keys) -> List[str]:
   return found
 
 
+def cycle_advice(net, keys) -> str:
+  """What to do about transformed layers that feed back into themselves.
+
+  Two layers in one scope that feed each other (tf-slim's conv and the
+  BatchNorm in its sub-scope, under the default grouping) are resolved by
+  ``depth=``; otherwise the cause is a layer reused in series.
+  """
+  hint = depth_hint(layers_of(net, keys))
+  if hint:
+    return ("The layers feed each other: one layer's scope holds ops on both "
+            "sides of the other, as a conv and the BatchNorm in its sub-scope "
+            "do under the default grouping." + hint)
+  return ("This happens when a transformed layer's output reaches its own "
+          "input (a layer reused in series). Transform a layer that is "
+          "applied once, or group the repeated layers into one.")
+
+
 def depth_hint(names) -> str:
   """A sentence suggesting ``depth=`` when it would make ``names`` one layer.
 

@@ -273,11 +273,8 @@ class Segments:
       raise _errors.UnsupportedGraphError(
           f"the transformed layers feed back into themselves ({names}), so "
           f"no order exists in which each rewritten gradient is complete "
-          f"before it is used. This happens when a transformed layer's output "
-          f"reaches its own input (a layer reused in series). Transform a "
-          f"layer that is applied once, or group the repeated layers into "
-          f"one." + _declarations.depth_hint(
-              _declarations.layers_of(self.net, [k for k, _ in cycle]))) from None
+          f"before it is used. " + _declarations.cycle_advice(
+              self.net, [k for k, _ in cycle])) from None
     log.debug("segmented backward: %d source groups", len(order))
     return [(k, groups[k]) for k in order]
 

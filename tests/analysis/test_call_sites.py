@@ -67,7 +67,10 @@ def test_layers_feeding_each_other_suggest_depth(graph):
   plan = gg.GradientPlan(loss).transform_upstream(
       "block/conv", gg.transforms.scale(0.5))
   with pytest.raises(gg.UnsupportedGraphError,
-                     match=r"a layer reused in series\).*Analysing with "
+                     match=r"The layers feed each other: one layer's scope "
+                           r"holds ops on both sides of the other, as a conv "
+                           r"and the BatchNorm in its sub-scope do under the "
+                           r"default grouping\. Analysing with "
                            r"gg.analyze\(loss, depth=2\) makes 'block/conv' "
                            r"one layer of 'block/conv', "
                            r"'block/conv/BatchNorm'\."):
