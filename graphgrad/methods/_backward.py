@@ -23,6 +23,7 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layers import Layer, LayerGraph
+from graphgrad.transforms import _validate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +242,8 @@ def feedback_alignment(seed: Optional[int] = None,
     A replacement for ``plan.replace_backward(layer, r)``.
 
   Raises:
+    GraphGradError: if ``seed`` is not an int, or ``stddev`` is not a
+      positive finite number.
     UnsupportedGraphError: at ``replace_backward``, for a layer that is not
       dense (no MatMul against its own kernel, e.g. a convolution).
 
@@ -248,7 +251,16 @@ def feedback_alignment(seed: Optional[int] = None,
     >>> feedback_alignment(seed=0)
     feedback_alignment(seed=0)
   """
+  _check_random("feedback_alignment", seed, stddev)
   return _FeedbackAlignment(seed, stddev)
+
+
+def _check_random(factory: str, seed, stddev) -> None:
+  _validate.seed(factory, seed)
+  if stddev is not None:
+    _validate.number(factory, "stddev", stddev, what="positive", low=0.0,
+                     low_open=True, tensor=False,
+                     fix="Pass e.g. stddev=0.1, or None for the default.")
 
 
 # -- direct feedback alignment -------------------------------------------------
@@ -339,11 +351,19 @@ def direct_feedback_alignment(seed: Optional[int] = None,
     A replacement for ``plan.replace_backward(layer, r)``.
 
   Raises:
-    GraphGradError: at ``replace_backward``, if the error layer is ambiguous
-      or has more than one output.
+    GraphGradError: if ``seed`` is not an int, ``error_layer`` not a layer
+      name or ``stddev`` not a positive finite number; at
+      ``replace_backward``, if the error layer is ambiguous or has more than
+      one output.
 
   Example:
     >>> direct_feedback_alignment(seed=0)
     direct_feedback_alignment(seed=0, error_layer=None)
   """
+  _check_random("direct_feedback_alignment", seed, stddev)
+  if error_layer is not None and not isinstance(error_layer, str):
+    raise _errors.GraphGradError(
+        f"direct_feedback_alignment: `error_layer` must be a layer name (a "
+        f"str) or None; got {type(error_layer).__name__} {error_layer!r}. "
+        f"Pass e.g. error_layer='logits'.")
   return _DirectFeedbackAlignment(seed, error_layer, stddev)
