@@ -280,7 +280,7 @@ def add_noise(stddev=None, seed: Optional[int] = None, *, eta=None,
         f"(annealed noise, variance eta / (1 + t)^gamma); got stddev="
         f"{stddev!r}, eta={eta!r}. Use add_noise(0.01) or "
         f"add_noise(eta=0.3, gamma=0.55).")
-  _validate.seed("add_noise", seed)
+  seed = _validate.seed("add_noise", seed)
   given = [("stddev", stddev)] if eta is None else [("eta", eta),
                                                     ("gamma", gamma)]
   for arg, value in given:
