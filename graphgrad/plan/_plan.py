@@ -11,7 +11,7 @@ from graphgrad.analysis import _graph_util
 from graphgrad.analysis._analyze import analyze, check_loss
 from graphgrad.analysis._layers import LayerGraph, scope_of
 from graphgrad.methods import _backward, _pcgrad
-from graphgrad.plan import _advice
+from graphgrad.plan import _advice, _optimizer
 from graphgrad.plan._engine import Segments, aggregate
 from graphgrad.transforms import _checks
 from graphgrad.transforms._group import GroupTransform
@@ -481,8 +481,10 @@ class GradientPlan:
     """Builds the plan and one ``optimizer.apply_gradients`` op.
 
     Args:
-      optimizer: a ``tf.compat.v1.train.Optimizer`` (or anything with its
-        ``apply_gradients(grads_and_vars, global_step, name)``).
+      optimizer: a ``tf.compat.v1.train.Optimizer`` or a wrapper of one, a
+        tf-keras legacy ``OptimizerV2``, or anything with an
+        ``apply_gradients(grads_and_vars, global_step, name)``; not a newer
+        Keras optimizer, which updates nothing in a TF1 graph.
       global_step: optional variable to increment once per step. When it is
         ``None`` and a transform of the plan reads the graph's global step
         (annealed ``add_noise(eta=...)``), that global step is incremented,
@@ -496,14 +498,11 @@ class GradientPlan:
       The train op.
 
     Raises:
-      GraphGradError: if ``optimizer`` has no ``apply_gradients``, or no
-        variable has a gradient.
+      GraphGradError: if ``optimizer`` is a class, has no
+        ``apply_gradients``, or is a Keras optimizer that cannot update
+        variables in a TF1 graph; or if no variable has a gradient.
     """
-    if not callable(getattr(optimizer, "apply_gradients", None)):
-      raise _errors.GraphGradError(
-          f"`optimizer` must have an apply_gradients(grads_and_vars, "
-          f"global_step, name) method, like tf.compat.v1.train.AdamOptimizer; "
-          f"got {type(optimizer).__name__}.")
+    _optimizer.check_optimizer(optimizer)
     gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
     if not gv:
       raise _errors.NotConnectedError(
@@ -520,8 +519,7 @@ class GradientPlan:
       global_step = tf.compat.v1.train.get_global_step(self.loss.graph)
     with self.loss.graph.as_default():
       with tf.control_dependencies(list(update_ops)):
-        return optimizer.apply_gradients(gv, global_step=global_step,
-                                         **({"name": name} if name else {}))
+        return _optimizer.apply(optimizer, gv, global_step, name)
 
   def summaries(self, histograms: bool = False,
                 name: Optional[str] = None) -> tf.Tensor:
