@@ -9,6 +9,7 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._analyze import analyze, check_loss
+from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layers import LayerGraph, scope_of
 from graphgrad.methods import _backward, _pcgrad
 from graphgrad.plan import _advice, _optimizer
@@ -87,7 +88,8 @@ class GradientPlan:
       transforms act on them per replica.
 
   Raises:
-    GraphGradError: on a malformed argument.
+    GraphGradError: on a malformed argument; eagerly or inside a
+      ``tf.function`` (use ``gg.KerasPlan``); for a finalized ``tf.Graph``.
 
   Example:
     >>> import tensorflow as tf, graphgrad as gg
@@ -112,6 +114,7 @@ class GradientPlan:
                colocate_gradients_with_ops: bool = False,
                name: str = "graphgrad",
                reduce_fn: Optional[Callable] = None):
+    check_graph_mode("gg.GradientPlan", loss)
     if net is None:
       # Analysed on first use: a plan without transforms needs no analysis,
       # so it costs exactly what Optimizer.minimize costs.
@@ -359,6 +362,7 @@ class GradientPlan:
     """
     if self._built is not None:
       return list(self._built)
+    check_graph_mode("GradientPlan.compute_gradients", self.loss)
     graph = self.loss.graph
     with graph.as_default(), tf.name_scope(self._name):
       if not (self._upstream or self._edges or self._backward
@@ -502,6 +506,7 @@ class GradientPlan:
         ``apply_gradients``, or is a Keras optimizer that cannot update
         variables in a TF1 graph; or if no variable has a gradient.
     """
+    check_graph_mode("GradientPlan.apply_gradients", self.loss)
     _optimizer.check_optimizer(optimizer)
     gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
     if not gv:
