@@ -95,6 +95,7 @@ class KerasPlan:
     self._frozen = False
     self._state: dict = {}
     self._index = _LayerIndex(model)
+    self._open_tape = None
 
   # -- declaring -----------------------------------------------------------
 
@@ -186,6 +187,27 @@ class KerasPlan:
                "%d edge transforms", self.model.name, len(self._upstream),
                len(self._gradients), len(self._edges))
     return PlanTape(self, persistent, watch_accessed_variables)
+
+  def enter_tape(self, tape: PlanTape) -> None:
+    """Marks ``tape`` open; called by :class:`PlanTape` on ``__enter__``.
+
+    Raises:
+      GraphGradError: while another tape of this plan is open: nested, its
+        interception would apply every transform twice.
+    """
+    if self._open_tape is not None:
+      raise _errors.GraphGradError(
+          "a tape of this KerasPlan is already open; a second one inside it "
+          "would intercept the same layers again and apply every transform "
+          "twice (an upstream scale(0.5) would scale by 0.25). Close the "
+          "first tape before opening the next, or record an outer "
+          "computation (a gradient penalty) with a plain tf.GradientTape.")
+    self._open_tape = tape
+
+  def exit_tape(self, tape: PlanTape) -> None:
+    """Marks ``tape`` closed; called by :class:`PlanTape` on ``__exit__``."""
+    if self._open_tape is tape:
+      self._open_tape = None
 
   @property
   def layer_names(self) -> List[str]:

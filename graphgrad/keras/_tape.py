@@ -106,6 +106,7 @@ class PlanTape:
       raise _errors.GraphGradError(
           "this plan tape was already used; open a new one with plan.tape() "
           "for each forward pass.")
+    self._plan.enter_tape(self)  # raises while another tape is open
     self._entered = True
     self._tape.__enter__()
     try:
@@ -113,10 +114,12 @@ class PlanTape:
     except BaseException:
       self._unpatch()
       self._tape.__exit__(None, None, None)
+      self._plan.exit_tape(self)
       raise
     return self
 
   def __exit__(self, *exc):
+    self._plan.exit_tape(self)
     self._unpatch()
     for glue in self._glue:
       glue.__exit__(None, None, None)
