@@ -23,7 +23,7 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layers import Layer, LayerGraph
-from graphgrad.transforms import _validate
+from graphgrad.transforms import _checks, _validate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,33 +81,55 @@ class Replacement:
 
 def engine_hook(net: LayerGraph, name: str, fn: Callable,
                 state: Dict[str, Any]) -> Callable:
-  """Wraps ``fn`` for the engine: a context in, checked gradients out."""
+  """Wraps ``fn`` for the engine: a context in, checked gradients out.
+
+  An exception ``fn`` raises becomes a ``GraphGradError`` naming the layer.
+  """
+  where = f"replace_backward({name!r})"
+
   def run(layer, outputs, upstream, inputs, upstream_of, chain_rule):
     ctx = BackwardContext(layer=net[layer], net=net, inputs=tuple(inputs),
                           outputs=tuple(outputs), upstream=tuple(upstream),
                           upstream_of=upstream_of, chain_rule=chain_rule,
                           state=state)
     with tf.name_scope(f"replace_backward_{name}".replace("/", "_")):
-      grads = fn(ctx)
-    grads = list(grads) if grads is not None else None
-    if grads is None or len(grads) != len(inputs):
-      raise _errors.IncompatibleGradientError(
-          f"replace_backward({name!r}): {fn!r} returned "
-          f"{'None' if grads is None else len(grads)} gradients for "
-          f"{len(inputs)} input tensors "
-          f"({', '.join(t.name for t in inputs)}). Return one gradient (or "
-          f"None) per context.inputs tensor, in order.")
-    for t, g in zip(inputs, grads):
-      values = g.values if isinstance(g, tf.IndexedSlices) else g
-      if g is not None and (values.dtype != t.dtype or
-                            not values.shape.is_compatible_with(t.shape)):
-        raise _errors.IncompatibleGradientError(
-            f"replace_backward({name!r}): {fn!r} returned a gradient of "
-            f"shape {values.shape} {values.dtype.name} for the input "
-            f"{t.name} of shape {t.shape} {t.dtype.name}. Return a gradient "
-            f"shaped like the input.")
-    return grads
+      try:
+        grads = fn(ctx)
+      except _errors.GraphGradError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        raise _checks.raised_error(where, "replacement", fn, e) from e
+    return _check_grads(where, fn, grads, inputs)
   return run
+
+
+def _check_grads(where: str, fn, grads, inputs) -> List[Gradient]:
+  """Checks a replacement's result: one gradient like each input, or None."""
+  if not isinstance(grads, (list, tuple)) or len(grads) != len(inputs):
+    got = (f"{len(grads)} gradients" if isinstance(grads, (list, tuple))
+           else "None" if grads is None else type(grads).__name__)
+    raise _errors.IncompatibleGradientError(
+        f"{where}: {fn!r} returned {got} for {len(inputs)} input tensors "
+        f"({', '.join(t.name for t in inputs)}). Return one gradient (or "
+        f"None) per context.inputs tensor, in order.")
+  for t, g in zip(inputs, grads):
+    values = g.values if isinstance(g, tf.IndexedSlices) else g
+    if g is None:
+      continue
+    if not tf.is_tensor(values):
+      raise _errors.IncompatibleGradientError(
+          f"{where}: {fn!r} returned {type(values).__name__} {values!r} for "
+          f"the input {t.name}; return a tensor shaped like the input, or "
+          f"None.")
+    if _checks.other_graph(values, t):
+      raise _checks.graph_error(where, "replacement", values, t)
+    if values.dtype != t.dtype or not values.shape.is_compatible_with(
+        t.shape):
+      raise _errors.IncompatibleGradientError(
+          f"{where}: {fn!r} returned a gradient of shape {values.shape} "
+          f"{values.dtype.name} for the input {t.name} of shape {t.shape} "
+          f"{t.dtype.name}. Return a gradient shaped like the input.")
+  return list(grads)
 
 
 def _feedback_matrix(context: BackwardContext, key: str, shape, stddev,

@@ -621,8 +621,9 @@ class GradientPlan:
             f"tf.compat.v1.trainable_variables('l1_dense').")
       if v.graph is not graph:
         raise _errors.GraphGradError(
-            f"`var_list` holds {v.name} from another tf.Graph than the loss. "
-            f"Build variables and loss in one graph.")
+            f"`var_list` holds {v.name} from another tf.Graph than the loss; "
+            f"expected variables of the tf.Graph of {self.loss.name}. Build "
+            f"variables and loss in one graph.")
     if not var_list:
       raise _errors.GraphGradError(
           "`var_list` is empty. Pass None to train every trainable variable, "
