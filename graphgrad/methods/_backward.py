@@ -107,7 +107,9 @@ def _check_grads(where: str, fn, grads, inputs) -> List[Gradient]:
   """Checks a replacement's result: one gradient like each input, or None."""
   if not isinstance(grads, (list, tuple)) or len(grads) != len(inputs):
     got = (f"{len(grads)} gradients" if isinstance(grads, (list, tuple))
-           else "None" if grads is None else type(grads).__name__)
+           else "None" if grads is None
+           else "one tensor, not a list," if tf.is_tensor(grads)
+           else type(grads).__name__)
     raise _errors.IncompatibleGradientError(
         f"{where}: {fn!r} returned {got} for {len(inputs)} input tensors "
         f"({', '.join(t.name for t in inputs)}). Return one gradient (or "
