@@ -485,10 +485,10 @@ class GradientPlan:
     """Builds the plan and one ``optimizer.apply_gradients`` op.
 
     Args:
-      optimizer: a ``tf.compat.v1.train.Optimizer`` or a wrapper of one, a
-        tf-keras legacy ``OptimizerV2``, or anything with an
-        ``apply_gradients(grads_and_vars, global_step, name)``; not a newer
-        Keras optimizer, which updates nothing in a TF1 graph.
+      optimizer: a ``tf.compat.v1.train.Optimizer`` or a wrapper of one,
+        a tf-keras or Keras 3 optimizer made in the loss's graph (run inside
+        a ``tf.function``, whose call op is then the train op), or anything
+        with an ``apply_gradients(grads_and_vars, global_step, name)``.
       global_step: optional variable to increment once per step. When it is
         ``None`` and a transform of the plan reads the graph's global step
         (annealed ``add_noise(eta=...)``), that global step is incremented,
@@ -503,8 +503,8 @@ class GradientPlan:
 
     Raises:
       GraphGradError: if ``optimizer`` is a class, has no
-        ``apply_gradients``, or is a Keras optimizer that cannot update
-        variables in a TF1 graph; or if no variable has a gradient.
+        ``apply_gradients``, or is a Keras optimizer made outside the loss's
+        graph; or if no variable has a gradient.
     """
     check_graph_mode("GradientPlan.apply_gradients", self.loss)
     _optimizer.check_optimizer(optimizer)
