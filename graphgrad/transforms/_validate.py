@@ -73,7 +73,11 @@ def number(factory: str, arg: str, value: Any, *, what: str = "a number",
   """
   if isinstance(value, (numbers.Real, np.number)) and not isinstance(
       value, (bool, np.bool_)) and not isinstance(value, np.complexfloating):
-    _check_range(factory, arg, float(value), what, low, low_open, fix)
+    try:
+      as_float = float(value)
+    except OverflowError:  # an int beyond float range
+      as_float = math.inf
+    _check_range(factory, arg, as_float, what, low, low_open, fix)
     return value
   if tensor and tf.is_tensor(value) and not isinstance(value, tf.IndexedSlices):
     dtype = tf.as_dtype(value.dtype).base_dtype

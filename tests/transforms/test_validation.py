@@ -30,6 +30,7 @@ BAD = [
     (lambda: T.scale(tf.constant("x")), r"scale: `c` .*got tensor .* string"),
     (lambda: T.scale(tf.constant(NAN)), r"scale: `c` must be finite"),
     (lambda: T.reverse(None), r"reverse: `lam` must be .*got NoneType"),
+    (lambda: T.scale(10**400), r"scale: `c` must be finite.*got inf"),
     (lambda: T.reverse(NAN), r"reverse: `lam` must be finite"),
     (lambda: T.add_noise("0.1"), r"add_noise: `stddev` must be a Python "
      r"number or a scalar tensor, non-negative; got str '0.1'"),
