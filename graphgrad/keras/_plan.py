@@ -13,7 +13,7 @@ inside ``tf.function``.
 """
 
 import logging
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from graphgrad import _errors
 from graphgrad.keras._tape import PlanTape, children, layer_variables
@@ -95,7 +95,7 @@ class KerasPlan:
     self._frozen = False
     self._state: dict = {}
     self._index = _LayerIndex(model)
-    self._open_tape = None
+    self._open_tape: Optional[PlanTape] = None
 
   # -- declaring -----------------------------------------------------------
 
