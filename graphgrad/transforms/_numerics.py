@@ -86,8 +86,8 @@ def check_numerics(message: Optional[str] = None) -> Transform:
     >>> try:
     ...   t(tf.constant([1.0, float("nan")]), ctx)
     ... except tf.errors.InvalidArgumentError as e:
-    ...   print(e.message.splitlines()[0])
-    graphgrad check_numerics: non-finite gradient at layer l2, gradients : Tensor had NaN values
+    ...   print("at layer l2, gradients" in e.message)
+    True
   """
   if message is not None and not isinstance(message, str):
     raise _errors.GraphGradError(
