@@ -99,6 +99,13 @@ def _read_npz(path: str) -> Dict:
                        f"numpy.savez(path, x=array, ...)") from None
 
 
+def _shape(shape) -> str:
+  if shape.rank is None:
+    return "[?]"
+  return "[" + ",".join("?" if d is None else str(d)
+                        for d in shape.as_list()) + "]"
+
+
 def build_feed(graph, loss, arrays: Dict, batch: int, seed: int) -> Dict:
   """Feed dict for the placeholders ``loss`` depends on.
 
@@ -107,6 +114,7 @@ def build_feed(graph, loss, arrays: Dict, batch: int, seed: int) -> Dict:
   shape, unknown dimensions set to ``batch``.
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from graphgrad.analysis import _graph_util  # pylint: disable=g-import-not-at-top
   from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
@@ -129,8 +137,9 @@ def build_feed(graph, loss, arrays: Dict, batch: int, seed: int) -> Dict:
       if not shape.is_compatible_with(value.shape) or not np.can_cast(
           value.dtype, dtype.as_numpy_dtype, casting="same_kind"):
         raise CommandError(
-            f"--feed: array {op.name!r} is {value.dtype} {list(value.shape)}; "
-            f"the placeholder is {dtype.name} {shape}. Save an array of that "
+            f"--feed: array {op.name!r} is {value.dtype} "
+            f"{_shape(tf.TensorShape(value.shape))}; the placeholder is "
+            f"{dtype.name} {_shape(shape)}. Save an array of that "
             f"shape and dtype")
       feed[t] = value.astype(dtype.as_numpy_dtype)
       continue
@@ -138,7 +147,7 @@ def build_feed(graph, loss, arrays: Dict, batch: int, seed: int) -> Dict:
       continue
     if not dtype.is_floating:
       raise CommandError(
-          f"placeholder {op.name!r} ({dtype.name} {shape}) is not "
+          f"placeholder {op.name!r} ({dtype.name} {_shape(shape)}) is not "
           f"floating-point, so it gets no random input: pass --feed "
           f"FEED.npz with an array named {op.name!r}")
     if shape.rank is None:
