@@ -229,7 +229,7 @@ def _write(args, report) -> None:
   from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
   try:
     if args.png:
-      report.plot(args.png, title=f"gradient flow of {args.model}")
+      report.plot(args.png, title=f"gradient flow of {os.path.basename(args.model)}")
       print(f"\nwrote {args.png}")
     if args.json:
       with open(args.json, "w", encoding="utf-8") as f:
