@@ -73,7 +73,8 @@ def test_gradient_override_map_is_an_edge_transform():
     x = tf.constant(np.random.default_rng(0).normal(size=(6, 4)), tf.float32)
     with tf1.variable_scope("guided"):
       b1 = dense(x, 5, "l1")
-      with graph.gradient_override_map({"Relu": "GraphgradMigrationGuidedRelu"}):
+      override = {"Relu": "GraphgradMigrationGuidedRelu"}
+      with graph.gradient_override_map(override):
         h = tf.nn.relu(b1)
       b2 = dense(h, 5, "l2")
       b3 = dense(tf.nn.relu(b2), 2, "l3")
@@ -81,7 +82,8 @@ def test_gradient_override_map_is_an_edge_transform():
     # The gradient at l1's output is relu'(a1) * dy; guided keeps it where
     # dy > 0, which is relu() of it.
     plan = gg.GradientPlan(loss_plain).transform_edge("l1", "l2", tf.nn.relu)
-    ours = [g for g, v in plan.compute_gradients() if v.op.name.startswith("l1/")]
+    ours = [g for g, v in plan.compute_gradients()
+            if v.op.name.startswith("l1/")]
     assert_grads_close(*evaluate([ours, guided]))
     del a1
 
@@ -116,7 +118,7 @@ def test_custom_gradient_reversal_is_an_edge_reverse():
 # -- tensorpack gradprocs ----------------------------------------------------
 
 def _tensorpack_equivalents(gv):
-  """Hand-written copies of tensorpack 0.11's gradprocs, for when it is absent."""
+  """Hand-written copies of tensorpack 0.11's gradprocs."""
   scale = [(g * 0.1 if v.op.name.startswith("l1/") else g, v) for g, v in gv]
   mapped = [(2.0 * g if v.op.name.startswith("l2/") else g, v) for g, v in gv]
   clipped, _ = tf.clip_by_global_norm([g for g, _ in gv], 1.0)
@@ -155,7 +157,7 @@ def test_tensorpack_gradprocs(source):
 
 
 def _check_gradient(gv):
-  """tensorpack 0.11's CheckGradient, with tf.debugging for tf.check_numerics."""
+  """tensorpack 0.11's CheckGradient, calling tf.debugging.check_numerics."""
   return [(tf.debugging.check_numerics(g, "CheckGradient/" + v.op.name), v)
           for g, v in gv]
 

@@ -53,15 +53,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def load_model(path: str):
-  """The model at ``path`` as a new ``tf.Graph``: the loader ``inspect`` uses."""
+  """The model at ``path`` as a new ``tf.Graph``, loaded as ``inspect`` does."""
   from graphgrad.analysis import _metagraph  # pylint: disable=g-import-not-at-top
   return _metagraph.load(path)
 
 
-def _int(flag: str, text: Optional[str], minimum: int) -> Optional[int]:
+def _int(flag: str, text: str, minimum: int) -> int:
   from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
-  if text is None:
-    return None
   try:
     value = int(text)
   except ValueError:
@@ -126,7 +124,8 @@ def build_feed(graph, loss, arrays: Dict, batch: int, seed: int) -> Dict:
   if unknown:
     raise CommandError(
         f"--feed: no placeholder named {unknown[0]!r} feeds the loss "
-        f"{loss.name}; its placeholders: {', '.join(sorted(names)) or '(none)'}")
+        f"{loss.name}; its placeholders: "
+        f"{', '.join(sorted(names)) or '(none)'}")
   rng = np.random.default_rng(seed)
   feed = {}
   for op in placeholders:
@@ -190,7 +189,7 @@ def run(args) -> int:
   """The ``grads`` command; returns the exit code."""
   from graphgrad.cli._main import CommandError, _quiet_tf  # pylint: disable=g-import-not-at-top
   _check_paths(args)
-  depth = _int("--depth", args.depth, 1)
+  depth = None if args.depth is None else _int("--depth", args.depth, 1)
   batch = _int("--batch", args.batch, 1)
   seed = _int("--seed", args.seed, 0)
   _quiet_tf()
@@ -229,7 +228,8 @@ def _write(args, report) -> None:
   from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
   try:
     if args.png:
-      report.plot(args.png, title=f"gradient flow of {os.path.basename(args.model)}")
+      name = os.path.basename(args.model)
+      report.plot(args.png, title=f"gradient flow of {name}")
       print(f"\nwrote {args.png}")
     if args.json:
       with open(args.json, "w", encoding="utf-8") as f:

@@ -1,4 +1,4 @@
-"""The gradient-flow report: where do the gradients of a graph vanish or explode?
+"""The gradient-flow report: where do a graph's gradients vanish or explode?
 
 :func:`gradient_report` runs the backward pass of an analysed loss in a
 ``Session`` and measures, for every layer, in topological order:
@@ -307,8 +307,8 @@ def _zero_fraction(values: Sequence) -> Optional[float]:
 
 
 def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
-  xs = [x for x in xs if x is not None]
-  return float(np.mean(xs)) if xs else None
+  present = [x for x in xs if x is not None]
+  return float(np.mean(present)) if present else None
 
 
 def _figures(run: Dict[str, Any], suffix: str) -> Dict[str, Optional[float]]:

@@ -135,7 +135,8 @@ class ApplyIfFinite:
     """The wrapped optimizer's ``compute_gradients``."""
     return self.optimizer.compute_gradients(*args, **kwargs)
 
-  def apply_gradients(self, grads_and_vars: Sequence[Tuple[Gradient, tf.Variable]],
+  def apply_gradients(self,
+                      grads_and_vars: Sequence[Tuple[Gradient, tf.Variable]],
                       global_step=None, name: Optional[str] = None):
     """Applies the gradients only when all of them are finite.
 
