@@ -39,7 +39,8 @@ def plot(report, path: str, title=None) -> str:
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   names = [r["name"] for r in report.layers]
   x = np.arange(len(names))
-  fig = Figure(figsize=(max(6.0, 0.45 * len(names) + 3), 4.8))
+  fig = Figure(figsize=(max(8.0, 0.45 * len(names) + 3),
+                        5.4 if report.has_plan else 4.8))
   ax = fig.add_subplot(1, 1, 1)
   bars = ax.twinx()
   zeros = [r["zero_upstream"]["before"] or 0.0 for r in report.layers]
@@ -72,6 +73,6 @@ def plot(report, path: str, title=None) -> str:
   h2, l2 = bars.get_legend_handles_labels()
   fig.legend(handles + h2, labels + l2, fontsize=7, loc="lower center",
              ncol=3, frameon=False)
-  fig.tight_layout(rect=(0, 0.12, 1, 1))
+  fig.tight_layout(rect=(0, 0.16 if report.has_plan else 0.1, 1, 1))
   fig.savefig(path, dpi=110)
   return path
