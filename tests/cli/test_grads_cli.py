@@ -169,3 +169,40 @@ def test_missing_model_and_missing_argument(tmp_path, capsys):
   line = _error_line(capsys, ["grads"])
   assert "the following arguments are required: MODEL" in line
 
+
+
+def _save_matmul(tmp_path, shape):
+  """x (placeholder of `shape`) @ w [4, 1]; returns the .meta and prefix."""
+  with tf.Graph().as_default():
+    x = tf1.placeholder(tf.float32, shape, name="x")
+    with tf1.variable_scope("layer"):
+      w = tf1.get_variable("w", initializer=np.ones((4, 1), np.float32))
+    tf.identity(tf.reduce_sum(tf.reshape(x, [-1, 4]) @ w), name="loss")
+    saver = tf1.train.Saver()
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      prefix = saver.save(sess, str(tmp_path / "matmul"))
+  return prefix + ".meta", prefix
+
+
+def test_unknown_rank_and_runtime_errors(tmp_path, capsys):
+  meta, prefix = _save_matmul(tmp_path, None)
+  line = _error_line(capsys, ["grads", meta, "--loss", "loss"])
+  assert "placeholder 'x' has an unknown rank" in line
+  np.savez(tmp_path / "odd.npz", x=np.ones((2, 3), np.float32))
+  line = _error_line(capsys, ["grads", meta, "--loss", "loss", "--checkpoint",
+                              prefix, "--feed", str(tmp_path / "odd.npz")])
+  assert line.startswith("graphgrad grads: error: running the backward pass "
+                         "failed:")
+
+
+def test_checkpoint_of_another_model_and_unwritable_output(tmp_path, capsys):
+  meta, _, feed, _ = _save_resnet(tmp_path)
+  _, other = _save_matmul(tmp_path, [None, 4])
+  line = _error_line(capsys, ["grads", meta, "--feed", feed,
+                              "--checkpoint", other])
+  assert re.search(r"--checkpoint '.*matmul': cannot restore it into this "
+                   r"graph", line)
+  line = _error_line(capsys, ["grads", meta, "--feed", feed, "--json",
+                              str(tmp_path / "no" / "such" / "dir.json")])
+  assert line.startswith("graphgrad grads: error: cannot write output:")
