@@ -197,6 +197,12 @@ def _check_args(sess, net, plan, batches, threshold) -> None:
         f"gradient_report: `sess` must be a tf.compat.v1.Session on the "
         f"loss's tf.Graph; got {type(sess).__name__}. Pass "
         f"tf.compat.v1.Session(graph=net.loss.graph).")
+  if net.loss.graph.finalized:
+    raise _errors.GraphGradError(
+        "gradient_report: the loss's tf.Graph is finalized (a "
+        "MonitoredTrainingSession finalizes it), so no gradient ops can be "
+        "added. Build the report before the graph is finalized, or on a "
+        "fresh import of the model (graphgrad grads MODEL).")
   if plan is not None and (not isinstance(plan, GradientPlan)
                            or plan.loss is not net.loss):
     raise _errors.GraphGradError(

@@ -201,6 +201,9 @@ def test_bad_arguments():
         gg.gradient_report(sess, net, [feed], batches=2)
       with pytest.raises(gg.GraphGradError, match="`feed` must be None, a"):
         gg.gradient_report(sess, net, 3)
+      tf1.get_default_graph().finalize()
+      with pytest.raises(gg.GraphGradError, match="tf.Graph is finalized"):
+        gg.gradient_report(sess, net, feed)
     other_sess.close()
     del other
 
