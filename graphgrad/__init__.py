@@ -32,6 +32,7 @@ from graphgrad.analysis._layers import Layer, LayerGraph
 from graphgrad.distributed._after_aggregation import AfterAggregation
 from graphgrad.keras._plan import KerasPlan
 from graphgrad.plan._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
+from graphgrad.plan._report import GradientReport, gradient_report
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,7 @@ __all__ = [
     "GATE_NONE",
     "GATE_OP",
     "GradientPlan",
+    "GradientReport",
     "GraphGradError",
     "IncompatibleGradientError",
     "KerasPlan",
@@ -54,5 +56,6 @@ __all__ = [
     "analyze",
     "backward",
     "cluster",
+    "gradient_report",
     "transforms",
 ]

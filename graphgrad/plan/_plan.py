@@ -164,6 +164,15 @@ class GradientPlan:
       self._net = analyze(self.loss)
     return self._net
 
+  @property
+  def trace(self) -> Tuple[Tuple[TransformContext, Gradient, Gradient], ...]:
+    """``(context, before, after)`` of every transform the built plan applied.
+
+    In the order they were applied; empty until the plan is built. Read by
+    :func:`graphgrad.gradient_report`.
+    """
+    return tuple(self._trace)
+
   # -- declaring -----------------------------------------------------------
 
   def transform_upstream(self, layer: str, fn) -> "GradientPlan":
