@@ -8,13 +8,14 @@ Example:
 
 from graphgrad.methods._backward import (
                                  BackwardContext,
+                                 BackwardResult,
                                  Replacement,
-                                 direct_feedback_alignment,
                                  feedback_alignment,
 )
+from graphgrad.methods._dfa import direct_feedback_alignment
 from graphgrad.methods._synthetic import SyntheticModule, synthetic
 
 __all__ = [
-    "BackwardContext", "Replacement", "SyntheticModule",
+    "BackwardContext", "BackwardResult", "Replacement", "SyntheticModule",
     "direct_feedback_alignment", "feedback_alignment", "synthetic",
 ]

@@ -244,7 +244,7 @@ def test_synthetic_gradient_is_used_below_and_its_module_regresses(graph):
   sg = B.synthetic(labels=y)
   plan = gg.GradientPlan(loss).replace_backward("l2", sg)
   gv = plan.compute_gradients()
-  module = sg.modules[h.name]
+  module = sg.modules(plan)[h.name]
   kernel, bias = module.variables
   assert kernel.shape == (4 + 3, 4) and bias.shape == (4,)
   assert [v for _, v in gv[-2:]] == [kernel, bias]  # appended to the plan
@@ -279,7 +279,7 @@ def test_synthetic_module_trains_in_the_plan_train_op(graph):
   sg = B.synthetic(hidden=(8,), seed=0)
   plan = gg.GradientPlan(loss).replace_backward("l2", sg)
   train = plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.5))
-  module = sg.modules[h.name]
+  module = sg.modules(plan)[h.name]
   assert len(module.variables) == 4  # hidden layer and output layer
   with tf1.Session() as sess:
     sess.run(tf1.global_variables_initializer())
@@ -351,7 +351,7 @@ def test_plan_state_is_saved_and_restored_by_a_saver(graph, tmp_path):
   sg = B.synthetic(hidden=(3,), seed=0)
   plan = (gg.GradientPlan(loss).replace_backward("l2", sg))
   train = plan.apply_gradients(tf1.train.AdamOptimizer(0.1))
-  state = list(sg.modules[h.name].variables)
+  state = list(sg.modules(plan)[h.name].variables)
   saver = tf1.train.Saver()
   with tf1.Session() as sess:
     sess.run(tf1.global_variables_initializer())

@@ -168,5 +168,5 @@ def test_project_conflicts_errors(graph, rng):
                      match=r"depends on loss_a:0.*not partial sums"):
     plan.project_conflicts("trunk", [losses[0], loss])
   plan.project_conflicts("trunk", losses)
-  with pytest.raises(gg.GraphGradError, match=r"already projects conflicts"):
+  with pytest.raises(gg.GraphGradError, match=r"already combines task gradients"):
     plan.project_conflicts("trunk", losses)
