@@ -379,3 +379,64 @@ def test_feedback_alignment_on_tf_layers_dense(graph):
   got, ref = evaluate([_grads(gv, "d1"), ref])
   for a, r in zip(got, ref):
     np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-7)
+
+
+# -- per-plan resources ------------------------------------------------------------
+
+def test_one_synthetic_value_gives_each_plan_and_layer_its_own_module(graph):
+  loss, _, (h1, h2) = _mlp(3)
+  sg = B.synthetic(hidden=(3,), seed=0)
+  one = gg.GradientPlan(loss).replace_backward("l3", sg).replace_backward(
+      "l2", sg)
+  other = gg.GradientPlan(loss).replace_backward("l3", sg)
+  gv_one, gv_other = one.compute_gradients(), other.compute_gradients()
+  mine, theirs = sg.modules(one), sg.modules(other)
+  assert sorted(mine) == sorted([h1.name, h2.name]) and list(theirs) == [h2.name]
+  variables = [set(m.variables) for m in (*mine.values(), *theirs.values())]
+  assert sum(len(v) for v in variables) == len(set().union(*variables)) == 12
+  # Each plan trains its own modules, and only those.
+  assert [v for _, v in gv_other[-4:]] == list(theirs[h2.name].variables)
+  assert set(v for _, v in gv_one[6:]) == variables[0] | variables[1]
+  # Equal seeds give equal initial values on both plans.
+  a, b = evaluate([mine[h2.name].variables[0], theirs[h2.name].variables[0]])
+  np.testing.assert_array_equal(a, b)
+  assert np.abs(a).max() > 0
+
+
+def test_feedback_matrices_are_made_once_per_plan_and_equal_for_one_seed():
+  # Eagerly, as a TF2 executor makes it.
+  expected = B.feedback_matrix_value(4, "feedback_alignment", "l2", [4, 3],
+                                     1 / np.sqrt(3))
+  with tf.Graph().as_default():
+    loss, _, _ = _mlp(2)
+    fa = B.feedback_alignment(seed=4)
+    one = gg.GradientPlan(loss).replace_backward("l2", fa)
+    other = gg.GradientPlan(loss).replace_backward("l2", fa)
+    one.compute_gradients()
+    other.compute_gradients()
+    b1, b2 = (p.resources.get("l2", "feedback_alignment/B")
+              for p in (one, other))
+    assert b1 is not b2 and one.resources.variables() == (b1,)
+    v1, v2 = evaluate([b1, b2])
+  np.testing.assert_array_equal(v1, v2)
+  np.testing.assert_allclose(v1, expected.numpy(), rtol=1e-6)  # TF2, eager
+
+
+def test_a_replacement_returns_extra_grads_and_vars(graph):
+  loss, _, (h,) = _mlp(2)
+  def scaled(ctx):
+    c = ctx.resources.get_or_create(
+        ctx.layer.name, "scaled/c", lambda: tf1.Variable(2.0, name="c"))
+    grads = [c * g for g in ctx.chain_rule()]
+    extra = tf.reduce_sum(grads[0])  # a gradient for c, as a stand-in
+    return B.BackwardResult(grads, [(extra, c)])
+  plan = gg.GradientPlan(loss).replace_backward("l2", scaled)
+  gv = plan.compute_gradients()
+  c = plan.resources.get("l2", "scaled/c")
+  assert gv[-1][1] is c and len(gv) == 5
+  true_h = tf1.gradients(loss, h)[0]
+  ref = tf1.gradients(h, _vars("l1"), grad_ys=2.0 * true_h)
+  got, ref, sum_h = evaluate([[g for g, _ in gv], ref, tf.reduce_sum(true_h)])
+  for a, r in zip(got[:2], ref):
+    np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(got[-1], 2.0 * sum_h, rtol=1e-5)
