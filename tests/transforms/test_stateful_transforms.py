@@ -63,7 +63,7 @@ class _Decay(T.Transform):
 
   def apply_dense(self, grad, context):
     calls = context.resources.get_or_create(context.layer, "decay/calls",
-                                            lambda: [])
+                                            list)
     calls.append(context.tensor)
     return grad / (1 + tf.cast(context.global_step, grad.dtype))
 
