@@ -11,11 +11,13 @@ from graphgrad.methods._backward import (
                                  BackwardResult,
                                  Replacement,
                                  feedback_alignment,
+                                 feedback_matrix_value,
 )
 from graphgrad.methods._dfa import direct_feedback_alignment
-from graphgrad.methods._synthetic import SyntheticModule, synthetic
+from graphgrad.methods._synthetic import SyntheticModule, module_values, synthetic
 
 __all__ = [
     "BackwardContext", "BackwardResult", "Replacement", "SyntheticModule",
-    "direct_feedback_alignment", "feedback_alignment", "synthetic",
+    "direct_feedback_alignment", "feedback_alignment",
+    "feedback_matrix_value", "module_values", "synthetic",
 ]

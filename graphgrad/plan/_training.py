@@ -129,12 +129,7 @@ class Training:
     Example:
       >>> import tensorflow as tf, graphgrad as gg
       >>> with tf.Graph().as_default():
-      ...   x = tf.constant([[1.0, 2.0]])
-      ...   with tf.compat.v1.variable_scope("l1"):
-      ...     h = x @ tf.compat.v1.get_variable("w", initializer=[[1.0], [1.0]])
-      ...   with tf.compat.v1.variable_scope("l2"):
-      ...     y = h * tf.compat.v1.get_variable("w", initializer=3.0)
-      ...   plan = gg.GradientPlan(tf.reduce_sum(y))
+      ...   plan = gg.GradientPlan(gg.demo.two_layer_loss())
       ...   op = plan.transform_upstream("l2", gg.transforms.scale(0.5)).summaries()
       ...   with tf.compat.v1.Session() as s:
       ...     s.run(tf.compat.v1.global_variables_initializer())
