@@ -184,7 +184,7 @@ def feedback_matrix_value(seed: Optional[int], name: str, layer: str, shape,
 
   With a seed, a stateless draw from ``[seed, crc32(f"{name}/{layer}")]``:
   the same numbers in a ``tf.Graph`` and eagerly, in every session, for the
-  same seed, name, layer and shape. Without one, a draw from the graph's
+  same seed, name, layer and shape. Without one, a draw from the tf.Graph's
   (or the global) random seed.
 
   Example:
@@ -313,7 +313,7 @@ def feedback_alignment(seed: Optional[int] = None,
   Args:
     seed: with a seed, ``B`` is drawn by a stateless generator from ``seed``
       and the layer name, so it is the same in every session; without one,
-      from the graph's random seed.
+      from the tf.Graph's random seed.
     stddev: standard deviation of ``B``'s entries.
 
   Returns:

@@ -89,7 +89,7 @@ def direct_feedback_alignment(seed: Optional[int] = None,
 
   Args:
     seed: seed of the stateless generator of ``B`` (with the layer name and
-      input position); without one, the graph's random seed is used.
+      input position); without one, the tf.Graph's random seed is used.
     error_layer: the layer whose output gradient is ``e``; by default the one
       layer whose output reaches the loss through glue only.
     stddev: standard deviation of ``B``'s entries.

@@ -190,6 +190,6 @@ def synthetic(hidden: Sequence[int] = (), labels: Optional[tf.Tensor] = None,
         f"Pass e.g. hidden=(64,), or () for a linear module.")
   if labels is not None and not isinstance(labels, tf.Tensor):
     raise _errors.GraphGradError(
-        f"synthetic: `labels` must be a tensor of the graph, such as the "
+        f"synthetic: `labels` must be a tensor of the tf.Graph, such as the "
         f"one-hot label placeholder; got {type(labels).__name__}.")
   return _Synthetic(hidden, labels, loss_weight, seed)

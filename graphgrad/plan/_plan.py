@@ -65,7 +65,7 @@ class GradientPlan(Training):
     loss: a floating-point tensor of a ``tf.Graph``.
     net: the :class:`LayerGraph` of ``loss``; analysed when ``None``.
     var_list: variables to differentiate, as for
-      ``Optimizer.compute_gradients``; defaults to the graph's trainable
+      ``Optimizer.compute_gradients``; defaults to the tf.Graph's trainable
       variables. Variables the loss does not reach get ``None``.
     gate_gradients: ``GATE_NONE`` (0), ``GATE_OP`` (1) or ``GATE_GRAPH`` (2),
       as for ``Optimizer.compute_gradients``.

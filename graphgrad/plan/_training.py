@@ -28,13 +28,13 @@ class Training:
   def compute_gradients(self) -> List[Tuple[Gradient, tf.Variable]]:
     """Builds the plan; returns ``(gradient, variable)`` pairs.
 
-    The list has the order of ``var_list`` (or of the graph's trainable
+    The list has the order of ``var_list`` (or of the tf.Graph's trainable
     variables), like ``Optimizer.compute_gradients``. A variable the loss
     does not reach gets ``None``.
 
     Raises:
       IncompatibleGradientError: if a transform changes a shape or dtype.
-      UnsupportedGraphError: for a graph shape the plan cannot rewrite
+      UnsupportedGraphError: for an op-graph shape the plan cannot rewrite
         correctly.
     """
     if self._built is None:
@@ -58,11 +58,11 @@ class Training:
       optimizer: a ``tf.compat.v1.train.Optimizer`` (or anything with its
         ``apply_gradients(grads_and_vars, global_step, name)``).
       global_step: optional variable to increment once per step. When it is
-        ``None`` and a transform of the plan reads the graph's global step
+        ``None`` and a transform of the plan reads the tf.Graph's global step
         (annealed ``add_noise(eta=...)``), that global step is incremented,
         so that the schedule advances with training.
       name: name of the returned op.
-      update_ops: ops to run before the update; defaults to the graph's
+      update_ops: ops to run before the update; defaults to the tf.Graph's
         ``UPDATE_OPS`` collection (batch-norm moving averages), as tf-slim's
         ``create_train_op`` does. Pass ``[]`` to run none.
 
@@ -120,7 +120,7 @@ class Training:
 
     Returns:
       The merged summary op (a string tensor) for ``FileWriter.add_summary``.
-      The summaries are also added to the graph's ``SUMMARIES`` collection.
+      The summaries are also added to the tf.Graph's ``SUMMARIES`` collection.
 
     Raises:
       IncompatibleGradientError, UnsupportedGraphError: as

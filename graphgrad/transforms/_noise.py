@@ -29,7 +29,7 @@ class _AddNoise(Transform):
     if step is None:
       raise _errors.GraphGradError(
           f"add_noise(eta={self.eta!r}, gamma={self.gamma!r}) anneals with "
-          f"the global step, but the graph has none when the plan is built. "
+          f"the global step, but the tf.Graph has none when the plan is built. "
           f"Create it before building the plan: "
           f"`step = tf.compat.v1.train.get_or_create_global_step()`; the "
           f"plan's apply_gradients then increments it.")
@@ -69,7 +69,7 @@ def add_noise(stddev=None, seed: Optional[int] = None, *, eta=None,
 
         sigma_t^2 = eta / (1 + t)^gamma,
 
-    where ``t`` is the graph's global step
+    where ``t`` is the tf.Graph's global step
     (``tf.compat.v1.train.get_global_step()``) read when the plan is built.
     The paper uses ``eta`` in {0.01, 0.3, 1.0} and ``gamma = 0.55``. The
     global step must exist before the plan is built; the plan's
@@ -89,7 +89,7 @@ def add_noise(stddev=None, seed: Optional[int] = None, *, eta=None,
   Raises:
     GraphGradError: if both or neither of ``stddev`` and ``eta`` are given,
       or a number among them is negative; when applied, for annealed noise in
-      a graph without a global step.
+      a tf.Graph without a global step.
 
   Example:
     >>> add_noise(0.01, seed=1)
