@@ -63,19 +63,12 @@ def project(per_loss: Sequence[Sequence[Gradient]],
   Returns:
     One gradient per tensor of ``like``.
   """
-  n_tensors = len(like) if like is not None else len(per_loss[0])
+  if like is None:
+    return _project_reached(per_loss, shuffle, seed)
   active = [i for i, gs in enumerate(per_loss)
             if any(g is not None for g in gs)]
   reached = [any(per_loss[i][t] is not None for i in active)
-             for t in range(n_tensors)]
-  if like is None:  # a tensor no loss reaches adds nothing to the products
-    kept = [t for t in range(n_tensors) if reached[t]]
-    like = [tf.convert_to_tensor(next(per_loss[i][t] for i in active
-                                      if per_loss[i][t] is not None))
-            for t in kept]
-    per_loss = [[gs[t] for t in kept] for gs in per_loss]
-    combined = iter(project(per_loss, like, shuffle, seed))
-    return [next(combined) if r else None for r in reached]
+             for t in range(len(like))]
   dense = {i: [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(x)
                for g, x in zip(per_loss[i], like)] for i in active}
   sq = {i: _dot(dense[i], dense[i]) for i in active}
@@ -102,6 +95,23 @@ def project(per_loss: Sequence[Sequence[Gradient]],
   if total is None:
     return [None] * len(like)
   return [t if r else None for t, r in zip(total, reached)]
+
+
+def _project_reached(per_loss, shuffle, seed) -> List[Gradient]:
+  """:func:`project` without ``like``: over the tensors some loss reaches.
+
+  A tensor no loss reaches adds nothing to the dot products and gets
+  ``None``; a missing gradient elsewhere is the zeros of a present one.
+  """
+  n_tensors = len(per_loss[0])
+  reached = [any(gs[t] is not None for gs in per_loss)
+             for t in range(n_tensors)]
+  kept = [t for t in range(n_tensors) if reached[t]]
+  like = [tf.convert_to_tensor(next(gs[t] for gs in per_loss
+                                    if gs[t] is not None)) for t in kept]
+  combined = iter(project([[gs[t] for t in kept] for gs in per_loss], like,
+                          shuffle, seed))
+  return [next(combined) if r else None for r in reached]
 
 
 class PCGrad:

@@ -307,7 +307,7 @@ class GradientPlan(Training):
       method: a task-combination method: ``method.combine(grads)`` takes one
         list of gradients per task (one per output tensor, ``None`` where
         the task does not reach it) and returns one gradient per tensor.
-        ``gg.methods`` PCGrad is one.
+        :meth:`project_conflicts` uses PCGrad, one such method.
 
     Returns:
       The plan, for chaining.
