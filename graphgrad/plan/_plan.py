@@ -7,7 +7,6 @@ declaration in the plan's :class:`~graphgrad.plan._declarations.Declarations`;
 :func:`graphgrad.plan._executor.build` builds them.
 """
 
-import logging
 from typing import Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -22,8 +21,6 @@ from graphgrad.plan._declarations import Declarations
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
 from graphgrad.plan._training import Training
 from graphgrad.transforms._context import Resources
-
-log = logging.getLogger("graphgrad")
 
 __all__ = ["GATE_GRAPH", "GATE_NONE", "GATE_OP", "GradientPlan"]
 
