@@ -139,9 +139,11 @@ def run_replacement(fn: Callable, context: BackwardContext,
   inputs = context.inputs
   with tf.name_scope(f"replace_backward_{context.layer.name}".replace("/", "_")):
     out = fn(context)
-  if not isinstance(out, BackwardResult):
-    out = BackwardResult(None if out is None else list(out))
-  grads = out.input_grads
+  if isinstance(out, BackwardResult):
+    grads, extra = out.input_grads, tuple(out.extra_grads_and_vars)
+  else:
+    grads, extra = out, ()
+  grads = None if grads is None else list(grads)
   if grads is None or len(grads) != len(inputs):
     raise _errors.IncompatibleGradientError(
         f"{where}: {fn!r} returned "
@@ -151,14 +153,14 @@ def run_replacement(fn: Callable, context: BackwardContext,
         f"None) per context.inputs tensor, in order.")
   for t, g in zip(inputs, grads):
     values = gradient_values(g)
-    if g is not None and (values.dtype != t.dtype or
-                          not values.shape.is_compatible_with(t.shape)):
+    if values is not None and (values.dtype != t.dtype or
+                               not values.shape.is_compatible_with(t.shape)):
       raise _errors.IncompatibleGradientError(
           f"{where}: {fn!r} returned a gradient of "
           f"shape {values.shape} {values.dtype.name} for the input "
           f"{t.name} of shape {t.shape} {t.dtype.name}. Return a gradient "
           f"shaped like the input.")
-  return BackwardResult(list(grads), tuple(out.extra_grads_and_vars))
+  return BackwardResult(grads, extra)
 
 
 def engine_hook(net: LayerGraph, name: str, fn: Callable,

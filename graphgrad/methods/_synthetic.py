@@ -92,7 +92,7 @@ class _Synthetic(Replacement):
     layers = [l for l, r in plan.declarations.backward.items() if r is self]
     return {m.input.name: m for l in layers
             for m in plan.resources.of_layer(l).values()
-            if isinstance(m, SyntheticModule)}
+            if isinstance(m, SyntheticModule) and m.input is not None}
 
   def backward(self, context: BackwardContext) -> BackwardResult:
     true = context.chain_rule()

@@ -38,7 +38,7 @@ from graphgrad.transforms._transforms import (Transform, as_transform,
 Resolver = Callable[[Any, str], str]
 # An executor's own check of a declaration, run after the shared ones and
 # before the declaration is recorded; it raises to refuse it.
-Validate = Optional[Callable[[], None]]
+Validate = Optional[Callable[[], Any]]
 
 
 class Kind(enum.Enum):

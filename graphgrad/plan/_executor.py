@@ -174,7 +174,8 @@ class _Executor:
                                  self.extra)
 
   def _tasks_hook(self, declared: Declaration) -> Callable:
-    return _pcgrad.output_rewrite(self.loss, declared.losses, declared.method,
+    return _pcgrad.output_rewrite(self.loss, declared.losses or (),
+                                  declared.method,
                                   f"combine_tasks_{declared.layer}")
 
   # -- parameter gradients ---------------------------------------------------

@@ -8,7 +8,7 @@ it as one section.
 """
 
 import collections
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
@@ -36,8 +36,10 @@ def build(plan, histograms: bool = False, name: str = "graphgrad") -> tf.Tensor:
   built = plan.compute_gradients()
   net = plan.net
   params_before: Dict[str, Gradient] = {}
-  upstream = collections.defaultdict(lambda: ([], []))
-  edges = collections.defaultdict(lambda: ([], []))
+  upstream: Dict[str, Tuple[List[Gradient], List[Gradient]]] = (
+      collections.defaultdict(lambda: ([], [])))
+  edges: Dict[Tuple[str, str], Tuple[List[Gradient], List[Gradient]]] = (
+      collections.defaultdict(lambda: ([], [])))
   for ctx, before, after in plan.trace:
     if before is None or after is None:
       continue

@@ -12,7 +12,10 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
+from graphgrad.analysis._layers import LayerGraph
 from graphgrad.plan import _advice, _executor
+from graphgrad.plan._declarations import Declarations
+from graphgrad.transforms._context import Resources
 
 log = logging.getLogger("graphgrad")
 
@@ -24,6 +27,19 @@ class Training:
   ``_resources``, ``_built`` and ``_warned_adaptive`` and the ``net``
   property.
   """
+
+  _loss: tf.Tensor
+  _var_list: Tuple[tf.Variable, ...]
+  _declarations: Declarations
+  _options: _executor.Options
+  _resources: Resources
+  _built: Optional[_executor.Built]
+  _warned_adaptive: bool
+
+  @property
+  def net(self) -> LayerGraph:
+    """The plan's layer graph; the plan defines it."""
+    raise NotImplementedError
 
   def compute_gradients(self) -> List[Tuple[Gradient, tf.Variable]]:
     """Builds the plan; returns ``(gradient, variable)`` pairs.
