@@ -202,14 +202,12 @@ def feedback_matrix_value(seed: Optional[int], name: str, layer: str, shape,
                                     stddev=stddev, dtype=dtype)
 
 
-def feedback_matrix(context: BackwardContext, key: str, shape, stddev,
-                     seed: Optional[int]) -> tf.Variable:
-  """A fixed N(0, stddev^2) matrix, made once per plan as a variable."""
-  layer = context.layer.name
+def feedback_matrix(context: BackwardContext, key: str,
+                    value: Callable[[], tf.Tensor]) -> tf.Variable:
+  """A fixed matrix with initial ``value()``, made once per plan as a variable."""
   return context.resources.get_or_create(
-      layer, f"{key}/B", lambda: tf.compat.v1.Variable(
-          feedback_matrix_value(seed, key, layer, shape, stddev),
-          trainable=False, name="B"))
+      context.layer.name, f"{key}/B",
+      lambda: tf.compat.v1.Variable(value(), trainable=False, name="B"))
 
 
 def static_features(t: tf.Tensor, what: str) -> int:
@@ -258,14 +256,28 @@ class _FeedbackAlignment(Replacement):
   def check(self, net, layer):
     _kernel_matmul(net, layer)
 
+  def matrix_value(self, layer: str, shape, fan_out: int,
+                   dtype=tf.float32) -> tf.Tensor:
+    """The initial ``B`` of ``layer``'s kernel, as every executor makes it.
+
+    Args:
+      layer: the layer's name.
+      shape: the kernel's shape.
+      fan_out: the MatMul's output features (the kernel's last dimension
+        for ``x @ W``), which set the default standard deviation.
+      dtype: of the value.
+    """
+    stddev = self.stddev if self.stddev is not None else 1.0 / np.sqrt(fan_out)
+    return feedback_matrix_value(self.seed, self.name, layer, shape, stddev,
+                                 dtype)
+
   def backward(self, context):
     mm, k = _kernel_matmul(context.net, context.layer.name)
     kernel, data = mm.inputs[k], mm.inputs[1 - k]
     out = mm.outputs[0]
     fan = int(out.shape[-1]) if k == 1 else int(out.shape[0])
-    stddev = self.stddev if self.stddev is not None else 1.0 / np.sqrt(fan)
-    b = feedback_matrix(context, "feedback_alignment", kernel.shape, stddev,
-                         self.seed)
+    b = feedback_matrix(context, self.name, lambda: self.matrix_value(
+        context.layer.name, kernel.shape, fan))
     ys = [y for y, g in zip(context.outputs, context.upstream) if g is not None]
     gys = [g for g in context.upstream if g is not None]
     inputs = list(context.inputs)

@@ -9,6 +9,7 @@ from graphgrad import _errors
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.methods._backward import (Replacement, feedback_matrix,
+                                         feedback_matrix_value,
                                          static_features)
 
 
@@ -46,6 +47,14 @@ class _DirectFeedbackAlignment(Replacement):
   def cuts(self, net, layer):
     return [_error_layer(net, layer, self.error_layer)]
 
+  def matrix_value(self, layer: str, index: int, n_err: int, n_in: int,
+                   dtype=tf.float32) -> tf.Tensor:
+    """The initial ``B`` of ``layer``'s input ``index``, as every executor
+    makes it: ``[n_err, n_in]``, for ``n_err`` error features."""
+    stddev = self.stddev if self.stddev is not None else 1.0 / np.sqrt(n_err)
+    return feedback_matrix_value(self.seed, f"dfa_{index}", layer,
+                                 [n_err, n_in], stddev, dtype)
+
   def backward(self, context):
     top = _error_layer(context.net, context.layer.name, self.error_layer)
     error, = [g for g in context.upstream_of(top)]
@@ -58,9 +67,9 @@ class _DirectFeedbackAlignment(Replacement):
     for i, t in enumerate(context.inputs):
       n_in = static_features(t, f"direct_feedback_alignment on "
                               f"{context.layer.name!r}")
-      stddev = self.stddev if self.stddev is not None else 1.0 / np.sqrt(n_err)
-      b = feedback_matrix(context, f"dfa_{i}", [n_err, n_in], stddev,
-                           self.seed)
+      b = feedback_matrix(
+          context, f"dfa_{i}", lambda i=i, n_in=n_in: self.matrix_value(
+              context.layer.name, i, n_err, n_in))
       g = tf.matmul(tf.cast(e, t.dtype), tf.cast(b, t.dtype))
       out.append(tf.reshape(g, tf.shape(t)))
     return out

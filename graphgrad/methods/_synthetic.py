@@ -72,10 +72,16 @@ class _Synthetic(Replacement):
     self.loss_weight = loss_weight
     self.seed = seed
 
+  def initial_values(self, layer: str, index: int, sizes: Sequence[int],
+                     dtype=tf.float32) -> List[tf.Tensor]:
+    """The initial values of the module at ``layer``'s input ``index``, as
+    every executor makes them (see :func:`module_values`)."""
+    return module_values(self.seed, layer, index, sizes, dtype)
+
   def _variables(self, context, index, sizes, dtype) -> List[tf.Variable]:
     layer = context.layer.name
     def make():
-      values = module_values(self.seed, layer, index, sizes, dtype)
+      values = self.initial_values(layer, index, sizes, dtype)
       return [tf.compat.v1.Variable(
           v, name=f"{'kernel' if j % 2 == 0 else 'bias'}_{j // 2}")
               for j, v in enumerate(values)]

@@ -375,43 +375,54 @@ def test_feedback_alignment_on_tf_layers_dense(graph):
 
 # -- per-plan resources ------------------------------------------------------------
 
-def test_one_synthetic_value_gives_each_plan_and_layer_its_own_module(graph):
-  loss, _, (h1, h2) = _mlp(3)
+def test_one_synthetic_value_gives_each_plan_and_layer_its_own_module():
   sg = B.synthetic(hidden=(3,), seed=0)
-  one = gg.GradientPlan(loss).replace_backward("l3", sg).replace_backward(
-      "l2", sg)
-  other = gg.GradientPlan(loss).replace_backward("l3", sg)
-  gv_one, gv_other = one.compute_gradients(), other.compute_gradients()
-  mine, theirs = sg.modules(one), sg.modules(other)
-  assert sorted(mine) == sorted([h1.name, h2.name]) and list(theirs) == [h2.name]
-  variables = [set(m.variables) for m in (*mine.values(), *theirs.values())]
-  assert sum(len(v) for v in variables) == len(set().union(*variables)) == 12
-  # Each plan trains its own modules, and only those.
-  assert [v for _, v in gv_other[-4:]] == list(theirs[h2.name].variables)
-  assert set(v for _, v in gv_one[6:]) == variables[0] | variables[1]
-  # Equal seeds give equal initial values on both plans.
-  a, b = evaluate([mine[h2.name].variables[0], theirs[h2.name].variables[0]])
-  np.testing.assert_array_equal(a, b)
-  assert np.abs(a).max() > 0
+  eager = sg.initial_values("l3", 0, [4, 3, 4])  # as a TF2 executor makes them
+  with tf.Graph().as_default():
+    loss, _, (h1, h2) = _mlp(3)
+    one = gg.GradientPlan(loss).replace_backward("l3", sg).replace_backward(
+        "l2", sg)
+    other = gg.GradientPlan(loss).replace_backward("l3", sg)
+    gv_one, gv_other = one.compute_gradients(), other.compute_gradients()
+    mine, theirs = sg.modules(one), sg.modules(other)
+    assert sorted(mine) == sorted([h1.name, h2.name])
+    assert list(theirs) == [h2.name]
+    variables = [set(m.variables) for m in (*mine.values(), *theirs.values())]
+    assert sum(len(v) for v in variables) == len(set().union(*variables)) == 12
+    # Each plan trains its own modules, and only those.
+    assert [v for _, v in gv_other[-4:]] == list(theirs[h2.name].variables)
+    assert set(v for _, v in gv_one[6:]) == variables[0] | variables[1]
+    a, b = evaluate([mine[h2.name].variables, theirs[h2.name].variables])
+  # Equal seeds give equal initial values on both plans, and eagerly.
+  assert np.abs(a[0]).max() > 0 and not a[2].any()  # zero output layer
+  for x, y, z in zip(a, b, eager):
+    np.testing.assert_array_equal(x, y)
+    np.testing.assert_allclose(x, z.numpy(), rtol=1e-6)
 
 
 def test_feedback_matrices_are_made_once_per_plan_and_equal_for_one_seed():
-  # Eagerly, as a TF2 executor makes it.
-  expected = B.feedback_matrix_value(4, "feedback_alignment", "l2", [4, 3],
-                                     1 / np.sqrt(3))
+  fa = B.feedback_alignment(seed=4)
+  dfa = B.direct_feedback_alignment(seed=5)
+  # Eagerly, as a TF2 executor makes them.
+  expected = [fa.matrix_value("l2", [4, 4], fan_out=4).numpy(),
+              dfa.matrix_value("l3", 0, n_err=3, n_in=4).numpy()]
+  np.testing.assert_array_equal(expected[0], B.feedback_matrix_value(
+      4, "feedback_alignment", "l2", [4, 4], 1 / np.sqrt(4)).numpy())
   with tf.Graph().as_default():
-    loss, _, _ = _mlp(2)
-    fa = B.feedback_alignment(seed=4)
-    one = gg.GradientPlan(loss).replace_backward("l2", fa)
+    loss, _, _ = _mlp(3)
+    one = gg.GradientPlan(loss).replace_backward("l2", fa).replace_backward(
+        "l3", dfa)
     other = gg.GradientPlan(loss).replace_backward("l2", fa)
     one.compute_gradients()
     other.compute_gradients()
     b1, b2 = (p.resources.get("l2", "feedback_alignment/B")
               for p in (one, other))
-    assert b1 is not b2 and one.resources.variables() == (b1,)
-    v1, v2 = evaluate([b1, b2])
+    b3 = one.resources.get("l3", "dfa_0/B")
+    assert b1 is not b2 and one.resources.variables() == (b3, b1)
+    v1, v2, v3 = evaluate([b1, b2, b3])
   np.testing.assert_array_equal(v1, v2)
-  np.testing.assert_allclose(v1, expected.numpy(), rtol=1e-6)  # TF2, eager
+  np.testing.assert_allclose(v1, expected[0], rtol=1e-6)
+  np.testing.assert_allclose(v3, expected[1], rtol=1e-6)
 
 
 def test_a_replacement_returns_extra_grads_andtrainable(graph):
