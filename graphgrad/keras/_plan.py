@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Tuple, Union
 
 from graphgrad import _errors
 from graphgrad.keras._tape import PlanTape, children, layer_variables
+from graphgrad.transforms._context import Resources
 from graphgrad.transforms._transforms import (
   Transform,
   as_transform,
@@ -93,7 +94,7 @@ class KerasPlan:
     self._gradients: List[Tuple[str, Transform]] = []
     self._edges: Dict[Tuple[str, str], List[Transform]] = {}
     self._frozen = False
-    self._state: dict = {}
+    self._resources = Resources()
     self._index = _LayerIndex(model)
 
   # -- declaring -----------------------------------------------------------

@@ -387,7 +387,7 @@ class PlanTape:
     plan = self._plan
     return TransformContext(layer=layer, role=role,
                             global_step=plan.global_step,
-                            state=plan._state, **kw)  # pylint: disable=protected-access
+                            resources=plan._resources, **kw)  # pylint: disable=protected-access
 
 
 def _holds_variables(layer) -> bool:

@@ -29,12 +29,16 @@ import enum
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from graphgrad import _errors
+from graphgrad.transforms._checks import compose, not_group
 from graphgrad.transforms._group import GroupTransform
-from graphgrad.transforms._transforms import (Transform, as_transform, chain,
+from graphgrad.transforms._transforms import (Transform, as_transform,
                                               is_identity)
 
 # resolve(name_or_layer, argument name) -> canonical layer name, or raises.
 Resolver = Callable[[Any, str], str]
+# An executor's own check of a declaration, run after the shared ones and
+# before the declaration is recorded; it raises to refuse it.
+Validate = Optional[Callable[[], Any]]
 
 
 class Kind(enum.Enum):
@@ -71,6 +75,12 @@ class Declaration:
 class Declarations:
   """A plan's declarations, in declaration order, each checked once.
 
+  Every ``add_*`` method takes an optional ``validate``: the executor's own
+  check of the declaration (the layer has a floating-point output, the edge
+  exists, the replacement can handle the layer), called after the shared
+  checks and before the declaration is recorded, so that a refused
+  declaration leaves nothing behind.
+
   Args:
     resolve: maps a layer reference and the argument's name to the
       canonical layer name, raising ``LayerNotFoundError`` for an unknown
@@ -86,18 +96,22 @@ class Declarations:
 
   # -- declaring -----------------------------------------------------------
 
-  def add_upstream(self, layer, fn) -> None:
+  def resolve(self, layer, arg: str = "layer") -> str:
+    """The canonical name of ``layer``; refuses once frozen."""
+    return self._layer(layer, arg)
+
+  def add_upstream(self, layer, fn, validate: Validate = None) -> None:
     name = self._layer(layer, "layer")
     fn = self._per_tensor(fn, "transform_upstream")
-    self._items.append(Declaration(Kind.UPSTREAM, name, fn))
+    self._add(Declaration(Kind.UPSTREAM, name, fn), validate)
 
-  def add_gradients(self, layer, fn) -> None:
+  def add_gradients(self, layer, fn, validate: Validate = None) -> None:
     name = self._layer(layer, "layer")
     if not isinstance(fn, GroupTransform):
       fn = as_transform(fn)
-    self._items.append(Declaration(Kind.GRADIENTS, name, fn))
+    self._add(Declaration(Kind.GRADIENTS, name, fn), validate)
 
-  def add_edge(self, lower, upper, fn) -> None:
+  def add_edge(self, lower, upper, fn, validate: Validate = None) -> None:
     lo = self._layer(lower, "lower")
     up = self._resolve(upper, "upper")
     if lo == up:
@@ -105,9 +119,9 @@ class Declarations:
           f"transform_edge: `lower` and `upper` are both {lo!r}; an edge "
           f"joins two layers. Use transform_upstream({lo!r}, fn) instead.")
     fn = self._per_tensor(fn, "transform_edge")
-    self._items.append(Declaration(Kind.EDGE, lo, fn, upper=up))
+    self._add(Declaration(Kind.EDGE, lo, fn, upper=up), validate)
 
-  def add_backward(self, layer, fn) -> None:
+  def add_backward(self, layer, fn, validate: Validate = None) -> None:
     name = self._layer(layer, "layer")
     if not callable(fn) or isinstance(fn, (Transform, GroupTransform)):
       raise _errors.GraphGradError(
@@ -120,10 +134,10 @@ class Declarations:
           f"replace_backward: layer {name!r} already has the replacement "
           f"{self.backward[name]!r}; a layer's backward pass is replaced "
           f"once. Make a new {self._owner} to try another.")
-    self._items.append(Declaration(Kind.BACKWARD, name, fn))
+    self._add(Declaration(Kind.BACKWARD, name, fn), validate)
 
   def add_tasks(self, layer, losses: Optional[Sequence[Any]],
-                method) -> None:
+                method, validate: Validate = None) -> None:
     name = self._layer(layer, "layer")
     if not callable(getattr(method, "combine", None)):
       raise _errors.GraphGradError(
@@ -135,9 +149,9 @@ class Declarations:
           f"combine_tasks: layer {name!r} already combines task gradients "
           f"with {self.tasks[name].method!r}; declare it once, with every "
           f"task loss.")
-    self._items.append(Declaration(
+    self._add(Declaration(
         Kind.TASKS, name, losses=None if losses is None else tuple(losses),
-        method=method))
+        method=method), validate)
 
   def freeze(self) -> None:
     """Refuses further declarations: the plan is being built."""
@@ -201,6 +215,13 @@ class Declarations:
     return tuple(dict.fromkeys(names))
 
   @property
+  def reads_global_step(self) -> bool:
+    """True when a declared transform reads the global step (annealed noise):
+    the executor then advances it."""
+    return any(getattr(d.fn, "reads_global_step", False) for d in self._items
+               if d.kind in (Kind.UPSTREAM, Kind.GRADIENTS, Kind.EDGE))
+
+  @property
   def rewrites_backward(self) -> bool:
     """True when the backward pass itself changes (not only parameters)."""
     return bool(self.upstream or self.edges or self.backward or self.tasks)
@@ -216,6 +237,11 @@ class Declarations:
 
   # -- helpers -------------------------------------------------------------
 
+  def _add(self, declaration: Declaration, validate: Validate) -> None:
+    if validate is not None:
+      validate()
+    self._items.append(declaration)
+
   def _layer(self, layer, arg: str) -> str:
     if self._frozen:
       raise _errors.GraphGradError(
@@ -226,11 +252,7 @@ class Declarations:
 
   @staticmethod
   def _per_tensor(fn, method: str) -> Transform:
-    if isinstance(fn, GroupTransform):
-      raise _errors.GraphGradError(
-          f"{method}: {fn!r} is a group transform, which rewrites a layer's "
-          f"parameter gradients together; it has no meaning for one "
-          f"boundary gradient. Use plan.transform_gradients(layer, {fn!r}).")
+    not_group(fn, method)
     return as_transform(fn)
 
 
@@ -238,6 +260,5 @@ def _chained(pairs) -> Dict[Any, Transform]:
   grouped: Dict[Any, List[Transform]] = {}
   for key, fn in pairs:
     grouped.setdefault(key, []).append(fn)
-  return {k: fns[0] if len(fns) == 1 else chain(*fns)
-          for k, fns in grouped.items()}
+  return {k: compose(fns) for k, fns in grouped.items()}
 
