@@ -70,6 +70,21 @@ class KerasBackwardContext:
       ``upstream`` through the call gives.
     variables: the plan's :class:`MethodVariables`.
     labels: the ``labels`` given to ``plan.tape(labels=...)``, or ``None``.
+
+  Example:
+    A replacement that sends half of the chain rule's gradient below ``l2``:
+
+    >>> import tensorflow as tf, graphgrad as gg
+    >>> ones = dict(use_bias=False, kernel_initializer="ones")
+    >>> model = tf.keras.Sequential([
+    ...     tf.keras.Input((1,)), tf.keras.layers.Dense(1, name="l1", **ones),
+    ...     tf.keras.layers.Dense(1, name="l2", **ones)])
+    >>> halved = lambda ctx: [0.5 * g for g in ctx.chain_rule()]
+    >>> plan = gg.KerasPlan(model).replace_backward("l2", halved)
+    >>> with plan.tape() as tape:
+    ...   loss = tf.reduce_sum(3.0 * model(tf.constant([[2.0]])))
+    >>> [g.numpy().tolist() for g in tape.gradient(loss)]  # l1, l2 kernels
+    [[[3.0]], [[6.0]]]
   """
   layer: Any
   name: str
