@@ -6,9 +6,11 @@ the equivalent tf.compat.v1 graph from ``get_variable`` with the Keras
 model's initial weights (run in a Session). Both plans get the same batch and
 must give the same gradients, to ``rtol=1e-5, atol=1e-6``: the model's, and
 the synthetic-gradient modules' too. Feedback matrices and synthetic modules
-are made on each side from the same seed; modules are then set to equal
-random values on both sides, so that their predictions are not the zeros
-they start from, and compared again.
+are made on each side from the same seed (the first run checks that they
+are equal); then every such variable is set to equal random values on both
+sides, which needs no shared generator, and the gradients are compared
+again (modules then predict something other than the zeros they start
+from).
 
 With ``GG_PARITY_OUT=path`` set, the largest difference seen per
 declaration, Keras flavour and graph shape is written there as JSON.
@@ -94,10 +96,19 @@ def _declare(decl, shape, plan, tf1_side, labels=None, tasks=None):
   return plan
 
 
-def _module_key(name):
-  """(layer, kernel_j | bias_j) of a synthetic module variable's name."""
-  layer = re.search(r"replace_backward_(.+?)/", name)
-  return (layer.group(1), name.rsplit("/", 1)[-1].split(":")[0])
+def _tf1_key(name):
+  """(layer, kernel_j | bias_j | B) of a TF1 method variable's name."""
+  layer = re.search(r"replace_backward_(.+?)/", name).group(1)
+  last = name.rsplit("/", 1)[-1].split(":")[0]
+  return (layer, "B" if last.startswith("B") else last)
+
+
+def _tf2_key(key):
+  """The same for a KerasPlan's method variable key."""
+  parts = key.split("/")
+  if parts[0] == "synthetic":  # synthetic/<layer>/<input>/<name>
+    return (parts[1], parts[3])
+  return (parts[1], "B")  # <method key>/<layer>
 
 
 def _perturbation(keys, seed=0):
@@ -107,6 +118,8 @@ def _perturbation(keys, seed=0):
 
 
 def _tf1(shape, decl, weights, x, labels, declare=True):
+  """Two runs on the TF1 plan: as built, then with the methods' variables
+  (feedback matrices, synthetic modules) set to _perturbation's values."""
   case = keras_cases.CASES[shape]
   with tf.Graph().as_default():
     ops = keras_cases.TF1Ops(weights)
@@ -117,17 +130,17 @@ def _tf1(shape, decl, weights, x, labels, declare=True):
     if declare:
       _declare(decl, shape, plan, True, labels=ys[0], tasks=tasks)
     gv = plan.compute_gradients()
-    n = len(tf1.trainable_variables()) - sum(
-        1 for _, v in gv if "replace_backward" in v.name)
+    n = sum(1 for _, v in gv if "replace_backward" not in v.name)
     model, extra = gv[:n], gv[n:]
-    keys = {_module_key(v.name): v.shape.as_list() for _, v in extra}
-    values = _perturbation(keys)
+    owned = [v for v in tf1.global_variables() if "replace_backward" in v.name]
+    values = _perturbation({_tf1_key(v.name): v.shape.as_list()
+                            for v in owned})
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
       first = sess.run([g for g, _ in gv])
-      for _, v in extra:
-        v.load(values[_module_key(v.name)], sess)
-      second = sess.run([g for g, _ in gv]) if extra else None
+      for v in owned:
+        v.load(values[_tf1_key(v.name)], sess)
+      second = sess.run([g for g, _ in gv]) if owned else None
   out = []
   for run in (first, second):
     if run is None:
@@ -136,12 +149,13 @@ def _tf1(shape, decl, weights, x, labels, declare=True):
     by_layer = {}
     for (_, v), value in zip(model, run[:n]):
       by_layer.setdefault(v.op.name.rsplit("/", 1)[0], []).append(value)
-    mods = {_module_key(v.name): value for (_, v), value in zip(extra, run[n:])}
+    mods = {_tf1_key(v.name): value for (_, v), value in zip(extra, run[n:])}
     out.append((by_layer, mods))
   return out
 
 
 def _tf2(shape, decl, model, x, labels, traced=False):
+  """The same two runs on the KerasPlan."""
   plan = _declare(decl, shape, gg.KerasPlan(model), False)
   y0 = tf.constant(labels[0])
 
@@ -161,22 +175,20 @@ def _tf2(shape, decl, model, x, labels, traced=False):
   runs = []
   for _ in range(2):
     gv = list(zip(step(tf.constant(x)), variables))
-    key_of = {id(v): k for k, v in plan.method_variables.by_key.items()}
+    key_of = {id(v): _tf2_key(k)
+              for k, v in plan.method_variables.by_key.items()}
     n = len(model.trainable_variables)
     by_var = {id(v): np.asarray(g) for g, v in gv[:n]}
     by_layer = {l.name: [by_var[id(v)] for v in l.trainable_weights]
                 for l in model.layers if l.trainable_weights}
-    mods = {}
-    for g, v in gv[n:]:
-      _, layer, _, name = key_of[id(v)].split("/")
-      mods[(layer, name)] = np.asarray(g)
-    runs.append((by_layer, mods))
-    if not gv[n:]:
+    runs.append((by_layer, {key_of[id(v)]: np.asarray(g) for g, v in gv[n:]}))
+    owned = plan.method_variables.by_key
+    if not owned:
       return runs + [None]
-    values = _perturbation({k: v.shape for k, v in mods.items()})
-    for g, v in gv[n:]:
-      _, layer, _, name = key_of[id(v)].split("/")
-      v.assign(values[(layer, name)])
+    values = _perturbation({_tf2_key(k): v.shape.as_list()
+                            for k, v in owned.items()})
+    for k, v in owned.items():
+      v.assign(values[_tf2_key(k)])
   return runs
 
 
