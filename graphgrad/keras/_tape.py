@@ -123,7 +123,17 @@ class PlanTape:
     The model's trainable variables with their planned gradients, then the
     training methods' own variables (synthetic-gradient modules) with theirs,
     ready for ``optimizer.apply_gradients``: the analogue of
-    ``GradientPlan.compute_gradients()``.
+    ``GradientPlan.compute_gradients()``. The modules' variables are made on
+    the first step, so a Keras 3 optimizer must build on its first
+    ``apply_gradients`` (its default), not before with the model's
+    variables only.
+
+    Args:
+      target: the loss.
+      task_losses: as for :meth:`gradient`.
+
+    Returns:
+      A list of ``(gradient, variable)`` pairs.
     """
     variables = list(self._plan.model.trainable_variables)
     grads = self.gradient(target, variables, task_losses=task_losses)

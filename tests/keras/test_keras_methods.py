@@ -290,3 +290,24 @@ def test_plan_name_must_be_an_identifier(K):
   with pytest.raises(gg.GraphGradError, match=r"`name` must be a Python "
                                               r"identifier.*got 'my plan'"):
     gg.KerasPlan(_chain(K), name="my plan")
+
+
+def test_optimizer_trains_the_modules_in_a_traced_step(K):
+  # The optimizer sees the modules' variables on its first apply_gradients,
+  # as it sees the model's; each module's zero output layer starts to move.
+  model = _chain(K)
+  plan = gg.KerasPlan(model).replace_backward(
+      "l3", gg.backward.synthetic(hidden=(4,), seed=0))
+  optimizer = K.optimizers.SGD(0.1)
+
+  @tf.function
+  def step(x):
+    with plan.tape() as tape:
+      loss = _loss(model, x)
+    optimizer.apply_gradients(tape.grads_and_vars(loss))
+
+  for seed in range(3):
+    step(_x(seed=seed))
+  last = plan.method_variables.by_key["synthetic/l3/0/kernel_1"]
+  assert float(tf.reduce_max(tf.abs(last))) > 0
+  assert int(optimizer.iterations) == 3
