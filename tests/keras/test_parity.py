@@ -1,9 +1,9 @@
 """Parity: every declaration gives equal gradients on GradientPlan and KerasPlan.
 
 Each declaration runs on a chain, a skip connection and two heads, built once
-as a Keras functional model (run eagerly, and traced for a few) and once as
-the equivalent tf.compat.v1 graph from ``get_variable`` with the Keras
-model's initial weights (run in a Session). Both plans get the same batch and
+as a Keras functional model (tf-keras eagerly, Keras 3 eagerly and in a
+``tf.function``) and once as the equivalent tf.compat.v1 graph from
+``get_variable`` with the Keras model's initial weights (run in a Session). Both plans get the same batch and
 must give the same gradients, to ``rtol=1e-5, atol=1e-6``: the model's, and
 the synthetic-gradient modules' too. Feedback matrices and synthetic modules
 are made on each side from the same seed (the first run checks that they
@@ -13,7 +13,8 @@ again (modules then predict something other than the zeros they start
 from).
 
 With ``GG_PARITY_OUT=path`` set, the largest difference seen per
-declaration, Keras flavour and graph shape is written there as JSON.
+declaration, Keras flavour and mode, and graph shape is written there as
+JSON.
 """
 
 import json
@@ -209,10 +210,14 @@ DECLARATIONS = ["upstream", "gradients", "clip_by_global_norm", "trust_ratio",
                 "project_conflicts"]
 
 
+RUNS = ["tf_keras-eager", "keras3-eager", "keras3-function"]
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("decl", DECLARATIONS)
-@pytest.mark.parametrize("flavour", sorted(FLAVOURS))
-def test_declaration_parity(flavour, decl, shape):
+@pytest.mark.parametrize("run", RUNS)
+def test_declaration_parity(run, decl, shape):
+  flavour, mode = run.split("-")
   K = FLAVOURS[flavour]
   case = keras_cases.CASES[shape]
   model = keras_cases.keras_model(case, K)
@@ -220,9 +225,7 @@ def test_declaration_parity(flavour, decl, shape):
   weights = keras_cases.layer_weights(model)
   want = _tf1(shape, decl, weights, x, labels)
   plain = _tf1(shape, decl, weights, x, labels, declare=False)[0][0]
-  traced = decl in ("synthetic", "dfa", "project_conflicts")
-  got = _tf2(shape, decl, model, x, labels, traced=traced and
-             flavour == "keras3")
+  got = _tf2(shape, decl, model, x, labels, traced=mode == "function")
   worst = 0.0
   for i, (g, w) in enumerate(zip(got, want)):
     assert (g is None) == (w is None), (decl, i)
@@ -230,7 +233,7 @@ def test_declaration_parity(flavour, decl, shape):
       continue
     worst = max(worst, _compare(g[0], w[0], f"{decl} step {i} model"),
                 _compare(g[1], w[1], f"{decl} step {i} modules"))
-  MATRIX[(decl, flavour, shape)] = worst
+  MATRIX[(decl, run, shape)] = worst
   # The declaration really changes the gradients of some layer.
   assert any(not np.allclose(a, p) for layer in plain
              for a, p in zip(want[-1 if want[1] else 0][0][layer],
