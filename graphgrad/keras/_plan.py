@@ -365,7 +365,13 @@ class KerasPlan(tf.Module):
           f"the logits) is projected.")
     tops = [p for p in self._index.paths
             if "/" not in p and self._index[p].weights]
-    return tops[-1] if tops else None
+    if not tops:
+      raise _errors.GraphGradError(
+          f"direct_feedback_alignment on {path!r}: `error_layer` is needed, "
+          f"because the model's layers hold no variables yet (it is not "
+          f"built), so the top layer is unknown. Pass error_layer='...', or "
+          f"build the model first (call it once, or give it a keras.Input).")
+    return tops[-1]
 
   @property
   def trainable_variables(self):

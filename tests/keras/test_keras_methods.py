@@ -216,6 +216,18 @@ def test_dfa_on_two_outputs_needs_the_error_layer(K):
         "features", gg.backward.direct_feedback_alignment(seed=0))
 
 
+def test_dfa_on_an_unbuilt_model_needs_the_error_layer(K):
+  model = K.Sequential([K.layers.Dense(3, name="a"),
+                        K.layers.Dense(2, name="b")])
+  with pytest.raises(gg.GraphGradError,
+                     match=r"`error_layer` is needed, because the model's "
+                           r"layers hold no variables yet"):
+    gg.KerasPlan(model).replace_backward(
+        "a", gg.backward.direct_feedback_alignment(seed=0))
+  gg.KerasPlan(model).replace_backward(  # named: fine before building
+      "a", gg.backward.direct_feedback_alignment(seed=0, error_layer="b"))
+
+
 def test_dfa_error_layer_with_two_outputs():
   class Pair(keras.layers.Layer):
     def call(self, x):
