@@ -28,7 +28,6 @@ import tensorflow as tf
 
 import graphgrad as gg
 import keras_cases
-from helpers import evaluate
 
 tf1 = tf.compat.v1
 FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
