@@ -78,6 +78,10 @@ def _declare(decl, shape, plan, tf1_side, labels=None, tasks=None):
   elif decl == "feedback_alignment":
     for layer in s["replaced"]:
       plan.replace_backward(layer, B.feedback_alignment(seed=3))
+  elif decl == "upstream+feedback_alignment":  # fn sees the transformed g
+    for layer in s["replaced"]:
+      plan.transform_upstream(layer, keras_cases.nonlinear)
+      plan.replace_backward(layer, B.feedback_alignment(seed=6))
   elif decl == "dfa":
     for layer in s["replaced"]:
       plan.replace_backward(layer, B.direct_feedback_alignment(
@@ -205,7 +209,8 @@ def _compare(got, want, where):
 
 
 DECLARATIONS = ["upstream", "gradients", "clip_by_global_norm", "trust_ratio",
-                "edge", "feedback_alignment", "dfa", "synthetic",
+                "edge", "feedback_alignment", "upstream+feedback_alignment",
+                "dfa", "synthetic",
                 "project_conflicts"]
 
 
