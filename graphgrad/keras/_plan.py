@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.keras import _methods, _tasks
+from graphgrad.keras import _methods
+from graphgrad.methods import _pcgrad
 from graphgrad.keras._layers import (LayerIndex, is_keras_layer,
                                      layer_variables, tf_variable)
 from graphgrad.keras._tape import PlanTape
@@ -246,7 +247,7 @@ class KerasPlan(tf.Module):
           "inside the training step, so `losses` must be None here. Pass "
           "them each step: tape.gradient(loss, task_losses=[loss_a, "
           "loss_b]).")
-    return self.combine_tasks(layer, _tasks.PCGrad(shuffle, seed))
+    return self.combine_tasks(layer, _pcgrad.pcgrad(shuffle, seed))
 
   def combine_tasks(self, layer: LayerRef, method) -> "KerasPlan":
     """Combines the task gradients at ``layer``'s outputs with ``method``.

@@ -7,39 +7,12 @@ gradient per tensor. The plan rewrites the gradient ``g`` at the outputs to
 ``g - sum_i g_i + combine([g_1, g_2, ...])``, as ``GradientPlan`` does.
 """
 
-from typing import List, Optional, Sequence
+from typing import List
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.keras._backward import is_float
-from graphgrad.methods import _pcgrad
-
-
-class PCGrad:
-  """PCGrad (Yu et al., 2020) as a task-combination method.
-
-  Args:
-    shuffle: take the other tasks in a random order at each step.
-    seed: op-level seed of the shuffles.
-
-  Example:
-    >>> import tensorflow as tf
-    >>> a, b = [tf.constant([1.0, 0.0])], [tf.constant([-1.0, 1.0])]
-    >>> [g.numpy().tolist() for g in PCGrad(shuffle=False).combine([a, b])]
-    [[0.5, 1.5]]
-  """
-
-  name = "pcgrad"
-
-  def __init__(self, shuffle: bool = True, seed: Optional[int] = None):
-    self.shuffle, self.seed = shuffle, seed
-
-  def combine(self, grads: Sequence[Sequence[tf.Tensor]]) -> List[tf.Tensor]:
-    return _pcgrad.project(grads, grads[0], self.shuffle, self.seed)
-
-  def __repr__(self):
-    return f"pcgrad(shuffle={self.shuffle!r}, seed={self.seed!r})"
 
 
 def losses_by_layer(tasks, task_losses):
