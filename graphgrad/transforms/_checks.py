@@ -4,7 +4,7 @@ Shared by GradientPlan, KerasPlan and AfterAggregation, which all apply
 user transforms and must all refuse the same broken results.
 """
 
-from typing import Sequence
+from typing import List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -42,6 +42,20 @@ def checked(fn: Transform, grad: Gradient, ctx: TransformContext,
   except Exception as e:  # pylint: disable=broad-except
     raise raised_error(where, "transform", fn, e) from e
   return check_result(grad, out, where)
+
+
+def checked_group(fn: GroupTransform,
+                  grads_and_vars: Sequence[Tuple[Gradient, tf.Variable]],
+                  ctx: TransformContext, where: str) -> List[Gradient]:
+  """Applies group transform ``fn``; an exception it raises becomes a
+  ``GraphGradError`` naming ``where``, chained to the original. The caller
+  checks each new gradient with :func:`check_result`."""
+  try:
+    return list(fn(grads_and_vars, ctx))
+  except _errors.GraphGradError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise raised_error(where, "group transform", fn, e) from e
 
 
 def raised_error(where: str, kind: str, fn, e: Exception) -> Exception:

@@ -108,3 +108,20 @@ def seed(factory: str, value: Any, arg: str = "seed") -> Optional[int]:
   raise _errors.GraphGradError(
       f"{factory}: `{arg}` must be None or a Python int (a 64-bit integer); "
       f"got {_describe(value)}. Pass e.g. {arg}=0.")
+
+
+def random_matrix(factory: str, random_seed: Any, stddev: Any) -> None:
+  """Checks the ``seed`` (``random_seed``) and ``stddev`` of a method that
+  draws random matrices.
+
+  Example:
+    >>> random_matrix("feedback_alignment", 0, -1.0)
+    Traceback (most recent call last):
+    ...
+    graphgrad._errors.GraphGradError: feedback_alignment: `stddev` must be positive; got -1.0. Pass e.g. stddev=0.1, or None for the default.
+  """
+  seed(factory, random_seed)
+  if stddev is not None:
+    number(factory, "stddev", stddev, what="positive", low=0.0,
+           low_open=True, tensor=False,
+           fix="Pass e.g. stddev=0.1, or None for the default.")
