@@ -81,7 +81,8 @@ def number(factory: str, arg: str, value: Any, *, what: str = "a number",
     return value
   if tensor and tf.is_tensor(value) and not isinstance(value, tf.IndexedSlices):
     dtype = tf.as_dtype(value.dtype).base_dtype
-    if (dtype.is_floating or dtype.is_integer) and value.shape.rank in (0, None):
+    numeric = dtype.is_floating or dtype.is_integer
+    if numeric and value.shape.rank in (0, None):
       if isinstance(value, tf.Tensor):
         known = tf.get_static_value(value)
         if known is not None:

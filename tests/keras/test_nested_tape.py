@@ -8,7 +8,8 @@ import tensorflow as tf
 import graphgrad as gg
 
 FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
-NESTED = r"a tape of this KerasPlan is already open.*apply every transform twice"
+NESTED = (r"a tape of this KerasPlan is already open.*apply every transform "
+          r"twice")
 
 
 @pytest.fixture(params=sorted(FLAVOURS))

@@ -122,8 +122,8 @@ def test_a_replacement_returning_one_tensor_not_a_list(graph):
   plan = gg.GradientPlan(_chain()).replace_backward(
       "l2", lambda ctx: ctx.inputs[0])
   with pytest.raises(gg.IncompatibleGradientError,
-                     match=r"replace_backward\('l2'\): .* returned one tensor, not a "
-                     r"list, for 1 input tensors"):
+                     match=r"replace_backward\('l2'\): .* returned one tensor, "
+                     r"not a list, for 1 input tensors"):
     plan.compute_gradients()
 
 

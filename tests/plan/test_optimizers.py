@@ -84,7 +84,8 @@ def test_keras_optimizer_without_global_step_returns_a_named_op(graph, make):
   _assert_sgd_step(w0, g, w1)
 
 
-@pytest.mark.parametrize("module", [tf_keras, keras], ids=["tf_keras", "keras3"])
+@pytest.mark.parametrize("module", [tf_keras, keras],
+                         ids=["tf_keras", "keras3"])
 def test_keras_adam_takes_the_adam_step_once_per_run(graph, module):
   plan, variables, ref = _plan_and_reference()
   opt = module.optimizers.Adam(0.01)
@@ -136,8 +137,8 @@ def test_an_optimizer_class_is_refused(graph):
   _, loss = _net()
   plan = gg.GradientPlan(loss)
   with pytest.raises(gg.GraphGradError,
-                     match=r"`optimizer` must be an optimizer instance; got the "
-                     r"class AdamOptimizer\. Create one: "
+                     match=r"`optimizer` must be an optimizer instance; got "
+                     r"the class AdamOptimizer\. Create one: "
                      r"AdamOptimizer\(learning_rate=\.\.\.\)"):
     plan.apply_gradients(tf1.train.AdamOptimizer)
   for cls in (keras.optimizers.SGD, tf_keras.optimizers.legacy.SGD):
@@ -165,7 +166,8 @@ def test_plan_and_after_aggregation_share_one_check(graph):
   assert _optimizer.check_optimizer(keras.optimizers.Adam(0.1)) == "keras"
 
 
-@pytest.mark.parametrize("module", [tf_keras, keras], ids=["tf_keras", "keras3"])
+@pytest.mark.parametrize("module", [tf_keras, keras],
+                         ids=["tf_keras", "keras3"])
 def test_a_keras_optimizer_made_outside_the_graph_is_refused(module):
   opt = module.optimizers.SGD(LR)  # eagerly: its variables are eager
   with tf.Graph().as_default():
@@ -177,11 +179,12 @@ def test_a_keras_optimizer_made_outside_the_graph_is_refused(module):
       gg.GradientPlan(loss).apply_gradients(opt)
 
 
-@pytest.mark.parametrize("module", [tf_keras, keras], ids=["tf_keras", "keras3"])
+@pytest.mark.parametrize("module", [tf_keras, keras],
+                         ids=["tf_keras", "keras3"])
 def test_keras_optimizer_keeps_sparse_gradients_correct(graph, module):
   with tf1.variable_scope("emb"):
-    table = tf1.get_variable("table", initializer=np.arange(8.0, dtype=np.float32
-                                                            ).reshape(4, 2))
+    table = tf1.get_variable(
+        "table", initializer=np.arange(8.0, dtype=np.float32).reshape(4, 2))
   loss = tf.reduce_sum(tf.nn.embedding_lookup(table, [0, 2, 2]))
   plan = gg.GradientPlan(loss).transform_gradients(
       "emb", gg.transforms.scale(0.5))

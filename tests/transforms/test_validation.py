@@ -19,7 +19,8 @@ NAN, INF = float("nan"), float("inf")
 BAD = [
     (lambda: T.scale("a"), r"scale: `c` must be a Python number or a scalar "
      r"tensor, a finite factor; got str 'a'"),
-    (lambda: T.scale(None), r"scale: `c` must be a Python number.*got NoneType"),
+    (lambda: T.scale(None),
+     r"scale: `c` must be a Python number.*got NoneType"),
     (lambda: T.scale(True), r"scale: `c` must be .*got bool True"),
     (lambda: T.scale(NAN), r"scale: `c` must be finite and a finite factor; "
      r"got nan"),
@@ -158,7 +159,8 @@ def test_valid_tensor_hyperparameters_are_kept(graph):
 
 def test_edge_values_that_are_in_range_are_accepted():
   assert repr(T.add_noise(0.0)) == "add_noise(0.0, seed=None)"
-  assert repr(T.trust_ratio(0.001, epsilon=0)) == "trust_ratio(0.001, epsilon=0)"
+  assert (repr(T.trust_ratio(0.001, epsilon=0))
+          == "trust_ratio(0.001, epsilon=0)")
   assert repr(T.clip_by_value(1.0, 1.0)) == "clip_by_value(1.0, 1.0)"
   assert repr(T.add_noise(0.1, seed=np.int64(3))) == "add_noise(0.1, seed=3)"
   assert repr(B.synthetic(hidden=[8], loss_weight=0.0)).startswith(
