@@ -1,5 +1,6 @@
 """GradientPlan: declarative gradient rewrites, built as one backward pass."""
 
+import functools
 import logging
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -10,8 +11,9 @@ from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._analyze import analyze, check_loss
 from graphgrad.analysis._layers import LayerGraph, scope_of
+from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.methods import _backward, _pcgrad
-from graphgrad.plan import _advice
+from graphgrad.plan import _advice, _override
 from graphgrad.plan._engine import Segments, aggregate
 from graphgrad.transforms import _checks
 from graphgrad.transforms._group import GroupTransform
@@ -150,6 +152,8 @@ class GradientPlan:
     self._edges: Dict[Tuple[str, str], List[Transform]] = {}
     self._backward: Dict[str, Callable] = {}
     self._conflicts: Dict[str, tuple] = {}
+    self._overrides = _override.Overrides()
+    self._gradients_fn: Callable = tf.compat.v1.gradients
     self._built: Optional[List[Tuple[Gradient, tf.Variable]]] = None
     self._state: dict = {}
     # (context, gradient before, gradient after) of every transform applied,
@@ -343,6 +347,98 @@ class GradientPlan:
     self._conflicts[name] = (losses, shuffle, seed)
     return self
 
+  def override_gradient(self, op, fn) -> "GradientPlan":
+    """Gives ``op`` the backward pass ``fn`` inside this plan only.
+
+    The plan's backward pass is cut at the op: the gradient at its outputs
+    (summed over all consumers, after every rewrite above it) goes through
+    ``fn`` to its inputs, and backpropagation continues below. TensorFlow's
+    gradient registry and the op's attributes are not changed, so other
+    ``tf.gradients`` calls on the graph are unaffected; ops of imported
+    graphs work alike. Every other declaration composes with it.
+
+    Args:
+      op: a ``tf.Operation``, an op name, or an op type (``"Round"``): a
+        type applies to every op of that type on the loss's backward path.
+        A string that is the type of an op on that path is a type.
+      fn: ``fn(op, *output_grads) -> input grads``, the signature of a
+        function registered with ``tf.RegisterGradient``: one gradient (or
+        None) per input of ``op``.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      NotConnectedError: if ``op`` is not on the loss's backward path.
+      GraphGradError: if ``op`` names nothing there, already has an
+        override, ``fn`` is not callable, or the plan is built.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> with tf.Graph().as_default():
+      ...   with tf.compat.v1.variable_scope("l1"):
+      ...     w = tf.compat.v1.get_variable("w", initializer=[0.4, 1.6])
+      ...   with tf.compat.v1.variable_scope("l2"):
+      ...     y = tf.round(w) * tf.compat.v1.get_variable("v", initializer=3.0)
+      ...   plan = gg.GradientPlan(tf.reduce_sum(y))
+      ...   plan = plan.override_gradient("Round", lambda op, g: 0.5 * g)
+      ...   gv = plan.compute_gradients()
+      ...   with tf.compat.v1.Session() as s:
+      ...     s.run(tf.compat.v1.global_variables_initializer())
+      ...     print([s.run(g).tolist() for g, _ in gv])
+      [[1.5, 1.5], 2.0]
+    """
+    self._check_declarable("override_gradient")
+    self._overrides.declare(self.loss, self._var_list, op, fn,
+                            "override_gradient")
+    return self
+
+  def straight_through(self, op) -> "GradientPlan":
+    """Gives ``op`` an identity backward pass (the straight-through estimator).
+
+    ``override_gradient(op, fn)`` with ``fn`` passing each output's gradient
+    to the input of the same index (``None`` to inputs without one, such as
+    a ``FakeQuant`` op's ``min`` and ``max``): what
+    ``gradient_override_map({"Round": "Identity"})`` gives, for this plan
+    only.
+
+    Args:
+      op: a ``tf.Operation``, an op name, or an op type (``"Round"``).
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      As :meth:`override_gradient`.
+    """
+    self._check_declarable("straight_through")
+    self._overrides.declare(self.loss, self._var_list, op,
+                            _override.straight_through, "straight_through")
+    return self
+
+  def _check_declarable(self, method: str) -> None:
+    if self._built is not None:
+      raise _errors.GraphGradError(
+          f"{method}: this plan is already built (compute_gradients or "
+          f"apply_gradients was called); declare every override before "
+          f"building, or make a new GradientPlan.")
+
+  def _resolve_overrides(self) -> None:
+    """Sets the gradient function every backward call of the plan uses."""
+    if not self._overrides:
+      return
+    found = self._overrides.resolve(self.loss, self._var_list,
+                                    self._layer_of_op)
+    if found:
+      self._gradients_fn = functools.partial(_override.gradients,
+                                             overrides=found)
+
+  def _layer_of_op(self, op: tf.Operation) -> Optional[str]:
+    try:
+      return self.net.layer_of(op)
+    except _errors.GraphGradError:
+      return None
+
   # -- building ------------------------------------------------------------
 
   def compute_gradients(self) -> List[Tuple[Gradient, tf.Variable]]:
@@ -359,7 +455,23 @@ class GradientPlan:
     """
     if self._built is not None:
       return list(self._built)
+    try:
+      out = self._build()
+    except LookupError as e:  # a gradient tf.gradients could not find
+      missing = ops_without_gradient(self.loss, self._var_list)
+      if not missing:
+        raise
+      raise _override.no_gradient_error(self.loss, missing,
+                                        self._layer_of_op) from e
+    self._built = out
+    log.info("graphgrad plan on %s: %d variables, %d upstream, %d gradient, "
+             "%d edge transforms", self.loss.name, len(out),
+             len(self._upstream), len(self._gradients), len(self._edges))
+    return list(out)
+
+  def _build(self) -> List[Tuple[Gradient, tf.Variable]]:
     graph = self.loss.graph
+    self._resolve_overrides()
     with graph.as_default(), tf.name_scope(self._name):
       if not (self._upstream or self._edges or self._backward
               or self._conflicts):
@@ -379,11 +491,7 @@ class GradientPlan:
         gated = tf.tuple([g for _, g in present]) if present else []
         for (i, _), g in zip(present, gated):
           out[i] = (g, out[i][1])
-    self._built = out
-    log.info("graphgrad plan on %s: %d variables, %d upstream, %d gradient, "
-             "%d edge transforms", self.loss.name, len(out),
-             len(self._upstream), len(self._gradients), len(self._edges))
-    return list(out)
+    return out
 
   def _transform_layer(self, layer, fns, out) -> None:
     """Applies ``layer``'s parameter transforms to its entries of ``out``."""
@@ -429,7 +537,8 @@ class GradientPlan:
     if not ups and not edges and not backward and not conflicts:
       return self._whole(reached)
     segments = Segments(self.net, reached, ups, edges, self._options,
-                        backward=backward, outputs_fn=conflicts, cuts=cuts)
+                        backward=backward, outputs_fn=conflicts, cuts=cuts,
+                        gradients_fn=self._gradients_fn)
     by_name = {v.op.name: v for v in reached}
     reduce = None
     if self._reduce_fn is not None:
@@ -450,7 +559,7 @@ class GradientPlan:
 
   def _whole(self, variables) -> Dict[str, Gradient]:
     """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
-    grads = tf.compat.v1.gradients(self.loss, variables, **self._options)
+    grads = self._gradients_fn(self.loss, variables, **self._options)
     found = [(v, g) for v, g in zip(variables, grads) if g is not None]
     if self._reduce_fn is not None and found:
       found = list(zip([v for v, _ in found],
