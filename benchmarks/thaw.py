@@ -11,12 +11,20 @@ batch norm with non-trivial statistics), then six dense layers made with
 * round trip: the largest absolute difference between the frozen graph's
   logits and the thawed graph's, and between the original graph's
   parameter gradients and the thawed graph's (same weights, same batch);
-* layers: whether ``gg.analyze`` finds the original layer names.
+* layers: whether ``gg.analyze`` finds the original layer names;
+* overrides: the same model with its conv activations rounded to 8 bits,
+  frozen and thawed, trained with ``plan.straight_through("Round")`` (and a
+  ``transform_upstream`` at the middle conv block), against the unfrozen
+  model built under ``gradient_override_map({"Round": "Identity"})`` with
+  the same declaration; and with ``plan.override_gradient("Round", fn)``
+  against a ``tf.custom_gradient`` version: the largest absolute and
+  relative differences of the parameter gradients.
 
 ``--reps N`` sets the repetitions (default 15).
 """
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import statistics
@@ -35,12 +43,36 @@ tf1 = tf.compat.v1
 BLOCKS, DENSE = 10, 6
 
 
-def network(x):
+@tf.custom_gradient
+def _round_saturating(t):
+  return tf.round(t), lambda dy: dy * tf.cast(tf.abs(t) <= 255.0, dy.dtype)
+
+
+def saturating(op, dy):
+  """The override the custom_gradient reference builds in: 1{|x| <= 255}."""
+  return dy * tf.cast(tf.abs(op.inputs[0]) <= 255.0, dy.dtype)
+
+
+def _quantize(h, scope, quant):
+  """Rounds ``h`` to multiples of 1/255 inside ``scope``'s layer."""
+  if quant is None:
+    return h
+  with tf.name_scope(scope + "/quant/"):
+    if quant == "custom":
+      return _round_saturating(h * 255.0) / 255.0
+    graph = tf1.get_default_graph()
+    with (graph.gradient_override_map({"Round": "Identity"}) if quant == "map"
+          else contextlib.nullcontext()):
+      return tf.round(h * 255.0) / 255.0
+
+
+def network(x, quant=None):
   h = x
   for i in range(BLOCKS):
     h = tf1.layers.conv2d(h, 8, 3, padding="same", name=f"conv{i}")
     h = tf.nn.relu(tf1.layers.batch_normalization(h, training=False,
                                                   name=f"bn{i}"))
+    h = _quantize(h, f"bn{i}", quant)
   h = tf.reshape(h, [-1, 8 * 8 * 8])
   for i in range(DENSE):
     with tf1.variable_scope(f"fc{i}"):
@@ -56,15 +88,32 @@ def _loss(logits):
   return tf.reduce_sum(tf.square(logits), name="loss")
 
 
-def frozen_model(x_value):
-  """Returns (GraphDef, logits, gradients by variable name, layer names)."""
+def _declare(plan, quant):
+  plan.transform_upstream(f"bn{BLOCKS // 2}", gg.transforms.scale(0.5))
+  if quant == "plain":
+    plan.straight_through("Round")
+  elif quant == "custom_fn":
+    plan.override_gradient("Round", saturating)
+  return plan
+
+
+def frozen_model(x_value, quant=None):
+  """Returns (GraphDef, logits, gradients by variable name, layer names).
+
+  With ``quant`` ("map" or "custom"), the gradients are a plan's, with the
+  middle block's upstream halved.
+  """
   with tf.Graph().as_default() as g:
     tf1.set_random_seed(0)
     x = tf1.placeholder(tf.float32, [None, 8, 8, 3], name="x")
-    logits = network(x)
+    logits = network(x, quant)
     loss = _loss(logits)
     variables = tf1.trainable_variables()
-    grads = tf.gradients(loss, variables)
+    if quant is None:
+      grads = tf.gradients(loss, variables)
+    else:
+      grads = [gr for gr, _ in _declare(gg.GradientPlan(loss),
+                                        quant).compute_gradients()]
     names = gg.analyze(loss).names
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
@@ -76,6 +125,28 @@ def frozen_model(x_value):
           sess, g.as_graph_def(), ["logits"])
   return (frozen, out,
           {v.op.name: gv for v, gv in zip(variables, grad_values)}, names)
+
+
+def override_differences(x_value):
+  """Largest gradient differences of thawed + override against references."""
+  out = {}
+  for quant, reference in (("plain", "map"), ("custom_fn", "custom")):
+    _, _, expected, _ = frozen_model(x_value, reference)
+    frozen, _, _, _ = frozen_model(x_value, "plain")
+    with tf.Graph().as_default() as g:
+      variables = [v for v in gg.thaw(frozen) if v.trainable]
+      loss = _loss(g.get_tensor_by_name("logits:0"))
+      grads = [gr for gr, _ in _declare(gg.GradientPlan(loss, var_list=variables),
+                                        quant).compute_gradients()]
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        values = sess.run(grads, {"x:0": x_value})
+    diff = [np.abs(a - expected[v.op.name]) for a, v in zip(values, variables)]
+    scale = max(float(np.max(np.abs(e))) for e in expected.values())
+    rel = max(float(np.max(d / (np.abs(expected[v.op.name]) + 1e-6 * scale)))
+              for d, v in zip(diff, variables))
+    out[quant] = (max(float(np.max(d)) for d in diff), rel, scale)
+  return out
 
 
 def _time(fn):
@@ -129,6 +200,13 @@ def main(argv=None):
   ratios = [a / b for a, b in zip(samples["thaw"], samples["import_graph_def"])]
   print(f"thaw / import_graph_def: median {statistics.median(ratios):.2f} "
         f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
+  print("\nrounded activations, thawed, against references on the unfrozen "
+        "model (upstream x0.5 at the middle block):")
+  labels = {"plain": "straight_through vs gradient_override_map",
+            "custom_fn": "override_gradient(fn) vs tf.custom_gradient"}
+  for key, (abs_diff, rel, scale) in override_differences(x_value).items():
+    print(f"  {labels[key]}: max |difference| {abs_diff:.3g} (largest "
+          f"gradient {scale:.3g}); max relative {rel:.3g}")
   return 0
 
 
