@@ -223,3 +223,23 @@ def test_names_already_taken():
                        match=r"already has ops named conv1/kernel.*name=\.\.\."):
       gg.thaw(frozen)
     assert gg.thaw(frozen, name="copy")[0].op.name == "copy/conv1/kernel"
+
+
+def test_control_dependencies_on_a_constant_move_to_its_variable():
+  with tf.Graph().as_default() as frozen:
+    x = tf1.placeholder(tf.float32, [None, 2], name="x")
+    w = tf.constant([[1.0], [2.0]], name="dense/kernel")
+    with tf.control_dependencies([w.op]):
+      z = tf.identity(x, name="z")
+    tf.matmul(z, w, name="y")
+  with tf.Graph().as_default() as g:
+    (v,) = gg.thaw(frozen.as_graph_def())
+    y = g.get_tensor_by_name("y:0")
+    assert [op.name for op in g.get_operation_by_name("z").control_inputs] == [
+        "dense/kernel/thaw/ReadVariableOp"]
+    loss = tf.reduce_sum(y)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      np.testing.assert_array_equal(
+          sess.run(tf.gradients(loss, v)[0], {"x:0": [[1.0, 3.0]]}),
+          [[1.0], [3.0]])
