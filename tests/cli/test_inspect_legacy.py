@@ -69,6 +69,15 @@ def test_saved_model_tags(tmp_path, capsys):
                        "with --tag.")
 
 
+def test_a_non_float_output(tmp_path, capsys):
+  _saved_model(tmp_path / "sm")
+  line = _error_line(capsys, ["inspect", str(tmp_path / "sm"), "--output",
+                              "save/Const"])
+  assert line.endswith("--output 'save/Const': save/Const:0 has dtype string; "
+                       "an output to analyse must be a floating-point tensor. "
+                       "Pass a float tensor's name.")
+
+
 def test_a_directory_that_is_not_a_saved_model(tmp_path, capsys):
   line = _error_line(capsys, ["inspect", str(tmp_path)])
   assert "is a directory without saved_model.pb, so not a SavedModel" in line
