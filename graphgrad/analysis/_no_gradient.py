@@ -105,3 +105,28 @@ def ops_without_gradient(tensor: tf.Tensor, sources: Optional[Iterable] = None,
   """
   return [op for op in ops_on_path(tensor, sources, stops)
           if op.inputs and not has_gradient(op)]
+
+
+# Ops whose registered gradient is None or zero: everything below them gets
+# nothing through them. Quantizers are built from these.
+ZERO_GRADIENT_TYPES = frozenset({"Round", "Rint", "Floor", "Ceil", "Sign"})
+
+
+def ops_with_zero_gradient(tensor: tf.Tensor,
+                           sources: Optional[Iterable] = None
+                           ) -> List[tf.Operation]:
+  """The ops on ``tensor``'s backward path whose gradient is None or zero.
+
+  ``Round``, ``Rint``, ``Floor``, ``Ceil`` and ``Sign``: ``tf.gradients``
+  raises nothing at them, but sends nothing below them either.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> with tf.Graph().as_default():
+    ...   w = tf.compat.v1.get_variable("w", initializer=[0.4, 1.6])
+    ...   y = tf.reduce_sum(tf.round(w * 255.0) * w)
+    ...   print([op.type for op in ops_with_zero_gradient(y)])
+    ['Round']
+  """
+  return [op for op in ops_on_path(tensor, sources)
+          if op.type in ZERO_GRADIENT_TYPES]

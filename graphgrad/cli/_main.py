@@ -193,9 +193,18 @@ def _inspect(args) -> int:
 
 
 def _print_ops_without_gradient(net) -> None:
-  from graphgrad.analysis._no_gradient import ops_without_gradient  # pylint: disable=g-import-not-at-top
-  missing = ops_without_gradient(net.loss)
+  from graphgrad.analysis import _no_gradient  # pylint: disable=g-import-not-at-top
+  missing = _no_gradient.ops_without_gradient(net.loss)
+  zero = _no_gradient.ops_with_zero_gradient(net.loss)
   print()
+  if zero:
+    print(f"gradients: {len(zero)} op(s) on the backward path send no "
+          f"gradient below them (their registered gradient is None or zero; "
+          f"plan.straight_through(op) gives them an identity backward):")
+    for op in zero:
+      layer = net.layer_of(op)
+      print(f"  {op.name}  type {op.type}  "
+            f"{'layer ' + layer if layer else 'glue'}")
   if not missing:
     print(f"gradients: every op on the backward path of {net.loss.name} has "
           f"a registered gradient")

@@ -113,6 +113,7 @@ def test_reports_ops_without_gradient(tmp_path, capsys):
     with g.gradient_override_map({"Identity": "LegacyQuantizerGrad"}):
       with tf.name_scope("encoder/"):
         q = tf.identity(logits, name="quantize")
+    q = tf.round(q * 255.0, name="to_8_bits")
     tf.identity(tf.reduce_sum(tf.square(q)), name="loss")
     tf1.train.export_meta_graph(str(tmp_path / "q.meta"))
   assert _cli.main(["inspect", str(tmp_path / "q.meta")]) == 0
@@ -121,3 +122,6 @@ def test_reports_ops_without_gradient(tmp_path, capsys):
           "registered gradient") in out
   assert "plan.straight_through(op) or plan.override_gradient(op, fn)" in out
   assert "  encoder/quantize  type Identity  layer encoder" in out
+  assert ("gradients: 1 op(s) on the backward path send no gradient below "
+          "them") in out
+  assert "  to_8_bits  type Round  glue" in out
