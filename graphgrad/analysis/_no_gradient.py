@@ -25,7 +25,8 @@ def backpropagatable(t: tf.Tensor) -> bool:
 
 
 def ops_on_path(tensor, sources: Optional[Iterable] = None,
-                stops: Sequence[tf.Tensor] = ()) -> List[tf.Operation]:
+                stops: Sequence[tf.Tensor] = (),
+                floor: int = -1) -> List[tf.Operation]:
   """Ops between ``sources`` and ``tensor`` along backpropagatable tensors.
 
   Args:
@@ -33,6 +34,10 @@ def ops_on_path(tensor, sources: Optional[Iterable] = None,
     sources: variables or tensors differentiated against; defaults to the
       graph's trainable variables.
     stops: tensors the backward walk does not cross (``stop_gradients``).
+    floor: ops created before the op with this id are not walked: an op
+      between ``sources`` and ``tensor`` is created after one of the sources,
+      so the oldest source's id bounds the walk (outside while loops, whose
+      ``Merge`` is created before the ``NextIteration`` that feeds it).
 
   Returns:
     The ops, in graph order.
@@ -45,7 +50,7 @@ def ops_on_path(tensor, sources: Optional[Iterable] = None,
   stack = [t.op for t in tensors]
   while stack:
     op = stack.pop()
-    if op in behind:
+    if op in behind or op._id < floor:  # pylint: disable=protected-access
       continue
     behind.add(op)
     for t in op.inputs:

@@ -218,7 +218,11 @@ def gradients(ys, xs, grad_ys=None, stop_gradients=None, *,
   ys = list(ys) if isinstance(ys, (list, tuple)) else [ys]
   xs = list(xs)
   stops = list(stop_gradients or [])
-  cut = [op for op in ops_on_path(ys, xs, stops) if op.name in overrides]
+  floor = -1
+  if xs and not any(_graph_util.in_control_flow(x.op) for x in xs):
+    floor = min(x.op._id for x in xs)  # pylint: disable=protected-access
+  cut = [op for op in ops_on_path(ys, xs, stops, floor)
+         if op.name in overrides]
   if not cut:
     return tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys,
                                   stop_gradients=stops, **options)
