@@ -195,6 +195,27 @@ def _time(fn):
     return time.perf_counter() - start
 
 
+def _print_overrides(x_value, build_reps):
+  print("\nrounded activations, thawed, against references on the unfrozen "
+        "model (upstream x0.5 at the middle block):")
+  labels = {"plain": "straight_through vs gradient_override_map",
+            "custom_fn": "override_gradient(fn) vs tf.custom_gradient"}
+  for key, (abs_diff, rel, scale) in override_differences(x_value).items():
+    print(f"  {labels[key]}: max |difference| {abs_diff:.3g} (largest "
+          f"gradient {scale:.3g}); max relative {rel:.3g}")
+  builds = override_build_times(build_reps)
+  n = len(builds["straight_through"])
+  print(f"\nplan build, 64 rounded layers, 32 upstream transforms (n={n}):")
+  for label, xs in builds.items():
+    print(f"  {label:<22} median {statistics.median(xs):.2f} s "
+          f"(min {min(xs):.2f}, max {max(xs):.2f})")
+  ratios = [a / b for a, b in zip(builds["straight_through"],
+                                  builds["gradient_override_map"])]
+  print(f"  straight_through / gradient_override_map: median "
+        f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, "
+        f"max {max(ratios):.2f})")
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--reps", type=int, default=15)
@@ -239,24 +260,7 @@ def main(argv=None):
   ratios = [a / b for a, b in zip(samples["thaw"], samples["import_graph_def"])]
   print(f"thaw / import_graph_def: median {statistics.median(ratios):.2f} "
         f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
-  print("\nrounded activations, thawed, against references on the unfrozen "
-        "model (upstream x0.5 at the middle block):")
-  labels = {"plain": "straight_through vs gradient_override_map",
-            "custom_fn": "override_gradient(fn) vs tf.custom_gradient"}
-  for key, (abs_diff, rel, scale) in override_differences(x_value).items():
-    print(f"  {labels[key]}: max |difference| {abs_diff:.3g} (largest "
-          f"gradient {scale:.3g}); max relative {rel:.3g}")
-  builds = override_build_times(max(3, args.reps // 3))
-  n = len(builds["straight_through"])
-  print(f"\nplan build, 64 rounded layers, 32 upstream transforms (n={n}):")
-  for label, xs in builds.items():
-    print(f"  {label:<22} median {statistics.median(xs):.2f} s "
-          f"(min {min(xs):.2f}, max {max(xs):.2f})")
-  ratios = [a / b for a, b in zip(builds["straight_through"],
-                                  builds["gradient_override_map"])]
-  print(f"  straight_through / gradient_override_map: median "
-        f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, "
-        f"max {max(ratios):.2f})")
+  _print_overrides(x_value, max(3, args.reps // 3))
   return 0
 
 
