@@ -18,7 +18,8 @@ call; every forward op is still backpropagated once per segment.
 """
 
 import collections
-from typing import Callable, Dict, List, Optional, Sequence
+import functools
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import tensorflow as tf
 
@@ -29,9 +30,11 @@ from graphgrad.analysis._no_gradient import (
   ops_on_path,
   ops_without_gradient,
 )
+from graphgrad.plan._declarations import Declarations
 from graphgrad.plan._engine import aggregate
 
 GradFn = Callable[..., object]
+_P = TypeVar("_P", bound="Overriding")
 
 
 def straight_through(op: tf.Operation, *grads):
@@ -50,102 +53,97 @@ def straight_through(op: tf.Operation, *grads):
   return out
 
 
-class Overrides:
-  """The overrides declared on one plan, by op name and by op type."""
+def resolve_op(loss: tf.Tensor, sources, op, caller: str) -> Tuple[str, str]:
+  """``(match, key)`` of ``op`` (an Operation, an op name or an op type).
 
-  def __init__(self):
-    self._by_name: Dict[str, GradFn] = {}
-    self._by_type: Dict[str, GradFn] = {}
+  A string that is the type of an op on the loss's backward path is a type.
 
-  def __bool__(self) -> bool:
-    return bool(self._by_name or self._by_type)
-
-  def __repr__(self) -> str:
-    return repr(sorted(self._by_name) + sorted(self._by_type))
-
-  def declare(self, loss: tf.Tensor, sources, op, fn: GradFn,
-              method: str) -> None:
-    """Records ``fn`` for ``op`` (an Operation, an op name or an op type).
-
-    Raises:
-      GraphGradError: if ``fn`` is not callable, ``op`` names nothing on the
-        loss's backward path, or already has an override.
-      NotConnectedError: if ``op`` is not on the loss's backward path.
-    """
-    if not callable(fn):
+  Raises:
+    GraphGradError: if ``op`` names nothing on the loss's backward path.
+    NotConnectedError: if ``op`` is not on the loss's backward path.
+  """
+  path = ops_on_path(loss, sources)
+  if isinstance(op, tf.Operation):
+    if op.graph is not loss.graph:
       raise _errors.GraphGradError(
-          f"{method}: `fn` must be a callable fn(op, *output_grads) -> one "
-          f"gradient per input of op, like a function registered with "
-          f"tf.RegisterGradient; got {type(fn).__name__}.")
-    path = ops_on_path(loss, sources)
-    key, store = self._key(loss, path, op, method)
-    if key in store:
-      raise _errors.GraphGradError(
-          f"{method}: {key!r} already has a backward pass in this plan; an "
-          f"op's gradient is overridden once. Make a new GradientPlan to try "
-          f"another.")
-    store[key] = fn
-
-  def _key(self, loss, path, op, method):
-    if isinstance(op, tf.Operation):
-      if op.graph is not loss.graph:
-        raise _errors.GraphGradError(
-            f"{method}: the op {op.name} belongs to another tf.Graph than the "
-            f"loss {loss.name}. Pass an op of the loss's graph.")
-      if op not in path:
-        raise _not_on_path(method, op.name, loss, path)
-      return op.name, self._by_name
-    if not isinstance(op, str):
-      raise _errors.GraphGradError(
-          f"{method}: `op` must be a tf.Operation, an op name or an op type "
-          f"(str); got {type(op).__name__}.")
-    if any(o.type == op for o in path):
-      return op, self._by_type
-    try:
-      found = loss.graph.get_operation_by_name(op)
-    except (KeyError, ValueError):
-      found = None
-    if found is None:
-      types = sorted({o.type for o in path})
-      raise _errors.GraphGradError(
-          f"{method}: {op!r} is neither an op name of the loss's graph nor "
-          f"the type of an op on the backward path of {loss.name}. Types on "
-          f"that path: {', '.join(types)}.")
-    if found not in path:
-      raise _not_on_path(method, op, loss, path)
-    return op, self._by_name
-
-  def resolve(self, loss: tf.Tensor, sources,
-              layer_of: Callable[[tf.Operation], Optional[str]]
-              ) -> Dict[str, GradFn]:
-    """Maps each overridden op on the loss's path to its ``fn``.
-
-    Raises:
-      GraphGradError: if an op without a gradient is left without one.
-      UnsupportedGraphError: for an overridden op inside a loop or cond.
-    """
-    path = ops_on_path(loss, sources)
-    found = {}
-    for op in path:
-      fn = self._by_name.get(op.name, self._by_type.get(op.type))
-      if fn is None:
-        continue
-      if _graph_util.in_control_flow(op):
-        raise _errors.UnsupportedGraphError(
-            f"the overridden op {op.name} lies inside a tf.compat.v1 while "
-            f"loop or cond, where the backward pass cannot be cut. Override "
-            f"an op outside the loop.")
-      found[op.name] = fn
-    missing = [op for op in ops_without_gradient(loss, sources)
-               if op.name not in found]
-    if missing:
-      raise no_gradient_error(loss, missing, layer_of)
-    return found
+          f"{caller}: the op {op.name} belongs to another tf.Graph than the "
+          f"loss {loss.name}. Pass an op of the loss's graph.")
+    if op not in path:
+      raise _not_on_path(caller, op.name, loss, path)
+    return "name", op.name
+  if not isinstance(op, str):
+    raise _errors.GraphGradError(
+        f"{caller}: `op` must be a tf.Operation, an op name or an op type "
+        f"(str); got {type(op).__name__}.")
+  if any(o.type == op for o in path):
+    return "type", op
+  try:
+    found = loss.graph.get_operation_by_name(op)
+  except (KeyError, ValueError):
+    found = None
+  if found is None:
+    types = sorted({o.type for o in path})
+    raise _errors.GraphGradError(
+        f"{caller}: {op!r} is neither an op name of the loss's graph nor "
+        f"the type of an op on the backward path of {loss.name}. Types on "
+        f"that path: {', '.join(types)}.")
+  if found not in path:
+    raise _not_on_path(caller, op, loss, path)
+  return "name", op
 
 
-def _not_on_path(method, name, loss, path) -> _errors.NotConnectedError:
+def on_path(loss: tf.Tensor, sources, overrides: Dict[Tuple[str, str], GradFn],
+            layer_of: Callable[[tf.Operation], Optional[str]]
+            ) -> Dict[str, GradFn]:
+  """Maps each overridden op on the loss's path to its ``fn``.
+
+  Args:
+    loss: the plan's loss.
+    sources: the variables differentiated.
+    overrides: ``(match, key) -> fn``, ``match`` ``"name"`` or ``"type"``.
+    layer_of: the layer of an op, or ``None``, for the error message.
+
+  Raises:
+    GraphGradError: if an op without a gradient is left without one.
+    UnsupportedGraphError: for an overridden op inside a loop or cond.
+  """
+  by_name = {k: fn for (m, k), fn in overrides.items() if m == "name"}
+  by_type = {k: fn for (m, k), fn in overrides.items() if m == "type"}
+  found = {}
+  for op in ops_on_path(loss, sources):
+    fn = by_name.get(op.name, by_type.get(op.type))
+    if fn is None:
+      continue
+    if _graph_util.in_control_flow(op):
+      raise _errors.UnsupportedGraphError(
+          f"the overridden op {op.name} lies inside a tf.compat.v1 while "
+          f"loop or cond, where the backward pass cannot be cut. Override "
+          f"an op outside the loop.")
+    found[op.name] = fn
+  missing = [op for op in ops_without_gradient(loss, sources)
+             if op.name not in found]
+  if missing:
+    raise no_gradient_error(loss, missing, layer_of)
+  return found
+
+
+def gradients_fn(loss: tf.Tensor, sources,
+                 overrides: Dict[Tuple[str, str], GradFn],
+                 layer_of: Callable[[tf.Operation], Optional[str]]
+                 ) -> Callable:
+  """What a plan calls instead of ``tf.gradients``: :func:`gradients` with
+  the plan's overridden ops, or ``tf.gradients`` itself without any."""
+  if not overrides:
+    return tf.compat.v1.gradients
+  found = on_path(loss, sources, overrides, layer_of)
+  if not found:
+    return tf.compat.v1.gradients
+  return functools.partial(gradients, overrides=found)
+
+
+def _not_on_path(caller, name, loss, path) -> _errors.NotConnectedError:
   return _errors.NotConnectedError(
-      f"{method}: the op {name} is not on the backward path of {loss.name} "
+      f"{caller}: the op {name} is not on the backward path of {loss.name} "
       f"(between the differentiated variables and the loss), so its gradient "
       f"is never computed. Override an op the loss's gradient passes "
       f"through; {len(path)} ops do.")
@@ -257,3 +255,87 @@ def gradients(ys, xs, grad_ys=None, stop_gradients=None, *,
           [tf.convert_to_tensor(g) for _, g in pairs],
           [t for below in cut[k + 1:] for t in outs[below.name]])
   return [aggregate(gs, like=x) for gs, x in zip(x_grads, xs)]
+
+
+class Overriding:
+  """The override declarations of a GradientPlan.
+
+  The plan sets ``_loss``, ``_var_list`` and ``_declarations``.
+  """
+
+  _loss: tf.Tensor
+  _var_list: Tuple[tf.Variable, ...]
+  _declarations: Declarations
+
+  def override_gradient(self: _P, op, fn) -> _P:
+    """Gives ``op`` the backward pass ``fn`` inside this plan only.
+
+    The plan's backward pass is cut at the op: the gradient at its outputs
+    (summed over all consumers, after every rewrite above it) goes through
+    ``fn`` to its inputs, and backpropagation continues below. TensorFlow's
+    gradient registry and the op's attributes are not changed, so other
+    ``tf.gradients`` calls on the graph are unaffected; ops of imported
+    graphs work alike. Every other declaration composes with it.
+
+    Args:
+      op: a ``tf.Operation``, an op name, or an op type (``"Round"``): a
+        type applies to every op of that type on the loss's backward path.
+        A string that is the type of an op on that path is a type.
+      fn: ``fn(op, *output_grads) -> input grads``, the signature of a
+        function registered with ``tf.RegisterGradient``: one gradient (or
+        None) per input of ``op``.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      NotConnectedError: if ``op`` is not on the loss's backward path.
+      GraphGradError: if ``op`` names nothing there, already has an
+        override, ``fn`` is not callable, or the plan is built.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> with tf.Graph().as_default():
+      ...   with tf.compat.v1.variable_scope("l1"):
+      ...     w = tf.compat.v1.get_variable("w", initializer=[0.4, 1.6])
+      ...   with tf.compat.v1.variable_scope("l2"):
+      ...     y = tf.round(w) * tf.compat.v1.get_variable("v", initializer=3.0)
+      ...   plan = gg.GradientPlan(tf.reduce_sum(y))
+      ...   plan = plan.override_gradient("Round", lambda op, g: 0.5 * g)
+      ...   gv = plan.compute_gradients()
+      ...   with tf.compat.v1.Session() as s:
+      ...     s.run(tf.compat.v1.global_variables_initializer())
+      ...     print([s.run(g).tolist() for g, _ in gv])
+      [[1.5, 1.5], 2.0]
+    """
+    return self._override(op, fn, "override_gradient")
+
+  def straight_through(self: _P, op) -> _P:
+    """Gives ``op`` an identity backward pass (the straight-through estimator).
+
+    ``override_gradient(op, fn)`` with ``fn`` passing each output's gradient
+    to the input of the same index (``None`` to inputs without one, such as
+    a ``FakeQuant`` op's ``min`` and ``max``): what
+    ``gradient_override_map({"Round": "Identity"})`` gives, for this plan
+    only.
+
+    Args:
+      op: a ``tf.Operation``, an op name, or an op type (``"Round"``).
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      As :meth:`override_gradient`.
+    """
+    return self._override(op, straight_through, "straight_through")
+
+  def _override(self: _P, op, fn, caller: str) -> _P:
+    if self._declarations.frozen:
+      raise _errors.GraphGradError(
+          f"{caller}: this plan is already built (compute_gradients or "
+          f"apply_gradients was called); declare every override before "
+          f"building, or make a new GradientPlan.")
+    key = resolve_op(self._loss, self._var_list, op, caller)
+    self._declarations.add_override(key, fn, caller)
+    return self
