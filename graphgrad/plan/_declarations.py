@@ -3,10 +3,11 @@
 A plan is a list of declarations: "rewrite the upstream gradient of layer
 ``L`` with ``fn``", "rewrite ``L``'s parameter gradients", "rewrite the edge
 ``lower -> upper``", "replace ``L``'s backward pass", "combine the task
-gradients at ``L``", "give the op ``o`` the backward pass ``fn``". :class:`Declarations` holds them in declaration order and
-checks each one once, when it is declared: the layer names (through the
-resolver its plan gives it), the callables, group versus per-tensor
-transforms, duplicates, and declaring after the plan was built.
+gradients at ``L``", "give the op ``o`` the backward pass ``fn``".
+:class:`Declarations` holds them in declaration order and checks each one
+once, when it is declared: the layer names (through the resolver its plan
+gives it), the callables, group versus per-tensor transforms, duplicates,
+and declaring after the plan was built.
 
 :class:`~graphgrad.GradientPlan` executes the declarations on a ``tf.Graph``
 (the segment engine); :class:`~graphgrad.KerasPlan` executes them under its

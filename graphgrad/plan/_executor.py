@@ -27,10 +27,10 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis._layers import LayerGraph
-from graphgrad.methods import _backward, _pcgrad
-from graphgrad.plan._declarations import Declaration, Declarations
 from graphgrad.analysis._no_gradient import ops_without_gradient
+from graphgrad.methods import _backward, _pcgrad
 from graphgrad.plan import _override
+from graphgrad.plan._declarations import Declaration, Declarations
 from graphgrad.plan._engine import Segments, aggregate
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources, TransformContext
