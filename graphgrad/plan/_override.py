@@ -166,8 +166,12 @@ def no_gradient_error(loss: tf.Tensor, ops: Sequence[tf.Operation],
       f"grads; `op` is the op, its name, or its type ({ops[0].type!r}).")
 
 
-def _input_grads(op: tf.Operation, fn: GradFn, grads) -> List:
-  """Calls ``fn`` and checks one gradient per input, of the input's shape."""
+def input_grads(op, fn: GradFn, grads) -> List:
+  """Calls ``fn`` and checks one gradient per input, of the input's shape.
+
+  ``op`` is a ``tf.Operation``, or anything with its ``name``, ``type``,
+  ``inputs`` and ``outputs`` (a KerasPlan's layer call).
+  """
   with tf.name_scope(op.name.replace("/", "_") + "_override"):
     out = fn(op, *grads)
   if not isinstance(out, (list, tuple)):
@@ -187,7 +191,7 @@ def _input_grads(op: tf.Operation, fn: GradFn, grads) -> List:
                                     and not dense.shape.is_compatible_with(
                                         t.shape)):
         raise _errors.IncompatibleGradientError(
-            f"{name}: the gradient fn returned for the input {t.name} of "
+            f"{name}: the gradient fn returned for the input {_describe(t)} of "
             f"{op.name} has shape {dense.shape} {dense.dtype.name}; the input "
             f"has shape {t.shape} {t.dtype.name}. Return a gradient of each "
             f"input's shape and dtype.")
@@ -199,6 +203,10 @@ def _input_grads(op: tf.Operation, fn: GradFn, grads) -> List:
         f"output of the same index in dtype and shape, so the identity has "
         f"nowhere to send the gradient. Use plan.override_gradient(op, fn).")
   return checked
+
+
+def _describe(t) -> str:
+  return t.name if tf.is_symbolic_tensor(t) else "of shape " + str(t.shape)
 
 
 def gradients(ys, xs, grad_ys=None, stop_gradients=None, *,
@@ -248,7 +256,7 @@ def gradients(ys, xs, grad_ys=None, stop_gradients=None, *,
       continue
     grads = [tf.zeros_like(t) if g is None and t.dtype.is_floating else g
              for t, g in zip(op.outputs, grads)]
-    pairs = [(t, g) for t, g in zip(op.inputs, _input_grads(
+    pairs = [(t, g) for t, g in zip(op.inputs, input_grads(
         op, overrides[op.name], grads)) if g is not None]
     if pairs:
       run([t for t, _ in pairs],
