@@ -182,7 +182,9 @@ class Declarations:
           f"tf.RegisterGradient; got {type(fn).__name__}.")
     match, key = op
     if match not in MATCHES:
-      raise ValueError(f"match must be one of {MATCHES}; got {match!r}")
+      raise _errors.GraphGradError(
+          f"{caller}: an override matches an op by one of {MATCHES}; got "
+          f"{match!r} for {key!r}. Resolve the op reference to one of them.")
     if op in self.overrides:
       raise _errors.GraphGradError(
           f"{caller}: {key!r} already has a backward pass in this plan; an "
