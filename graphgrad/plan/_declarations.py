@@ -249,7 +249,7 @@ class Declarations:
   @property
   def overrides(self) -> Dict[Tuple[str, str], Any]:
     """``(match, key)`` -> the override's gradient function."""
-    return {d.op: d.fn for d in self.of_kind(Kind.OVERRIDE)}
+    return {d.op: d.fn for d in self.of_kind(Kind.OVERRIDE) if d.op}
 
   @property
   def layers(self) -> Tuple[str, ...]:
