@@ -188,3 +188,49 @@ def test_fn_results_are_checked_eagerly():
                      match=r"the input of shape \(5, 4\) of quant has shape "
                            r"\(\) float32"):
     _grads(model, plan)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_layer_called_twice_is_overridden_at_each_call(traced):
+  backward = _tanh_backward(1.0)
+
+  def shared_model(quant_call):
+    k = tf.keras
+    inp = k.Input((3,))
+    quant = _quant_layer(k, quant_call)
+    h = k.layers.Dense(4, use_bias=False, name="fc1",
+                       kernel_initializer=k.initializers.Constant(W1))(inp)
+    h = quant(h)
+    h = k.layers.Dense(4, use_bias=False, name="mid",
+                       kernel_initializer=k.initializers.Constant(
+                           W1.T @ W1))(h)
+    out = k.layers.Dense(2, use_bias=False, name="fc2",
+                         kernel_initializer=k.initializers.Constant(W2))(
+                             quant(h))
+    return k.Model(inp, out)
+
+  model = shared_model(quantize)
+  plan = gg.KerasPlan(model).override_gradient(
+      "quant", lambda call, g: backward(call.inputs[0], g))
+  got = _grads(model, plan, traced)
+  _close(got, _grads(shared_model(_custom_quant(backward)), traced=traced))
+
+
+def test_an_overridden_layer_keeps_its_variables_chain_rule_gradients():
+  model = _model(tf.keras)
+  plain = _grads(model)
+  w2 = tf.constant(W2)
+  plan = gg.KerasPlan(model).override_gradient(
+      "fc2", lambda call, g: 3.0 * tf.matmul(g, w2, transpose_b=True))
+  got = _grads(model, plan)
+  np.testing.assert_allclose(got[1], plain[1], rtol=RTOL)  # fc2's kernel
+  # fc1 gets nothing through the Round below fc2, overridden or not.
+  assert got[0] is None
+
+  # With the Round straight-through, fc1 sees fc2's input gradient tripled.
+  plan = (gg.KerasPlan(model).straight_through("quant").override_gradient(
+      "fc2", lambda call, g: 3.0 * tf.matmul(g, w2, transpose_b=True)))
+  got = _grads(model, plan)
+  want = _grads(model, gg.KerasPlan(model).straight_through("quant"))
+  np.testing.assert_allclose(got[0], 3.0 * want[0], rtol=RTOL)
+  np.testing.assert_allclose(got[1], want[1], rtol=RTOL)
