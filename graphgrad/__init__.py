@@ -40,6 +40,7 @@ from graphgrad._errors import (
 )
 from graphgrad.analysis._analyze import analyze
 from graphgrad.analysis._layers import Layer, LayerGraph
+from graphgrad.analysis._thaw import thaw
 from graphgrad.distributed._after_aggregation import AfterAggregation
 from graphgrad.keras._plan import KerasPlan
 from graphgrad.plan._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
@@ -69,5 +70,6 @@ __all__ = [
     "cluster",
     "gradient_report",
     "demo",
+    "thaw",
     "transforms",
 ]

@@ -24,6 +24,7 @@ from graphgrad.keras import _methods
 from graphgrad.methods import _pcgrad
 from graphgrad.keras._layers import (LayerIndex, is_keras_layer,
                                      layer_variables, tf_variable)
+from graphgrad.keras._override import Overriding
 from graphgrad.keras._tape import PlanTape
 from graphgrad.plan._declarations import Declarations
 from graphgrad.transforms._context import Resources
@@ -33,15 +34,16 @@ log = logging.getLogger("graphgrad")
 LayerRef = Union[str, Any]  # a Keras layer name or path, or the layer itself
 
 
-class KerasPlan(tf.Module):
+class KerasPlan(tf.Module, Overriding):
   """Rewrites gradients at the layer boundaries of a Keras model.
 
   The declarations and their semantics are those of
   :class:`GradientPlan`, with a layer being a Keras layer and its outputs
   the tensors its ``call`` returns: ``transform_upstream``,
   ``transform_gradients`` (group transforms included),
-  ``transform_edge``, ``replace_backward`` and ``project_conflicts`` /
-  ``combine_tasks``. A layer called several times is rewritten at each
+  ``transform_edge``, ``replace_backward``, ``project_conflicts`` /
+  ``combine_tasks``, and ``override_gradient`` / ``straight_through``,
+  which on a KerasPlan name a layer whose call they override (not an op). A layer called several times is rewritten at each
   call. With no transforms, or only identity ones, the tape adds no op at
   all: its gradients are those of a plain ``tf.GradientTape``.
 
@@ -212,7 +214,15 @@ class KerasPlan(tf.Module):
     path = self._index.find(layer, "layer")
     _methods.check(fn, self.layer(path), path)
     self._error_layer(fn, path)  # refuses an ambiguous default now
-    self._declarations.add_backward(path, fn)
+
+    def no_override():
+      if ("layer", path) in self._declarations.overrides:
+        raise _errors.GraphGradError(
+            f"replace_backward: layer {path!r} already has an override "
+            f"(override_gradient or straight_through), which computes what "
+            f"its inputs get; a layer has one of the two. Replace the "
+            f"backward pass of a layer without an override.")
+    self._declarations.add_backward(path, fn, validate=no_override)
     return self
 
   def project_conflicts(self, layer: LayerRef, losses=None,

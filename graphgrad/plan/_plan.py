@@ -20,13 +20,14 @@ from graphgrad.methods import _pcgrad
 from graphgrad.plan import _arguments, _executor
 from graphgrad.plan._declarations import Declarations
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
+from graphgrad.plan._override import Overriding
 from graphgrad.plan._training import Training
 from graphgrad.transforms._context import Resources
 
 __all__ = ["GATE_GRAPH", "GATE_NONE", "GATE_OP", "GradientPlan"]
 
 
-class GradientPlan(Training):
+class GradientPlan(Training, Overriding):
   """Rewrites gradients at layer boundaries, then trains with one op.
 
   A plan is declared, then built once, on the first call to
@@ -58,6 +59,9 @@ class GradientPlan(Training):
     result instead of the chain rule; ``L``'s own parameters keep the true
     gradient. ``project_conflicts(L, losses)``: PCGrad on the task gradients
     at ``L``'s outputs, seen by ``L``'s parameters and everything below.
+  * ``override_gradient(op, fn)`` / ``straight_through(op)``: the backward
+    pass is cut at ``op`` (an op, its name or its type), whose inputs get
+    ``fn(op, *output_grads)``, in this plan only.
 
   Args:
     loss: a floating-point tensor of a ``tf.Graph``.
