@@ -24,6 +24,10 @@ when a TensorFlow release drops or changes one:
   shortens): when it is missing or has another signature the plan keeps
   TensorFlow's own walk, which builds the same graph more slowly, and logs
   that once.
+* ``tensorflow.python.framework.ops.get_gradient_function`` (does an op
+  have a registered gradient; :func:`has_gradient_function`): falls back to
+  taking every op to have one, so ``graphgrad inspect`` lists no op without
+  a gradient and ``tf.gradients`` reports a missing one itself.
 * Keras ``Layer._flatten_layers`` (direct sublayers; :func:`sublayers`):
   falls back to ``model.layers``, then to the layers held in the object's
   attributes.
@@ -104,6 +108,7 @@ PRIVATE_APIS = (
     "tf.DType._is_ref_dtype",
     "tf.Operation._get_control_flow_context",
     "tensorflow.python.ops.gradients_util._MarkReachedOps",
+    "tensorflow.python.framework.ops.get_gradient_function",
     "keras Layer._flatten_layers",
     "keras 3 Variable._value",
 )
@@ -209,6 +214,35 @@ def mark_reached_ops(fn, module) -> Optional[Any]:
                 "func_graphs)", "TensorFlow's unbounded walk (same graph, "
                 "slower build)")
   return None
+
+
+def _get_gradient_function():
+  try:
+    from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
+  except ImportError:
+    return None
+  fn = getattr(ops, "get_gradient_function", None)
+  return fn if callable(fn) else None
+
+
+def has_gradient_function(op: tf.Operation) -> bool:
+  """False when ``tf.gradients`` would raise ``LookupError`` at ``op``.
+
+  Example:
+    >>> with tf.Graph().as_default():
+    ...   has_gradient_function(tf.square(tf.constant(2.0)).op)
+    True
+  """
+  fn = _get_gradient_function()
+  if fn is None:
+    warn_fallback("ops.get_gradient_function",
+                  "taking every op to have a gradient")
+    return True
+  try:
+    fn(op)
+  except LookupError:
+    return False
+  return True
 
 
 def has_sublayers_api(layer) -> bool:

@@ -17,7 +17,7 @@ graph:
 """
 
 import logging
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import networkx as nx
 import tensorflow as tf
@@ -143,6 +143,8 @@ def no_gradient_reason(net, method: str, name: str,
            for o in behind):
       return None
     return "its boundary tensors depend on no trainable variable"
+  if method not in ("transform_upstream", "replace_backward"):
+    return None  # combine_tasks: the layer's own parameters see the result
   layer = net[name]
   below = bool(nx.ancestors(net.graph, name))
   if not layer.inputs:
@@ -159,7 +161,8 @@ def no_gradient_reason(net, method: str, name: str,
 
 
 def check_declaration(net, method: str, name: str,
-                      upper: Optional[str] = None) -> None:
+                      upper: Optional[str] = None,
+                      then: Optional[Callable[[], Any]] = None) -> None:
   """Refuses or reports a declaration that cannot act below the layer.
 
   A layer applied inside a v2 cond or loop together with other layers has its
@@ -173,6 +176,12 @@ def check_declaration(net, method: str, name: str,
   code that declares one transform on every layer (``for name in net.names``)
   must keep working; but it does nothing, and a silent no-op is what the
   warning rules out. The bottom layer, where nothing lies below, is quiet.
+  A task combination is never a no-op (the layer's own parameters see the
+  combined gradient), so only the cond and loop check applies to it.
+
+  ``then`` is the plan's own check of the declaration, run after the cond
+  and loop check and before the warning, so a refused declaration does not
+  warn.
 
   Raises:
     UnsupportedGraphError: for a layer inside a v2 cond or loop.
@@ -191,6 +200,8 @@ def check_declaration(net, method: str, name: str,
         f"{frame.name!r}, or make the whole {kind} one layer: "
         f"gg.analyze(loss, layers={{'{frame.name}': <the variables of "
         f"{', '.join(map(repr, [name] + others))}>}}).")
+  if then is not None:
+    then()
   reason = no_gradient_reason(net, method, name, upper)
   key = (method, name)
   if reason is not None and key not in net.warned:

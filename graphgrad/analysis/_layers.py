@@ -32,6 +32,7 @@ import networkx as nx
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad.analysis import _graph_util
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -156,12 +157,13 @@ class LayerGraph:
     return _declarations.lookup(self, name, arg)
 
   def check_declaration(self, method: str, name: str,
-                        upper: Optional[str] = None) -> None:
+                        upper: Optional[str] = None, then=None) -> None:
     """Refuses or reports a declaration that cannot act below the layer.
 
-    Called by the plans' ``transform_upstream``, ``transform_edge`` (on the
-    lower layer) and ``replace_backward``. A layer applied inside a v2 cond
-    or loop with other layers raises ``UnsupportedGraphError`` naming the op.
+    Called by GradientPlan's ``transform_upstream``, ``transform_edge`` (on
+    the lower layer), ``replace_backward`` and ``combine_tasks``. A layer
+    applied inside a v2 cond or loop with other layers raises
+    ``UnsupportedGraphError`` naming the op.
     A declaration through which no gradient reaches any layer below *warns
     once* through the ``graphgrad`` logger: it is not wrong (the gradients
     below are exactly the plain ones) and a transform declared on every
@@ -171,12 +173,14 @@ class LayerGraph:
       method: the plan method, for the messages.
       name: the layer name (the lower one of an edge).
       upper: the upper layer of ``transform_edge``.
+      then: the plan's own check, run after the cond and loop check and
+        before the warning (a refused declaration does not warn).
 
     Raises:
       UnsupportedGraphError: for a layer inside a v2 cond or loop.
     """
     from graphgrad.analysis import _declarations  # pylint: disable=g-import-not-at-top
-    _declarations.check_declaration(self, method, name, upper)
+    _declarations.check_declaration(self, method, name, upper, then)
 
   def passes_gradient(self, name: str, method: str = "transform_upstream",
                       upper: Optional[str] = None) -> bool:
@@ -257,11 +261,11 @@ class LayerGraph:
     for l in self.layers:
       rows.append((
           l.name, str(l.call_sites),
-          ", ".join(f"{_short(v.name, l)} {_shape(v.shape)}"
+          ", ".join(f"{_short(v.name, l)} {_graph_util.shape_text(v.shape)}"
                     for v in l.variables) or "-",
           f"{l.num_params:,}",
-          ", ".join(_shape(t.shape) for t in l.inputs) or "-",
-          ", ".join(_shape(t.shape) for t in l.outputs) or "-",
+          ", ".join(_graph_util.shape_text(t.shape) for t in l.inputs) or "-",
+          ", ".join(_graph_util.shape_text(t.shape) for t in l.outputs) or "-",
       ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
@@ -273,7 +277,7 @@ class LayerGraph:
     lines.append("")
     lines.append("boundaries (lower -> upper: tensors)")
     for lo, up, data in self.graph.edges(data=True):
-      ts = ", ".join(f"{t.name} {_shape(t.shape)}" for t in data["tensors"])
+      ts = ", ".join(f"{t.name} {_graph_util.shape_text(t.shape)}" for t in data["tensors"])
       lines.append(f"  {lo} -> {up}: {ts}")
     if not self.graph.number_of_edges():
       lines.append("  (none)")
@@ -341,10 +345,3 @@ def _short(var_name: str, layer: Layer) -> str:
     if name.startswith(s + "/"):
       return name[len(s) + 1:]
   return name
-
-
-def _shape(shape) -> str:
-  dims = tf.TensorShape(shape)
-  if dims.rank is None:
-    return "[?]"
-  return "[" + ",".join("?" if d is None else str(d) for d in dims.as_list()) + "]"
