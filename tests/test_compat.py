@@ -13,6 +13,7 @@ import tensorflow as tf
 import graphgrad as gg
 from graphgrad import _compat
 from graphgrad.analysis import _graph_util
+from graphgrad.keras._layers import LayerIndex
 from graphgrad.plan import _reach
 from helpers import dense
 
@@ -197,6 +198,7 @@ def test_sublayers_fallback_lists_the_same_layers(monkeypatch, caplog,
   block = model.layers[1]
   real = ([l.name for l in _compat.sublayers(model)],
           [l.name for l in _compat.sublayers(block)])
+  paths = LayerIndex(model).paths
   layer_class = [c for c in type(block).__mro__
                  if "_flatten_layers" in c.__dict__][0]
   monkeypatch.delattr(layer_class, "_flatten_layers")
@@ -204,5 +206,22 @@ def test_sublayers_fallback_lists_the_same_layers(monkeypatch, caplog,
     assert ([l.name for l in _compat.sublayers(model)],
             [l.name for l in _compat.sublayers(block)]) == real
     assert _compat.has_sublayers_api(model)
+    fallback_paths = LayerIndex(model).paths
   assert real[0][-2:] == ["d", block.name] and real[1] == ["a", "b", "c"]
   assert len(_fallback_logs(caplog, "_flatten_layers")) == 1
+  assert fallback_paths == paths  # KerasPlan's layer tree is the same
+
+
+def test_gradient_function_fallback(graph, monkeypatch, caplog,
+                                    fresh_warnings):
+  x = tf1.placeholder(tf.float32, [None, 3])
+  with tf1.get_default_graph().gradient_override_map(
+      {"Identity": "NoSuchGradient"}):
+    y = tf.identity(x)
+  assert not _compat.has_gradient_function(y.op)
+  assert _compat.has_gradient_function(tf.square(x).op)
+  monkeypatch.setattr(_compat, "_get_gradient_function", lambda: None)
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    assert _compat.has_gradient_function(y.op)
+    assert _compat.has_gradient_function(y.op)
+  assert len(_fallback_logs(caplog, "get_gradient_function")) == 1

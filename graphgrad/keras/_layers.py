@@ -44,6 +44,39 @@ def holds_variables(layer) -> bool:
   return bool(own)
 
 
+def check_parameters(index: "LayerIndex", path: str) -> None:
+  """Refuses ``transform_gradients`` on a layer without trainable variables.
+
+  A built layer whose weights are all non-trainable (``layer.trainable =
+  False``, a frozen backbone) or that holds no weights at all (``Dropout``,
+  ``Activation``) has no parameter gradient to rewrite, so the declaration
+  could only be a silent no-op. An unbuilt layer is not checked: its
+  variables do not exist yet.
+
+  Raises:
+    GraphGradError: naming the layer and what it holds.
+  """
+  layer = index[path]
+  weights = list(layer.weights)
+  if layer.trainable_weights or not (weights or getattr(layer, "built", False)):
+    return
+  known = [p for p in index.paths
+           if holds_variables(index[p]) and index[p].trainable_weights]
+  others = (f"transform a layer with trainable variables: "
+            f"{', '.join(known) or '(none)'}")
+  if weights:
+    names = ", ".join(getattr(v, "path", None) or v.name for v in weights[:6])
+    raise _errors.GraphGradError(
+        f"transform_gradients: layer {path!r} holds only non-trainable "
+        f"variables ({names}), which get no gradient, so there is nothing to "
+        f"transform. Make them trainable (layer.trainable = True) before "
+        f"declaring, or {others}.")
+  raise _errors.GraphGradError(
+      f"transform_gradients: layer {path!r} holds no variables, so it has no "
+      f"parameter gradients to transform. Use transform_upstream({path!r}, "
+      f"fn) for the gradient it passes below, or {others}.")
+
+
 class LayerIndex:
   """Every layer of a model's tree, by path and by Keras name.
 

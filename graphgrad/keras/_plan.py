@@ -22,8 +22,9 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.keras import _methods
 from graphgrad.methods import _pcgrad
-from graphgrad.keras._layers import (LayerIndex, is_keras_layer,
-                                     layer_variables, tf_variable)
+from graphgrad.keras._layers import (LayerIndex, check_parameters,
+                                     is_keras_layer, layer_variables,
+                                     tf_variable)
 from graphgrad.keras._override import Overriding
 from graphgrad.keras._tape import PlanTape
 from graphgrad.plan._declarations import Declarations
@@ -151,9 +152,13 @@ class KerasPlan(tf.Module, Overriding):
 
     Raises:
       LayerNotFoundError: if ``layer`` is not in the model.
-      GraphGradError: if ``fn`` is not callable or a tape was opened.
+      GraphGradError: if ``fn`` is not callable, a tape was opened, or the
+        layer is built and holds no trainable variable (all non-trainable,
+        or none at all).
     """
-    self._declarations.add_gradients(layer, fn)
+    path = self._index.find(layer, "layer")
+    self._declarations.add_gradients(path, fn, validate=lambda: (
+        check_parameters(self._index, path)))
     return self
 
   def transform_edge(self, lower: LayerRef, upper: LayerRef, fn) -> "KerasPlan":

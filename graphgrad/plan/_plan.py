@@ -250,8 +250,7 @@ class GradientPlan(Training, Overriding):
     Returns:
       The plan, for chaining.
 
-    An edge whose boundary tensors depend on no trainable variable changes
-    nothing; it warns once, as :meth:`transform_upstream` does.
+    An edge whose boundary depends on no trainable variable warns once.
 
     Raises:
       LayerNotFoundError: if either name is unknown.
@@ -391,8 +390,7 @@ class GradientPlan(Training, Overriding):
 
   def _check(self, method: str, name: str, upper: Optional[str] = None,
              then=None) -> None:
-    """The layer graph's check of a declaration (v2 cond and loop bodies,
-    no-op warnings), around the plan's own ``then``."""
+    """The layer graph's declaration check, around the plan's ``then``."""
     self.net.check_declaration(method, name, upper, then=then)
 
   def _resolve(self, name, arg: str) -> str:

@@ -243,3 +243,54 @@ def test_a_declaration_on_the_bottom_layer_is_quiet(graph, caplog):
      .transform_edge("stem", "top", gg.transforms.scale(2.0))
      .replace_backward("stem", gg.backward.feedback_alignment(seed=0)))
   assert not _warnings(caplog)
+
+
+def test_combine_tasks_inside_a_v2_cond_names_the_cond(graph, caplog):
+  x = tf1.placeholder(tf.float32, [None, 3])
+  flag = tf1.placeholder_with_default(True, [])
+  with tf1.variable_scope("a"):
+    wa = tf1.get_variable("w", initializer=np.eye(3, dtype=np.float32))
+  with tf1.variable_scope("b"):
+    wb = tf1.get_variable("w", initializer=np.eye(3, dtype=np.float32))
+  h = tf.cond(flag, lambda: tf.tanh(x @ wa) @ wb, lambda: x @ (wa + wb),
+              name="gate_cond")
+  with tf1.variable_scope("scale"):
+    s = tf1.get_variable("s", initializer=np.ones((3,), np.float32))
+  h = h * s  # `scale` holds only its variable's read
+  la = tf.reduce_sum(tf.square(dense(h, 2, "ta")))
+  lb = tf.reduce_sum(dense(h, 2, "tb"))
+  plan = gg.GradientPlan(la + lb)
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match=r"project_conflicts: layer 'a' is applied inside "
+                           r"the tf.cond op 'gate_cond'"):
+    plan.project_conflicts("a", [la, lb])
+  assert not plan.declarations.tasks
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    plan.project_conflicts("scale", [la, lb])  # its own parameter sees it
+  assert not _warnings(caplog) and list(plan.declarations.tasks) == ["scale"]
+
+
+class _Refusing:
+  """A backward replacement whose check refuses every layer."""
+
+  def __call__(self, ctx):
+    return [None for _ in ctx.inputs]
+
+  def check(self, net, name):
+    raise gg.UnsupportedGraphError(f"refusing {name!r}")
+
+
+def test_a_refused_declaration_does_not_warn(graph, caplog):
+  x = tf1.placeholder(tf.float32, [None, 3])
+  h = dense(x, 3, "stem", tf.tanh)
+  with tf1.variable_scope("scale"):
+    s = tf1.get_variable("s", initializer=np.ones((3,), np.float32))
+  loss = tf.reduce_sum(tf.square(dense(h * s, 2, "top")))
+  plan = gg.GradientPlan(loss)
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    with pytest.raises(gg.UnsupportedGraphError, match=r"refusing 'scale'"):
+      plan.replace_backward("scale", _Refusing())
+    assert not _warnings(caplog) and not plan.declarations.backward
+    plan.replace_backward("scale", lambda ctx: [])
+  (message,) = _warnings(caplog)
+  assert message.startswith("replace_backward('scale') changes nothing")

@@ -77,7 +77,7 @@ def test_unknown_option_and_command_are_one_line(capsys):
   assert line == "graphgrad: error: unrecognized arguments: --epochs 3"
   line = _error_line(capsys, ["inspect"])
   assert line == ("graphgrad inspect: error: the following arguments are "
-                  "required: PATH.meta")
+                  "required: PATH")
 
 
 def test_demo_unwritable_plot_is_refused_before_training(tmp_path, capsys):

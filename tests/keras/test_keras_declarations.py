@@ -1,0 +1,91 @@
+"""KerasPlan declarations that could only be no-ops are refused by name."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphgrad as gg
+
+FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
+
+
+@pytest.fixture(params=sorted(FLAVOURS))
+def K(request):
+  return FLAVOURS[request.param]
+
+
+def _x():
+  return tf.constant(np.random.default_rng(0).normal(size=(4, 5)), tf.float32)
+
+
+def _model(K, frozen: bool = True):
+  model = K.Sequential([
+      K.layers.Dense(4, activation="tanh", name="stem"),
+      K.layers.Dense(3, activation="tanh", name="frozen"),
+      K.layers.Dropout(0.5, name="drop"),
+      K.layers.Dense(2, name="head")])
+  model(_x())
+  model.get_layer("frozen").trainable = not frozen
+  return model
+
+
+def test_transform_gradients_on_a_frozen_layer_says_so(K):
+  plan = gg.KerasPlan(_model(K))
+  with pytest.raises(
+      gg.GraphGradError,
+      match=r"transform_gradients: layer 'frozen' holds only non-trainable "
+            r"variables \(.*kernel.*\), which get no gradient, so there is "
+            r"nothing to transform\. Make them trainable .*: stem, head\."):
+    plan.transform_gradients("frozen", gg.transforms.scale(2.0))
+  assert not plan.declarations.gradients  # nothing was recorded
+
+
+def test_transform_gradients_on_a_layer_without_variables_says_so(K):
+  plan = gg.KerasPlan(_model(K))
+  with pytest.raises(
+      gg.GraphGradError,
+      match=r"transform_gradients: layer 'drop' holds no variables, so it "
+            r"has no parameter gradients to transform\. Use "
+            r"transform_upstream\('drop', fn\)"):
+    plan.transform_gradients("drop", gg.transforms.scale(2.0))
+
+
+def test_unbuilt_and_unfrozen_layers_are_accepted(K):
+  unbuilt = K.Sequential([K.layers.Dense(2, name="a"),
+                          K.layers.Dense(1, name="b")])
+  gg.KerasPlan(unbuilt).transform_gradients("a", gg.transforms.scale(2.0))
+  model = _model(K, frozen=False)
+  plan = gg.KerasPlan(model).transform_gradients("frozen",
+                                                 gg.transforms.scale(2.0))
+  x = _x()
+  with plan.tape() as tape:
+    loss = tf.reduce_sum(tf.square(model(x, training=False)))
+  got = tape.gradient(loss)
+  with tf.GradientTape() as ref:
+    loss = tf.reduce_sum(tf.square(model(x, training=False)))
+  want = ref.gradient(loss, model.trainable_variables)
+  own = [id(v) for v in model.get_layer("frozen").trainable_weights]
+  for v, g, w in zip(model.trainable_variables, got, want):
+    scale = 2.0 if id(v) in own else 1.0
+    np.testing.assert_allclose(g.numpy(), scale * w.numpy(), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_upstream_through_a_frozen_layer_rewrites_below(K):
+  model = _model(K)
+  plan = gg.KerasPlan(model).transform_upstream("frozen",
+                                                gg.transforms.scale(0.5))
+  x = _x()
+  with plan.tape() as tape:
+    loss = tf.reduce_sum(tf.square(model(x, training=False)))
+  got = tape.gradient(loss)
+  with tf.GradientTape() as ref:
+    loss = tf.reduce_sum(tf.square(model(x, training=False)))
+  want = ref.gradient(loss, model.trainable_variables)
+  stem = [id(v) for v in model.get_layer("stem").trainable_weights]
+  assert len(got) == 4  # stem and head; the frozen layer has none
+  for v, g, w in zip(model.trainable_variables, got, want):
+    scale = 0.5 if id(v) in stem else 1.0
+    np.testing.assert_allclose(g.numpy(), scale * w.numpy(), rtol=1e-5,
+                               atol=1e-6)
