@@ -19,7 +19,7 @@ and the same plans for TF2 Keras models, eagerly or in tf.function::
   optimizer.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
 """
 
-from graphgrad import _compat, backward, cluster, transforms
+from graphgrad import _compat, backward, cluster, mtl, transforms
 from graphgrad._errors import (
                                GraphGradError,
                                IncompatibleGradientError,
@@ -54,5 +54,6 @@ __all__ = [
     "analyze",
     "backward",
     "cluster",
+    "mtl",
     "transforms",
 ]

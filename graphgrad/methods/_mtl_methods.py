@@ -1,0 +1,418 @@
+"""Stateless multi-task methods of ``gg.mtl``, as small values.
+
+Each matches the aggregator of TorchJD 0.18 (``torchjd.aggregation``) on the
+same ``k x n`` matrix ``J`` of flattened task gradients, ``G = J J^T``.
+"""
+
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad.methods import _mtl_solvers as _solvers
+from graphgrad.methods import _pcgrad
+from graphgrad.methods._mtl_base import (
+  GramMethod,
+  TaskMethod,
+  check_number,
+  check_pref,
+  pref_weights,
+  static_k,
+)
+
+_F64 = tf.float64
+
+
+class _PCGrad(TaskMethod):
+  name = "pcgrad"
+
+  def __init__(self, shuffle, seed):
+    self.shuffle, self.seed = shuffle, seed
+
+  def _combine(self, mat, state=None):
+    per = [[row] for row in tf.unstack(mat, num=static_k(mat, self.name))]
+    return _pcgrad.project(per, [mat[0]], self.shuffle, self.seed)[0]
+
+  def _args(self):
+    return f"shuffle={self.shuffle}, seed={self.seed}"
+
+
+def pcgrad(shuffle: bool = True, seed: int | None = None) -> TaskMethod:
+  """PCGrad (Yu et al., 2020, "Gradient Surgery for Multi-Task Learning").
+
+  For each task ``i``, ``g_i^PC`` starts at ``g_i`` and, for every other
+  task ``j`` in random order, ``g_i^PC <- g_i^PC - min(0, g_i^PC . g_j) /
+  ||g_j||^2 g_j``; the result is ``sum_i g_i^PC``. It is exactly what
+  ``GradientPlan.project_conflicts`` computes, and TorchJD's ``PCGrad``.
+
+  Args:
+    shuffle: draw the order of the other tasks anew at each step.
+    seed: op-level seed of the shuffles.
+
+  Example:
+    >>> import graphgrad as gg
+    >>> g = [tf.constant([1., 0.]), tf.constant([-1., 1.])]
+    >>> gg.mtl.pcgrad().combine(g).numpy()
+    array([0.5, 1.5], dtype=float32)
+  """
+  if not isinstance(shuffle, bool):
+    raise _errors.GraphGradError(
+        f"pcgrad: `shuffle` must be True or False; got {shuffle!r}.")
+  return _PCGrad(shuffle, seed)
+
+
+class _MGDA(GramMethod):
+  name = "mgda"
+
+  def __init__(self, epsilon, max_iters):
+    self.epsilon, self.max_iters = epsilon, max_iters
+
+  def _weights(self, gram, state=None):
+    return _solvers.frank_wolfe(gram, gram.shape[0], self.epsilon,
+                                self.max_iters)
+
+  def _args(self):
+    return f"epsilon={self.epsilon}, max_iters={self.max_iters}"
+
+
+def mgda(epsilon: float = 1e-3, max_iters: int = 100) -> TaskMethod:
+  """MGDA (Sener & Koltun, 2018, "Multi-Task Learning as Multi-Objective Optimization").
+
+  The min-norm point of the convex hull of the task gradients, ``J^T w*``
+  with ``w* = argmin_{w in simplex} w^T G w``, by their Algorithm 2
+  (Frank-Wolfe from the uniform weights, exact line search, stop when the
+  step ``gamma < epsilon``), as TorchJD's ``MGDA``. With two tasks one step
+  is exact: ``w_1 = clip((g_2 - g_1) . g_2 / ||g_1 - g_2||^2, 0, 1)``. For
+  ``k > 2`` the weights are within the Frank-Wolfe gap of the optimum.
+
+  Args:
+    epsilon: stop when the Frank-Wolfe step is below this (> 0).
+    max_iters: at most this many steps (> 0).
+
+  Example:
+    >>> import graphgrad as gg
+    >>> g = [tf.constant([1., 0.]), tf.constant([0., 2.])]
+    >>> gg.mtl.mgda().combine(g).numpy()
+    array([0.8, 0.4], dtype=float32)
+  """
+  epsilon = check_number("mgda", "epsilon", epsilon, low=0, low_open=True)
+  max_iters = check_number("mgda", "max_iters", max_iters, low=1,
+                           integer=True)
+  return _MGDA(epsilon, max_iters)
+
+
+class _DualCone(GramMethod):
+  """UPGrad and DualProj: projections onto the dual cone of the rows."""
+
+  def __init__(self, name, pref, norm_eps, reg_eps):
+    self.name, self.pref = name, pref
+    self.norm_eps, self.reg_eps = norm_eps, reg_eps
+
+  def _weights(self, gram, state=None):
+    k = gram.shape[0]
+    u = pref_weights(self.name, self.pref, k, 1. / k)
+    reg = (_solvers.normalize(gram, self.norm_eps)
+           + self.reg_eps * tf.eye(k, dtype=_F64))
+    if self.name == "upgrad":
+      return tf.reduce_sum(_solvers.dual_cone_weights(
+          tf.linalg.diag(u), reg, k), axis=0)
+    return _solvers.dual_cone_weights(u[None], reg, k)[0]
+
+  def _args(self):
+    return (f"pref_vector={self.pref}, norm_eps={self.norm_eps}, "
+            f"reg_eps={self.reg_eps}")
+
+
+def upgrad(pref_vector: Sequence[float] | None = None,
+           norm_eps: float = 1e-4, reg_eps: float = 1e-4) -> TaskMethod:
+  """UPGrad (Quinton & Rey, 2024, "Jacobian Descent for Multi-Objective Optimization").
+
+  Each ``g_i`` is projected onto the dual cone ``{x : g_j . x >= 0 for all
+  j}`` of the task gradients, and the projections are combined with the
+  preference weights ``u`` (``1/k`` each): ``sum_i u_i pi(g_i) = J^T sum_i
+  v_i``, ``v_i = argmin_{v >= u_i e_i} v^T G v``. The result conflicts with
+  no task. As TorchJD's ``UPGrad``, the quadratic programs use ``G /
+  trace(G) + reg_eps I`` (``G`` taken as zero if its trace is below
+  ``norm_eps``, which makes the result the weighted mean): the
+  regularisation shifts the weights slightly from the paper's. Solved
+  exactly for ``k <= 8``, iteratively above (see ``_mtl_solvers``).
+
+  Args:
+    pref_vector: one weight per task, or ``None`` for ``1/k`` each.
+    norm_eps: trace below which the Gram matrix counts as zero (>= 0).
+    reg_eps: added to the normalised Gram's diagonal (>= 0).
+
+  Example:
+    >>> import graphgrad as gg
+    >>> g = [tf.constant([1., 0.]), tf.constant([-1., 1.])]
+    >>> gg.mtl.upgrad().combine(g).numpy().round(3)
+    array([0.25, 0.75], dtype=float32)
+  """
+  return _DualCone("upgrad", check_pref("upgrad", pref_vector),
+                   check_number("upgrad", "norm_eps", norm_eps, low=0),
+                   check_number("upgrad", "reg_eps", reg_eps, low=0))
+
+
+def dualproj(pref_vector: Sequence[float] | None = None,
+             norm_eps: float = 1e-4, reg_eps: float = 1e-4) -> TaskMethod:
+  """DualProj (Lopez-Paz & Ranzato, 2017, GEM's Eq. 11; as in Quinton & Rey, 2024).
+
+  The weighted mean ``J^T u`` (``u = 1/k`` each) projected onto the dual cone
+  of the task gradients: ``J^T v``, ``v = argmin_{v >= u} v^T G v``. As
+  TorchJD's ``DualProj``, with ``G / trace(G) + reg_eps I`` in the program.
+
+  Args:
+    pref_vector: one weight per task, or ``None`` for ``1/k`` each.
+    norm_eps: trace below which the Gram matrix counts as zero (>= 0).
+    reg_eps: added to the normalised Gram's diagonal (>= 0).
+
+  Example:
+    >>> import graphgrad as gg
+    >>> g = [tf.constant([1., 0.]), tf.constant([-1., 1.])]
+    >>> gg.mtl.dualproj().combine(g).numpy().round(4)
+    array([0. , 0.5], dtype=float32)
+  """
+  return _DualCone("dualproj", check_pref("dualproj", pref_vector),
+                   check_number("dualproj", "norm_eps", norm_eps, low=0),
+                   check_number("dualproj", "reg_eps", reg_eps, low=0))
+
+
+class _CAGrad(GramMethod):
+  name = "cagrad"
+
+  def __init__(self, c, norm_eps):
+    self.c, self.norm_eps = c, norm_eps
+
+  def _weights(self, gram, state=None):
+    k = gram.shape[0]
+    if k > _solvers.EXACT_MAX_TASKS:
+      raise _errors.GraphGradError(
+          f"cagrad.combine: `grads` must hold at most "
+          f"{_solvers.EXACT_MAX_TASKS} task gradients; got {k}. Group the "
+          f"tasks, or use upgrad() or mgda().")
+    return _solvers.cagrad_weights(gram, k, self.c, self.norm_eps)
+
+  def _args(self):
+    return f"c={self.c}, norm_eps={self.norm_eps}"
+
+
+def cagrad(c: float = 0.5, norm_eps: float = 1e-4) -> TaskMethod:
+  """CAGrad (Liu et al., 2021, "Conflict-Averse Gradient Descent for Multi-task Learning").
+
+  With ``g0`` the mean gradient and ``sqrt(phi) = c ||g0||``, ``w* =
+  argmin_{w in simplex} g_w . g0 + sqrt(phi) ||g_w||`` (``g_w = J^T w``),
+  and the result is ``g0 + sqrt(phi) / ||g_w*|| g_w*``. As TorchJD's
+  ``CAGrad``, without the official code's rescaling by ``1 / (1 + c^2)``,
+  the program on ``G / trace(G)``, and a zero result when that Gram's
+  trace is below ``norm_eps`` or ``||g_w*||`` is (in its units). The
+  program is solved exactly (every face of the simplex in closed form),
+  for at most 8 tasks.
+
+  Args:
+    c: radius of the ball around ``g0``, relative to ``||g0||`` (>= 0).
+    norm_eps: see above (>= 0).
+
+  Example:
+    >>> import graphgrad as gg
+    >>> g = [tf.constant([1., 0.]), tf.constant([-1., 1.])]
+    >>> gg.mtl.cagrad(0.5).combine(g).numpy().round(4)
+    array([0.25, 0.5 ], dtype=float32)
+  """
+  return _CAGrad(check_number("cagrad", "c", c, low=0),
+                 check_number("cagrad", "norm_eps", norm_eps, low=0))
+
+
+class _IMTLG(GramMethod):
+  name = "imtl_g"
+
+  def _weights(self, gram, state=None):
+    d = tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.))
+    v = tf.linalg.matvec(tf.linalg.pinv(gram), d)
+    total = tf.reduce_sum(v)
+    return tf.where(tf.abs(total) < 1e-12, tf.zeros_like(v),
+                    v / tf.where(tf.abs(total) < 1e-12, 1., total))
+
+
+def imtl_g() -> TaskMethod:
+  """IMTL-G (Liu et al., 2021, "Towards Impartial Multi-task Learning").
+
+  The combination ``J^T w``, ``sum_i w_i = 1``, whose projections on every
+  unit task gradient ``g_i / ||g_i||`` are equal. As TorchJD's ``IMTLG``
+  (the generalisation of Quinton & Rey, 2024): ``w = v / sum(v)`` with ``v =
+  G^+ d``, ``d_i = ||g_i||``, which also covers linearly dependent tasks;
+  zero when ``|sum(v)| < 1e-12``.
+
+  Example:
+    >>> import graphgrad as gg
+    >>> g = [tf.constant([1., 0.]), tf.constant([0., 2.])]
+    >>> gg.mtl.imtl_g().combine(g).numpy().round(4)
+    array([0.6667, 0.6667], dtype=float32)
+  """
+  return _IMTLG()
+
+
+class _AlignedMTL(GramMethod):
+  name = "aligned_mtl"
+
+  def __init__(self, pref, scale_mode):
+    self.pref, self.scale_mode = pref, scale_mode
+
+  def _weights(self, gram, state=None):
+    k = gram.shape[0]
+    u = pref_weights(self.name, self.pref, k, 1. / k)
+    lam, vec = tf.linalg.eigh(gram)
+    tol = tf.reduce_max(lam) * k * 2.220446049250313e-16
+    keep = lam > tol
+    inv_sqrt = tf.where(keep, 1. / tf.sqrt(tf.where(keep, lam, 1.)), 0.)
+    if self.scale_mode == "min":
+      scale = tf.reduce_min(tf.where(keep, lam, lam.dtype.max))
+    elif self.scale_mode == "median":
+      scale = _lower_median(tf.boolean_mask(lam, keep))
+    else:
+      scale = (tf.reduce_sum(tf.where(keep, lam, 0.))
+               / tf.maximum(tf.reduce_sum(tf.cast(keep, _F64)), 1.))
+    b = tf.sqrt(scale) * tf.matmul(vec * inv_sqrt[None], vec,
+                                   transpose_b=True)
+    alpha = tf.linalg.matvec(b, u)
+    return tf.where(tf.reduce_any(keep), alpha, u)
+
+  def _args(self):
+    return f"pref_vector={self.pref}, scale_mode={self.scale_mode!r}"
+
+
+def _lower_median(x):
+  """torch.median: the lower of the two middle values."""
+  n = tf.shape(x)[0]
+  return tf.sort(x)[(n - 1) // 2]
+
+
+def aligned_mtl(pref_vector: Sequence[float] | None = None,
+                scale_mode: str = "min") -> TaskMethod:
+  """Aligned-MTL (Senushkin et al., 2023, "Independent Component Alignment for Multi-Task Learning").
+
+  With ``G = V diag(lambda) V^T`` (eigenvalues above ``k eps max(lambda)``),
+  the balance transformation ``B = sqrt(lambda_min) V diag(lambda)^{-1/2}
+  V^T`` makes the combined gradients' components orthogonal and of equal
+  norm; the result is ``J^T B u`` (``u = 1/k`` each). As TorchJD's
+  ``AlignedMTL``; ``scale_mode`` ``"median"`` or ``"rmse"`` (mean
+  eigenvalue, the official code) replaces ``lambda_min``.
+
+  Args:
+    pref_vector: one weight per task, or ``None`` for ``1/k`` each.
+    scale_mode: ``"min"``, ``"median"`` or ``"rmse"``.
+
+  Example:
+    >>> import graphgrad as gg
+    >>> g = [tf.constant([1., 0.]), tf.constant([0., 2.])]
+    >>> gg.mtl.aligned_mtl().combine(g).numpy().round(4)
+    array([0.5, 0.5], dtype=float32)
+  """
+  if scale_mode not in ("min", "median", "rmse"):
+    raise _errors.GraphGradError(
+        f"aligned_mtl: `scale_mode` must be 'min', 'median' or 'rmse'; got "
+        f"{scale_mode!r}.")
+  return _AlignedMTL(check_pref("aligned_mtl", pref_vector), scale_mode)
+
+
+class _ConFIG(TaskMethod):
+  name = "config"
+
+  def __init__(self, pref):
+    self.pref = pref
+
+  def _combine(self, mat, state=None):
+    k = static_k(mat, self.name)
+    gram = tf.cast(tf.matmul(mat, mat, transpose_b=True), _F64)
+    norms = tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.))
+    inv = tf.where(norms > 0, 1. / tf.where(norms > 0, norms, 1.), 0.)
+    unit_gram = gram * inv[:, None] * inv[None]
+    # pinv(U) u = U^T pinv(U U^T) u: the n-dimensional pseudo-inverse via
+    # the k x k Gram of the unit rows U.
+    coef = tf.linalg.matvec(tf.linalg.pinv(unit_gram),
+                            pref_weights(self.name, self.pref, k, 1.)) * inv
+    sq = tf.reduce_sum(coef * tf.linalg.matvec(gram, coef))
+    coef = coef / tf.maximum(tf.sqrt(tf.maximum(sq, 0.)), 1e-12)
+    length = tf.reduce_sum(tf.linalg.matvec(gram, coef))
+    return tf.linalg.matvec(mat, tf.cast(length * coef, mat.dtype),
+                            transpose_a=True)
+
+  def _args(self):
+    return f"pref_vector={self.pref}"
+
+
+def config(pref_vector: Sequence[float] | None = None) -> TaskMethod:
+  """ConFIG (Liu et al., 2024, "ConFIG: Towards Conflict-free Training of Physics Informed Neural Networks").
+
+  With ``U`` the unit task gradients, the direction ``d = pinv(U) w``
+  (``w = 1`` each) has an equal positive dot product with every unit
+  gradient; the result is ``(sum_i g_i . d_hat) d_hat``, ``d_hat = d /
+  ||d||``. As TorchJD's ``ConFIG`` (Eq. 2 of the paper).
+
+  Args:
+    pref_vector: one weight per task, or ``None`` for 1 each.
+
+  Example:
+    >>> import graphgrad as gg
+    >>> g = [tf.constant([1., 0.]), tf.constant([0., 2.])]
+    >>> gg.mtl.config().combine(g).numpy().round(4)
+    array([1.5, 1.5], dtype=float32)
+  """
+  return _ConFIG(check_pref("config", pref_vector))
+
+
+class _GradDrop(TaskMethod):
+  name = "graddrop"
+
+  def __init__(self, f, leak, seed):
+    self.f, self.leak, self.seed = f, leak, seed
+
+  def _combine(self, mat, state=None):
+    k = static_k(mat, self.name)
+    noise = tf.random.uniform(tf.shape(mat)[1:], dtype=mat.dtype,
+                              seed=self.seed)
+    return graddrop_with_noise(mat, noise, self.f, self.leak, self.name, k)
+
+  def _args(self):
+    return f"leak={self.leak}, seed={self.seed}"
+
+
+def graddrop_with_noise(mat, noise, f, leak, method, k):
+  """GradDrop's combination of ``J`` given the uniform draws ``noise``."""
+  purity = 0.5 * (1. + tf.reduce_sum(mat, 0) / tf.reduce_sum(tf.abs(mat), 0))
+  fp = purity if f is None else f(purity)
+  leak = pref_weights(method, leak, k, 0.)
+  leak = tf.cast(leak, mat.dtype)[:, None]
+  keep = tf.logical_or(tf.logical_and(fp > noise, mat > 0),
+                       tf.logical_and(fp < noise, mat < 0))
+  return tf.reduce_sum((leak + (1 - leak) * tf.cast(keep, mat.dtype)) * mat, 0)
+
+
+def graddrop(f: Callable | None = None,
+             leak: Sequence[float] | None = None,
+             seed: int | None = None) -> TaskMethod:
+  """GradDrop (Chen et al., 2020, "Just Pick a Sign: Optimizing Deep Multitask Models with Gradient Sign Dropout").
+
+  Per element, the positive sign purity ``P = (1 + sum_i g_i / sum_i
+  |g_i|) / 2`` and a uniform draw ``U``: task ``i`` keeps its element when
+  ``f(P) > U`` and ``g_i > 0``, or ``f(P) < U`` and ``g_i < 0``; the result
+  sums the kept elements, plus ``leak_i`` of the dropped ones. As TorchJD's
+  ``GradDrop`` (lines 10-15 of Algorithm 1), over the flattened tensor:
+  the paper's sum over the batch before ``P`` is not taken.
+
+  Args:
+    f: a monotonically increasing function of ``P``; identity by default.
+    leak: one leak in [0, 1] per task, or ``None`` for no leak.
+    seed: op-level seed of the draws.
+
+  Example:
+    >>> import graphgrad as gg
+    >>> g = [tf.constant([1., 2.]), tf.constant([1., -1.])]
+    >>> gg.mtl.graddrop(leak=[1., 1.]).combine(g).numpy()  # all leak: sum
+    array([2., 1.], dtype=float32)
+  """
+  if f is not None and not callable(f):
+    raise _errors.GraphGradError(
+        f"graddrop: `f` must be None or a callable of the sign purity; got "
+        f"{f!r}.")
+  leak = check_pref("graddrop", leak)
+  return _GradDrop(f, leak, seed)
