@@ -17,12 +17,11 @@ Example:
 """
 
 from graphgrad.methods._mtl_base import TaskMethod, mean, sum
+from graphgrad.methods._mtl_direct import config, graddrop
 from graphgrad.methods._mtl_methods import (
                                             aligned_mtl,
                                             cagrad,
-                                            config,
                                             dualproj,
-                                            graddrop,
                                             imtl_g,
                                             mgda,
                                             pcgrad,

@@ -211,10 +211,6 @@ def pref_weights(method: str, pref: list[float] | None, k: int,
   return tf.constant(pref, tf.float64)
 
 
-def static_k(mat: tf.Tensor, method: str) -> int:
-  k = mat.shape[0]
-  if k is None:
-    raise _errors.GraphGradError(
-        f"{method}.combine: the number of task gradients must be known when "
-        f"the graph is built; got an unknown count. Pass a Python list.")
-  return int(k)
+def static_k(mat: tf.Tensor) -> int:
+  """The task count ``k``, static since ``grads`` is a Python list."""
+  return int(mat.shape[0])

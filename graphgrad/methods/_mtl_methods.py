@@ -4,7 +4,7 @@ Each matches the aggregator of TorchJD 0.18 (``torchjd.aggregation``) on the
 same ``k x n`` matrix ``J`` of flattened task gradients, ``G = J J^T``.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
@@ -30,7 +30,7 @@ class _PCGrad(TaskMethod):
     self.shuffle, self.seed = shuffle, seed
 
   def _combine(self, mat, state=None):
-    per = [[row] for row in tf.unstack(mat, num=static_k(mat, self.name))]
+    per = [[row] for row in tf.unstack(mat, num=static_k(mat))]
     return _pcgrad.project(per, [mat[0]], self.shuffle, self.seed)[0]
 
   def _args(self):
@@ -230,7 +230,7 @@ class _IMTLG(GramMethod):
     v = tf.linalg.matvec(tf.linalg.pinv(gram), d)
     total = tf.reduce_sum(v)
     return tf.where(tf.abs(total) < 1e-12, tf.zeros_like(v),
-                    v / tf.where(tf.abs(total) < 1e-12, 1., total))
+                    v / tf.where(tf.abs(total) < 1e-12, tf.ones_like(total), total))
 
 
 def imtl_g() -> TaskMethod:
@@ -263,13 +263,14 @@ class _AlignedMTL(GramMethod):
     lam, vec = tf.linalg.eigh(gram)
     tol = tf.reduce_max(lam) * k * 2.220446049250313e-16
     keep = lam > tol
-    inv_sqrt = tf.where(keep, 1. / tf.sqrt(tf.where(keep, lam, 1.)), 0.)
+    one, zero = tf.ones_like(lam), tf.zeros_like(lam)
+    inv_sqrt = tf.where(keep, 1. / tf.sqrt(tf.where(keep, lam, one)), zero)
     if self.scale_mode == "min":
-      scale = tf.reduce_min(tf.where(keep, lam, lam.dtype.max))
+      scale = tf.reduce_min(tf.where(keep, lam, one * lam.dtype.max))
     elif self.scale_mode == "median":
       scale = _lower_median(tf.boolean_mask(lam, keep))
     else:
-      scale = (tf.reduce_sum(tf.where(keep, lam, 0.))
+      scale = (tf.reduce_sum(tf.where(keep, lam, zero))
                / tf.maximum(tf.reduce_sum(tf.cast(keep, _F64)), 1.))
     b = tf.sqrt(scale) * tf.matmul(vec * inv_sqrt[None], vec,
                                    transpose_b=True)
@@ -312,107 +313,3 @@ def aligned_mtl(pref_vector: Sequence[float] | None = None,
         f"aligned_mtl: `scale_mode` must be 'min', 'median' or 'rmse'; got "
         f"{scale_mode!r}.")
   return _AlignedMTL(check_pref("aligned_mtl", pref_vector), scale_mode)
-
-
-class _ConFIG(TaskMethod):
-  name = "config"
-
-  def __init__(self, pref):
-    self.pref = pref
-
-  def _combine(self, mat, state=None):
-    k = static_k(mat, self.name)
-    gram = tf.cast(tf.matmul(mat, mat, transpose_b=True), _F64)
-    norms = tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.))
-    inv = tf.where(norms > 0, 1. / tf.where(norms > 0, norms, 1.), 0.)
-    unit_gram = gram * inv[:, None] * inv[None]
-    # pinv(U) u = U^T pinv(U U^T) u: the n-dimensional pseudo-inverse via
-    # the k x k Gram of the unit rows U.
-    coef = tf.linalg.matvec(tf.linalg.pinv(unit_gram),
-                            pref_weights(self.name, self.pref, k, 1.)) * inv
-    sq = tf.reduce_sum(coef * tf.linalg.matvec(gram, coef))
-    coef = coef / tf.maximum(tf.sqrt(tf.maximum(sq, 0.)), 1e-12)
-    length = tf.reduce_sum(tf.linalg.matvec(gram, coef))
-    return tf.linalg.matvec(mat, tf.cast(length * coef, mat.dtype),
-                            transpose_a=True)
-
-  def _args(self):
-    return f"pref_vector={self.pref}"
-
-
-def config(pref_vector: Sequence[float] | None = None) -> TaskMethod:
-  """ConFIG (Liu et al., 2024, "ConFIG: Towards Conflict-free Training of Physics Informed Neural Networks").
-
-  With ``U`` the unit task gradients, the direction ``d = pinv(U) w``
-  (``w = 1`` each) has an equal positive dot product with every unit
-  gradient; the result is ``(sum_i g_i . d_hat) d_hat``, ``d_hat = d /
-  ||d||``. As TorchJD's ``ConFIG`` (Eq. 2 of the paper).
-
-  Args:
-    pref_vector: one weight per task, or ``None`` for 1 each.
-
-  Example:
-    >>> import graphgrad as gg
-    >>> g = [tf.constant([1., 0.]), tf.constant([0., 2.])]
-    >>> gg.mtl.config().combine(g).numpy().round(4)
-    array([1.5, 1.5], dtype=float32)
-  """
-  return _ConFIG(check_pref("config", pref_vector))
-
-
-class _GradDrop(TaskMethod):
-  name = "graddrop"
-
-  def __init__(self, f, leak, seed):
-    self.f, self.leak, self.seed = f, leak, seed
-
-  def _combine(self, mat, state=None):
-    k = static_k(mat, self.name)
-    noise = tf.random.uniform(tf.shape(mat)[1:], dtype=mat.dtype,
-                              seed=self.seed)
-    return graddrop_with_noise(mat, noise, self.f, self.leak, self.name, k)
-
-  def _args(self):
-    return f"leak={self.leak}, seed={self.seed}"
-
-
-def graddrop_with_noise(mat, noise, f, leak, method, k):
-  """GradDrop's combination of ``J`` given the uniform draws ``noise``."""
-  purity = 0.5 * (1. + tf.reduce_sum(mat, 0) / tf.reduce_sum(tf.abs(mat), 0))
-  fp = purity if f is None else f(purity)
-  leak = pref_weights(method, leak, k, 0.)
-  leak = tf.cast(leak, mat.dtype)[:, None]
-  keep = tf.logical_or(tf.logical_and(fp > noise, mat > 0),
-                       tf.logical_and(fp < noise, mat < 0))
-  return tf.reduce_sum((leak + (1 - leak) * tf.cast(keep, mat.dtype)) * mat, 0)
-
-
-def graddrop(f: Callable | None = None,
-             leak: Sequence[float] | None = None,
-             seed: int | None = None) -> TaskMethod:
-  """GradDrop (Chen et al., 2020, "Just Pick a Sign: Optimizing Deep Multitask Models with Gradient Sign Dropout").
-
-  Per element, the positive sign purity ``P = (1 + sum_i g_i / sum_i
-  |g_i|) / 2`` and a uniform draw ``U``: task ``i`` keeps its element when
-  ``f(P) > U`` and ``g_i > 0``, or ``f(P) < U`` and ``g_i < 0``; the result
-  sums the kept elements, plus ``leak_i`` of the dropped ones. As TorchJD's
-  ``GradDrop`` (lines 10-15 of Algorithm 1), over the flattened tensor:
-  the paper's sum over the batch before ``P`` is not taken.
-
-  Args:
-    f: a monotonically increasing function of ``P``; identity by default.
-    leak: one leak in [0, 1] per task, or ``None`` for no leak.
-    seed: op-level seed of the draws.
-
-  Example:
-    >>> import graphgrad as gg
-    >>> g = [tf.constant([1., 2.]), tf.constant([1., -1.])]
-    >>> gg.mtl.graddrop(leak=[1., 1.]).combine(g).numpy()  # all leak: sum
-    array([2., 1.], dtype=float32)
-  """
-  if f is not None and not callable(f):
-    raise _errors.GraphGradError(
-        f"graddrop: `f` must be None or a callable of the sign purity; got "
-        f"{f!r}.")
-  leak = check_pref("graddrop", leak)
-  return _GradDrop(f, leak, seed)

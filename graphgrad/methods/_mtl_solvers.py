@@ -106,7 +106,7 @@ def frank_wolfe(gram: tf.Tensor, k: int, epsilon: float, max_iters: int
     c = tf.gather_nd(gram, tf.stack([t, t])[None])[0]
     gamma = tf.where(c <= a, tf.constant(1., _F64), tf.where(
         b <= a, tf.constant(0., _F64),
-        (b - a) / tf.where(b + c - 2 * a > 0, b + c - 2 * a, 1.)))
+        (b - a) / tf.where(b + c - 2 * a > 0, b + c - 2 * a, tf.ones_like(a))))
     new = (1 - gamma) * alpha + gamma * tf.gather(eye, t)
     return n + 1, new, gamma < epsilon
 
@@ -136,19 +136,23 @@ def cagrad_weights(gram: tf.Tensor, k: int, c: float, norm_eps: float
   total = tf.reduce_sum(cand, axis=1, keepdims=True)
   ok = tf.logical_and(total[:, 0] > 0, tf.reduce_all(tf.math.is_finite(
       cand), axis=1))
-  cand = tf.where(ok[:, None], cand / tf.where(total > 0, total, 1.), mean)
+  cand = tf.where(ok[:, None], cand / tf.where(total > 0, total, tf.ones_like(total)), mean)
   norms = tf.sqrt(tf.maximum(tf.einsum("si,ij,sj->s", cand, gram, cand), 0.))
   obj = tf.linalg.matvec(cand, b) + sqrt_phi * norms
   best = tf.argmin(tf.where(ok, obj, tf.constant(np.inf, _F64)))
   w, norm = tf.gather(cand, best), tf.gather(norms, best)
-  weights = mean + sqrt_phi / tf.where(norm > 0, norm, 1.) * w
+  weights = mean + sqrt_phi / tf.where(norm > 0, norm, tf.ones_like(norm)) * w
   return tf.where(norm >= norm_eps, weights, tf.zeros_like(weights))
 
 
 def _cagrad_candidates(gram, b, phi, k):
-  """Each face's stationary points (two roots) and every vertex."""
-  if k > EXACT_MAX_TASKS:
-    raise NotImplementedError  # guarded by the factory's caller
+  """Each face's stationary points (two roots) and every vertex.
+
+  On a face ``S``, stationarity ``b_S + sqrt(phi) G_SS w_S / ||J^T w|| = mu
+  1`` gives ``w_S = r / sqrt(phi) (mu y - z)`` (``y = G_SS^+ 1``, ``z =
+  G_SS^+ b_S``, ``r = ||J^T w||``), so ``(mu y - z)^T G_SS (mu y - z) =
+  phi``, a quadratic in ``mu``, and ``sum(w_S) = 1`` fixes ``r > 0``.
+  """
   masks = _masks(k)[1:]
   inv = _masked_pinv(gram, masks)
   y = tf.einsum("sij,sj->si", inv, masks)  # G_SS^-1 1_S
@@ -160,10 +164,10 @@ def _cagrad_candidates(gram, b, phi, k):
   root = tf.sqrt(tf.maximum(disc, 0.))
   out = [tf.eye(k, dtype=_F64)]
   for sign in (1., -1.):
-    mu = (sz + sign * root) / tf.where(sy != 0, sy, 1.)
+    mu = (sz + sign * root) / tf.where(sy != 0, sy, tf.ones_like(sy))
     scale = mu * sy - sz
     valid = (disc >= 0) & (scale > 0) & (sy != 0)
-    w = (mu[:, None] * y - z) / tf.where(scale > 0, scale, 1.)[:, None]
+    w = (mu[:, None] * y - z) / tf.where(scale > 0, scale, tf.ones_like(scale))[:, None]
     out.append(tf.where(valid[:, None], w, tf.fill(tf.shape(w), tf.constant(np.nan, _F64))))
   return tf.concat(out, axis=0)
 

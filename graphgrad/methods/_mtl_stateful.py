@@ -143,7 +143,7 @@ class _NashMTL(TaskMethod):
 
     def solve():
       scale = tf.norm(gram)
-      scale = tf.where(scale > 0, scale, 1.)
+      scale = tf.where(scale > 0, scale, tf.ones_like(scale))
       start = prev * tf.sqrt(scale)
       return _solvers.nash_weights(gram / scale, start,
                                    self.optim_niter) / tf.sqrt(scale)
