@@ -102,40 +102,41 @@ def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
   return run
 
 
-def check_losses(net: LayerGraph, layer: str, losses) -> List[tf.Tensor]:
-  """Validates ``losses`` for ``project_conflicts``; returns them as a list."""
+def check_losses(net: LayerGraph, layer: str, losses,
+                 where: str = "project_conflicts") -> List[tf.Tensor]:
+  """Validates ``losses`` for ``where``; returns them as a list."""
   if isinstance(losses, tf.Tensor) or not isinstance(losses, (list, tuple)):
     raise _errors.GraphGradError(
-        f"project_conflicts: `losses` must be a list of at least two scalar "
+        f"{where}: `losses` must be a list of at least two scalar "
         f"loss tensors; got {type(losses).__name__}. Pass e.g. "
         f"losses=[loss_a, loss_b].")
   losses = list(losses)
   if len(losses) < 2:
     raise _errors.GraphGradError(
-        f"project_conflicts: `losses` must hold at least two losses to "
+        f"{where}: `losses` must hold at least two losses to "
         f"project against each other; got {len(losses)}.")
   for i, l in enumerate(losses):
     if not isinstance(l, tf.Tensor) or not l.dtype.is_floating or (
         l.shape.rank != 0):
       raise _errors.GraphGradError(
-          f"project_conflicts: `losses[{i}]` must be a floating-point scalar "
+          f"{where}: `losses[{i}]` must be a floating-point scalar "
           f"tensor; got {l!r}. Reduce each task loss to a scalar "
           f"(tf.reduce_mean).")
     if l.graph is not net.loss.graph or l.op.name not in net.op_graph:
       raise _errors.NotConnectedError(
-          f"project_conflicts: the plan's loss {net.loss.name} does not "
+          f"{where}: the plan's loss {net.loss.name} does not "
           f"depend on `losses[{i}]` {l.name}. List the task losses whose "
           f"(weighted) sum is the plan's loss.")
   names = [l.name for l in losses]
   if len(set(names)) != len(names):
     raise _errors.GraphGradError(
-        f"project_conflicts: `losses` lists a tensor twice: {names}. List "
+        f"{where}: `losses` lists a tensor twice: {names}. List "
         f"each task loss once.")
   for a in losses:
     for b in losses:
       if a is not b and nx.has_path(net.op_graph, a.op.name, b.op.name):
         raise _errors.GraphGradError(
-            f"project_conflicts: `losses` {b.name} depends on {a.name}, so "
+            f"{where}: `losses` {b.name} depends on {a.name}, so "
             f"their gradients overlap. List task losses that are separate "
             f"terms of the plan's loss, not partial sums.")
   return losses

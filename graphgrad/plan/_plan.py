@@ -10,7 +10,7 @@ from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._analyze import analyze, check_loss
 from graphgrad.analysis._layers import LayerGraph, scope_of
-from graphgrad.methods import _backward, _pcgrad
+from graphgrad.methods import _backward, _mtl_plan, _pcgrad
 from graphgrad.plan import _advice
 from graphgrad.plan._engine import Segments, aggregate
 from graphgrad.transforms import _checks
@@ -343,6 +343,45 @@ class GradientPlan:
     self._conflicts[name] = (losses, shuffle, seed)
     return self
 
+  def combine_tasks(self, layer: str, losses: Sequence[tf.Tensor],
+                    method) -> "GradientPlan":
+    """Combines the task gradients at a shared layer's outputs by ``method``.
+
+    With ``T`` the layer's outputs, ``g`` the gradient at ``T`` and ``g_i =
+    dL/dL_i * dL_i/dT`` task loss ``L_i``'s share of it, the gradient at
+    ``T`` becomes ``g - sum_i g_i + method.combine([g_1 .. g_k])`` (a
+    ``gg.mtl`` method; with several outputs each ``g_i`` is the
+    concatenation over them). Other loss terms pass unchanged, the layer's
+    own parameters and everything below see the result, task heads above
+    keep their own gradients, and an upstream transform on the layer acts
+    after the combination. Each task loss is backpropagated once, from the
+    loss to ``T`` only. A stateful method's variables are made once for
+    this plan and layer. ``project_conflicts(layer, losses)`` is
+    ``combine_tasks(layer, losses, gg.mtl.pcgrad())``.
+
+    Args:
+      layer: the shared layer, whose outputs feed the task heads.
+      losses: two or more scalar task losses, separate terms of the loss.
+      method: a ``gg.mtl`` method, e.g. ``gg.mtl.upgrad()``.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      GraphGradError: as ``project_conflicts``, or if ``method`` is not a
+        ``gg.mtl`` method.
+    """
+    name = self._layer(layer, "layer")
+    method = _mtl_plan.check_method(method, "combine_tasks")
+    losses = _pcgrad.check_losses(self.net, name, losses, "combine_tasks")
+    if name in self._conflicts:
+      raise _errors.GraphGradError(
+          f"combine_tasks: layer {name!r} already combines the tasks "
+          f"{[l.name for l in self._conflicts[name][0]]}; declare it once, "
+          f"with every task loss.")
+    self._conflicts[name] = (losses, method)
+    return self
+
   # -- building ------------------------------------------------------------
 
   def compute_gradients(self) -> List[Tuple[Gradient, tf.Variable]]:
@@ -441,6 +480,10 @@ class GradientPlan:
             for v in reached}
 
   def _projection(self, name: str) -> Callable:
+    if len(self._conflicts[name]) == 2:  # combine_tasks
+      losses, method = self._conflicts[name]
+      return _mtl_plan.task_rewrite(self.loss, losses, method,
+                                    f"combine_tasks_{name}")
     losses, shuffle, seed = self._conflicts[name]
     return _pcgrad.output_rewrite(self.loss, losses, shuffle, seed,
                                   f"project_conflicts_{name}")
