@@ -11,9 +11,10 @@ from graphgrad.cli._demo import (
                              Problem,
                              dense,
                              domain_shift_problem,
+                             multi_digits_problem,
                              seed_network,
                              seed_problem,
 )
 
 __all__ = ["DomainShiftProblem", "Problem", "dense", "domain_shift_problem",
-           "seed_network", "seed_problem"]
+           "multi_digits_problem", "seed_network", "seed_problem"]
