@@ -177,7 +177,7 @@ def benchmarks_session_config():
   return _measure.session_config()
 
 
-def cost_table(methods, reps: int = 5, steps: int = 10) -> Dict[str, dict]:
+def cost_table(methods, reps: int = 5, steps: int = 20) -> Dict[str, dict]:
   """CPU-time step ratios against minimize(), paired per repetition."""
   from benchmarks import _measure  # pylint: disable=g-import-not-at-top
   result = {}
@@ -236,7 +236,23 @@ def markdown(acc3, acc2, cost, seeds, epochs) -> str:
                  f"{_fmt(a3[:, 2])} | {_fmt(a3.mean(1))} | {_fmt(a2[:, 0])} | "
                  f"{_fmt(a2[:, 1])} |")
   c = COST
+  worst2 = max(100 * (acc2["mean"].mean(0) - a.mean(0)).max()
+               for a in acc2.values())
+  behind = [m for m in acc3 if 100 * (acc3["mean"][:, 2].mean()
+                                      - acc3[m][:, 2].mean()) > 5]
   lines += [
+      "",
+      "On the two digit tasks (the MultiMNIST setting, asserted on seed 0 by "
+      f"tests/methods/test_mtl_digits.py) no method is more than "
+      f"{worst2:.1f} points behind `mean()` on a task. Parity of the sum is "
+      f"the hard task: it needs both digits. "
+      "There " + (f"{', '.join(behind)} fall more than 5 points behind "
+                  f"`mean()` on it: these methods weight the tasks by their "
+                  f"gradients' geometry (min-norm, equal projections, "
+                  f"balanced components), which here seems to give the "
+                  f"slow-to-learn parity head less of the trunk."
+                  if behind else "no method falls more than 5 points behind "
+                  "`mean()` on it."),
       "",
       "![per-task test accuracy](mtl.png)",
       "",
@@ -306,12 +322,20 @@ def _suite(config):
   plot(acc3, config.out_dir)
   data = {"accuracy_3": {m: a.tolist() for m, a in acc3.items()},
           "accuracy_2": {m: a.tolist() for m, a in acc2.items()},
-          "cost": cost}
+          "cost": cost, "seeds": seeds, "epochs": epochs}
   return benchmarks.SuiteResult(markdown(acc3, acc2, cost, seeds, epochs),
                                 data=data, figures=["mtl.png"])
 
 
-benchmarks.register("mtl", _suite, order=95, in_tiny=False)
+def _render(data, out_dir):
+  acc3 = {m: np.array(a) for m, a in data["accuracy_3"].items()}
+  acc2 = {m: np.array(a) for m, a in data["accuracy_2"].items()}
+  plot(acc3, out_dir)
+  return markdown(acc3, acc2, data["cost"], data.get("seeds", 3),
+                  data.get("epochs", EPOCHS))
+
+
+benchmarks.register("mtl", _suite, order=95, in_tiny=False, render=_render)
 
 
 def main(argv=None):

