@@ -158,3 +158,38 @@ def test_combine_tasks_errors(graph, rng):
     plan.combine_tasks("trunk", losses, gg.mtl.upgrad())
   with pytest.raises(gg.GraphGradError, match=r"already projects conflicts"):
     plan.project_conflicts("trunk", losses)
+
+
+def test_upstream_transform_acts_after_the_combination(graph, rng):
+  loss, losses, h = _net(rng)
+  method = gg.mtl.upgrad()
+  plan = (gg.GradientPlan(loss).combine_tasks("trunk", losses, method)
+          .transform_upstream("trunk", gg.transforms.scale(0.5)))
+  gv = plan.compute_gradients()
+  shares = [tf1.gradients(l, h)[0] for l in losses]
+  at_h = method.combine(shares)
+  trunk, base = tf1.trainable_variables("trunk/"), tf1.trainable_variables(
+      "base/")
+  # The trunk's own parameters see the combined gradient; below, the
+  # transform's result flows through the trunk.
+  ref_trunk = tf1.gradients(h, trunk, grad_ys=at_h)
+  ref_base = [a + b for a, b in zip(
+      tf1.gradients(h, base, grad_ys=0.5 * at_h),
+      tf1.gradients(loss, base, stop_gradients=[h]))]
+  ref = dict(zip([v.op.name for v in trunk + base], ref_trunk + ref_base))
+  names = [v.op.name for _, v in gv if v.op.name in ref]
+  got, want = evaluate([[g for g, v in gv if v.op.name in ref],
+                        [ref[n] for n in names]])
+  for n, a, b in zip(names, got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=n)
+
+
+def test_state_lands_on_the_parameter_server(graph, rng):
+  loss, losses, _ = _net(rng)
+  with tf1.device(tf1.train.replica_device_setter(ps_tasks=1)):
+    gg.GradientPlan(loss).combine_tasks(
+        "trunk", losses, gg.mtl.nash_mtl()).compute_gradients()
+  state = [v for v in tf1.global_variables() if "combine_tasks" in v.name]
+  assert len(state) == 2
+  assert all(v.device.startswith("/job:ps") for v in state), [
+      v.device for v in state]
