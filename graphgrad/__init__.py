@@ -9,6 +9,7 @@ The whole public API::
   plan.transform_edge("features", "domain_head", gg.transforms.reverse())
   plan.replace_backward("l3", gg.backward.feedback_alignment(seed=0))
   plan.project_conflicts("trunk", losses=[loss_a, loss_b])   # PCGrad
+  plan.combine_tasks("trunk", [loss_a, loss_b], gg.mtl.upgrad())  # multi-task
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
 
 and the same plans for TF2 Keras models, eagerly or in tf.function::
