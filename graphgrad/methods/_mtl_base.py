@@ -9,6 +9,7 @@ whose rows are the flattened task gradients.
 import numbers
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from graphgrad import _errors
@@ -86,17 +87,19 @@ class GramMethod(TaskMethod):
 
   def _combine(self, mat, state=None):
     gram = tf.cast(tf.matmul(mat, mat, transpose_b=True), tf.float64)
-    w = self._weights(gram) if state is None else self._weights(gram, state)
+    # The Gram's rounding is the gradients' (eps): rank decisions use it.
+    w = self._weights(gram, state, eps=float(np.finfo(
+        mat.dtype.as_numpy_dtype).eps))
     return tf.linalg.matvec(mat, tf.cast(w, mat.dtype), transpose_a=True)
 
-  def _weights(self, gram: tf.Tensor, state=None) -> tf.Tensor:
+  def _weights(self, gram: tf.Tensor, state=None, eps=None) -> tf.Tensor:
     raise NotImplementedError
 
 
 class _Mean(GramMethod):
   name = "mean"
 
-  def _weights(self, gram, state=None):
+  def _weights(self, gram, state=None, eps=None):
     k = tf.shape(gram)[0]
     return tf.ones([k], tf.float64) / tf.cast(k, tf.float64)
 
@@ -104,7 +107,7 @@ class _Mean(GramMethod):
 class _Sum(GramMethod):
   name = "sum"
 
-  def _weights(self, gram, state=None):
+  def _weights(self, gram, state=None, eps=None):
     return tf.ones([tf.shape(gram)[0]], tf.float64)
 
 

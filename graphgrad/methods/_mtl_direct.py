@@ -5,6 +5,7 @@ Both match TorchJD 0.18's aggregators on the same ``k x n`` matrix ``J``.
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from graphgrad import _errors
@@ -33,7 +34,11 @@ class _ConFIG(TaskMethod):
     unit_gram = gram * inv[:, None] * inv[None]
     # pinv(U) u = U^T pinv(U U^T) u: the n-dimensional pseudo-inverse via
     # the k x k Gram of the unit rows U.
-    coef = tf.linalg.matvec(tf.linalg.pinv(unit_gram),
+    # U U^T carries the gradients' rounding (eps), not its square: cut its
+    # eigenvalues below 10 k eps of the largest, as tf.linalg.pinv would in
+    # the gradients' precision (TorchJD's pinv(U) cuts at max(k, n) eps).
+    rcond = 10. * k * float(np.finfo(mat.dtype.as_numpy_dtype).eps)
+    coef = tf.linalg.matvec(tf.linalg.pinv(unit_gram, rcond=rcond),
                             pref_weights(self.name, self.pref, k, 1.)) * inv
     sq = tf.reduce_sum(coef * tf.linalg.matvec(gram, coef))
     coef = coef / tf.maximum(tf.sqrt(tf.maximum(sq, 0.)), 1e-12)

@@ -67,7 +67,7 @@ class _MGDA(GramMethod):
   def __init__(self, epsilon, max_iters):
     self.epsilon, self.max_iters = epsilon, max_iters
 
-  def _weights(self, gram, state=None):
+  def _weights(self, gram, state=None, eps=None):
     return _solvers.frank_wolfe(gram, gram.shape[0], self.epsilon,
                                 self.max_iters)
 
@@ -108,7 +108,7 @@ class _DualCone(GramMethod):
     self.name, self.pref = name, pref
     self.norm_eps, self.reg_eps = norm_eps, reg_eps
 
-  def _weights(self, gram, state=None):
+  def _weights(self, gram, state=None, eps=None):
     k = gram.shape[0]
     u = pref_weights(self.name, self.pref, k, 1. / k)
     reg = (_solvers.normalize(gram, self.norm_eps)
@@ -183,7 +183,7 @@ class _CAGrad(GramMethod):
   def __init__(self, c, norm_eps):
     self.c, self.norm_eps = c, norm_eps
 
-  def _weights(self, gram, state=None):
+  def _weights(self, gram, state=None, eps=None):
     k = gram.shape[0]
     if k > _solvers.EXACT_MAX_TASKS:
       raise _errors.GraphGradError(
@@ -227,9 +227,11 @@ def cagrad(c: float = 0.5, norm_eps: float = 1e-4) -> TaskMethod:
 class _IMTLG(GramMethod):
   name = "imtl_g"
 
-  def _weights(self, gram, state=None):
+  def _weights(self, gram, state=None, eps=None):
     d = tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.))
-    v = tf.linalg.matvec(tf.linalg.pinv(gram), d)
+    # torch.linalg.pinv's cutoff on the gradients' precision, as TorchJD.
+    k = gram.shape[0]
+    v = tf.linalg.matvec(tf.linalg.pinv(gram, rcond=k * eps), d)
     total = tf.reduce_sum(v)
     return tf.where(tf.abs(total) < 1e-12, tf.zeros_like(v),
                     v / tf.where(tf.abs(total) < 1e-12, tf.ones_like(total), total))
@@ -259,11 +261,11 @@ class _AlignedMTL(GramMethod):
   def __init__(self, pref, scale_mode):
     self.pref, self.scale_mode = pref, scale_mode
 
-  def _weights(self, gram, state=None):
+  def _weights(self, gram, state=None, eps=None):
     k = gram.shape[0]
     u = pref_weights(self.name, self.pref, k, 1. / k)
     lam, vec = tf.linalg.eigh(gram)
-    tol = tf.reduce_max(lam) * k * 2.220446049250313e-16
+    tol = tf.reduce_max(lam) * k * eps
     keep = lam > tol
     one, zero = tf.ones_like(lam), tf.zeros_like(lam)
     inv_sqrt = tf.where(keep, 1. / tf.sqrt(tf.where(keep, lam, one)), zero)

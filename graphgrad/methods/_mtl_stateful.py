@@ -44,7 +44,7 @@ class _GradVac(GramMethod):
   def create_state(self, k, name=None):
     return MethodState(name or self.name, phi=tf.zeros([k, k], _F64))
 
-  def _weights(self, gram, state=None):
+  def _weights(self, gram, state=None, eps=None):
     k = gram.shape[0]
     phi = tf.convert_to_tensor(state.phi)
     eye = tf.eye(k, dtype=_F64)

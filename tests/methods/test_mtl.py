@@ -384,3 +384,21 @@ def test_none_counts_as_zero():
   a = tf.constant([1., 2.])
   np.testing.assert_allclose(gg.mtl.mean().combine([a, None]).numpy(),
                              [0.5, 1.])
+
+
+def test_linearly_dependent_tasks(rng):
+  j = rng.normal(size=(3, 7))
+  j[2] = -0.5 * j[0] + 0.5 * j[1]
+  p, s, qt = np.linalg.svd(j, full_matrices=False)
+  p, s, qt = p[:, :2], s[:2], qt[:2]  # rank 2
+  u = np.full(3, 1. / 3)
+  j32 = j.astype(np.float32)
+  _close(_combine(gg.mtl.aligned_mtl(), j32), u @ (s.min() * p @ qt),
+         rtol=1e-4)
+  gram = j @ j.T
+  v = np.linalg.pinv(gram) @ np.sqrt(np.diag(gram))
+  _close(_combine(gg.mtl.imtl_g(), j32), v / v.sum() @ j, rtol=1e-4)
+  units = j / np.linalg.norm(j, axis=1, keepdims=True)
+  d = np.linalg.pinv(units) @ np.ones(3)
+  d /= np.linalg.norm(d)
+  _close(_combine(gg.mtl.config(), j32), (j @ d).sum() * d, rtol=1e-4)
