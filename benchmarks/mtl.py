@@ -235,12 +235,15 @@ def markdown(acc3, acc2, cost, seeds, epochs) -> str:
     lines.append(f"| {m} | {_fmt(a3[:, 0])} | {_fmt(a3[:, 1])} | "
                  f"{_fmt(a3[:, 2])} | {_fmt(a3.mean(1))} | {_fmt(a2[:, 0])} | "
                  f"{_fmt(a2[:, 1])} |")
-  c = COST
+  return "\n".join(lines + _findings(acc3, acc2) + _cost_lines(cost)) + "\n"
+
+
+def _findings(acc3, acc2) -> List[str]:
   worst2 = max(100 * (acc2["mean"].mean(0) - a.mean(0)).max()
                for a in acc2.values())
   behind = [m for m in acc3 if 100 * (acc3["mean"][:, 2].mean()
                                       - acc3[m][:, 2].mean()) > 5]
-  lines += [
+  return [
       "",
       "On the two digit tasks (the MultiMNIST setting, asserted on seed 0 by "
       f"tests/methods/test_mtl_digits.py) no method is more than "
@@ -255,6 +258,12 @@ def markdown(acc3, acc2, cost, seeds, epochs) -> str:
                   "`mean()` on it."),
       "",
       "![per-task test accuracy](mtl.png)",
+  ]
+
+
+def _cost_lines(cost) -> List[str]:
+  c = COST
+  lines = [
       "",
       "### Cost: step time against `minimize()`",
       "",
@@ -280,7 +289,7 @@ def markdown(acc3, acc2, cost, seeds, epochs) -> str:
         f"| {m} | {r['minimize_ms']:.1f} | {rep['median']:.2f} "
         f"({rep['min']:.2f}-{rep['max']:.2f}) | {par['median']:.2f} "
         f"({par['min']:.2f}-{par['max']:.2f}) |")
-  return "\n".join(lines) + "\n"
+  return lines
 
 
 def plot(acc3, out_dir: str) -> str:

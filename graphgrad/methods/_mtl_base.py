@@ -7,6 +7,7 @@ whose rows are the flattened task gradients.
 """
 
 import numbers
+from typing import Any
 from collections.abc import Sequence
 
 import numpy as np
@@ -164,8 +165,8 @@ def stack(grads, method: str):
 
 
 def check_number(factory: str, arg: str, value, low=None, high=None,
-                 integer=False, low_open=False) -> float:
-  """Validates a hyperparameter at factory call; returns it."""
+                 integer=False, low_open=False) -> Any:
+  """Validates a hyperparameter at factory call; returns it (int or float)."""
   ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
   if ok and integer:
     ok = float(value) == int(value)
