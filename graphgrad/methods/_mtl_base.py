@@ -7,8 +7,8 @@ whose rows are the flattened task gradients.
 """
 
 import numbers
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
