@@ -68,6 +68,12 @@ class TaskMethod:
               f"variables across steps; got None. Create it once per plan "
               f"and layer with state = method.create_state(k={mat.shape[0]}) "
               f"and pass combine(grads, state=state).")
+        k = int(mat.shape[0])
+        if getattr(state, "tasks", k) != k:
+          raise _errors.GraphGradError(
+              f"{self.name}: `state` was made for {state.tasks} tasks but "
+              f"`grads` holds {k}. Make one state per plan and layer with "
+              f"method.create_state(k={k}).")
         out = self._combine(mat, state)
       else:
         out = self._combine(mat)

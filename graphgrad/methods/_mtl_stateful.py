@@ -21,8 +21,9 @@ _F64 = tf.float64
 class MethodState(tf.Module):
   """The variables of one stateful method at one (plan, layer)."""
 
-  def __init__(self, name: str, **initial):
+  def __init__(self, name: str, k: int, **initial):
     super().__init__(name=name)
+    self.tasks = k
     for key, value in initial.items():
       setattr(self, key, tf.Variable(value, trainable=False,
                                      name=f"{name}_{key}"))
@@ -42,7 +43,7 @@ class _GradVac(GramMethod):
     self.beta, self.eps, self.shuffle, self.seed = beta, eps, shuffle, seed
 
   def create_state(self, k, name=None):
-    return MethodState(name or self.name, phi=tf.zeros([k, k], _F64))
+    return MethodState(name or self.name, k, phi=tf.zeros([k, k], _F64))
 
   def _weights(self, gram, state=None, eps=None):
     k = gram.shape[0]
@@ -132,7 +133,7 @@ class _NashMTL(TaskMethod):
     self.optim_niter = optim_niter
 
   def create_state(self, k, name=None):
-    return MethodState(name or self.name, alpha=tf.ones([k], _F64),
+    return MethodState(name or self.name, k, alpha=tf.ones([k], _F64),
                        step=tf.constant(0, tf.int64))
 
   def _combine(self, mat, state=None):

@@ -371,6 +371,8 @@ def test_combine_validates_its_inputs():
        r"upgrad.combine: `grads\[1\]` must be a floating-point tensor of the"),
       (gg.mtl.sum(), [tf.constant([1, 2])], {}, r"`grads\[0\]` must be a fl"),
       (gg.mtl.gradvac(), [a, a], {}, r"gradvac: `state` is required"),
+      (gg.mtl.nash_mtl(), [a, a], {"state": gg.mtl.nash_mtl().create_state(3)},
+       r"nash_mtl: `state` was made for 3 tasks but `grads` holds 2"),
       (gg.mtl.upgrad(pref_vector=[1., 2., 3.]), [a, a], {},
        r"`pref_vector` has 3 entries but `grads` holds 2"),
       (gg.mtl.cagrad(), [a] * 9, {}, r"cagrad.combine: `grads` must hold at most 8"),
