@@ -11,6 +11,9 @@ The whole public API::
   plan.project_conflicts("trunk", losses=[loss_a, loss_b])   # PCGrad
   plan.combine_tasks("trunk", [loss_a, loss_b], gg.mtl.upgrad())  # multi-task
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
+  plan.summaries(), plan.declarations, plan.resources, plan.trace
+
+  opt = gg.AfterAggregation(optimizer, net)  # transforms after a cross-replica sum
 
 and the same plans for TF2 Keras models, eagerly or in tf.function::
 
@@ -18,9 +21,17 @@ and the same plans for TF2 Keras models, eagerly or in tf.function::
   with plan.tape() as tape:
     loss = loss_fn(y, model(x))
   optimizer.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
+
+with the modules ``gg.transforms`` (gradient transforms and their contract),
+``gg.backward`` (backward replacements and theirs), ``gg.mtl`` (multi-task
+gradient methods for ``combine_tasks``), ``gg.cluster`` (a local
+parameter-server cluster: ``LocalCluster``, ``start_server``,
+``session_config``) and ``gg.demo`` (the seed problem and network that the
+notebooks and ``graphgrad demo`` use), and the errors, all subclasses of
+``gg.GraphGradError``.
 """
 
-from graphgrad import _compat, backward, cluster, mtl, transforms
+from graphgrad import _compat, backward, cluster, demo, mtl, transforms
 from graphgrad._errors import (
                                GraphGradError,
                                IncompatibleGradientError,
@@ -33,6 +44,7 @@ from graphgrad.analysis._layers import Layer, LayerGraph
 from graphgrad.distributed._after_aggregation import AfterAggregation
 from graphgrad.keras._plan import KerasPlan
 from graphgrad.plan._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
+from graphgrad.plan._report import GradientReport, gradient_report
 
 __version__ = "0.1.0"
 
@@ -44,6 +56,7 @@ __all__ = [
     "GATE_NONE",
     "GATE_OP",
     "GradientPlan",
+    "GradientReport",
     "GraphGradError",
     "IncompatibleGradientError",
     "KerasPlan",
@@ -55,6 +68,8 @@ __all__ = [
     "analyze",
     "backward",
     "cluster",
+    "gradient_report",
+    "demo",
     "mtl",
     "transforms",
 ]

@@ -24,10 +24,10 @@ from graphgrad.methods._mtl_methods import (
                                             dualproj,
                                             imtl_g,
                                             mgda,
-                                            pcgrad,
                                             upgrad,
 )
 from graphgrad.methods._mtl_stateful import MethodState, gradvac, nash_mtl
+from graphgrad.methods._pcgrad import pcgrad
 
 __all__ = ["MethodState", "TaskMethod", "aligned_mtl", "cagrad", "config",
            "dualproj", "graddrop", "gradvac", "imtl_g", "mean", "mgda",

@@ -219,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
   inspect.add_argument("--png", metavar="FILE",
                        help="also draw the layer graph to a PNG file")
   inspect.set_defaults(func=_inspect)
+  from graphgrad.cli import _grads  # pylint: disable=g-import-not-at-top
+  _grads.add_parser(sub)
   return parser
 
 

@@ -25,6 +25,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.transforms._checks import checked as _checked
+from graphgrad.transforms._context import Resources
 from graphgrad.transforms._checks import compose as _compose
 from graphgrad.transforms._transforms import (
   Transform,
@@ -82,7 +83,7 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
     self._opt = optimizer
     self._net = net
     self._transforms: Dict[str, List[Transform]] = {}
-    self._state: dict = {}
+    self._resources = Resources()
 
   def transform_gradients(self, layer: str, fn) -> "AfterAggregation":
     """Rewrites ``layer``'s parameter gradients when they are applied.
@@ -114,7 +115,7 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
         fns = self._transforms.get(layer)
         if fns and g is not None:
           ctx = TransformContext(layer=layer, role="gradients", variable=v,
-                                 global_step=global_step, state=self._state)
+                                 global_step=global_step, resources=self._resources)
           g = _checked(_compose(fns), g, ctx,
                        f"AfterAggregation.transform_gradients({layer!r}) on "
                        f"{v.name}")

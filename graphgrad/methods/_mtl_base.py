@@ -142,6 +142,12 @@ def sum() -> TaskMethod:
 
 def stack(grads, method: str):
   """``(J, shape)``: the ``k x n`` matrix of flattened gradients."""
+  dense = dense_grads(grads, method)
+  return tf.stack([tf.reshape(g, [-1]) for g in dense]), tf.shape(dense[0])
+
+
+def dense_grads(grads, method: str) -> list[tf.Tensor]:
+  """The task gradients as dense tensors of one shape (zeros for ``None``)."""
   if isinstance(grads, (tf.Tensor, tf.IndexedSlices)) or not isinstance(
       grads, (list, tuple)):
     raise _errors.GraphGradError(
@@ -166,8 +172,7 @@ def stack(grads, method: str):
           f"of the shape and dtype of the first gradient ({like.shape}, "
           f"{like.dtype.name}); got {g.shape}, {g.dtype.name}. Pass the "
           f"task gradients at one tensor.")
-  dense = [tf.zeros_like(like) if g is None else g for g in dense]
-  return tf.stack([tf.reshape(g, [-1]) for g in dense]), tf.shape(like)
+  return [tf.zeros_like(like) if g is None else g for g in dense]
 
 
 def check_number(factory: str, arg: str, value, low=None, high=None,

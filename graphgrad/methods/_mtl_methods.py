@@ -10,55 +10,15 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.methods import _mtl_solvers as _solvers
-from graphgrad.methods import _pcgrad
 from graphgrad.methods._mtl_base import (
   GramMethod,
   TaskMethod,
   check_number,
   check_pref,
   pref_weights,
-  static_k,
 )
 
 _F64 = tf.float64
-
-
-class _PCGrad(TaskMethod):
-  name = "pcgrad"
-
-  def __init__(self, shuffle, seed):
-    self.shuffle, self.seed = shuffle, seed
-
-  def _combine(self, mat, state=None):
-    per = [[row] for row in tf.unstack(mat, num=static_k(mat))]
-    return _pcgrad.project(per, [mat[0]], self.shuffle, self.seed)[0]
-
-  def _args(self):
-    return f"shuffle={self.shuffle}, seed={self.seed}"
-
-
-def pcgrad(shuffle: bool = True, seed: int | None = None) -> TaskMethod:
-  """PCGrad (Yu et al., 2020, "Gradient Surgery for Multi-Task Learning").
-
-  For each task ``i``, ``g_i^PC`` starts at ``g_i`` and, for every other
-  task ``j`` in random order, ``g_i^PC <- g_i^PC - min(0, g_i^PC . g_j) /
-  ||g_j||^2 g_j``; the result is ``sum_i g_i^PC``. It is exactly what
-  ``GradientPlan.project_conflicts`` computes, and TorchJD's ``PCGrad``.
-
-  Args:
-    shuffle: draw the order of the other tasks anew at each step.
-    seed: op-level seed of the shuffles.
-
-  Example:
-    >>> import graphgrad as gg
-    >>> g = [tf.constant([1., 0.]), tf.constant([-1., 1.])]
-    >>> gg.mtl.pcgrad().combine(g).numpy()
-    array([0.5, 1.5], dtype=float32)
-  """
-  if not isinstance(shuffle, bool):
-    raise _errors.GraphGradError(
-        f"pcgrad: `shuffle` must be True or False; got {shuffle!r}.")
-  return _PCGrad(shuffle, seed)
 
 
 class _MGDA(GramMethod):

@@ -1,11 +1,34 @@
-"""PCGrad at a layer boundary: project conflicting per-loss gradients.
+"""Task combination at a shared layer's outputs, and PCGrad.
 
-``plan.project_conflicts(layer, losses)`` applies gradient surgery (Yu et al.,
-2020, "Gradient Surgery for Multi-Task Learning") to the gradients that the
-listed losses send to a shared layer's outputs.
+``plan.combine_tasks(layer, losses, method)`` rewrites the gradient ``g`` at
+a shared layer's outputs ``T`` from the per-task gradients
+``g_i = dL/dL_i * dL_i/dT``:
+
+    g  <-  g - sum_i g_i + method.combine([g_1, ..., g_k]).
+
+The task-combination contract is ``gg.mtl``'s: ``method.combine(grads)``
+takes ``k`` task gradients of one shape and returns one gradient of that
+shape; a stateful method also has ``create_state(k, name=None)``, whose
+result each plan makes once per layer and passes as
+``combine(grads, state=state)``. Both executors adapt a layer to it
+(:func:`combine_flat`): each task's gradients at the layer's output tensors
+are flattened and concatenated into one vector (zeros where the task does
+not reach a tensor), so that dot products run over all of ``T``, batch
+included; the result is split back per tensor. :class:`PCGrad` is one such
+method: gradient surgery (Yu et al., 2020, "Gradient Surgery for Multi-Task
+Learning"); ``plan.project_conflicts(layer, losses)`` is
+``combine_tasks(layer, losses, pcgrad())``, and ``gg.mtl.pcgrad`` is
+:func:`pcgrad`.
+
+Example:
+  >>> import tensorflow as tf
+  >>> out = pcgrad().combine([tf.constant([1.0, 0.0]),
+  ...                         tf.constant([-1.0, 1.0])])
+  >>> out.numpy().tolist()  # each projected off the other, then summed
+  [0.5, 1.5]
 """
 
-from typing import List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import networkx as nx
 import tensorflow as tf
@@ -13,6 +36,8 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis._layers import LayerGraph
+from graphgrad.methods._mtl_base import TaskMethod, dense_grads
+from graphgrad.transforms._context import Resources
 
 
 def _dot(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -38,7 +63,8 @@ def project(per_loss: Sequence[Sequence[Gradient]],
 
   Args:
     per_loss: one list of gradients per loss, aligned with ``like``.
-    like: the forward tensors the gradients belong to.
+    like: the forward tensors the gradients belong to (a missing gradient
+      is the zeros of its tensor).
     shuffle: draw the order of the other tasks at random for each task.
     seed: op-level seed of the shuffles.
 
@@ -77,25 +103,166 @@ def project(per_loss: Sequence[Sequence[Gradient]],
   return [t if r else None for t, r in zip(total, reached)]
 
 
-def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
-                   shuffle: bool, seed: Optional[int], scope: str):
-  """The engine's rewrite ``(grads, outputs) -> grads`` at a shared layer.
+class PCGrad(TaskMethod):
+  """PCGrad as a task-combination method (see :func:`pcgrad`)."""
 
-  ``g - sum_i g_i + sum_i g_i^PC`` with ``g_i = dL/dL_i * dL_i/dT``.
+  name = "pcgrad"
+
+  def __init__(self, shuffle: bool = True, seed: Optional[int] = None):
+    self.shuffle, self.seed = shuffle, seed
+
+  def combine(self, grads, state=None, name=None):
+    """:func:`project` on the gradients in their own shape."""
+    del state  # stateless
+    with tf.name_scope(name or self.name):
+      dense = dense_grads(grads, self.name)
+      return project([[g] for g in dense], [dense[0]], self.shuffle,
+                     self.seed)[0]
+
+  def _args(self) -> str:
+    return f"shuffle={self.shuffle!r}, seed={self.seed!r}"
+
+
+def pcgrad(shuffle: bool = True, seed: Optional[int] = None) -> PCGrad:
+  """PCGrad (Yu et al., 2020, "Gradient Surgery for Multi-Task Learning").
+
+  For every task ``i``, ``g_i^PC`` starts at ``g_i``; for every other task
+  ``j`` (in a random order drawn at each step with ``shuffle``), when
+  ``g_i^PC . g_j < 0``, ``g_i^PC <- g_i^PC - (g_i^PC . g_j) / ||g_j||^2 g_j``,
+  with dot products over the whole flattened tensor, batch included.
+  ``combine`` returns ``sum_i g_i^PC``. It is what
+  ``plan.project_conflicts`` computes, and TorchJD's ``PCGrad``.
+
+  Args:
+    shuffle: take the other tasks in a random order, drawn at each step
+      (with two tasks the order does not matter).
+    seed: op-level seed of the shuffles.
+
+  Returns:
+    A task-combination method for ``plan.combine_tasks``.
+
+  Raises:
+    GraphGradError: if ``shuffle`` is not a bool.
+
+  Example:
+    >>> import graphgrad as gg
+    >>> gg.mtl.pcgrad(seed=1)
+    pcgrad(shuffle=True, seed=1)
+    >>> g = [tf.constant([1., 0.]), tf.constant([-1., 1.])]
+    >>> gg.mtl.pcgrad().combine(g).numpy()
+    array([0.5, 1.5], dtype=float32)
+  """
+  if not isinstance(shuffle, bool):
+    raise _errors.GraphGradError(
+        f"pcgrad: `shuffle` must be True or False; got {shuffle!r}.")
+  return PCGrad(shuffle, seed)
+
+
+# -- the executors' adapter ----------------------------------------------------
+
+def task_state(method: Any, k: int, get_or_create: Callable, name: str):
+  """A stateful method's state for one (plan, layer), made on first use.
+
+  ``get_or_create(make)`` is the plan's store for this layer (the TF1
+  plan's ``Resources``, a KerasPlan's tracked variables); ``None`` for a
+  method without ``create_state`` or whose ``create_state`` gives ``None``.
+  """
+  create = getattr(method, "create_state", None)
+  if not callable(create):
+    return None
+  return get_or_create(lambda: create(k, name=name))
+
+
+def active_tasks(per_task: Sequence[Sequence[Gradient]]) -> int:
+  """How many tasks reach at least one of the layer's outputs."""
+  return sum(any(g is not None for g in gs) for gs in per_task)
+
+
+def combine_flat(method: Any, per_task: Sequence[Sequence[Gradient]],
+                 like: Sequence[tf.Tensor], state=None) -> List[Gradient]:
+  """``method.combine`` of the tasks' gradients at several tensors.
+
+  With several tensors, each task's gradients at ``like`` are flattened and
+  concatenated into one vector (zeros where the task does not reach a
+  tensor), and the combined vector is split back; one tensor is combined
+  in its own shape. A task that reaches none of them is left out.
+
+  Args:
+    method: a task-combination method.
+    per_task: one list of gradients per task, aligned with ``like``.
+    like: the layer's output tensors.
+    state: the method's state for this plan and layer, or ``None``.
+
+  Returns:
+    The combined gradient at each tensor; ``None`` where no task reaches it.
+
+  Raises:
+    IncompatibleGradientError: if ``method.combine`` returns something not
+      shaped like the task gradients.
+  """
+  active = [gs for gs in per_task if any(g is not None for g in gs)]
+  if not active:
+    return [None] * len(like)
+  reached = [any(gs[t] is not None for gs in active) for t in range(len(like))]
+  flat = [_concat([tf.convert_to_tensor(g) if g is not None
+                   else tf.zeros_like(y) for g, y in zip(gs, like)])
+          for gs in active]
+  out = (method.combine(flat) if state is None
+         else method.combine(flat, state=state))
+  out = _checked_result(method, out, flat[0])
+  if len(like) == 1:  # one tensor: combined in its own shape
+    return [out]
+  parts = tf.split(out, tf.stack([tf.size(y) for y in like]))
+  return [tf.reshape(p, tf.shape(y)) if r else None
+          for p, y, r in zip(parts, like, reached)]
+
+
+def _concat(grads: Sequence[tf.Tensor]) -> tf.Tensor:
+  if len(grads) == 1:
+    return grads[0]
+  return tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
+
+
+def _checked_result(method, out, like: tf.Tensor) -> tf.Tensor:
+  if out is not None and not isinstance(out, (list, tuple)):
+    out = tf.convert_to_tensor(out)
+    if out.dtype == like.dtype and out.shape.is_compatible_with(like.shape):
+      return out
+  what = (f"{type(out).__name__}" if not tf.is_tensor(out)
+          else f"a tensor of shape {out.shape} {out.dtype.name}")
+  raise _errors.IncompatibleGradientError(
+      f"combine_tasks: {method!r}.combine returned {what} for task "
+      f"gradients of shape {like.shape} {like.dtype.name}. Return one "
+      f"combined gradient shaped like each task gradient.")
+
+
+def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor], method: Any,
+                   scope: str, resources: Resources, layer: str):
+  """The TF1 engine's rewrite ``(grads, outputs) -> grads`` at a shared layer.
+
+  ``g - sum_i g_i + method.combine([g_i])`` with ``g_i = dL/dL_i * dL_i/dT``,
+  through :func:`combine_flat`. Each task loss is backpropagated once, from
+  the loss to ``T`` only. A stateful method's state is made once, in the
+  plan's ``resources`` under ``(layer, "combine_tasks/state")``.
   """
   def run(grads, outputs):
-    with tf.name_scope(scope.replace("/", "_")):
+    name = scope.replace("/", "_")
+    with tf.name_scope(name):
       weights = tf.compat.v1.gradients(loss, list(losses))
-      per_loss = [tf.compat.v1.gradients(l, list(outputs), grad_ys=w)
+      per_task = [tf.compat.v1.gradients(l, list(outputs), grad_ys=w)
                   if w is not None else [None] * len(outputs)
                   for l, w in zip(losses, weights)]
-      projected = project(per_loss, outputs, shuffle, seed)
+      state = task_state(
+          method, active_tasks(per_task),
+          lambda make: resources.get_or_create(layer, "combine_tasks/state",
+                                               make), f"{name}_state")
+      combined = combine_flat(method, per_task, outputs, state)
       out = []
-      for t, (g, p) in enumerate(zip(grads, projected)):
+      for t, (g, p) in enumerate(zip(grads, combined)):
         if g is None or p is None:  # no listed loss reaches this output
           out.append(g)
           continue
-        shares = [tf.convert_to_tensor(gs[t]) for gs in per_loss
+        shares = [tf.convert_to_tensor(gs[t]) for gs in per_task
                   if gs[t] is not None]
         out.append(tf.convert_to_tensor(g) - tf.add_n(shares) + p)
       return out
@@ -103,40 +270,40 @@ def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
 
 
 def check_losses(net: LayerGraph, layer: str, losses,
-                 where: str = "project_conflicts") -> List[tf.Tensor]:
-  """Validates ``losses`` for ``where``; returns them as a list."""
+                 method: str = "combine_tasks") -> List[tf.Tensor]:
+  """Validates task ``losses`` of a plan's ``method``; returns them as a list."""
   if isinstance(losses, tf.Tensor) or not isinstance(losses, (list, tuple)):
     raise _errors.GraphGradError(
-        f"{where}: `losses` must be a list of at least two scalar "
+        f"{method}: `losses` must be a list of at least two scalar "
         f"loss tensors; got {type(losses).__name__}. Pass e.g. "
         f"losses=[loss_a, loss_b].")
   losses = list(losses)
   if len(losses) < 2:
     raise _errors.GraphGradError(
-        f"{where}: `losses` must hold at least two losses to "
+        f"{method}: `losses` must hold at least two losses to "
         f"project against each other; got {len(losses)}.")
   for i, l in enumerate(losses):
     if not isinstance(l, tf.Tensor) or not l.dtype.is_floating or (
         l.shape.rank != 0):
       raise _errors.GraphGradError(
-          f"{where}: `losses[{i}]` must be a floating-point scalar "
+          f"{method}: `losses[{i}]` must be a floating-point scalar "
           f"tensor; got {l!r}. Reduce each task loss to a scalar "
           f"(tf.reduce_mean).")
     if l.graph is not net.loss.graph or l.op.name not in net.op_graph:
       raise _errors.NotConnectedError(
-          f"{where}: the plan's loss {net.loss.name} does not "
+          f"{method}: the plan's loss {net.loss.name} does not "
           f"depend on `losses[{i}]` {l.name}. List the task losses whose "
           f"(weighted) sum is the plan's loss.")
   names = [l.name for l in losses]
   if len(set(names)) != len(names):
     raise _errors.GraphGradError(
-        f"{where}: `losses` lists a tensor twice: {names}. List "
+        f"{method}: `losses` lists a tensor twice: {names}. List "
         f"each task loss once.")
   for a in losses:
     for b in losses:
       if a is not b and nx.has_path(net.op_graph, a.op.name, b.op.name):
         raise _errors.GraphGradError(
-            f"{where}: `losses` {b.name} depends on {a.name}, so "
+            f"{method}: `losses` {b.name} depends on {a.name}, so "
             f"their gradients overlap. List task losses that are separate "
             f"terms of the plan's loss, not partial sums.")
   return losses

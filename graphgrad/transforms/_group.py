@@ -13,12 +13,8 @@ from typing import List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad._types import Gradient
+from graphgrad._types import Gradient, gradient_values
 from graphgrad.transforms._transforms import TransformContext
-
-
-def _values(g) -> tf.Tensor:
-  return g.values if isinstance(g, tf.IndexedSlices) else g
 
 
 def _rescale(g, factor):
@@ -39,16 +35,31 @@ def global_norm(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
 class GroupTransform:
   """Base class of transforms that see all of a layer's gradients at once.
 
-  Subclasses implement :meth:`apply_group`. Calling the transform skips
-  ``None`` gradients (keeping positions) and opens the name scope.
+  The contract of a user-written one: a subclass implements
+  :meth:`apply_group`, which maps the layer's present ``(grad, var)`` pairs
+  to one new gradient per pair, each of its pair's shape and dtype (the plan
+  checks them). Calling the transform skips ``None`` gradients (they keep
+  their position and stay ``None``) and opens a name scope (``name``). It is
+  declared with ``plan.transform_gradients(layer, t)`` only: it has no
+  meaning for one boundary gradient. ``reads_global_step`` and
+  ``context.resources`` work as for a :class:`Transform`.
 
   Example:
-    >>> import graphgrad as gg
-    >>> isinstance(gg.transforms.trust_ratio(0.001), gg.transforms.GroupTransform)
-    True
+    >>> import tensorflow as tf
+    >>> class ToNorm10(GroupTransform):
+    ...   name = "to_norm_10"
+    ...   def apply_group(self, grads_and_vars, context):
+    ...     norm = global_norm([g for g, _ in grads_and_vars])
+    ...     return [g * (10.0 / norm) for g, _ in grads_and_vars]
+    >>> w, b = tf.Variable([[1.0]]), tf.Variable([1.0])
+    >>> out = ToNorm10()([(tf.constant([[3.0]]), w), (None, None),
+    ...                   (tf.constant([4.0]), b)])
+    >>> [None if g is None else g.numpy().tolist() for g in out]
+    [[[6.0]], None, [8.0]]
   """
 
   name = "group_transform"
+  reads_global_step = False
 
   def apply_group(self, grads_and_vars: Sequence[Tuple[Gradient, tf.Variable]],
                   context: TransformContext) -> List[Gradient]:
@@ -81,7 +92,7 @@ class _ClipByGlobalNorm(GroupTransform):
 
   def apply_group(self, grads_and_vars, context):
     grads = [g for g, _ in grads_and_vars]
-    norm = global_norm([_values(g) for g in grads])
+    norm = global_norm([gradient_values(g) for g in grads])
     clip = tf.cast(self.clip_norm, norm.dtype)
     factor = clip / tf.maximum(norm, clip)
     return [_rescale(g, factor) for g in grads]
@@ -127,7 +138,7 @@ class _TrustRatio(GroupTransform):
 
   def apply_group(self, grads_and_vars, context):
     grads = [g for g, _ in grads_and_vars]
-    g_norm = global_norm([_values(g) for g in grads])
+    g_norm = global_norm([gradient_values(g) for g in grads])
     w_norm = global_norm([v.read_value() if hasattr(v, "read_value") else v
                           for _, v in grads_and_vars])
     eta = tf.cast(self.eta, g_norm.dtype)

@@ -13,64 +13,65 @@ Every transform
 * opens a name scope, so its ops group under one node in TensorBoard.
 
 A transform receives a :class:`TransformContext` that says where it is being
-applied. Stateless transforms ignore it; stateful transforms (a step counter,
-annealed noise) and transforms that see a whole layer read it.
+applied. Stateless transforms ignore it; annealed noise reads its global step,
+and a stateful transform keeps what it creates in its ``resources``.
 """
 
-import dataclasses
-import zlib
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
-
-# Keys of TransformContext.state that the plan reads after building.
-USES_GLOBAL_STEP = "uses_global_step"  # True: increment the global step
-EXTRA_GRADS_AND_VARS = "extra_grads_and_vars"  # (grad, var) of own variables
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformContext:
-  """Where a transform is applied.
-
-  Attributes:
-    layer: name of the layer the gradient belongs to or flows out of.
-    role: ``"upstream"``, ``"gradients"`` or ``"edge"``.
-    variable: the variable, for a parameter gradient; else ``None``.
-    edge: ``(lower, upper)`` for an edge transform; else ``None``.
-    tensor: the forward tensor whose gradient this is, when there is one.
-    global_step: the plan's global step tensor, when one is known.
-    state: a per-plan dictionary where stateful transforms keep what they
-      create, so that it is created once per plan. Two keys are read by the
-      plan: ``"uses_global_step"`` (true: ``apply_gradients`` increments the
-      global step when given none) and ``"extra_grads_and_vars"`` (``(grad,
-      var)`` pairs of variables a transform owns, such as a synthetic
-      gradient module, appended to ``compute_gradients()``).
-  """
-  layer: Optional[str] = None
-  role: str = "upstream"
-  variable: Optional[tf.Variable] = None
-  edge: Optional[Tuple[str, str]] = None
-  tensor: Optional[tf.Tensor] = None
-  global_step: Optional[tf.Tensor] = None
-  state: Dict[str, Any] = dataclasses.field(default_factory=dict)
-
+from graphgrad.transforms._context import TransformContext
 
 class Transform:
-  """Base class of gradient transforms.
+  """Base class of gradient transforms; the contract of a user-written one.
 
-  Subclasses implement :meth:`apply_dense`, which maps a dense tensor to a
-  tensor of the same shape and dtype. Calling the transform handles ``None``
-  and ``IndexedSlices`` and opens the name scope.
+  A subclass implements :meth:`apply_dense`, which maps a dense gradient
+  tensor to a tensor of the same shape and dtype. Calling the transform
+  passes ``None`` through, applies :meth:`apply_dense` to the ``.values`` of
+  a ``tf.IndexedSlices`` and opens a name scope (the class's ``name``). The
+  plan checks the result's shape and dtype. A subclass that reads
+  ``context.global_step`` sets ``reads_global_step = True``: the plan's
+  ``apply_gradients`` then advances the global step. One that creates
+  variables or other state keeps them in ``context.resources`` (created once
+  per plan, see :class:`Resources`).
+
+  Example:
+    >>> import tensorflow as tf
+    >>> class Halve(Transform):
+    ...   name = "halve"
+    ...   def apply_dense(self, grad, context):
+    ...     return 0.5 * grad
+    >>> Halve()(tf.constant([2.0, -4.0])).numpy().tolist()
+    [1.0, -2.0]
+    >>> sparse = Halve()(tf.IndexedSlices(tf.constant([[2.0]]), tf.constant([1])))
+    >>> sparse.values.numpy().tolist(), Halve()(None)
+    ([[1.0]], None)
   """
 
   name = "transform"
+  reads_global_step = False
 
   def apply_dense(self, grad: tf.Tensor,
                   context: TransformContext) -> tf.Tensor:
     raise NotImplementedError
+
+  @property
+  def parts(self) -> Tuple["Transform", ...]:
+    """The transforms this one applies in order: ``(self,)``, or a chain's."""
+    return (self,)
+
+  @property
+  def linear_factor(self) -> Optional[float]:
+    """``c`` when the transform is ``g -> c * g`` for a known number ``c``.
+
+    ``scale(c)`` gives ``c``, ``reverse(lam)`` ``-lam``, ``zero()`` 0,
+    ``identity()`` 1, a chain the product of its parts' factors; ``None``
+    for anything else (noise, clipping, a tensor factor, a user callable).
+    """
+    return None
 
   def __call__(self, grad: Gradient,
                context: Optional[TransformContext] = None) -> Gradient:
@@ -133,7 +134,7 @@ def as_transform(fn: Any) -> Transform:
   return _Fn(fn)
 
 
-def _cast(value, grad: tf.Tensor) -> tf.Tensor:
+def cast_like(value, grad: tf.Tensor) -> tf.Tensor:
   if isinstance(value, (int, float)) and not isinstance(value, bool):
     # tf.cast would first make a float32 tensor of a Python float, rounding
     # it before a float64 gradient ever sees it.
@@ -147,13 +148,19 @@ class _Scale(Transform):
   def __init__(self, c):
     self.c = c
 
+  @property
+  def linear_factor(self):
+    if isinstance(self.c, (int, float)) and not isinstance(self.c, bool):
+      return self.c
+    return None
+
   def apply_dense(self, grad, context):
     # Neutral values as Sonnet's scale_gradient does: no multiply at all.
     if isinstance(self.c, (int, float)) and self.c == 1:
       return tf.identity(grad)
     if isinstance(self.c, (int, float)) and self.c == 0:
       return tf.zeros_like(grad)
-    return grad * _cast(self.c, grad)
+    return grad * cast_like(self.c, grad)
 
   def __repr__(self):
     return f"scale({self.c!r})"
@@ -175,106 +182,6 @@ def scale(c) -> Transform:
   return _Scale(c)
 
 
-class _AddNoise(Transform):
-  name = "add_noise"
-
-  def __init__(self, stddev, seed, eta=None, gamma=None):
-    self.stddev = stddev
-    self.seed = seed
-    self.eta = eta
-    self.gamma = gamma
-
-  def _stddev(self, grad, context):
-    if self.eta is None:
-      return _cast(self.stddev, grad)
-    step = context.global_step
-    if step is None:
-      raise _errors.GraphGradError(
-          f"add_noise(eta={self.eta!r}, gamma={self.gamma!r}) anneals with "
-          f"the global step, but the graph has none when the plan is built. "
-          f"Create it before building the plan: "
-          f"`step = tf.compat.v1.train.get_or_create_global_step()`; the "
-          f"plan's apply_gradients then increments it.")
-    context.state[USES_GLOBAL_STEP] = True
-    t = tf.cast(step, grad.dtype)
-    variance = _cast(self.eta, grad) / tf.pow(1 + t, _cast(self.gamma, grad))
-    return tf.sqrt(variance, name="stddev")
-
-  def apply_dense(self, grad, context):
-    seed = self.seed
-    if seed is not None and context.tensor is not None:
-      # One seed per transformed tensor: equal seeds on two random ops of the
-      # same shape would draw the same noise.
-      seed = (seed + zlib.crc32(context.tensor.name.encode())) % (2**31 - 1)
-    stddev = self._stddev(grad, context)
-    noise = tf.random.normal(tf.shape(grad), stddev=1.0, dtype=grad.dtype,
-                             seed=seed)
-    return grad + stddev * noise
-
-  def __repr__(self):
-    if self.eta is not None:
-      return (f"add_noise(eta={self.eta!r}, gamma={self.gamma!r}, "
-              f"seed={self.seed!r})")
-    return f"add_noise({self.stddev!r}, seed={self.seed!r})"
-
-
-def add_noise(stddev=None, seed: Optional[int] = None, *, eta=None,
-              gamma=0.55) -> Transform:
-  """Adds Gaussian noise to the gradient: constant or annealed.
-
-  Two forms, told apart by keyword:
-
-  * ``add_noise(stddev)``: constant noise, ``g + stddev * n`` with
-    ``n ~ N(0, 1)``.
-  * ``add_noise(eta=eta, gamma=0.55)``: annealed noise (Neelakantan et al.,
-    2015, "Adding Gradient Noise Improves Learning for Very Deep Networks"),
-    ``g + sigma_t * n`` with variance
-
-        sigma_t^2 = eta / (1 + t)^gamma,
-
-    where ``t`` is the graph's global step
-    (``tf.compat.v1.train.get_global_step()``) read when the plan is built.
-    The paper uses ``eta`` in {0.01, 0.3, 1.0} and ``gamma = 0.55``. The
-    global step must exist before the plan is built; the plan's
-    ``apply_gradients`` increments it when no other ``global_step`` is
-    passed, so that ``t`` counts training steps.
-
-  Args:
-    stddev: standard deviation of constant noise. Give it, or ``eta``.
-    seed: op-level seed. With a graph-level seed set, the noise is repeatable;
-      each transformed tensor derives its own seed from it.
-    eta: keyword only; the variance at step 0 of annealed noise.
-    gamma: keyword only; the annealing exponent of annealed noise.
-
-  Returns:
-    A transform adding the noise.
-
-  Raises:
-    GraphGradError: if both or neither of ``stddev`` and ``eta`` are given,
-      or a number among them is negative; when applied, for annealed noise in
-      a graph without a global step.
-
-  Example:
-    >>> add_noise(0.01, seed=1)
-    add_noise(0.01, seed=1)
-    >>> add_noise(eta=0.3, gamma=0.55)
-    add_noise(eta=0.3, gamma=0.55, seed=None)
-  """
-  if (stddev is None) == (eta is None):
-    raise _errors.GraphGradError(
-        f"add_noise: give exactly one of `stddev` (constant noise) and `eta` "
-        f"(annealed noise, variance eta / (1 + t)^gamma); got stddev="
-        f"{stddev!r}, eta={eta!r}. Use add_noise(0.01) or "
-        f"add_noise(eta=0.3, gamma=0.55).")
-  for arg, value in (("stddev", stddev), ("eta", eta), ("gamma", gamma)):
-    if isinstance(value, (int, float)) and value < 0:
-      raise _errors.GraphGradError(
-          f"add_noise: `{arg}` must be non-negative; got {value}.")
-  if eta is None:
-    return _AddNoise(stddev, seed)
-  return _AddNoise(None, seed, eta=eta, gamma=gamma)
-
-
 class _ClipByValue(Transform):
   name = "clip_by_value"
 
@@ -282,7 +189,7 @@ class _ClipByValue(Transform):
     self.lo, self.hi = lo, hi
 
   def apply_dense(self, grad, context):
-    return tf.clip_by_value(grad, _cast(self.lo, grad), _cast(self.hi, grad))
+    return tf.clip_by_value(grad, cast_like(self.lo, grad), cast_like(self.hi, grad))
 
   def __repr__(self):
     return f"clip_by_value({self.lo!r}, {self.hi!r})"
@@ -312,7 +219,7 @@ class _ClipByNorm(Transform):
     self.c = c
 
   def apply_dense(self, grad, context):
-    return tf.clip_by_norm(grad, _cast(self.c, grad))
+    return tf.clip_by_norm(grad, cast_like(self.c, grad))
 
   def __repr__(self):
     return f"clip_by_norm({self.c!r})"
@@ -376,6 +283,23 @@ class _Chain(Transform):
 
   def __init__(self, transforms):
     self.transforms = tuple(transforms)
+
+  @property
+  def parts(self):
+    return tuple(p for t in self.transforms for p in t.parts)
+
+  @property
+  def reads_global_step(self):
+    return any(t.reads_global_step for t in self.transforms)
+
+  @property
+  def linear_factor(self):
+    factor = 1
+    for t in self.transforms:
+      if t.linear_factor is None:
+        return None
+      factor *= t.linear_factor
+    return factor
 
   def __call__(self, grad, context=None):
     with tf.name_scope(self.name):

@@ -168,5 +168,84 @@ def test_project_conflicts_errors(graph, rng):
                      match=r"depends on loss_a:0.*not partial sums"):
     plan.project_conflicts("trunk", [losses[0], loss])
   plan.project_conflicts("trunk", losses)
-  with pytest.raises(gg.GraphGradError, match=r"already projects conflicts"):
+  with pytest.raises(gg.GraphGradError, match=r"already combines task gradients"):
     plan.project_conflicts("trunk", losses)
+
+
+class _Mean:
+  """A task-combination method of one's own: the mean of the gradients."""
+
+  def combine(self, grads):
+    return tf.add_n(grads) / len(grads)
+
+
+def test_combine_tasks_rewrites_g_minus_the_shares_plus_the_combination(
+    graph, rng):
+  loss, losses, h, (ga, gb), base = _two_task_net(rng, (0.5, 2.0), 0.3)
+  gv = gg.GradientPlan(loss).combine_tasks("trunk", losses, _Mean())
+  gv = gv.compute_gradients()
+  at_h = (ga + gb) / 2 + 0.3  # the unlisted term passes unchanged
+  trunk = tf1.trainable_variables("trunk/")
+  ref = tf1.gradients(h, trunk, grad_ys=tf.constant(at_h))
+  got, ref = evaluate([[g for g, v in gv if v.op.name.startswith("trunk/")],
+                       ref])
+  for a, r in zip(got, ref):
+    np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5)
+
+
+def test_project_conflicts_is_combine_tasks_with_pcgrad(graph, rng):
+  loss, losses, _, _, _ = _two_task_net(rng, third=True)
+  a = gg.GradientPlan(loss).project_conflicts("trunk", losses, shuffle=False)
+  b = gg.GradientPlan(loss).combine_tasks(
+      "trunk", losses, _pcgrad.pcgrad(shuffle=False))
+  assert repr(a.declarations.tasks["trunk"].method) == (
+      "pcgrad(shuffle=False, seed=None)")
+  ga, gb = evaluate([[g for g, _ in p.compute_gradients()] for p in (a, b)])
+  for x, y in zip(ga, gb):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_several_tensors_are_combined_as_one_concatenated_vector(graph, rng):
+  # combine_flat: dot products over every tensor; zeros where a task does
+  # not reach one; None where no task does.
+  c1, c2 = _conflict(rng)
+  d = rng.normal(size=(2, 2)).astype(np.float32)
+  per = [[tf.constant(c1), None, None], [tf.constant(c2), tf.constant(d), None]]
+  like = [tf.zeros(c1.shape), tf.zeros(d.shape), tf.zeros([5])]
+  combined = _pcgrad.combine_flat(_pcgrad.pcgrad(shuffle=False), per, like)
+  assert combined[2] is None
+  flat = [np.concatenate([c1.ravel(), np.zeros(4, np.float32)]),
+          np.concatenate([c2.ravel(), d.ravel()])]
+  want = np_pcgrad(flat)
+  got = evaluate(combined[:2])
+  np.testing.assert_allclose(got[0], want[:12].reshape(c1.shape), rtol=1e-5)
+  np.testing.assert_allclose(got[1], want[12:].reshape(d.shape), rtol=1e-5)
+  ref = evaluate(_pcgrad.project(per, like, shuffle=False)[:2])
+  for x, y in zip(got, ref):
+    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+def test_gg_mtl_pcgrad_is_the_plans_pcgrad():
+  assert gg.mtl.pcgrad is _pcgrad.pcgrad
+  assert isinstance(gg.mtl.pcgrad(), gg.mtl.TaskMethod)
+  assert repr(gg.mtl.pcgrad(False, 3)) == "pcgrad(shuffle=False, seed=3)"
+
+
+def test_combine_tasks_errors(graph, rng):
+  loss, losses, _, _, _ = _two_task_net(rng)
+  plan = gg.GradientPlan(loss)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"`method` must be a task-combination method"):
+    plan.combine_tasks("trunk", losses, lambda grads: grads[0])
+  with pytest.raises(gg.GraphGradError, match=r"^combine_tasks: `losses\[1\]`"):
+    plan.combine_tasks("trunk", [losses[0], tf.ones([2])], _Mean())
+  assert not plan.declarations.tasks  # refused declarations leave nothing
+
+  class _Short:
+    def combine(self, grads):
+      return grads[0][:1]
+  plan.combine_tasks("trunk", losses, _Short())
+  with pytest.raises(gg.IncompatibleGradientError,
+                     match=r"combine returned a tensor of shape \(1, 3\) float32 "
+                           r"for task gradients of shape \(4, 3\) float32"):
+    plan.compute_gradients()

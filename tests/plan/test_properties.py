@@ -10,7 +10,6 @@ the reference loss must equal the plan's gradients.
 import os
 
 import numpy as np
-import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
@@ -31,11 +30,6 @@ _EXPLORE = int(os.environ.get("GRAPHGRAD_PROPERTY_EXAMPLES", "0"))
 PROPERTY = settings(max_examples=_EXPLORE or 30, derandomize=not _EXPLORE,
                     deadline=None, print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow])
-
-needs_edges = pytest.mark.skipif(
-    not hasattr(gg.GradientPlan, "transform_edge"),
-    reason="GradientPlan.transform_edge is not available on this branch")
-
 
 def _plan_gradients(spec, upstream=None, edges=None, declare=None):
   """Gradients of a plan on the plain network, and plain tf.gradients.
@@ -142,7 +136,6 @@ def test_upstream_scales_match_reference(data):
   _assert_same(got, _reference_gradients(spec, upstream=upstream), spec)
 
 
-@needs_edges
 @PROPERTY
 @given(data=st.data())
 def test_edge_scales_match_reference(data):
@@ -152,7 +145,6 @@ def test_edge_scales_match_reference(data):
   _assert_same(got, _reference_gradients(spec, edges=edges), spec)
 
 
-@needs_edges
 @PROPERTY
 @given(data=st.data())
 def test_upstream_and_edge_scales_compose_like_reference(data):
