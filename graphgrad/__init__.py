@@ -41,6 +41,7 @@ from graphgrad._errors import (
 )
 from graphgrad.analysis._analyze import analyze
 from graphgrad.analysis._layers import Layer, LayerGraph
+from graphgrad.analysis._thaw import thaw
 from graphgrad.distributed._after_aggregation import AfterAggregation
 from graphgrad.keras._plan import KerasPlan
 from graphgrad.plan._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
@@ -71,5 +72,6 @@ __all__ = [
     "gradient_report",
     "demo",
     "mtl",
+    "thaw",
     "transforms",
 ]

@@ -10,7 +10,9 @@ the TF1 engine does:
 2. the layer's own variables get their gradients from that ``g``;
 3. the upstream transform maps ``g`` to ``fn(g)``;
 4. the inputs get what backpropagating ``fn(g)`` through the call gives, or
-   what the backward replacement returns instead.
+   what the backward replacement returns instead, or what the layer's
+   override (``override_gradient``, ``straight_through``) returns: an
+   override is the call's gradient function, so task gradients use it too.
 
 :func:`edge_grads` then hands the share of the inputs' gradient that reaches
 a lower layer's outputs through glue to the lower layer, rewritten by the
@@ -18,10 +20,11 @@ edge transform.
 """
 
 import collections
-from typing import List
+from typing import Any, List, NamedTuple, Tuple
 
 import tensorflow as tf
 
+from graphgrad.plan._override import input_grads
 from graphgrad.transforms import _checks
 
 
@@ -42,6 +45,45 @@ def add(parts):
 
 def describe(t) -> str:
   return t.name if tf.is_symbolic_tensor(t) else f"an output of shape {t.shape}"
+
+
+class LayerCall(NamedTuple):
+  """One call of an overridden layer, as its override ``fn`` sees it.
+
+  It has the ``name``, ``type``, ``inputs`` and ``outputs`` of a
+  ``tf.Operation``, so that ``fn(call, *output_grads)`` is written like a
+  registered gradient function (and ``straight_through`` serves both).
+
+  Attributes:
+    name: the layer's path in the model.
+    type: the layer's class name.
+    inputs: the call's floating-point input tensors.
+    outputs: the call's floating-point output tensors that get a gradient.
+    layer: the Keras layer.
+  """
+  name: str
+  type: str
+  inputs: Tuple[Any, ...]
+  outputs: Tuple[Any, ...]
+  layer: Any
+
+
+def _chain(run, path, inner, outs, xs, variables, g):
+  """Plain backpropagation through the call, or its override's for xs."""
+  n = len(xs)
+  override = run.plan.declarations.overrides.get(("layer", path))
+  if override is None:
+    res = inner.gradient(outs, xs + variables, output_gradients=g)
+    return list(res[:n]), list(res[n:])
+  dv = inner.gradient(outs, variables, output_gradients=g) if variables else []
+  return overridden(run, path, override, xs, outs, g), list(dv)
+
+
+def overridden(run, path: str, fn, xs, outs, g) -> list:
+  """The gradients ``fn`` gives the inputs of one call of layer ``path``."""
+  layer = run.plan.layer(path)
+  call = LayerCall(path, type(layer).__name__, tuple(xs), tuple(outs), layer)
+  return list(input_grads(call, fn, list(g)))
 
 
 def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
@@ -72,14 +114,13 @@ def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
     return [None] * n, [None] * len(variables)
   plan = run.plan
   if run.plain:
-    res = inner.gradient(outs, xs + variables, output_gradients=g)
-    return list(res[:n]), list(res[n:])
+    return _chain(run, path, inner, outs, xs, variables, g)
   run.done[path] = g
   fn = plan.declarations.upstream.get(path)
   replace = plan.declarations.backward.get(path)
+  override = plan.declarations.overrides.get(("layer", path))
   if fn is None and replace is None:
-    res = inner.gradient(outs, xs + variables, output_gradients=g)
-    return list(res[:n]), list(res[n:])
+    return _chain(run, path, inner, outs, xs, variables, g)
   own_refs = {v.ref() for v in plan.own_variables(path)}
   own = [i for i, v in enumerate(variables) if v.ref() in own_refs]
   other = [i for i in range(len(variables)) if i not in set(own)]
@@ -91,11 +132,13 @@ def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
     g = [_checks.checked(fn, dy, run.context(path, "upstream", tensor=o),
                          f"transform_upstream({path!r}) on {describe(o)}")
          for o, dy in zip(outs, g)]
-  below = xs if replace is None else []
+  below = xs if replace is None and override is None else []
   res = inner.gradient(outs, below + [variables[i] for i in other],
                        output_gradients=g) if below or other else []
   for i, grad in zip(other, res[len(below):]):
     dv[i] = grad
+  if override is not None:
+    return overridden(run, path, override, xs, outs, g), dv
   if replace is None:
     return list(res[:n]), dv
   dx = run.replace(path, replace, xs, outs, g,

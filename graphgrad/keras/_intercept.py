@@ -6,8 +6,8 @@ restores it. The wrapper
 
 * counts the layer's calls, so that a layer that never ran is reported;
 * for a layer whose backward pass the plan rewrites (an upstream transform,
-  an incoming edge, a backward replacement, a task combination, or the
-  error layer a replacement reads), runs the original ``call`` inside
+  an incoming edge, a backward replacement, a task combination, an
+  override, or the error layer a replacement reads), runs the original ``call`` inside
   ``tf.custom_gradient``, under an inner tape. The custom gradient receives
   ``dy``, the gradient at the layer's outputs already summed over all
   consumers, and hands it to :func:`~graphgrad.keras._backward.backward_of_call`.
@@ -48,7 +48,8 @@ class Interceptor:
     self.edges = decl.edges
     self.custom = (set(decl.upstream) | {up for _, up in self.edges}
                    | set(decl.backward) | set(decl.tasks)
-                   | set(plan.cut_layers))
+                   | set(plan.cut_layers)
+                   | {k for m, k in decl.overrides if m == "layer"})
     self.calls: collections.Counter = collections.Counter()
     self.outputs: Dict[str, List[list]] = collections.defaultdict(list)
     self.plain = False  # True while task gradients are computed

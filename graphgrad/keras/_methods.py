@@ -12,7 +12,8 @@ saves with the plan.
 
 A user-written replacement on a :class:`~graphgrad.KerasPlan` is a callable
 mapping a :class:`KerasBackwardContext` to one gradient per
-``context.inputs`` tensor.
+``context.inputs`` tensor (or to a ``gg.backward.BackwardResult``); it runs,
+and its result is checked, as on a ``GradientPlan``.
 """
 
 import dataclasses
@@ -25,6 +26,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.keras._layers import tf_variable
+from graphgrad.methods import _backward
 
 GradsAndVars = List[Tuple[Gradient, tf.Variable]]
 
@@ -277,34 +279,25 @@ def check(fn, layer, path: str) -> None:
 
 def run(fn, ctx: KerasBackwardContext,
         error_layer: Optional[str]) -> Tuple[List[Gradient], GradsAndVars]:
-  """Runs replacement ``fn`` on one call; returns (grads, extra pairs)."""
+  """Runs replacement ``fn`` on one call; returns (grads, extra pairs).
+
+  A user's replacement runs through ``gg.backward``'s ``run_replacement``,
+  as on the TF1 plan: an exception it raises names the layer, and its
+  result is checked (one gradient like each input, of this graph or
+  eager, alone or in a ``BackwardResult``).
+  """
   method = method_of(fn)
+  where = f"replace_backward({ctx.name!r})"
   extra: GradsAndVars = []
   with tf.name_scope(method or "replace_backward"):
+    if method is None:
+      result = _backward.run_replacement(fn, ctx, where)
+      return list(result.input_grads), list(result.extra_grads_and_vars)
     if method == "feedback_alignment":
       grads = _feedback_alignment(fn, ctx)
     elif method == "direct_feedback_alignment":
       grads = _direct_feedback_alignment(fn, ctx, error_layer)
-    elif method == "synthetic":
-      grads, extra = _synthetic(fn, ctx)
     else:
-      grads = fn(ctx)
-  return _checked(fn, ctx, grads), extra
-
-
-def _checked(fn, ctx: KerasBackwardContext, grads) -> List[Gradient]:
-  grads = list(grads) if grads is not None else None
-  if grads is None or len(grads) != len(ctx.inputs):
-    raise _errors.IncompatibleGradientError(
-        f"replace_backward({ctx.name!r}): {fn!r} returned "
-        f"{'None' if grads is None else len(grads)} gradients for "
-        f"{len(ctx.inputs)} input tensors. Return one gradient (or None) per "
-        f"context.inputs tensor, in order.")
-  for t, g in zip(ctx.inputs, grads):
-    if g is not None and (g.dtype != t.dtype
-                          or not g.shape.is_compatible_with(t.shape)):
-      raise _errors.IncompatibleGradientError(
-          f"replace_backward({ctx.name!r}): {fn!r} returned a gradient of "
-          f"shape {g.shape} {g.dtype.name} for an input of shape {t.shape} "
-          f"{t.dtype.name}. Return a gradient shaped like the input.")
-  return grads
+      grads, extra = _synthetic(fn, ctx)
+  result = _backward.checked_result(fn, grads, ctx.inputs, where)
+  return list(result.input_grads), extra

@@ -24,6 +24,7 @@ from graphgrad.keras import _methods
 from graphgrad.methods import _pcgrad
 from graphgrad.keras._layers import (LayerIndex, is_keras_layer,
                                      layer_variables, tf_variable)
+from graphgrad.keras._override import Overriding
 from graphgrad.keras._tape import PlanTape
 from graphgrad.plan._declarations import Declarations
 from graphgrad.transforms._context import Resources
@@ -33,15 +34,16 @@ log = logging.getLogger("graphgrad")
 LayerRef = Union[str, Any]  # a Keras layer name or path, or the layer itself
 
 
-class KerasPlan(tf.Module):
+class KerasPlan(tf.Module, Overriding):
   """Rewrites gradients at the layer boundaries of a Keras model.
 
   The declarations and their semantics are those of
   :class:`GradientPlan`, with a layer being a Keras layer and its outputs
   the tensors its ``call`` returns: ``transform_upstream``,
   ``transform_gradients`` (group transforms included),
-  ``transform_edge``, ``replace_backward`` and ``project_conflicts`` /
-  ``combine_tasks``. A layer called several times is rewritten at each
+  ``transform_edge``, ``replace_backward``, ``project_conflicts`` /
+  ``combine_tasks``, and ``override_gradient`` / ``straight_through``,
+  which on a KerasPlan name a layer whose call they override (not an op). A layer called several times is rewritten at each
   call. With no transforms, or only identity ones, the tape adds no op at
   all: its gradients are those of a plain ``tf.GradientTape``.
 
@@ -103,6 +105,7 @@ class KerasPlan(tf.Module):
     self._declarations = Declarations(self._index.find, owner="KerasPlan")
     self._methods = _methods.MethodVariables()
     self._resources = self._no_dependency(Resources())
+    self._open_tape: Optional[PlanTape] = None
 
   # -- declaring -----------------------------------------------------------
 
@@ -211,7 +214,15 @@ class KerasPlan(tf.Module):
     path = self._index.find(layer, "layer")
     _methods.check(fn, self.layer(path), path)
     self._error_layer(fn, path)  # refuses an ambiguous default now
-    self._declarations.add_backward(path, fn)
+
+    def no_override():
+      if ("layer", path) in self._declarations.overrides:
+        raise _errors.GraphGradError(
+            f"replace_backward: layer {path!r} already has an override "
+            f"(override_gradient or straight_through), which computes what "
+            f"its inputs get; a layer has one of the two. Replace the "
+            f"backward pass of a layer without an override.")
+    self._declarations.add_backward(path, fn, validate=no_override)
     return self
 
   def project_conflicts(self, layer: LayerRef, losses=None,
@@ -327,6 +338,19 @@ class KerasPlan(tf.Module):
     step = self._global_step
     var = tf_variable(step) if step is not None else None
     return step if var is None else var
+
+  def enter_tape(self, tape: PlanTape) -> None:
+    """Marks ``tape`` open (``PlanTape.__enter__``); raises while one is."""
+    if self._open_tape is not None:
+      raise _errors.GraphGradError(
+          "a tape of this KerasPlan is already open; a nested one would "
+          "apply every transform twice (scale(0.5) would scale by 0.25). "
+          "Close it first, or record an outer step with tf.GradientTape.")
+    self._open_tape = tape
+
+  def exit_tape(self, tape: PlanTape) -> None:
+    """Marks ``tape`` closed (``PlanTape.__exit__``)."""
+    self._open_tape = None if self._open_tape is tape else self._open_tape
 
   @property
   def layer_names(self) -> List[str]:

@@ -49,6 +49,7 @@ class PlanTape:
       raise _errors.GraphGradError(
           "this plan tape was already used; open a new one with plan.tape() "
           "for each forward pass.")
+    self._plan.enter_tape(self)  # raises while another tape is open
     self._entered = True
     self._tape.__enter__()
     try:
@@ -56,10 +57,12 @@ class PlanTape:
     except BaseException:
       self._run.unpatch()
       self._tape.__exit__(None, None, None)
+      self._plan.exit_tape(self)
       raise
     return self
 
   def __exit__(self, *exc):
+    self._plan.exit_tape(self)
     self._run.close()
     return self._tape.__exit__(*exc)
 
@@ -152,7 +155,9 @@ class PlanTape:
            if (v := tf_variable(s)) is not None and v.ref() in own]
     if isinstance(fn, GroupTransform):
       pairs = [(flat_g[i], tf_variable(flat_s[i])) for i in idx]
-      new = fn(pairs, self._run.context(path, "gradients"))
+      new = _checks.checked_group(fn, pairs,
+                                  self._run.context(path, "gradients"),
+                                  f"transform_gradients({path!r}, {fn!r})")
       for i, g in zip(idx, new):
         where = (f"transform_gradients({path!r}, {fn!r}) on "
                  f"{tf_variable(flat_s[i]).name}")

@@ -19,7 +19,7 @@ and the like, deterministic functions of a seed that every executor calls.
 
 import dataclasses
 import zlib
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -28,6 +28,7 @@ from graphgrad import _errors
 from graphgrad._types import Gradient, gradient_values, sum_gradients
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layers import Layer, LayerGraph
+from graphgrad.transforms import _checks, _validate
 from graphgrad.transforms._context import Resources
 
 
@@ -121,9 +122,12 @@ class Replacement:
       return self.backward(context)
 
 
-def run_replacement(fn: Callable, context: BackwardContext,
-                    where: str) -> BackwardResult:
+def run_replacement(fn: Callable, context: Any, where: str) -> BackwardResult:
   """Calls ``fn(context)`` and checks one gradient per input, shaped like it.
+
+  Every executor runs a replacement through here: the TF1 segment engine
+  (with a :class:`BackwardContext`) and ``KerasPlan`` (with its
+  ``KerasBackwardContext``); both contexts have ``inputs``.
 
   Args:
     fn: the replacement.
@@ -134,33 +138,75 @@ def run_replacement(fn: Callable, context: BackwardContext,
     The result as a :class:`BackwardResult`.
 
   Raises:
-    IncompatibleGradientError: for a wrong count, shape or dtype.
+    GraphGradError: naming ``where``, for an exception ``fn`` raised (chained
+      to it).
+    IncompatibleGradientError: for a result that is not a list of one
+      gradient per input, or a gradient of another shape, dtype or
+      ``tf.Graph``.
   """
-  inputs = context.inputs
-  with tf.name_scope(f"replace_backward_{context.layer.name}".replace("/", "_")):
+  try:
     out = fn(context)
+  except _errors.GraphGradError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise _checks.raised_error(where, "replacement", fn, e) from e
+  return checked_result(fn, out, context.inputs, where)
+
+
+def checked_result(fn: Callable, out: Any, inputs: Sequence[tf.Tensor],
+                   where: str) -> BackwardResult:
+  """Checks a replacement's result ``out``: one gradient (or ``None``) like
+  each of ``inputs``, alone or in a :class:`BackwardResult`.
+
+  Example:
+    >>> x = tf.zeros([2, 3])
+    >>> checked_result("r", [tf.ones([2, 3])], [x], "here").input_grads[0].shape
+    TensorShape([2, 3])
+    >>> checked_result("r", tf.ones([2, 3]), [x], "here")
+    Traceback (most recent call last):
+    ...
+    graphgrad._errors.IncompatibleGradientError: here: 'r' returned one tensor, not a list, for 1 input tensors (the input of shape (2, 3) float32). Return one gradient (or None) per context.inputs tensor, in order.
+  """
   if isinstance(out, BackwardResult):
     grads, extra = out.input_grads, tuple(out.extra_grads_and_vars)
   else:
     grads, extra = out, ()
-  grads = None if grads is None else list(grads)
-  if grads is None or len(grads) != len(inputs):
+  if not isinstance(grads, (list, tuple)) or len(grads) != len(inputs):
+    got = (f"{len(grads)} gradients" if isinstance(grads, (list, tuple))
+           else "None" if grads is None
+           else "one tensor, not a list," if tf.is_tensor(grads)
+           else type(grads).__name__)
     raise _errors.IncompatibleGradientError(
-        f"{where}: {fn!r} returned "
-        f"{'None' if grads is None else len(grads)} gradients for "
-        f"{len(inputs)} input tensors "
-        f"({', '.join(t.name for t in inputs)}). Return one gradient (or "
-        f"None) per context.inputs tensor, in order.")
+        f"{where}: {fn!r} returned {got} for {len(inputs)} input tensors "
+        f"({', '.join(_tensor_text(t) for t in inputs)}). Return one "
+        f"gradient (or None) per context.inputs tensor, in order.")
   for t, g in zip(inputs, grads):
-    values = gradient_values(g)
-    if values is not None and (values.dtype != t.dtype or
-                               not values.shape.is_compatible_with(t.shape)):
-      raise _errors.IncompatibleGradientError(
-          f"{where}: {fn!r} returned a gradient of "
-          f"shape {values.shape} {values.dtype.name} for the input "
-          f"{t.name} of shape {t.shape} {t.dtype.name}. Return a gradient "
-          f"shaped like the input.")
-  return BackwardResult(grads, extra)
+    _check_gradient(fn, g, t, where)
+  return BackwardResult(list(grads), extra)
+
+
+def _tensor_text(t) -> str:
+  if tf.is_symbolic_tensor(t):
+    return t.name
+  return f"the input of shape {t.shape} {t.dtype.name}"  # eager: no name
+
+
+def _check_gradient(fn, g, t, where: str) -> None:
+  values = gradient_values(g)
+  if values is None:
+    return
+  if not tf.is_tensor(values):
+    raise _errors.IncompatibleGradientError(
+        f"{where}: {fn!r} returned {type(values).__name__} {values!r} for "
+        f"the input {_tensor_text(t)}; return a tensor shaped like the "
+        f"input, or None.")
+  if _checks.other_graph(values, t):
+    raise _checks.graph_error(where, "replacement", values, t)
+  if values.dtype != t.dtype or not values.shape.is_compatible_with(t.shape):
+    raise _errors.IncompatibleGradientError(
+        f"{where}: {fn!r} returned a gradient of shape {values.shape} "
+        f"{values.dtype.name} for the input {_tensor_text(t)} of shape "
+        f"{t.shape} {t.dtype.name}. Return a gradient shaped like the input.")
 
 
 def engine_hook(net: LayerGraph, name: str, fn: Callable,
@@ -168,13 +214,15 @@ def engine_hook(net: LayerGraph, name: str, fn: Callable,
                 extra: List[Tuple[Gradient, tf.Variable]]) -> Callable:
   """Wraps ``fn`` for the segment engine: its arguments in, checked
   gradients out; the result's extra ``(gradient, variable)`` pairs go to
-  ``extra``."""
+  ``extra``. An exception ``fn`` raises becomes a ``GraphGradError`` naming
+  the layer."""
   def run(layer, outputs, upstream, inputs, upstream_of, chain_rule):
     ctx = BackwardContext(layer=net[layer], net=net, inputs=tuple(inputs),
                           outputs=tuple(outputs), upstream=tuple(upstream),
                           upstream_of=upstream_of, chain_rule=chain_rule,
                           resources=resources)
-    result = run_replacement(fn, ctx, f"replace_backward({name!r})")
+    with tf.name_scope(f"replace_backward_{ctx.layer.name}".replace("/", "_")):
+      result = run_replacement(fn, ctx, f"replace_backward({name!r})")
     extra.extend(result.extra_grads_and_vars)
     return result.input_grads
   return run
@@ -334,6 +382,8 @@ def feedback_alignment(seed: Optional[int] = None,
     A replacement for ``plan.replace_backward(layer, r)``.
 
   Raises:
+    GraphGradError: if ``seed`` is not an int, or ``stddev`` is not a
+      positive finite number.
     UnsupportedGraphError: at ``replace_backward``, for a layer that is not
       dense (no MatMul against its own kernel, e.g. a convolution).
 
@@ -341,4 +391,5 @@ def feedback_alignment(seed: Optional[int] = None,
     >>> feedback_alignment(seed=0)
     feedback_alignment(seed=0)
   """
+  _validate.random_matrix("feedback_alignment", seed, stddev)
   return _FeedbackAlignment(seed, stddev)

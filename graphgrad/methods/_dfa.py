@@ -11,6 +11,7 @@ from graphgrad.analysis._layers import LayerGraph
 from graphgrad.methods._backward import (Replacement, feedback_matrix,
                                          feedback_matrix_value,
                                          static_features)
+from graphgrad.transforms import _validate
 
 
 def _error_layer(net: LayerGraph, layer: str, given: Optional[str]) -> str:
@@ -107,11 +108,19 @@ def direct_feedback_alignment(seed: Optional[int] = None,
     A replacement for ``plan.replace_backward(layer, r)``.
 
   Raises:
-    GraphGradError: at ``replace_backward``, if the error layer is ambiguous
-      or has more than one output.
+    GraphGradError: if ``seed`` is not an int, ``error_layer`` not a layer
+      name or ``stddev`` not a positive finite number; at
+      ``replace_backward``, if the error layer is ambiguous or has more than
+      one output.
 
   Example:
     >>> direct_feedback_alignment(seed=0)
     direct_feedback_alignment(seed=0, error_layer=None)
   """
+  _validate.random_matrix("direct_feedback_alignment", seed, stddev)
+  if error_layer is not None and not isinstance(error_layer, str):
+    raise _errors.GraphGradError(
+        f"direct_feedback_alignment: `error_layer` must be a layer name (a "
+        f"str) or None; got {type(error_layer).__name__} {error_layer!r}. "
+        f"Pass e.g. error_layer='logits'.")
   return _DirectFeedbackAlignment(seed, error_layer, stddev)

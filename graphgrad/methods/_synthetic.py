@@ -14,6 +14,7 @@ from graphgrad.methods._backward import (
   Replacement,
   static_features,
 )
+from graphgrad.transforms import _validate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,15 +183,22 @@ def synthetic(hidden: Sequence[int] = (), labels: Optional[tf.Tensor] = None,
     A replacement for ``plan.replace_backward(layer, r)``.
 
   Raises:
-    GraphGradError: if ``hidden`` holds a size that is not positive or
-      ``labels`` is not a tensor.
+    GraphGradError: if ``hidden`` is not a sequence of positive ints,
+      ``labels`` is not a tensor, ``loss_weight`` is not a non-negative
+      finite number or ``seed`` is not an int.
 
   Example:
     >>> synthetic(hidden=(64,))
     synthetic(hidden=(64,), labels=None, loss_weight=1.0)
   """
+  if not isinstance(hidden, (list, tuple, range)):
+    raise _errors.GraphGradError(
+        f"synthetic: `hidden` must hold positive layer sizes, as a tuple or "
+        f"list; got {type(hidden).__name__} {hidden!r}. Pass e.g. "
+        f"hidden=(64,), or () for a linear module.")
   hidden = tuple(hidden)
-  if any(not isinstance(h, int) or h <= 0 for h in hidden):
+  if any(not isinstance(h, int) or isinstance(h, bool) or h <= 0
+         for h in hidden):
     raise _errors.GraphGradError(
         f"synthetic: `hidden` must hold positive layer sizes; got {hidden!r}. "
         f"Pass e.g. hidden=(64,), or () for a linear module.")
@@ -198,4 +206,8 @@ def synthetic(hidden: Sequence[int] = (), labels: Optional[tf.Tensor] = None,
     raise _errors.GraphGradError(
         f"synthetic: `labels` must be a tensor of the tf.Graph, such as the "
         f"one-hot label placeholder; got {type(labels).__name__}.")
+  _validate.number("synthetic", "loss_weight", loss_weight,
+                   what="non-negative", low=0.0, tensor=False,
+                   fix="Pass e.g. loss_weight=1.0.")
+  _validate.seed("synthetic", seed)
   return _Synthetic(hidden, labels, loss_weight, seed)

@@ -57,8 +57,9 @@ def check_var_list(loss: tf.Tensor, var_list: Optional[Sequence[tf.Variable]]
           f"tf.compat.v1.trainable_variables('l1_dense').")
     if v.graph is not graph:
       raise _errors.GraphGradError(
-          f"`var_list` holds {v.name} from another tf.Graph than the loss. "
-          f"Build variables and loss in one graph.")
+          f"`var_list` holds {v.name} from another tf.Graph than the loss; "
+          f"expected variables of the tf.Graph of {loss.name}. Build "
+          f"variables and loss in one graph.")
   if not var_list:
     raise _errors.GraphGradError(
         "`var_list` is empty. Pass None to train every trainable variable, "

@@ -3,10 +3,11 @@
 A plan is a list of declarations: "rewrite the upstream gradient of layer
 ``L`` with ``fn``", "rewrite ``L``'s parameter gradients", "rewrite the edge
 ``lower -> upper``", "replace ``L``'s backward pass", "combine the task
-gradients at ``L``". :class:`Declarations` holds them in declaration order and
-checks each one once, when it is declared: the layer names (through the
-resolver its plan gives it), the callables, group versus per-tensor
-transforms, duplicates, and declaring after the plan was built.
+gradients at ``L``", "give the op ``o`` the backward pass ``fn``".
+:class:`Declarations` holds them in declaration order and checks each one
+once, when it is declared: the layer names (through the resolver its plan
+gives it), the callables, group versus per-tensor transforms, duplicates,
+and declaring after the plan was built.
 
 :class:`~graphgrad.GradientPlan` executes the declarations on a ``tf.Graph``
 (the segment engine); :class:`~graphgrad.KerasPlan` executes them under its
@@ -48,6 +49,11 @@ class Kind(enum.Enum):
   EDGE = "edge"
   BACKWARD = "backward"
   TASKS = "tasks"
+  OVERRIDE = "override"
+
+# How an override names what it overrides: an op's name, every op of a type,
+# or (KerasPlan) the call of a layer.
+MATCHES = ("name", "type", "layer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,13 +62,16 @@ class Declaration:
 
   Attributes:
     kind: what is rewritten.
-    layer: the layer (``lower`` for an edge).
-    fn: the transform, group transform or backward replacement; ``None``
-      for a task combination.
+    layer: the layer (``lower`` for an edge); for an override, the layer
+      whose call is overridden, else ``""``.
+    fn: the transform, group transform, backward replacement or override
+      gradient function; ``None`` for a task combination.
     upper: ``upper`` of an edge; else ``None``.
     losses: the task losses of a task combination (``None`` where the
       executor gets them later, as ``KerasPlan`` does inside its tape).
     method: the task-combination method (``combine(grads)``); else ``None``.
+    op: what an override matches: ``(match, key)``, ``match`` one of
+      ``"name"``, ``"type"``, ``"layer"``; else ``None``.
   """
   kind: Kind
   layer: str
@@ -70,6 +79,7 @@ class Declaration:
   upper: Optional[str] = None
   losses: Optional[Tuple[Any, ...]] = None
   method: Any = None
+  op: Optional[Tuple[str, str]] = None
 
 
 class Declarations:
@@ -153,6 +163,36 @@ class Declarations:
         Kind.TASKS, name, losses=None if losses is None else tuple(losses),
         method=method), validate)
 
+  def add_override(self, op: Tuple[str, str], fn, caller: str,
+                   validate: Validate = None) -> None:
+    """Records the backward pass ``fn`` for ``op``, a ``(match, key)`` pair.
+
+    The plan resolves its own op references (an op of a ``tf.Graph``, a
+    Keras layer) to the pair before calling this.
+    """
+    if self._frozen:
+      raise _errors.GraphGradError(
+          f"{caller}: this {self._owner} is already built (its gradients were "
+          f"computed, or a tape was opened); declare every override before "
+          f"that, or make a new {self._owner}.")
+    if not callable(fn):
+      raise _errors.GraphGradError(
+          f"{caller}: `fn` must be a callable fn(op, *output_grads) -> one "
+          f"gradient per input of op, like a function registered with "
+          f"tf.RegisterGradient; got {type(fn).__name__}.")
+    match, key = op
+    if match not in MATCHES:
+      raise _errors.GraphGradError(
+          f"{caller}: an override matches an op by one of {MATCHES}; got "
+          f"{match!r} for {key!r}. Resolve the op reference to one of them.")
+    if op in self.overrides:
+      raise _errors.GraphGradError(
+          f"{caller}: {key!r} already has a backward pass in this plan; an "
+          f"op's gradient is overridden once. Make a new {self._owner} to "
+          f"try another.")
+    self._add(Declaration(Kind.OVERRIDE, key if match == "layer" else "", fn,
+                          op=op), validate)
+
   def freeze(self) -> None:
     """Refuses further declarations: the plan is being built."""
     self._frozen = True
@@ -207,11 +247,16 @@ class Declarations:
     return {d.layer: d for d in self.of_kind(Kind.TASKS)}
 
   @property
+  def overrides(self) -> Dict[Tuple[str, str], Any]:
+    """``(match, key)`` -> the override's gradient function."""
+    return {d.op: d.fn for d in self.of_kind(Kind.OVERRIDE) if d.op}
+
+  @property
   def layers(self) -> Tuple[str, ...]:
     """Every layer named by a declaration, in first-declared order."""
     names: List[str] = []
     for d in self._items:
-      names += [d.layer] + ([d.upper] if d.upper else [])
+      names += ([d.layer] if d.layer else []) + ([d.upper] if d.upper else [])
     return tuple(dict.fromkeys(names))
 
   @property
@@ -233,6 +278,8 @@ class Declarations:
              ("edges", sorted(self.edges)),
              ("backward", sorted(self.backward)),
              ("tasks", sorted(self.tasks))]
+    if self.overrides:
+      parts.append(("overrides", sorted(k for _, k in self.overrides)))
     return ", ".join(f"{k}={v}" for k, v in parts)
 
   # -- helpers -------------------------------------------------------------

@@ -88,14 +88,18 @@ class Segments:
       to the total gradient at the layer's outputs before anything else: the
       layer's own parameters and everything below see its result.
     cuts: more layers to cut, whose output gradients ``upstream_of`` reads.
+    gradients_fn: what each segment calls instead of ``tf.gradients``, with
+      the same arguments (the plan's gradient overrides, see ``_override``).
   """
 
   def __init__(self, net: LayerGraph, variables, upstream: Dict[str, Callable],
                edges: Dict[Tuple[str, str], Callable], options: dict,
                backward: Optional[Dict[str, Callable]] = None,
                outputs_fn: Optional[Dict[str, Callable]] = None,
-               cuts: Sequence[str] = ()):
+               cuts: Sequence[str] = (),
+               gradients_fn: Optional[Callable] = None):
     self.net = net
+    self.gradients_fn = gradients_fn or tf.compat.v1.gradients
     self.variables = {v.op.name: v for v in variables}
     self.upstream = upstream
     self.edges = edges
@@ -310,9 +314,8 @@ class Segments:
       ys = [y for y, _ in pairs]
       allowed = _reach.behind(ys, xs) if self._bound else None
       with _reach.bounded(allowed):
-        return tf.compat.v1.gradients(ys, xs,
-                                      grad_ys=[gy for _, gy in pairs],
-                                      stop_gradients=stops, **self.options)
+        return self.gradients_fn(ys, xs, grad_ys=[gy for _, gy in pairs],
+                                 stop_gradients=stops, **self.options)
 
     def deposit(targets, var_names, results, store=acc):
       n = len(targets)

@@ -9,6 +9,9 @@
 * else turns each declaration into a hook of the segment engine
   (:class:`~graphgrad.plan._engine.Segments`): upstream and edge transforms,
   backward replacements, task combinations;
+* in both cases, makes every backward call through the plan's gradient
+  function: ``tf.gradients`` cut at the ops the plan overrides (see
+  ``_override``), or ``tf.gradients`` itself without overrides;
 
 then applies the parameter-gradient transforms, appends the extra
 ``(gradient, variable)`` pairs of backward replacements, and gates the
@@ -24,7 +27,9 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.methods import _backward, _pcgrad
+from graphgrad.plan import _override
 from graphgrad.plan._declarations import Declaration, Declarations
 from graphgrad.plan._engine import Segments, aggregate
 from graphgrad.transforms import _checks
@@ -92,9 +97,21 @@ def build(loss: tf.Tensor, net: Callable[[], LayerGraph],
 
   Returns:
     The ``(gradient, variable)`` pairs and the trace.
+
+  Raises:
+    GraphGradError: if the loss's backward path crosses ops with no
+      registered gradient and no override: the message lists every one,
+      with its layer, where ``tf.gradients`` stops at the first.
   """
-  return _Executor(loss, net, var_list, declarations, options,
-                   resources).run()
+  executor = _Executor(loss, net, var_list, declarations, options, resources)
+  try:
+    return executor.run()
+  except LookupError as e:  # a gradient tf.gradients could not find
+    missing = ops_without_gradient(loss, list(var_list))
+    if not missing:
+      raise
+    raise _override.no_gradient_error(loss, missing,
+                                      executor.layer_of) from e
 
 
 class _Executor:
@@ -114,7 +131,16 @@ class _Executor:
   def net(self) -> LayerGraph:
     return self._net()
 
+  def layer_of(self, op: tf.Operation) -> Optional[str]:
+    """``op``'s layer, or ``None`` for glue or a graph that has no layers."""
+    try:
+      return self.net.layer_of(op)
+    except _errors.GraphGradError:
+      return None
+
   def run(self) -> Built:
+    self.gradients_fn = _override.gradients_fn(
+        self.loss, self.var_list, self.declarations.overrides, self.layer_of)
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
       if not self.declarations.rewrites_backward:
         # The very call Optimizer.compute_gradients makes; unreached
@@ -148,7 +174,8 @@ class _Executor:
         backward={n: self._backward_hook(n, fn) for n, fn in backward.items()},
         outputs_fn={n: self._tasks_hook(x) for n, x in d.tasks.items()},
         cuts=[c for n, fn in backward.items()
-              for c in (fn.cuts(self.net, n) if hasattr(fn, "cuts") else [])])
+              for c in (fn.cuts(self.net, n) if hasattr(fn, "cuts") else [])],
+        gradients_fn=self.gradients_fn)
     by_name = {v.op.name: v for v in reached}
     reduce = None
     if self.options.reduce_fn is not None:
@@ -187,7 +214,9 @@ class _Executor:
            if self.net.layer_of_variable(v) == layer]
     for fn in fns:
       if isinstance(fn, GroupTransform):
-        new = fn([out[i] for i in idx], self._context(layer, "gradients"))
+        new = _checks.checked_group(
+            fn, [out[i] for i in idx], self._context(layer, "gradients"),
+            f"transform_gradients({layer!r}, {fn!r})")
         for i, g in zip(idx, new):
           where = f"transform_gradients({layer!r}, {fn!r}) on {out[i][1].name}"
           out[i] = (_checks.check_result(out[i][0], g, where), out[i][1])
@@ -204,8 +233,8 @@ class _Executor:
 
   def _whole(self, variables) -> Dict[str, Gradient]:
     """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
-    grads = tf.compat.v1.gradients(self.loss, variables,
-                                   **self.options.gradients_kwargs)
+    grads = self.gradients_fn(self.loss, variables,
+                              **self.options.gradients_kwargs)
     found = [(v, g) for v, g in zip(variables, grads) if g is not None]
     if self.options.reduce_fn is not None and found:
       found = list(zip([v for v, _ in found],

@@ -14,18 +14,20 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._analyze import analyze
+from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.methods import _pcgrad
 from graphgrad.plan import _arguments, _executor
 from graphgrad.plan._declarations import Declarations
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
+from graphgrad.plan._override import Overriding
 from graphgrad.plan._training import Training
 from graphgrad.transforms._context import Resources
 
 __all__ = ["GATE_GRAPH", "GATE_NONE", "GATE_OP", "GradientPlan"]
 
 
-class GradientPlan(Training):
+class GradientPlan(Training, Overriding):
   """Rewrites gradients at layer boundaries, then trains with one op.
 
   A plan is declared, then built once, on the first call to
@@ -57,6 +59,9 @@ class GradientPlan(Training):
     result instead of the chain rule; ``L``'s own parameters keep the true
     gradient. ``project_conflicts(L, losses)``: PCGrad on the task gradients
     at ``L``'s outputs, seen by ``L``'s parameters and everything below.
+  * ``override_gradient(op, fn)`` / ``straight_through(op)``: the backward
+    pass is cut at ``op`` (an op, its name or its type), whose inputs get
+    ``fn(op, *output_grads)``, in this plan only.
 
   Args:
     loss: a floating-point tensor of a ``tf.Graph``.
@@ -83,7 +88,8 @@ class GradientPlan(Training):
       transforms act on them per replica.
 
   Raises:
-    GraphGradError: on a malformed argument.
+    GraphGradError: on a malformed argument; eagerly or inside a
+      ``tf.function`` (use ``gg.KerasPlan``); for a finalized ``tf.Graph``.
 
   Example:
     >>> import tensorflow as tf, graphgrad as gg
@@ -108,6 +114,7 @@ class GradientPlan(Training):
                colocate_gradients_with_ops: bool = False,
                name: str = "graphgrad",
                reduce_fn=None):
+    check_graph_mode("gg.GradientPlan", loss)
     _arguments.check_net(loss, net)
     _arguments.check_options(gate_gradients, reduce_fn)
     self._loss = loss

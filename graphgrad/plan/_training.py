@@ -12,8 +12,9 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
+from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layers import LayerGraph
-from graphgrad.plan import _advice, _executor
+from graphgrad.plan import _advice, _executor, _optimizer
 from graphgrad.plan._declarations import Declarations
 from graphgrad.transforms._context import Resources
 
@@ -49,11 +50,16 @@ class Training:
     does not reach gets ``None``.
 
     Raises:
-      IncompatibleGradientError: if a transform changes a shape or dtype.
+      GraphGradError: when first called eagerly, inside a ``tf.function``
+        or after the tf.Graph was finalized; for an exception a transform
+        or replacement raised, naming its declaration and layer.
+      IncompatibleGradientError: if a transform changes a shape, dtype or
+        tf.Graph.
       UnsupportedGraphError: for an op-graph shape the plan cannot rewrite
         correctly.
     """
     if self._built is None:
+      check_graph_mode("GradientPlan.compute_gradients", self._loss)
       self._declarations.freeze()
       self._built = _executor.build(
           self._loss, lambda: self.net, self._var_list, self._declarations,
@@ -71,8 +77,10 @@ class Training:
     """Builds the plan and one ``optimizer.apply_gradients`` op.
 
     Args:
-      optimizer: a ``tf.compat.v1.train.Optimizer`` (or anything with its
-        ``apply_gradients(grads_and_vars, global_step, name)``).
+      optimizer: a ``tf.compat.v1.train.Optimizer`` or a wrapper of one,
+        a tf-keras or Keras 3 optimizer made in the loss's graph (run inside
+        a ``tf.function``, whose call op is then the train op), or anything
+        with an ``apply_gradients(grads_and_vars, global_step, name)``.
       global_step: optional variable to increment once per step. When it is
         ``None`` and a transform of the plan reads the tf.Graph's global step
         (annealed ``add_noise(eta=...)``), that global step is incremented,
@@ -86,14 +94,13 @@ class Training:
       The train op.
 
     Raises:
-      GraphGradError: if ``optimizer`` has no ``apply_gradients``, or no
-        variable has a gradient.
+      GraphGradError: if ``optimizer`` is a class, has no
+        ``apply_gradients``, or is a Keras optimizer made outside the loss's
+        graph; eagerly, inside a ``tf.function`` or for a finalized
+        tf.Graph; or if no variable has a gradient.
     """
-    if not callable(getattr(optimizer, "apply_gradients", None)):
-      raise _errors.GraphGradError(
-          f"`optimizer` must have an apply_gradients(grads_and_vars, "
-          f"global_step, name) method, like tf.compat.v1.train.AdamOptimizer; "
-          f"got {type(optimizer).__name__}.")
+    check_graph_mode("GradientPlan.apply_gradients", self._loss)
+    _optimizer.check_optimizer(optimizer)
     gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
     if not gv:
       raise _errors.NotConnectedError(
@@ -110,8 +117,7 @@ class Training:
       global_step = tf.compat.v1.train.get_global_step(graph)
     with graph.as_default():
       with tf.control_dependencies(list(update_ops)):
-        return optimizer.apply_gradients(gv, global_step=global_step,
-                                         **({"name": name} if name else {}))
+        return _optimizer.apply(optimizer, gv, global_step, name)
 
   def summaries(self, histograms: bool = False,
                 name: Optional[str] = None) -> tf.Tensor:

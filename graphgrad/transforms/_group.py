@@ -12,8 +12,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphgrad import _errors
 from graphgrad._types import Gradient, gradient_values
+from graphgrad.transforms import _validate
 from graphgrad.transforms._transforms import TransformContext
 
 
@@ -111,22 +111,22 @@ def clip_by_global_norm(clip_norm) -> GroupTransform:
   gradient the norm is that of its ``.values``.
 
   Args:
-    clip_norm: a positive number or scalar tensor.
+    clip_norm: a positive finite Python number or a scalar tensor.
 
   Returns:
     A group transform, for ``plan.transform_gradients(layer, t)``.
 
   Raises:
-    GraphGradError: if ``clip_norm`` is a number that is not positive.
+    GraphGradError: if ``clip_norm`` is not a number or scalar tensor, is
+      NaN or infinite, or is a number that is not positive.
 
   Example:
     >>> clip_by_global_norm(1.0)
     clip_by_global_norm(1.0)
   """
-  if isinstance(clip_norm, (int, float)) and clip_norm <= 0:
-    raise _errors.GraphGradError(
-        f"clip_by_global_norm: `clip_norm` must be positive; got {clip_norm}. "
-        f"Use gg.transforms.zero() to drop gradients.")
+  _validate.number("clip_by_global_norm", "clip_norm", clip_norm,
+                   what="positive", low=0.0, low_open=True,
+                   fix="Use gg.transforms.zero() to drop gradients.")
   return _ClipByGlobalNorm(clip_norm)
 
 
@@ -170,24 +170,24 @@ def trust_ratio(eta, epsilon: float = 1e-9) -> GroupTransform:
   ratios, pass ``layers=`` to ``gg.analyze`` with one variable per layer.
 
   Args:
-    eta: the trust coefficient (the paper uses 0.001).
-    epsilon: added to ``||g||`` in the denominator.
+    eta: the trust coefficient (the paper uses 0.001), a Python number or a
+      scalar tensor.
+    epsilon: added to ``||g||`` in the denominator, a Python number or a
+      scalar tensor.
 
   Returns:
     A group transform, for ``plan.transform_gradients(layer, t)``.
 
   Raises:
-    GraphGradError: if ``eta`` is not positive or ``epsilon`` is negative.
+    GraphGradError: if an argument is not a number or scalar tensor, is NaN
+      or infinite, ``eta`` is not positive or ``epsilon`` is negative.
 
   Example:
     >>> trust_ratio(0.001)
     trust_ratio(0.001, epsilon=1e-09)
   """
-  if isinstance(eta, (int, float)) and eta <= 0:
-    raise _errors.GraphGradError(
-        f"trust_ratio: `eta` must be positive; got {eta}. The paper uses "
-        f"eta=0.001.")
-  if epsilon < 0:
-    raise _errors.GraphGradError(
-        f"trust_ratio: `epsilon` must be non-negative; got {epsilon}.")
+  _validate.number("trust_ratio", "eta", eta, what="positive", low=0.0,
+                   low_open=True, fix="The paper uses eta=0.001.")
+  _validate.number("trust_ratio", "epsilon", epsilon, what="non-negative",
+                   low=0.0, fix="Pass e.g. epsilon=1e-9.")
   return _TrustRatio(eta, epsilon)

@@ -6,6 +6,7 @@ from typing import Optional
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad.transforms import _validate
 from graphgrad.transforms._transforms import Transform, cast_like
 
 
@@ -88,8 +89,9 @@ def add_noise(stddev=None, seed: Optional[int] = None, *, eta=None,
 
   Raises:
     GraphGradError: if both or neither of ``stddev`` and ``eta`` are given,
-      or a number among them is negative; when applied, for annealed noise in
-      a tf.Graph without a global step.
+      a hyperparameter is not a number (or scalar tensor), is NaN, infinite
+      or negative, or ``seed`` is not an int; when applied, for annealed
+      noise in a tf.Graph without a global step.
 
   Example:
     >>> add_noise(0.01, seed=1)
@@ -103,10 +105,13 @@ def add_noise(stddev=None, seed: Optional[int] = None, *, eta=None,
         f"(annealed noise, variance eta / (1 + t)^gamma); got stddev="
         f"{stddev!r}, eta={eta!r}. Use add_noise(0.01) or "
         f"add_noise(eta=0.3, gamma=0.55).")
-  for arg, value in (("stddev", stddev), ("eta", eta), ("gamma", gamma)):
-    if isinstance(value, (int, float)) and value < 0:
-      raise _errors.GraphGradError(
-          f"add_noise: `{arg}` must be non-negative; got {value}.")
+  seed = _validate.seed("add_noise", seed)
+  given = [("stddev", stddev)] if eta is None else [("eta", eta),
+                                                    ("gamma", gamma)]
+  for arg, value in given:
+    _validate.number("add_noise", arg, value, what="non-negative", low=0.0,
+                     fix="Pass e.g. add_noise(0.01) or "
+                     "add_noise(eta=0.3, gamma=0.55).")
   if eta is None:
     return _AddNoise(stddev, seed)
   return _AddNoise(None, seed, eta=eta, gamma=gamma)

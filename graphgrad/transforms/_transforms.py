@@ -23,7 +23,9 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
+from graphgrad.transforms import _validate
 from graphgrad.transforms._context import TransformContext
+
 
 class Transform:
   """Base class of gradient transforms; the contract of a user-written one.
@@ -116,7 +118,7 @@ def as_transform(fn: Any) -> Transform:
     A transform.
 
   Raises:
-    GraphGradError: if ``fn`` is not callable.
+    GraphGradError: if ``fn`` is not callable, or is a group transform.
 
   Example:
     >>> t = as_transform(lambda g: 2.0 * g)
@@ -125,6 +127,12 @@ def as_transform(fn: Any) -> Transform:
   """
   if isinstance(fn, Transform):
     return fn
+  if callable(getattr(fn, "apply_group", None)):
+    raise _errors.GraphGradError(
+        f"`fn` is the group transform {fn!r}, which rewrites all of a "
+        f"layer's parameter gradients together, not one gradient. Pass it on "
+        f"its own to GradientPlan.transform_gradients(layer, {fn!r}), not "
+        f"inside chain() or to a per-gradient declaration.")
   if not callable(fn):
     raise _errors.GraphGradError(
         f"`fn` must be a callable that maps a gradient tensor to a tensor of "
@@ -170,15 +178,21 @@ def scale(c) -> Transform:
   """Multiplies the gradient by ``c``.
 
   Args:
-    c: a Python number or a scalar tensor.
+    c: a finite Python number or a scalar tensor.
 
   Returns:
     A transform computing ``c * g``.
+
+  Raises:
+    GraphGradError: if ``c`` is not a number or scalar tensor, or is NaN or
+      infinite.
 
   Example:
     >>> scale(0.5)
     scale(0.5)
   """
+  _validate.number("scale", "c", c, what="a finite factor",
+                   fix="Pass e.g. scale(0.5).")
   return _Scale(c)
 
 
@@ -198,14 +212,25 @@ class _ClipByValue(Transform):
 def clip_by_value(lo, hi) -> Transform:
   """Clips every element of the gradient to ``[lo, hi]``.
 
+  Args:
+    lo: the lower bound, a finite Python number or a scalar tensor.
+    hi: the upper bound, a finite Python number or a scalar tensor.
+
+  Returns:
+    A transform.
+
   Raises:
-    GraphGradError: if both bounds are numbers and ``lo > hi``.
+    GraphGradError: if a bound is not a number or scalar tensor, is NaN or
+      infinite, or both bounds are numbers and ``lo > hi``.
 
   Example:
     >>> clip_by_value(-1.0, 1.0)
     clip_by_value(-1.0, 1.0)
   """
-  if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo > hi:
+  for arg, value in (("lo", lo), ("hi", hi)):
+    _validate.number("clip_by_value", arg, value, what="a finite bound",
+                     fix="Pass e.g. clip_by_value(-1.0, 1.0).")
+  if not tf.is_tensor(lo) and not tf.is_tensor(hi) and lo > hi:
     raise _errors.GraphGradError(
         f"clip_by_value: `lo` must not exceed `hi`; got lo={lo}, hi={hi}. "
         "Swap the bounds.")
@@ -230,17 +255,23 @@ def clip_by_norm(c) -> Transform:
 
   For a sparse gradient the norm is that of its ``.values``.
 
+  Args:
+    c: the norm bound, a positive finite Python number or a scalar tensor.
+
+  Returns:
+    A transform.
+
   Raises:
-    GraphGradError: if ``c`` is a number that is not positive.
+    GraphGradError: if ``c`` is not a number or scalar tensor, is NaN or
+      infinite, or is a number that is not positive.
 
   Example:
     >>> clip_by_norm(1.0)
     clip_by_norm(1.0)
   """
-  if isinstance(c, (int, float)) and c <= 0:
-    raise _errors.GraphGradError(
-        f"clip_by_norm: `c` must be a positive norm bound; got {c}. "
-        "Use gg.transforms.zero() to drop a gradient.")
+  _validate.number("clip_by_norm", "c", c, what="a positive norm bound",
+                   low=0.0, low_open=True,
+                   fix="Use gg.transforms.zero() to drop a gradient.")
   return _ClipByNorm(c)
 
 
@@ -249,11 +280,23 @@ def reverse(lam=1.0) -> Transform:
 
   On an edge this is a gradient reversal layer (Ganin & Lempitsky, 2015).
 
+  Args:
+    lam: a finite Python number or a scalar tensor.
+
+  Returns:
+    A transform computing ``-lam * g``.
+
+  Raises:
+    GraphGradError: if ``lam`` is not a number or scalar tensor, or is NaN
+      or infinite.
+
   Example:
     >>> reverse(0.3)
     scale(-0.3)
   """
-  if isinstance(lam, (int, float)):
+  _validate.number("reverse", "lam", lam, what="a finite factor",
+                   fix="Pass e.g. reverse(1.0).")
+  if not tf.is_tensor(lam):
     return _Scale(-lam)
   return _Scale(-tf.convert_to_tensor(lam))
 
@@ -321,13 +364,19 @@ def chain(*transforms) -> Transform:
     A transform.
 
   Raises:
-    GraphGradError: if an argument is not callable.
+    GraphGradError: if an argument is not callable, or is a group transform.
 
   Example:
     >>> chain(scale(2.0), clip_by_norm(1.0))
     chain(scale(2.0), clip_by_norm(1.0))
   """
-  return _Chain(as_transform(t) for t in transforms)
+  out = []
+  for i, t in enumerate(transforms):
+    try:
+      out.append(as_transform(t))
+    except _errors.GraphGradError as e:
+      raise _errors.GraphGradError(f"chain: argument {i}: {e}") from None
+  return _Chain(out)
 
 
 def is_identity(transform: Transform) -> bool:

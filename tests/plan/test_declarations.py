@@ -50,6 +50,30 @@ def test_a_refused_declaration_leaves_nothing_and_frozen_refuses_all():
     d.resolve("l1")
 
 
+def test_overrides_are_declarations_of_their_own_kind():
+  d = Declarations(resolve=lambda name, arg: name, owner="KerasPlan")
+  half = lambda op, g: 0.5 * g  # noqa: E731
+  d.add_override(("type", "Round"), half, "override_gradient")
+  d.add_override(("layer", "quant"), half, "straight_through")
+  d.add_upstream("l2", T.scale(0.5))
+  assert [x.kind for x in d] == [Kind.OVERRIDE, Kind.OVERRIDE, Kind.UPSTREAM]
+  assert d.overrides == {("type", "Round"): half, ("layer", "quant"): half}
+  # Only a layer's override names a layer.
+  assert d.layers == ("quant", "l2")
+  assert "overrides=['Round', 'quant']" in d.summary()
+  with pytest.raises(gg.GraphGradError, match=r"override_gradient: an override "
+                                              r"matches an op by one of"):
+    d.add_override(("scope", "l1"), half, "override_gradient")
+  with pytest.raises(gg.GraphGradError, match=r"override_gradient: 'Round' "
+                                              r"already has a backward pass "
+                                              r"in this plan.*new KerasPlan"):
+    d.add_override(("type", "Round"), half, "override_gradient")
+  d.freeze()
+  with pytest.raises(gg.GraphGradError, match=r"straight_through: this "
+                                              r"KerasPlan is already built"):
+    d.add_override(("name", "Round"), half, "straight_through")
+
+
 def test_plan_accessors_and_trace(graph):
   loss, h = _two_layers()
   plan = gg.GradientPlan(loss, name="gg")
