@@ -6,6 +6,8 @@ the whole flattened tensor (batch included): ``J`` is the ``k x n`` matrix
 whose rows are the flattened task gradients.
 """
 
+from __future__ import annotations
+
 import numbers
 from collections.abc import Sequence
 from typing import Any
@@ -123,8 +125,9 @@ def mean() -> TaskMethod:
 
   Example:
     >>> import graphgrad as gg
-    >>> gg.mtl.mean().combine([tf.constant([1., 0.]), tf.constant([0., 3.])])
-    <tf.Tensor: shape=(2,), dtype=float32, numpy=array([0.5, 1.5], dtype=float32)>
+    >>> g = [tf.constant([1., 0.]), tf.constant([0., 3.])]
+    >>> gg.mtl.mean().combine(g).numpy()
+    array([0.5, 1.5], dtype=float32)
   """
   return _Mean()
 
@@ -134,8 +137,9 @@ def sum() -> TaskMethod:
 
   Example:
     >>> import graphgrad as gg
-    >>> gg.mtl.sum().combine([tf.constant([1., 0.]), tf.constant([0., 3.])])
-    <tf.Tensor: shape=(2,), dtype=float32, numpy=array([1., 3.], dtype=float32)>
+    >>> g = [tf.constant([1., 0.]), tf.constant([0., 3.])]
+    >>> gg.mtl.sum().combine(g).numpy()
+    array([1., 3.], dtype=float32)
   """
   return _Sum()
 
@@ -192,9 +196,10 @@ def check_number(factory: str, arg: str, value, low=None, high=None,
       bounds.append(f"{'>' if low_open else '>='} {low}")
     if high is not None:
       bounds.append(f"<= {high}")
+    example = low if low is not None and not low_open else 1
     raise _errors.GraphGradError(
         f"{factory}: `{arg}` must be {kind} {' and '.join(bounds)}; got "
-        f"{value!r}. Pass e.g. {arg}={low if low is not None and not low_open else 1}.")
+        f"{value!r}. Pass e.g. {arg}={example}.")
   return int(value) if integer else float(value)
 
 

@@ -3,6 +3,8 @@
 Both match TorchJD 0.18's aggregators on the same ``k x n`` matrix ``J``.
 """
 
+from __future__ import annotations
+
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -29,8 +31,8 @@ class _ConFIG(TaskMethod):
     k = static_k(mat)
     gram = tf.cast(tf.matmul(mat, mat, transpose_b=True), _F64)
     norms = tf.sqrt(tf.maximum(tf.linalg.diag_part(gram), 0.))
-    inv = tf.where(norms > 0, 1. / tf.where(norms > 0, norms, tf.ones_like(norms)),
-                   tf.zeros_like(norms))
+    safe = tf.where(norms > 0, norms, tf.ones_like(norms))
+    inv = tf.where(norms > 0, 1. / safe, tf.zeros_like(norms))
     unit_gram = gram * inv[:, None] * inv[None]
     # pinv(U) u = U^T pinv(U U^T) u: the n-dimensional pseudo-inverse via
     # the k x k Gram of the unit rows U.
@@ -51,7 +53,8 @@ class _ConFIG(TaskMethod):
 
 
 def config(pref_vector: Sequence[float] | None = None) -> TaskMethod:
-  """ConFIG (Liu et al., 2024, "ConFIG: Towards Conflict-free Training of Physics Informed Neural Networks").
+  """ConFIG (Liu et al., 2024, "ConFIG: Towards Conflict-free Training of
+  Physics Informed Neural Networks").
 
   With ``U`` the unit task gradients, the direction ``d = pinv(U) w``
   (``w = 1`` each) has an equal positive dot product with every unit
@@ -100,7 +103,8 @@ def graddrop_with_noise(mat, noise, f, leak, method, k):
 def graddrop(f: Callable | None = None,
              leak: Sequence[float] | None = None,
              seed: int | None = None) -> TaskMethod:
-  """GradDrop (Chen et al., 2020, "Just Pick a Sign: Optimizing Deep Multitask Models with Gradient Sign Dropout").
+  """GradDrop (Chen et al., 2020, "Just Pick a Sign: Optimizing Deep
+  Multitask Models with Gradient Sign Dropout").
 
   Per element, the positive sign purity ``P = (1 + sum_i g_i / sum_i
   |g_i|) / 2`` and a uniform draw ``U``: task ``i`` keeps its element when

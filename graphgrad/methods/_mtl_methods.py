@@ -4,6 +4,8 @@ Each matches the aggregator of TorchJD 0.18 (``torchjd.aggregation``) on the
 same ``k x n`` matrix ``J`` of flattened task gradients, ``G = J J^T``.
 """
 
+from __future__ import annotations
+
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -36,7 +38,8 @@ class _MGDA(GramMethod):
 
 
 def mgda(epsilon: float = 1e-3, max_iters: int = 100) -> TaskMethod:
-  """MGDA (Sener & Koltun, 2018, "Multi-Task Learning as Multi-Objective Optimization").
+  """MGDA (Sener & Koltun, 2018, "Multi-Task Learning as Multi-Objective
+  Optimization").
 
   The min-norm point of the convex hull of the task gradients, ``J^T w*``
   with ``w* = argmin_{w in simplex} w^T G w``, by their Algorithm 2
@@ -85,7 +88,8 @@ class _DualCone(GramMethod):
 
 def upgrad(pref_vector: Sequence[float] | None = None,
            norm_eps: float = 1e-4, reg_eps: float = 1e-4) -> TaskMethod:
-  """UPGrad (Quinton & Rey, 2024, "Jacobian Descent for Multi-Objective Optimization").
+  """UPGrad (Quinton & Rey, 2024, "Jacobian Descent for Multi-Objective
+  Optimization").
 
   Each ``g_i`` is projected onto the dual cone ``{x : g_j . x >= 0 for all
   j}`` of the task gradients, and the projections are combined with the
@@ -115,7 +119,8 @@ def upgrad(pref_vector: Sequence[float] | None = None,
 
 def dualproj(pref_vector: Sequence[float] | None = None,
              norm_eps: float = 1e-4, reg_eps: float = 1e-4) -> TaskMethod:
-  """DualProj (Lopez-Paz & Ranzato, 2017, GEM's Eq. 11; as in Quinton & Rey, 2024).
+  """DualProj (Lopez-Paz & Ranzato, 2017, GEM's Eq. 11; as in Quinton &
+  Rey, 2024).
 
   The weighted mean ``J^T u`` (``u = 1/k`` each) projected onto the dual cone
   of the task gradients: ``J^T v``, ``v = argmin_{v >= u} v^T G v``. As
@@ -157,7 +162,8 @@ class _CAGrad(GramMethod):
 
 
 def cagrad(c: float = 0.5, norm_eps: float = 1e-4) -> TaskMethod:
-  """CAGrad (Liu et al., 2021, "Conflict-Averse Gradient Descent for Multi-task Learning").
+  """CAGrad (Liu et al., 2021, "Conflict-Averse Gradient Descent for
+  Multi-task Learning").
 
   With ``g0`` the mean gradient and ``sqrt(phi) = c ||g0||``, ``w* =
   argmin_{w in simplex} g_w . g0 + sqrt(phi) ||g_w||`` (``g_w = J^T w``),
@@ -193,8 +199,9 @@ class _IMTLG(GramMethod):
     k = gram.shape[0]
     v = tf.linalg.matvec(tf.linalg.pinv(gram, rcond=k * eps), d)
     total = tf.reduce_sum(v)
-    return tf.where(tf.abs(total) < 1e-12, tf.zeros_like(v),
-                    v / tf.where(tf.abs(total) < 1e-12, tf.ones_like(total), total))
+    tiny = tf.abs(total) < 1e-12
+    return tf.where(tiny, tf.zeros_like(v),
+                    v / tf.where(tiny, tf.ones_like(total), total))
 
 
 def imtl_g() -> TaskMethod:
@@ -253,7 +260,8 @@ def _lower_median(x):
 
 def aligned_mtl(pref_vector: Sequence[float] | None = None,
                 scale_mode: str = "min") -> TaskMethod:
-  """Aligned-MTL (Senushkin et al., 2023, "Independent Component Alignment for Multi-Task Learning").
+  """Aligned-MTL (Senushkin et al., 2023, "Independent Component Alignment
+  for Multi-Task Learning").
 
   With ``G = V diag(lambda) V^T`` (eigenvalues above ``k eps max(lambda)``),
   the balance transformation ``B = sqrt(lambda_min) V diag(lambda)^{-1/2}

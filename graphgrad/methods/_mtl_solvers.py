@@ -136,7 +136,8 @@ def cagrad_weights(gram: tf.Tensor, k: int, c: float, norm_eps: float
   total = tf.reduce_sum(cand, axis=1, keepdims=True)
   ok = tf.logical_and(total[:, 0] > 0, tf.reduce_all(tf.math.is_finite(
       cand), axis=1))
-  cand = tf.where(ok[:, None], cand / tf.where(total > 0, total, tf.ones_like(total)), mean)
+  safe = tf.where(total > 0, total, tf.ones_like(total))
+  cand = tf.where(ok[:, None], cand / safe, mean)
   norms = tf.sqrt(tf.maximum(tf.einsum("si,ij,sj->s", cand, gram, cand), 0.))
   obj = tf.linalg.matvec(cand, b) + sqrt_phi * norms
   best = tf.argmin(tf.where(ok, obj, tf.constant(np.inf, _F64)))
@@ -167,8 +168,10 @@ def _cagrad_candidates(gram, b, phi, k):
     mu = (sz + sign * root) / tf.where(sy != 0, sy, tf.ones_like(sy))
     scale = mu * sy - sz
     valid = (disc >= 0) & (scale > 0) & (sy != 0)
-    w = (mu[:, None] * y - z) / tf.where(scale > 0, scale, tf.ones_like(scale))[:, None]
-    out.append(tf.where(valid[:, None], w, tf.fill(tf.shape(w), tf.constant(np.nan, _F64))))
+    safe = tf.where(scale > 0, scale, tf.ones_like(scale))
+    w = (mu[:, None] * y - z) / safe[:, None]
+    nan = tf.fill(tf.shape(w), tf.constant(np.nan, _F64))
+    out.append(tf.where(valid[:, None], w, nan))
   return tf.concat(out, axis=0)
 
 

@@ -8,6 +8,7 @@ created where the caller's device scope (a ``replica_device_setter``) puts
 variables.
 """
 
+from __future__ import annotations
 
 import tensorflow as tf
 
@@ -86,7 +87,8 @@ class _GradVac(GramMethod):
 
 def gradvac(beta: float = 0.5, eps: float = 1e-8, shuffle: bool = True,
             seed: int | None = None) -> TaskMethod:
-  """GradVac (Wang et al., 2021, "Gradient Vaccine: Investigating and Improving Multi-task Optimization in Massively Multilingual Models").
+  """GradVac (Wang et al., 2021, "Gradient Vaccine: Investigating and
+  Improving Multi-task Optimization in Massively Multilingual Models").
 
   For each task ``i`` and every other ``j`` (in random order), with ``phi``
   the cosine of ``g_i^PC`` and ``g_j`` and ``phi_hat_ij`` its moving target:

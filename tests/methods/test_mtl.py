@@ -162,7 +162,8 @@ def test_cagrad_solves_its_program(rng, k, conflict):
   c = 0.5
   got = _combine(gg.mtl.cagrad(c), j)
   if k == 2:
-    f = lambda t: np_cagrad_objective(gram, np.array([t, 1 - t]), c)
+    def f(t):
+      return np_cagrad_objective(gram, np.array([t, 1 - t]), c)
     t = scipy.optimize.minimize_scalar(f, bounds=(0, 1), method="bounded",
                                        options={"xatol": 1e-12}).x
     w = np.array([t, 1 - t])
@@ -375,7 +376,8 @@ def test_combine_validates_its_inputs():
        r"nash_mtl: `state` was made for 3 tasks but `grads` holds 2"),
       (gg.mtl.upgrad(pref_vector=[1., 2., 3.]), [a, a], {},
        r"`pref_vector` has 3 entries but `grads` holds 2"),
-      (gg.mtl.cagrad(), [a] * 9, {}, r"cagrad.combine: `grads` must hold at most 8"),
+      (gg.mtl.cagrad(), [a] * 9, {},
+       r"cagrad.combine: `grads` must hold at most 8"),
   ]
   for method, grads, kw, match in cases:
     with pytest.raises(gg.GraphGradError, match=match):

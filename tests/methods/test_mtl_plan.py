@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import dense, evaluate
 
 import graphgrad as gg
+from helpers import dense, evaluate
 
 tf1 = tf.compat.v1
 
@@ -112,7 +112,7 @@ def test_combine_tasks_errors(graph, rng):
   loss, losses, _ = _net(rng)
   plan = gg.GradientPlan(loss)
   with pytest.raises(gg.GraphGradError,
-                     match=r"combine_tasks: `method` must be a task-combination"):
+                     match=r"combine_tasks: `method` must be a task-comb"):
     plan.combine_tasks("trunk", losses, "upgrad")
   with pytest.raises(gg.GraphGradError,
                      match=r"combine_tasks: `losses` must hold at least two"):

@@ -246,6 +246,6 @@ def test_combine_tasks_errors(graph, rng):
       return grads[0][:1]
   plan.combine_tasks("trunk", losses, _Short())
   with pytest.raises(gg.IncompatibleGradientError,
-                     match=r"combine returned a tensor of shape \(1, 3\) float32 "
-                           r"for task gradients of shape \(4, 3\) float32"):
+                     match=r"combine returned a tensor of shape \(1, 3\) "
+                           r"float32 for task gradients of shape \(4, 3\)"):
     plan.compute_gradients()
