@@ -158,3 +158,18 @@ def test_state_lands_on_the_parameter_server(graph, rng):
   assert len(state) == 2
   assert all(v.device.startswith("/job:ps") for v in state), [
       v.device for v in state]
+
+
+def test_state_once_per_layer_in_the_plans_resources(graph, rng):
+  loss, losses, _ = _net(rng)
+  method = gg.mtl.gradvac()
+  plan = (gg.GradientPlan(loss).combine_tasks("trunk", losses, method)
+          .combine_tasks("base", losses, method))
+  plan.compute_gradients()
+  assert sorted(k for k in plan.resources.keys()
+                if k[1] == "combine_tasks/state") == [
+                    ("base", "combine_tasks/state"),
+                    ("trunk", "combine_tasks/state")]
+  trunk = plan.resources.get("trunk", "combine_tasks/state")
+  base = plan.resources.get("base", "combine_tasks/state")
+  assert trunk.phi is not base.phi and trunk.tasks == base.tasks == 2
