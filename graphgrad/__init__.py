@@ -9,7 +9,7 @@ The whole public API::
   plan.transform_edge("features", "domain_head", gg.transforms.reverse())
   plan.replace_backward("l3", gg.backward.feedback_alignment(seed=0))
   plan.project_conflicts("trunk", losses=[loss_a, loss_b])   # PCGrad
-  plan.combine_tasks("trunk", [loss_a, loss_b], method)      # method.combine(grads)
+  plan.combine_tasks("trunk", [loss_a, loss_b], gg.mtl.upgrad())  # multi-task
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
   plan.summaries(), plan.declarations, plan.resources, plan.trace
 
@@ -23,7 +23,8 @@ and the same plans for TF2 Keras models, eagerly or in tf.function::
   optimizer.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
 
 with the modules ``gg.transforms`` (gradient transforms and their contract),
-``gg.backward`` (backward replacements and theirs), ``gg.cluster`` (a local
+``gg.backward`` (backward replacements and theirs), ``gg.mtl`` (multi-task
+gradient methods for ``combine_tasks``), ``gg.cluster`` (a local
 parameter-server cluster: ``LocalCluster``, ``start_server``,
 ``session_config``) and ``gg.demo`` (the seed problem and network that the
 notebooks and ``graphgrad demo`` use), and the errors, all subclasses of
@@ -37,7 +38,7 @@ with _startup.quiet_when_command_line():  # TF's start-up lines, see _startup
   import tensorflow as _tf  # noqa: F401
 del _tf
 
-from graphgrad import _compat, backward, cluster, demo, transforms  # noqa: E402
+from graphgrad import _compat, backward, cluster, demo, mtl, transforms  # noqa: E402
 from graphgrad._errors import (
                                GraphGradError,
                                IncompatibleGradientError,
@@ -78,6 +79,7 @@ __all__ = [
     "cluster",
     "gradient_report",
     "demo",
+    "mtl",
     "thaw",
     "transforms",
 ]

@@ -6,19 +6,21 @@ Example:
   (2048, 10)
 """
 
-from graphgrad.cli._demo import (
-                             DomainShiftProblem,
-                             Problem,
-                             dense,
-                             domain_shift_problem,
-                             seed_network,
-                             seed_problem,
-)
-
 import tensorflow as tf
 
+from graphgrad.cli._demo import (
+  DomainShiftProblem,
+  Problem,
+  dense,
+  domain_shift_problem,
+  multi_digits_problem,
+  seed_network,
+  seed_problem,
+)
+
 __all__ = ["DomainShiftProblem", "Problem", "dense", "domain_shift_problem",
-           "seed_network", "seed_problem", "two_layer_loss"]
+           "multi_digits_problem", "seed_network", "seed_problem",
+           "two_layer_loss"]
 
 
 def two_layer_loss() -> tf.Tensor:

@@ -141,3 +141,45 @@ def domain_shift_problem(seed: int = 0, n_train: int = 2048,
     return Problem(x[:n_train], y[:n_train], x[n_train:], y[n_train:])
 
   return DomainShiftProblem(domain(0.0), domain(shift), direction)
+
+
+MULTI_DIGITS_TASKS = ("left", "right", "parity")
+
+
+def multi_digits_problem(seed: int = 0, n_train: int = 4096,
+                         n_test: int = 1024) -> Problem:
+  """MultiDigits: two of scikit-learn's 8x8 digits side by side, three tasks.
+
+  Like MultiMNIST (Sener & Koltun, 2018), from the digits bundled with
+  scikit-learn (1,797 images, no download; needs scikit-learn). The digits
+  are split 80/20 once (stratified, ``random_state=0``), so no test image is
+  seen in training; each example pastes a random left and right digit of
+  its split into an 8 x 16 image (pixels / 16), flattened to 128 values.
+  ``y`` holds one integer label per task of ``MULTI_DIGITS_TASKS``: the
+  left digit, the right digit, and the parity of their sum.
+
+  Example:
+    >>> p = multi_digits_problem(0, n_train=256, n_test=64)
+    >>> p.x_train.shape, p.y_test.shape
+    ((256, 128), (64, 3))
+    >>> bool(((p.y_train[:, 0] + p.y_train[:, 1]) % 2 == p.y_train[:, 2]).all())
+    True
+  """
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
+  from sklearn.model_selection import train_test_split  # pylint: disable=g-import-not-at-top
+  digits = load_digits()
+  images = (digits.images / 16.0).astype(np.float32)
+  split = train_test_split(images, digits.target, test_size=0.2,
+                           random_state=0, stratify=digits.target)
+  rng = np.random.default_rng(seed)
+
+  def pairs(pool, labels, n):
+    left, right = rng.integers(len(pool), size=(2, n))
+    x = np.concatenate([pool[left], pool[right]], axis=2).reshape(n, -1)
+    y = np.stack([labels[left], labels[right],
+                  (labels[left] + labels[right]) % 2], axis=1)
+    return x, y.astype(np.int64)
+
+  x_train, y_train = pairs(split[0], split[2], n_train)
+  x_test, y_test = pairs(split[1], split[3], n_test)
+  return Problem(x_train, y_train, x_test, y_test)

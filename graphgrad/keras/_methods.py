@@ -37,12 +37,15 @@ class MethodVariables(tf.Module):
   Keys are ``"feedback_alignment/<layer>"``, ``"dfa_<i>/<layer>"`` (the
   feedback matrices, as the TF1 plan keys them) and
   ``"synthetic/<layer>/<i>/kernel_<j>"`` (``bias_<j>``). The values are
-  ``tf.Variable`` objects, tracked for ``tf.train.Checkpoint``.
+  ``tf.Variable`` objects, tracked for ``tf.train.Checkpoint``. ``states``
+  holds the state modules of stateful task-combination methods (GradVac,
+  Nash-MTL), by ``"combine_tasks/<layer>"``, tracked as well.
   """
 
   def __init__(self):
     super().__init__(name="graphgrad_methods")
     self.by_key: Dict[str, tf.Variable] = {}
+    self.states: Dict[str, tf.Module] = {}
 
   def get(self, key: str, init: Callable[[], tf.Tensor], trainable: bool,
           name: str) -> tf.Variable:
@@ -51,6 +54,19 @@ class MethodVariables(tf.Module):
       with tf.init_scope():  # made eagerly, once, even while tracing
         self.by_key[key] = tf.Variable(init(), trainable=trainable, name=name)
     return self.by_key[key]
+
+  def state(self, key: str, create: Callable[[], Any]) -> Any:
+    """The state under ``key``, made by ``create()`` on first use.
+
+    ``create`` returning ``None`` (a stateless method) stores nothing.
+    """
+    if key not in self.states:
+      with tf.init_scope():  # made eagerly, once, even while tracing
+        made = create()
+      if made is None:
+        return None
+      self.states[key] = made
+    return self.states[key]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -235,11 +235,8 @@ class KerasPlan(tf.Module, Overriding):
                         seed: Optional[int] = None) -> "KerasPlan":
     """Applies PCGrad to the task gradients at a shared layer's outputs.
 
-    The semantics are ``GradientPlan.project_conflicts``'s: with ``g`` the
-    gradient at the layer's outputs and ``g_i`` the share of task loss
-    ``L_i`` in it (plain backpropagation, weighted as in the loss), ``g``
-    becomes ``g - sum_i g_i + sum_i g_i^PC``; the layer's parameters and
-    everything below see the result. In TF2 the task losses exist only in
+    ``combine_tasks(layer, gg.mtl.pcgrad(shuffle, seed))``, as
+    ``GradientPlan.project_conflicts``. In TF2 the task losses exist only in
     the step: leave ``losses`` out here and pass them to
     ``tape.gradient(loss, task_losses=[loss_a, loss_b])``.
 
@@ -268,10 +265,26 @@ class KerasPlan(tf.Module, Overriding):
   def combine_tasks(self, layer: LayerRef, method) -> "KerasPlan":
     """Combines the task gradients at ``layer``'s outputs with ``method``.
 
-    ``method.combine(grads)`` gets one list of gradients per task (at the
-    layer's output tensors) and returns one gradient per tensor; ``g``
-    becomes ``g - sum_i g_i + combine(...)``. The task losses are given to
+    As ``GradientPlan.combine_tasks``: ``g`` becomes ``g - sum_i g_i +
+    method.combine([g_1, ..., g_k])`` (a ``gg.mtl`` method; ``g_i``: task
+    ``i``'s flattened gradients at every output of every call, concatenated),
+    then the layer's upstream transform. A stateful method's state is made
+    once per plan and layer in ``method_variables.states``, which
+    ``tf.train.Checkpoint(plan=plan)`` saves. Task losses go to
     ``tape.gradient(loss, task_losses=[...])``.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> model = tf.keras.Sequential([
+      ...     tf.keras.Input((1,)), tf.keras.layers.Dense(
+      ...         2, name="trunk", use_bias=False, kernel_initializer="ones")])
+      >>> plan = gg.KerasPlan(model).combine_tasks("trunk", gg.mtl.pcgrad())
+      >>> with plan.tape() as tape:
+      ...   h = model(tf.constant([[1.0]]))  # [[1, 1]]
+      ...   la, lb = h[0, 0], h[0, 1] - h[0, 0]  # gradients [1, 0], [-1, 1]
+      ...   loss = la + lb
+      >>> tape.gradient(loss, task_losses=[la, lb])[0].numpy().tolist()
+      [[0.5, 1.5]]
 
     Raises:
       LayerNotFoundError: if ``layer`` is not in the model.

@@ -181,7 +181,8 @@ class PlanTape:
     try:
       for path, losses in by_layer.items():
         run.task_deltas[path] = _tasks.task_deltas(
-            self._tape, target, losses, run.outputs[path], tasks[path].method)
+            self._tape, target, losses, run.outputs[path], tasks[path].method,
+            path, self._plan.method_variables)
     finally:
       run.plain = False
 

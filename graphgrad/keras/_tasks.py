@@ -1,10 +1,13 @@
-"""Task combination on a KerasPlan: PCGrad and ``combine(grads)`` methods.
+"""Task combination on a KerasPlan: ``gg.mtl`` methods, PCGrad among them.
 
-A task-combination method has ``combine(grads)``: ``grads`` holds, for each
-task, its list of gradients at the shared layer's output tensors (dense,
-zeros where the task does not reach a tensor); it returns one combined
-gradient per tensor. The plan rewrites the gradient ``g`` at the outputs to
-``g - sum_i g_i + combine([g_1, g_2, ...])``, as ``GradientPlan`` does.
+A task-combination method has ``combine(grads)``: ``k`` task gradients of
+one shape in, one out (see ``graphgrad.methods._pcgrad``). The plan rewrites
+the gradient ``g`` at a shared layer's outputs (over all its calls) to
+``g - sum_i g_i + combine([g_1, g_2, ...])``, as ``GradientPlan`` does, with
+each task's gradients at the output tensors flattened and concatenated into
+one vector (:func:`~graphgrad.methods._pcgrad.combine_flat`). A stateful
+method's state is made once per plan and layer in the plan's tracked
+:class:`~graphgrad.keras._methods.MethodVariables`.
 """
 
 from typing import List
@@ -13,6 +16,8 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.keras._backward import is_float
+from graphgrad.keras._methods import MethodVariables
+from graphgrad.methods import _pcgrad
 
 
 def losses_by_layer(tasks, task_losses):
@@ -44,7 +49,8 @@ def losses_by_layer(tasks, task_losses):
   return out
 
 
-def task_deltas(tape, target, losses, calls, method) -> List[list]:
+def task_deltas(tape, target, losses, calls, method, path: str,
+                variables: MethodVariables) -> List[list]:
   """Per call and output: ``combine(g_i) - sum_i g_i``, or ``None``.
 
   Args:
@@ -53,6 +59,8 @@ def task_deltas(tape, target, losses, calls, method) -> List[list]:
     losses: the task losses.
     calls: the flat outputs of each call of the task layer.
     method: the task-combination method.
+    path: the task layer's path, which keys the method's state.
+    variables: the plan's method variables, where the state lives.
   """
   weights = tape.gradient(target, losses)
   for i, w in enumerate(weights):
@@ -65,15 +73,19 @@ def task_deltas(tape, target, losses, calls, method) -> List[list]:
   like = [flat[i] for i in floats]
   per_task = [tape.gradient(l, like, output_gradients=w)
               for l, w in zip(losses, weights)]
-  reached = [any(gs[t] is not None for gs in per_task)
-             for t in range(len(like))]
-  dense = [[tf.zeros_like(x) if g is None else tf.convert_to_tensor(g)
-            for g, x in zip(gs, like)] for gs in per_task]
-  combined = list(method.combine(dense))
+  name = f"combine_tasks_{path}".replace("/", "_")
+  state = _pcgrad.task_state(
+      method, _pcgrad.active_tasks(per_task),
+      lambda make: variables.state(f"combine_tasks/{path}", make),
+      f"{name}_state")
+  with tf.name_scope(name):
+    combined = _pcgrad.combine_flat(method, per_task, like, state)
   delta = [None] * len(flat)
   for t, i in enumerate(floats):
-    if reached[t]:
-      delta[i] = combined[t] - tf.add_n([gs[t] for gs in dense])
+    if combined[t] is not None:
+      delta[i] = combined[t] - tf.add_n([tf.convert_to_tensor(gs[t])
+                                         for gs in per_task
+                                         if gs[t] is not None])
   out, start = [], 0
   for outs in calls:
     out.append(delta[start:start + len(outs)])

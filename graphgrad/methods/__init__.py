@@ -1,1 +1,2 @@
-"""Training methods: backward replacements (feedback alignment, DFA, synthetic gradients) and task combination (PCGrad)."""
+"""Training methods: backward replacements (feedback alignment, DFA,
+synthetic gradients) and task combination (``gg.mtl``, PCGrad among them)."""

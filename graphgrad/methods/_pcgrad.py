@@ -4,25 +4,31 @@
 a shared layer's outputs ``T`` from the per-task gradients
 ``g_i = dL/dL_i * dL_i/dT``:
 
-    g  <-  g - sum_i g_i + method.combine([g_1, ..., g_n]).
+    g  <-  g - sum_i g_i + method.combine([g_1, ..., g_k]).
 
-The task-combination contract: ``method.combine(grads)`` takes one list per
-task, each holding one gradient per output tensor (``None`` where the task
-does not reach the tensor), and returns one combined gradient per tensor
-(``None`` where no task reaches it). :class:`PCGrad` is one such method:
-gradient surgery (Yu et al., 2020, "Gradient Surgery for Multi-Task
+The task-combination contract is ``gg.mtl``'s: ``method.combine(grads)``
+takes ``k`` task gradients of one shape and returns one gradient of that
+shape; a stateful method also has ``create_state(k, name=None)``, whose
+result each plan makes once per layer and passes as
+``combine(grads, state=state)``. Both executors adapt a layer to it
+(:func:`combine_flat`): each task's gradients at the layer's output tensors
+are flattened and concatenated into one vector (zeros where the task does
+not reach a tensor), so that dot products run over all of ``T``, batch
+included; the result is split back per tensor. :class:`PCGrad` is one such
+method: gradient surgery (Yu et al., 2020, "Gradient Surgery for Multi-Task
 Learning"); ``plan.project_conflicts(layer, losses)`` is
-``combine_tasks(layer, losses, pcgrad())``.
+``combine_tasks(layer, losses, pcgrad())``, and ``gg.mtl.pcgrad`` is
+:func:`pcgrad`.
 
 Example:
   >>> import tensorflow as tf
-  >>> out = pcgrad().combine([[tf.constant([1.0, 0.0])],
-  ...                         [tf.constant([-1.0, 1.0])]])
-  >>> out[0].numpy().tolist()  # each projected off the other, then summed
+  >>> out = pcgrad().combine([tf.constant([1.0, 0.0]),
+  ...                         tf.constant([-1.0, 1.0])])
+  >>> out.numpy().tolist()  # each projected off the other, then summed
   [0.5, 1.5]
 """
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import networkx as nx
 import tensorflow as tf
@@ -30,6 +36,8 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis._layers import LayerGraph
+from graphgrad.methods._mtl_base import TaskMethod, dense_grads
+from graphgrad.transforms._context import Resources
 
 
 def _dot(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -37,7 +45,7 @@ def _dot(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> tf.Tensor:
 
 
 def project(per_loss: Sequence[Sequence[Gradient]],
-            like: Optional[Sequence[tf.Tensor]] = None, shuffle: bool = True,
+            like: Sequence[tf.Tensor], shuffle: bool = True,
             seed: Optional[int] = None) -> List[Gradient]:
   """PCGrad of per-loss gradients, summed over losses.
 
@@ -55,16 +63,14 @@ def project(per_loss: Sequence[Sequence[Gradient]],
 
   Args:
     per_loss: one list of gradients per loss, aligned with ``like``.
-    like: the forward tensors the gradients belong to; by default, the
-      zeros of a missing gradient are shaped like another loss's there.
+    like: the forward tensors the gradients belong to (a missing gradient
+      is the zeros of its tensor).
     shuffle: draw the order of the other tasks at random for each task.
     seed: op-level seed of the shuffles.
 
   Returns:
     One gradient per tensor of ``like``.
   """
-  if like is None:
-    return _project_reached(per_loss, shuffle, seed)
   active = [i for i, gs in enumerate(per_loss)
             if any(g is not None for g in gs)]
   reached = [any(per_loss[i][t] is not None for i in active)
@@ -97,24 +103,7 @@ def project(per_loss: Sequence[Sequence[Gradient]],
   return [t if r else None for t, r in zip(total, reached)]
 
 
-def _project_reached(per_loss, shuffle, seed) -> List[Gradient]:
-  """:func:`project` without ``like``: over the tensors some loss reaches.
-
-  A tensor no loss reaches adds nothing to the dot products and gets
-  ``None``; a missing gradient elsewhere is the zeros of a present one.
-  """
-  n_tensors = len(per_loss[0])
-  reached = [any(gs[t] is not None for gs in per_loss)
-             for t in range(n_tensors)]
-  kept = [t for t in range(n_tensors) if reached[t]]
-  like = [tf.convert_to_tensor(next(gs[t] for gs in per_loss
-                                    if gs[t] is not None)) for t in kept]
-  combined = iter(project([[gs[t] for t in kept] for gs in per_loss], like,
-                          shuffle, seed))
-  return [next(combined) if r else None for r in reached]
-
-
-class PCGrad:
+class PCGrad(TaskMethod):
   """PCGrad as a task-combination method (see :func:`pcgrad`)."""
 
   name = "pcgrad"
@@ -122,22 +111,27 @@ class PCGrad:
   def __init__(self, shuffle: bool = True, seed: Optional[int] = None):
     self.shuffle, self.seed = shuffle, seed
 
-  def combine(self, grads: Sequence[Sequence[Gradient]]) -> List[Gradient]:
-    """The sum of the projected task gradients, one per tensor."""
-    return project(grads, shuffle=self.shuffle, seed=self.seed)
+  def combine(self, grads, state=None, name=None):
+    """:func:`project` on the gradients in their own shape."""
+    del state  # stateless
+    with tf.name_scope(name or self.name):
+      dense = dense_grads(grads, self.name)
+      return project([[g] for g in dense], [dense[0]], self.shuffle,
+                     self.seed)[0]
 
-  def __repr__(self):
-    return f"pcgrad(shuffle={self.shuffle!r}, seed={self.seed!r})"
+  def _args(self) -> str:
+    return f"shuffle={self.shuffle!r}, seed={self.seed!r}"
 
 
 def pcgrad(shuffle: bool = True, seed: Optional[int] = None) -> PCGrad:
-  """PCGrad: each task gradient projected off those it conflicts with.
+  """PCGrad (Yu et al., 2020, "Gradient Surgery for Multi-Task Learning").
 
   For every task ``i``, ``g_i^PC`` starts at ``g_i``; for every other task
   ``j`` (in a random order drawn at each step with ``shuffle``), when
   ``g_i^PC . g_j < 0``, ``g_i^PC <- g_i^PC - (g_i^PC . g_j) / ||g_j||^2 g_j``,
-  with dot products over every output tensor, batch included. ``combine``
-  returns ``sum_i g_i^PC``.
+  with dot products over the whole flattened tensor, batch included.
+  ``combine`` returns ``sum_i g_i^PC``. It is what
+  ``plan.project_conflicts`` computes, and TorchJD's ``PCGrad``.
 
   Args:
     shuffle: take the other tasks in a random order, drawn at each step
@@ -147,37 +141,128 @@ def pcgrad(shuffle: bool = True, seed: Optional[int] = None) -> PCGrad:
   Returns:
     A task-combination method for ``plan.combine_tasks``.
 
+  Raises:
+    GraphGradError: if ``shuffle`` is not a bool.
+
   Example:
-    >>> pcgrad(seed=1)
+    >>> import graphgrad as gg
+    >>> gg.mtl.pcgrad(seed=1)
     pcgrad(shuffle=True, seed=1)
+    >>> g = [tf.constant([1., 0.]), tf.constant([-1., 1.])]
+    >>> gg.mtl.pcgrad().combine(g).numpy()
+    array([0.5, 1.5], dtype=float32)
   """
+  if not isinstance(shuffle, bool):
+    raise _errors.GraphGradError(
+        f"pcgrad: `shuffle` must be True or False; got {shuffle!r}.")
   return PCGrad(shuffle, seed)
 
 
-def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor], method: Any,
-                   scope: str):
-  """The engine's rewrite ``(grads, outputs) -> grads`` at a shared layer.
+# -- the executors' adapter ----------------------------------------------------
 
-  ``g - sum_i g_i + method.combine([g_i])`` with ``g_i = dL/dL_i * dL_i/dT``.
+def task_state(method: Any, k: int, get_or_create: Callable, name: str):
+  """A stateful method's state for one (plan, layer), made on first use.
+
+  ``get_or_create(make)`` is the plan's store for this layer (the TF1
+  plan's ``Resources``, a KerasPlan's tracked variables); ``None`` for a
+  method without ``create_state`` or whose ``create_state`` gives ``None``.
+  """
+  create = getattr(method, "create_state", None)
+  if not callable(create):
+    return None
+  return get_or_create(lambda: create(k, name=name))
+
+
+def active_tasks(per_task: Sequence[Sequence[Gradient]]) -> int:
+  """How many tasks reach at least one of the layer's outputs."""
+  return sum(any(g is not None for g in gs) for gs in per_task)
+
+
+def combine_flat(method: Any, per_task: Sequence[Sequence[Gradient]],
+                 like: Sequence[tf.Tensor], state=None) -> List[Gradient]:
+  """``method.combine`` of the tasks' gradients at several tensors.
+
+  With several tensors, each task's gradients at ``like`` are flattened and
+  concatenated into one vector (zeros where the task does not reach a
+  tensor), and the combined vector is split back; one tensor is combined
+  in its own shape. A task that reaches none of them is left out.
+
+  Args:
+    method: a task-combination method.
+    per_task: one list of gradients per task, aligned with ``like``.
+    like: the layer's output tensors.
+    state: the method's state for this plan and layer, or ``None``.
+
+  Returns:
+    The combined gradient at each tensor; ``None`` where no task reaches it.
+
+  Raises:
+    IncompatibleGradientError: if ``method.combine`` returns something not
+      shaped like the task gradients.
+  """
+  active = [gs for gs in per_task if any(g is not None for g in gs)]
+  if not active:
+    return [None] * len(like)
+  reached = [any(gs[t] is not None for gs in active) for t in range(len(like))]
+  flat = [_concat([tf.convert_to_tensor(g) if g is not None
+                   else tf.zeros_like(y) for g, y in zip(gs, like)])
+          for gs in active]
+  out = (method.combine(flat) if state is None
+         else method.combine(flat, state=state))
+  out = _checked_result(method, out, flat[0])
+  if len(like) == 1:  # one tensor: combined in its own shape
+    return [out]
+  parts = tf.split(out, tf.stack([tf.size(y) for y in like]))
+  return [tf.reshape(p, tf.shape(y)) if r else None
+          for p, y, r in zip(parts, like, reached)]
+
+
+def _concat(grads: Sequence[tf.Tensor]) -> tf.Tensor:
+  if len(grads) == 1:
+    return grads[0]
+  return tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
+
+
+def _checked_result(method, out, like: tf.Tensor) -> tf.Tensor:
+  if out is not None and not isinstance(out, (list, tuple)):
+    out = tf.convert_to_tensor(out)
+    if out.dtype == like.dtype and out.shape.is_compatible_with(like.shape):
+      return out
+  what = (f"{type(out).__name__}" if not tf.is_tensor(out)
+          else f"a tensor of shape {out.shape} {out.dtype.name}")
+  raise _errors.IncompatibleGradientError(
+      f"combine_tasks: {method!r}.combine returned {what} for task "
+      f"gradients of shape {like.shape} {like.dtype.name}. Return one "
+      f"combined gradient shaped like each task gradient.")
+
+
+def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor], method: Any,
+                   scope: str, resources: Resources, layer: str):
+  """The TF1 engine's rewrite ``(grads, outputs) -> grads`` at a shared layer.
+
+  ``g - sum_i g_i + method.combine([g_i])`` with ``g_i = dL/dL_i * dL_i/dT``,
+  through :func:`combine_flat`. Each task loss is backpropagated once, from
+  the loss to ``T`` only. A stateful method's state is made once, in the
+  plan's ``resources`` under ``(layer, "combine_tasks/state")``.
   """
   def run(grads, outputs):
-    with tf.name_scope(scope.replace("/", "_")):
+    name = scope.replace("/", "_")
+    with tf.name_scope(name):
       weights = tf.compat.v1.gradients(loss, list(losses))
-      per_loss = [tf.compat.v1.gradients(l, list(outputs), grad_ys=w)
+      per_task = [tf.compat.v1.gradients(l, list(outputs), grad_ys=w)
                   if w is not None else [None] * len(outputs)
                   for l, w in zip(losses, weights)]
-      combined = list(method.combine(per_loss))
-      if len(combined) != len(outputs):
-        raise _errors.IncompatibleGradientError(
-            f"combine_tasks: {method!r}.combine returned {len(combined)} "
-            f"gradients for {len(outputs)} output tensors. Return one "
-            f"combined gradient (or None) per tensor, in order.")
+      state = task_state(
+          method, active_tasks(per_task),
+          lambda make: resources.get_or_create(layer, "combine_tasks/state",
+                                               make), f"{name}_state")
+      combined = combine_flat(method, per_task, outputs, state)
       out = []
       for t, (g, p) in enumerate(zip(grads, combined)):
         if g is None or p is None:  # no listed loss reaches this output
           out.append(g)
           continue
-        shares = [tf.convert_to_tensor(gs[t]) for gs in per_loss
+        shares = [tf.convert_to_tensor(gs[t]) for gs in per_task
                   if gs[t] is not None]
         out.append(tf.convert_to_tensor(g) - tf.add_n(shares) + p)
       return out

@@ -203,7 +203,8 @@ class _Executor:
   def _tasks_hook(self, declared: Declaration) -> Callable:
     return _pcgrad.output_rewrite(self.loss, declared.losses or (),
                                   declared.method,
-                                  f"combine_tasks_{declared.layer}")
+                                  f"combine_tasks_{declared.layer}",
+                                  self.resources, declared.layer)
 
   # -- parameter gradients ---------------------------------------------------
 

@@ -181,12 +181,10 @@ class GradientPlan(Training, Overriding):
   def transform_upstream(self, layer: str, fn) -> "GradientPlan":
     """Rewrites the gradient that ``layer`` passes to everything below it.
 
-    When no gradient can pass through the layer to anything below (it has
-    no path from its inputs to its outputs, or its computation is all glue),
-    the declaration changes nothing: it *warns once* through the
-    ``graphgrad`` logger and is kept, rather than raising, so that a
-    transform declared on every layer keeps working. The bottom layer, with
-    nothing below it, is quiet.
+    A layer no gradient can pass through (no path from its inputs to its
+    outputs, or all glue) *warns once* (``graphgrad`` logger) rather than
+    raising, so one transform on every layer keeps working; the bottom
+    layer is quiet.
 
     Args:
       layer: layer name.
@@ -196,8 +194,7 @@ class GradientPlan(Training, Overriding):
       The plan, for chaining.
 
     Raises:
-      LayerNotFoundError: if ``layer`` is unknown (the message says when it
-        holds only non-trainable variables).
+      LayerNotFoundError: if ``layer`` is unknown (or all non-trainable).
       NotConnectedError: if the layer's variables do not reach the loss.
       UnsupportedGraphError: if the layer is applied inside a v2 ``tf.cond``
         or ``tf.while_loop`` with other layers (the message names the op).
@@ -213,8 +210,9 @@ class GradientPlan(Training, Overriding):
             f"on the way to the loss, so there is no upstream gradient to "
             f"rewrite. Use transform_gradients({name!r}, fn) for its "
             f"parameter gradients.")
-    self._declarations.add_upstream(name, fn, validate=lambda: self._check(
-        "transform_upstream", name, then=has_float_output))
+    self._declarations.add_upstream(
+        name, fn, validate=lambda: self.net.check_declaration(
+            "transform_upstream", name, then=has_float_output))
     return self
 
   def transform_gradients(self, layer: str, fn) -> "GradientPlan":
@@ -263,8 +261,8 @@ class GradientPlan(Training, Overriding):
     self._declarations.add_edge(
         lo, up, fn,
         # Raises with the real neighbours when the layer graph has no edge.
-        validate=lambda: self._check("transform_edge", lo, up,
-                                     then=lambda: self.net.boundary(lo, up)))
+        validate=lambda: self.net.check_declaration(
+            "transform_edge", lo, up, then=lambda: self.net.boundary(lo, up)))
     return self
 
   def replace_backward(self, layer: str, fn) -> "GradientPlan":
@@ -287,9 +285,8 @@ class GradientPlan(Training, Overriding):
     Returns:
       The plan, for chaining.
 
-    A layer with no input, or with no floating-point input while layers
-    lie below it, has nowhere to send the replacement's result; that warns
-    once, as :meth:`transform_upstream` does.
+    A layer with nowhere to send the result (no input, or no float input
+    above other layers) warns once, as :meth:`transform_upstream` does.
 
     Raises:
       LayerNotFoundError: if ``layer`` is unknown.
@@ -300,9 +297,9 @@ class GradientPlan(Training, Overriding):
     """
     name = self._declarations.resolve(layer, "layer")
     check = getattr(fn, "check", None)
-    self._declarations.add_backward(name, fn, validate=lambda: self._check(
-        "replace_backward", name,
-        then=(lambda: check(self.net, name)) if callable(check) else None))
+    then = (lambda: check(self.net, name)) if callable(check) else None
+    self._declarations.add_backward(name, fn, validate=lambda: (
+        self.net.check_declaration("replace_backward", name, then=then)))
     return self
 
   def combine_tasks(self, layer: str, losses: Sequence[tf.Tensor],
@@ -319,19 +316,25 @@ class GradientPlan(Training, Overriding):
     unlisted head) pass unchanged, and weights in the loss
     (``L = 0.5 L_a + L_b``) are respected. The layer's own parameters and
     everything below it see the combined gradient (the layer belongs to the
-    shared trunk); an upstream transform on the layer acts after it. A task
-    loss that does not reach an output has a ``None`` gradient there. The
-    ``g_i`` come from plain backpropagation of each loss; rewrites declared
-    above the layer act on ``g`` only.
+    shared trunk); an upstream transform on the layer acts after it, on the
+    combined gradient. With several output tensors, each ``g_i`` is the
+    concatenation of the task's flattened gradients at all of them (zeros
+    where the task does not reach one), so the method's dot products run
+    over all of ``T``, batch included; a task loss that reaches none of
+    ``T`` is left out. Each task loss is backpropagated once, from the loss
+    to ``T`` only; rewrites declared above the layer act on ``g`` only. A
+    stateful method (``gg.mtl.gradvac``, ``gg.mtl.nash_mtl``) gets its
+    state made once for this plan and layer, in :attr:`resources`.
 
     Args:
       layer: the shared layer, whose outputs feed the task heads.
       losses: two or more scalar task losses; the plan's loss must depend on
         each, and none may depend on another.
-      method: a task-combination method: ``method.combine(grads)`` takes one
-        list of gradients per task (one per output tensor, ``None`` where
-        the task does not reach it) and returns one gradient per tensor.
-        :meth:`project_conflicts` uses PCGrad, one such method.
+      method: a task-combination method such as ``gg.mtl.upgrad()``:
+        ``method.combine(grads)`` takes ``k`` task gradients of one shape
+        and returns one gradient of that shape; one with
+        ``create_state(k, name=None)`` gets ``combine(grads, state=...)``.
+        :meth:`project_conflicts` uses ``gg.mtl.pcgrad()``.
 
     Returns:
       The plan, for chaining.
@@ -383,15 +386,11 @@ class GradientPlan(Training, Overriding):
     name = self._declarations.resolve(layer, "layer")
     losses = _pcgrad.check_losses(self.net, name, losses, caller)
     self._declarations.add_tasks(
-        name, losses, method, validate=lambda: self._check(caller, name))
+        name, losses, method,
+        validate=lambda: self.net.check_declaration(caller, name))
     return self
 
   # -- helpers -------------------------------------------------------------
-
-  def _check(self, method: str, name: str, upper: Optional[str] = None,
-             then=None) -> None:
-    """The layer graph's declaration check, around the plan's ``then``."""
-    self.net.check_declaration(method, name, upper, then=then)
 
   def _resolve(self, name, arg: str) -> str:
     return _arguments.resolve_layer(self.net, name, arg)

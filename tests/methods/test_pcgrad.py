@@ -173,14 +173,10 @@ def test_project_conflicts_errors(graph, rng):
 
 
 class _Mean:
-  """A task-combination method: the mean of the task gradients."""
+  """A task-combination method of one's own: the mean of the gradients."""
 
   def combine(self, grads):
-    out = []
-    for parts in zip(*grads):
-      present = [g for g in parts if g is not None]
-      out.append(tf.add_n(present) / len(grads) if present else None)
-    return out
+    return tf.add_n(grads) / len(grads)
 
 
 def test_combine_tasks_rewrites_g_minus_the_shares_plus_the_combination(
@@ -209,17 +205,30 @@ def test_project_conflicts_is_combine_tasks_with_pcgrad(graph, rng):
     np.testing.assert_array_equal(x, y)
 
 
-def test_pcgrad_combine_without_like_equals_project_with_it(graph, rng):
+def test_several_tensors_are_combined_as_one_concatenated_vector(graph, rng):
+  # combine_flat: dot products over every tensor; zeros where a task does
+  # not reach one; None where no task does.
   c1, c2 = _conflict(rng)
   d = rng.normal(size=(2, 2)).astype(np.float32)
   per = [[tf.constant(c1), None, None], [tf.constant(c2), tf.constant(d), None]]
   like = [tf.zeros(c1.shape), tf.zeros(d.shape), tf.zeros([5])]
-  combined = _pcgrad.pcgrad(shuffle=False).combine(per)
+  combined = _pcgrad.combine_flat(_pcgrad.pcgrad(shuffle=False), per, like)
   assert combined[2] is None
-  got, ref = evaluate([combined[:2],
-                       _pcgrad.project(per, like, shuffle=False)[:2]])
+  flat = [np.concatenate([c1.ravel(), np.zeros(4, np.float32)]),
+          np.concatenate([c2.ravel(), d.ravel()])]
+  want = np_pcgrad(flat)
+  got = evaluate(combined[:2])
+  np.testing.assert_allclose(got[0], want[:12].reshape(c1.shape), rtol=1e-5)
+  np.testing.assert_allclose(got[1], want[12:].reshape(d.shape), rtol=1e-5)
+  ref = evaluate(_pcgrad.project(per, like, shuffle=False)[:2])
   for x, y in zip(got, ref):
-    np.testing.assert_array_equal(x, y)
+    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+def test_gg_mtl_pcgrad_is_the_plans_pcgrad():
+  assert gg.mtl.pcgrad is _pcgrad.pcgrad
+  assert isinstance(gg.mtl.pcgrad(), gg.mtl.TaskMethod)
+  assert repr(gg.mtl.pcgrad(False, 3)) == "pcgrad(shuffle=False, seed=3)"
 
 
 def test_combine_tasks_errors(graph, rng):
@@ -234,8 +243,9 @@ def test_combine_tasks_errors(graph, rng):
 
   class _Short:
     def combine(self, grads):
-      return []
+      return grads[0][:1]
   plan.combine_tasks("trunk", losses, _Short())
   with pytest.raises(gg.IncompatibleGradientError,
-                     match=r"returned 0 gradients for 1 output tensors"):
+                     match=r"combine returned a tensor of shape \(1, 3\) "
+                           r"float32 for task gradients of shape \(4, 3\)"):
     plan.compute_gradients()
