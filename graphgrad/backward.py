@@ -13,11 +13,13 @@ from graphgrad.methods._backward import (
                                  feedback_alignment,
                                  feedback_matrix_value,
 )
+from graphgrad.keras._methods import KerasBackwardContext
 from graphgrad.methods._dfa import direct_feedback_alignment
 from graphgrad.methods._synthetic import SyntheticModule, module_values, synthetic
 
 __all__ = [
-    "BackwardContext", "BackwardResult", "Replacement", "SyntheticModule",
+    "BackwardContext", "BackwardResult", "KerasBackwardContext",
+    "Replacement", "SyntheticModule",
     "direct_feedback_alignment", "feedback_alignment",
     "feedback_matrix_value", "module_values", "synthetic",
 ]
