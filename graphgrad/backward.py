@@ -6,6 +6,7 @@ Example:
   feedback_alignment(seed=0)
 """
 
+from graphgrad.keras._methods import KerasBackwardContext
 from graphgrad.methods._backward import (
                                  BackwardContext,
                                  BackwardResult,
@@ -13,7 +14,6 @@ from graphgrad.methods._backward import (
                                  feedback_alignment,
                                  feedback_matrix_value,
 )
-from graphgrad.keras._methods import KerasBackwardContext
 from graphgrad.methods._dfa import direct_feedback_alignment
 from graphgrad.methods._synthetic import SyntheticModule, module_values, synthetic
 
