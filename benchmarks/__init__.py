@@ -1,4 +1,4 @@
-"""graphgrad's benchmark suite: ``python -m benchmarks`` (see README).
+"""graphgrad's benchmark suite: ``python -m benchmarks`` (see docs/performance.md).
 
 Not part of the installed package. Each benchmark *suite* is a module of this
 package that registers itself with :func:`register`; ``python -m benchmarks``

@@ -12,7 +12,7 @@ from mkdocs.structure.files import File
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BENCH = os.path.join(_ROOT, "benchmarks")
-_PICTURES = ("depth.png", "methods.png")
+_PICTURES = ("depth.png", "methods.png", "mtl.png")
 MARKER = "<!-- RESULTS.md -->"
 
 

@@ -6,6 +6,7 @@ Example:
   feedback_alignment(seed=0)
 """
 
+from graphgrad.keras._methods import KerasBackwardContext
 from graphgrad.methods._backward import (
                                  BackwardContext,
                                  BackwardResult,
@@ -17,7 +18,8 @@ from graphgrad.methods._dfa import direct_feedback_alignment
 from graphgrad.methods._synthetic import SyntheticModule, module_values, synthetic
 
 __all__ = [
-    "BackwardContext", "BackwardResult", "Replacement", "SyntheticModule",
+    "BackwardContext", "BackwardResult", "KerasBackwardContext",
+    "Replacement", "SyntheticModule",
     "direct_feedback_alignment", "feedback_alignment",
     "feedback_matrix_value", "module_values", "synthetic",
 ]

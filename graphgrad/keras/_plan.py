@@ -38,32 +38,12 @@ LayerRef = Union[str, Any]  # a Keras layer name or path, or the layer itself
 class KerasPlan(tf.Module, Overriding):
   """Rewrites gradients at the layer boundaries of a Keras model.
 
-  The declarations and their semantics are those of
-  :class:`GradientPlan`, with a layer being a Keras layer and its outputs
-  the tensors its ``call`` returns: ``transform_upstream``,
-  ``transform_gradients`` (group transforms included),
-  ``transform_edge``, ``replace_backward``, ``project_conflicts`` /
-  ``combine_tasks``, and ``override_gradient`` / ``straight_through``,
-  which on a KerasPlan name a layer whose call they override (not an op). A layer called several times is rewritten at each
-  call. With no transforms, or only identity ones, the tape adds no op at
-  all: its gradients are those of a plain ``tf.GradientTape``.
+  The declarations are those of :class:`GradientPlan`, with a layer being
+  a Keras layer found by name (or ``"outer/inner"`` path), applied while
+  the forward pass runs under :meth:`tape`.
 
-  Where TF2 differs, only in where a value comes from:
-
-  * task losses exist only inside the training step: pass them to
-    ``tape.gradient(loss, task_losses=[la, lb])``, not to
-    ``project_conflicts``;
-  * synthetic gradients' labels likewise: ``plan.tape(labels=y)``;
-  * the variables the methods own (feedback matrices, synthetic modules)
-    are made on the first step, tracked by the plan
-    (``tf.train.Checkpoint(plan=plan)`` saves them), and trained through
-    ``tape.grads_and_vars(loss)``;
-  * annealed transforms read ``global_step`` (e.g. ``optimizer.iterations``),
-    which the optimizer advances.
-
-  A layer's variables are its Keras ``weights``, nested layers' included.
-  Names are Keras layer names; a nested layer is found by its own name, or
-  by its path ``"outer/inner"`` when the name is not unique.
+  Semantics: see docs/concepts.md, "The semantics, exactly"; what differs
+  in TF2: docs/keras.md.
 
   Args:
     model: a Keras model or layer (Keras 3 or tf-keras).

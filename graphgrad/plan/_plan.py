@@ -33,35 +33,8 @@ class GradientPlan(Training, Overriding):
   A plan is declared, then built once, on the first call to
   :meth:`compute_gradients` or :meth:`apply_gradients`.
 
-  Semantics:
-
-  * With no transforms, :meth:`compute_gradients` equals
-    ``tf.gradients(loss, vars)``, built by the very same single call that
-    ``Optimizer.minimize`` makes.
-  * ``transform_gradients(L, fn)``: each of ``L``'s parameter gradients ``g``
-    (summed over every path) becomes ``fn(g)``.
-  * ``transform_upstream(L, fn)``: with ``T`` the outputs of ``L`` and ``g``
-    the gradient of the loss at ``T`` (summed over all consumers), ``L``'s own
-    variables get their gradients from ``g``; everything below ``L`` gets
-    what backpropagating ``fn(g)`` through ``L`` gives. Contributions that
-    reach a lower variable by a path that bypasses ``L`` (a skip, a
-    regularizer, a second head) are unchanged. Several upstream transforms
-    compose top-down: what arrives at a lower layer is computed from the
-    already-rewritten gradient above it.
-  * ``transform_edge(lower, upper, fn)``: only the gradient ``upper`` sends
-    directly into ``lower`` (through glue ops, along the layer-graph edge) is
-    rewritten. The order along one path is: ``upper``'s upstream transform,
-    then the edge transform, then the sum at ``lower``'s outputs, then
-    ``lower``'s upstream transform.
-  * Several transforms declared on the same layer (or edge) are chained in
-    the order they were declared.
-  * ``replace_backward(L, r)``: what ``L`` sends to its inputs is ``r``'s
-    result instead of the chain rule; ``L``'s own parameters keep the true
-    gradient. ``project_conflicts(L, losses)``: PCGrad on the task gradients
-    at ``L``'s outputs, seen by ``L``'s parameters and everything below.
-  * ``override_gradient(op, fn)`` / ``straight_through(op)``: the backward
-    pass is cut at ``op`` (an op, its name or its type), whose inputs get
-    ``fn(op, *output_grads)``, in this plan only.
+  Semantics: see docs/concepts.md, "The semantics, exactly" (the
+  documentation site's Concepts page).
 
   Args:
     loss: a floating-point tensor of a ``tf.Graph``.

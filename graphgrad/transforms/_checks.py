@@ -24,8 +24,8 @@ def not_group(fn, method: str) -> None:
   if isinstance(fn, GroupTransform):
     raise _errors.GraphGradError(
         f"{method}: {fn!r} is a group transform, which rewrites a layer's "
-        f"parameter gradients together; it has no meaning for one boundary "
-        f"gradient. Use plan.transform_gradients(layer, {fn!r}).")
+        f"parameter gradients together; it has no meaning for one upstream "
+        f"or edge gradient. Use plan.transform_gradients(layer, {fn!r}).")
 
 
 def checked(fn: Transform, grad: Gradient, ctx: TransformContext,

@@ -41,7 +41,7 @@ class GroupTransform:
   checks them). Calling the transform skips ``None`` gradients (they keep
   their position and stay ``None``) and opens a name scope (``name``). It is
   declared with ``plan.transform_gradients(layer, t)`` only: it has no
-  meaning for one boundary gradient. ``reads_global_step`` and
+  meaning for one upstream or edge gradient. ``reads_global_step`` and
   ``context.resources`` work as for a :class:`Transform`.
 
   Example:

@@ -61,8 +61,9 @@ def check_numerics(message: Optional[str] = None) -> Transform:
 
   The gradient passes unchanged; running it raises
   ``tf.errors.InvalidArgumentError`` whose message names the layer, the role
-  (``gradients``, ``upstream`` or the edge) and the variable or boundary
-  tensor, followed by ``message``. This is tensorpack's ``CheckGradient``,
+  (``gradients``, ``upstream`` or the edge) and the variable or tensor (a
+  layer output; for an edge, a tensor of its boundary), followed by
+  ``message``. This is tensorpack's ``CheckGradient``,
   declared where the check belongs: ``plan.transform_gradients(layer,
   check_numerics())`` checks a layer's parameter gradients,
   ``plan.transform_upstream(layer, check_numerics())`` the gradient it

@@ -2,7 +2,7 @@
 
 A transform is made by a lowercase factory (``scale(0.5)``), composes with
 ``chain``, and is applied by a :class:`~graphgrad.GradientPlan` to either an
-upstream gradient at a layer boundary, a layer's parameter gradients, or the
+upstream gradient at a layer's outputs, a layer's parameter gradients, or the
 gradient that flows along one layer-graph edge.
 
 Every transform
