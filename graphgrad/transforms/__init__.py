@@ -20,6 +20,7 @@ from graphgrad.transforms._transforms import (
                               clip_by_norm,
                               clip_by_value,
                               identity,
+                              linear,
                               reverse,
                               scale,
                               zero,
@@ -28,5 +29,5 @@ from graphgrad.transforms._transforms import (
 __all__ = [
     "GroupTransform", "Transform", "TransformContext", "add_noise",
     "as_transform", "chain", "clip_by_global_norm", "clip_by_norm",
-    "clip_by_value", "identity", "reverse", "scale", "trust_ratio", "zero",
+    "clip_by_value", "identity", "linear", "reverse", "scale", "trust_ratio", "zero",
 ]

@@ -19,12 +19,15 @@ annealed noise) and transforms that see a whole layer read it.
 
 import dataclasses
 import zlib
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
+
+# The c of a linear transform c * g: a Python number or a scalar tensor.
+Factor = Union[int, float, tf.Tensor]
 
 # Keys of TransformContext.state that the plan reads after building.
 USES_GLOBAL_STEP = "uses_global_step"  # True: increment the global step
@@ -68,6 +71,20 @@ class Transform:
 
   name = "transform"
 
+  @property
+  def linear_factor(self) -> Optional[Factor]:
+    """``c`` when this transform is known to compute ``c * g``; else ``None``.
+
+    A plan backpropagates a linear rewrite once and weights what passes
+    through it by ``c``, instead of a second backward pass with ``f(g)``.
+    User callables are ``None`` unless declared with :func:`linear`.
+
+    Example:
+      >>> scale(0.5).linear_factor, clip_by_norm(1.0).linear_factor
+      (0.5, None)
+    """
+    return None
+
   def apply_dense(self, grad: tf.Tensor,
                   context: TransformContext) -> tf.Tensor:
     raise NotImplementedError
@@ -90,16 +107,24 @@ class Transform:
 class _Fn(Transform):
   """Wraps a plain callable ``g -> g`` as a transform."""
 
-  def __init__(self, fn: Callable[[tf.Tensor], tf.Tensor]):
+  def __init__(self, fn: Callable[[tf.Tensor], tf.Tensor],
+               factor: Optional[Factor] = None):
     self.fn = fn
+    self._factor = factor
     self.name = getattr(fn, "__name__", "fn")
     if not self.name.isidentifier():  # "<lambda>" is not a valid scope name
       self.name = "fn"
+
+  @property
+  def linear_factor(self) -> Optional[Factor]:
+    return self._factor
 
   def apply_dense(self, grad, context):
     return self.fn(grad)
 
   def __repr__(self):
+    if self._factor is not None:
+      return f"linear({self.fn!r}, {self._factor!r})"
     return f"as_transform({self.fn!r})"
 
 
@@ -146,6 +171,10 @@ class _Scale(Transform):
 
   def __init__(self, c):
     self.c = c
+
+  @property
+  def linear_factor(self) -> Optional[Factor]:
+    return self.c
 
   def apply_dense(self, grad, context):
     # Neutral values as Sonnet's scale_gradient does: no multiply at all.
@@ -377,6 +406,16 @@ class _Chain(Transform):
   def __init__(self, transforms):
     self.transforms = tuple(transforms)
 
+  @property
+  def linear_factor(self) -> Optional[Factor]:
+    factor: Factor = 1
+    for t in self.transforms:
+      c = t.linear_factor
+      if c is None:
+        return None
+      factor = factor * c
+    return factor
+
   def __call__(self, grad, context=None):
     with tf.name_scope(self.name):
       for t in self.transforms:
@@ -404,6 +443,41 @@ def chain(*transforms) -> Transform:
     chain(scale(2.0), clip_by_norm(1.0))
   """
   return _Chain(as_transform(t) for t in transforms)
+
+
+def linear(fn: Callable[[tf.Tensor], tf.Tensor], factor) -> Transform:
+  """Declares that the callable ``fn`` computes ``factor * g``.
+
+  A plan then backpropagates through a layer with this upstream (or edge)
+  rewrite once, weighting the share below by ``factor``, where an undeclared
+  callable costs a second backward pass. ``fn`` still runs where the plan
+  needs the rewritten gradient itself (summaries, a backward replacement).
+  Declaring a factor that ``fn`` does not compute gives wrong gradients.
+
+  Args:
+    fn: a callable mapping a gradient tensor to ``factor`` times it.
+    factor: a Python number or a scalar tensor.
+
+  Returns:
+    A transform whose :attr:`Transform.linear_factor` is ``factor``.
+
+  Raises:
+    GraphGradError: if ``fn`` is not callable, or ``factor`` is neither a
+      number nor a tensor.
+
+  Example:
+    >>> t = linear(lambda g: 0.25 * g, 0.25)
+    >>> t.linear_factor, float(t(tf.constant(2.0)))
+    (0.25, 0.5)
+  """
+  if isinstance(factor, bool) or not (isinstance(factor, (int, float))
+                                      or tf.is_tensor(factor)):
+    raise _errors.GraphGradError(
+        f"linear: `factor` must be a Python number or a scalar tensor, the "
+        f"c of fn(g) = c * g; got {type(factor).__name__} {factor!r}. Pass "
+        f"e.g. gg.transforms.linear(fn, 0.5).")
+  as_transform(fn)  # refuses what is not callable
+  return _Fn(fn, factor)
 
 
 def is_identity(transform: Transform) -> bool:
