@@ -12,7 +12,7 @@ from graphgrad.analysis._analyze import analyze, check_loss
 from graphgrad.analysis._layers import LayerGraph, scope_of
 from graphgrad.methods import _backward, _pcgrad
 from graphgrad.plan import _advice
-from graphgrad.plan._engine import Segments, aggregate
+from graphgrad.plan._engine import Rewrite, Segments, aggregate
 from graphgrad.transforms import _checks
 from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import (
@@ -405,19 +405,27 @@ class GradientPlan:
                              f"transform_gradients({layer!r}) on {v.name}"), v)
 
   def _segmented(self, reached) -> Dict[str, Gradient]:
+    def rewrite(fn, ctx, where):
+      # A linear rewrite reaches the engine as its factor; the engine weights
+      # instead of calling fn, and `observe` records the rewrite lazily for
+      # summaries (the trace's `after` is then built only if read).
+      apply = lambda g, t: self._apply(fn, g, ctx(t), where(t))  # noqa: E731
+      observe = lambda g, t: self._trace.append(  # noqa: E731
+          (ctx(t), g, self._later(fn, g, ctx(t), where(t))))
+      return Rewrite(apply, fn.linear_factor, observe)
+
     def upstream(name):
       fn = _checks.compose(self._upstream[name])
       if is_identity(fn):
         return None
-      return lambda g, t: self._apply(
-          fn, g, self._context(name, "upstream", tensor=t),
-          f"transform_upstream({name!r}) on {t.name}")
+      return rewrite(fn, lambda t: self._context(name, "upstream", tensor=t),
+                     lambda t: f"transform_upstream({name!r}) on {t.name}")
 
     def edge(key):
       fn = _checks.compose(self._edges[key])
-      return lambda g, t: self._apply(
-          fn, g, self._context(key[0], "edge", tensor=t, edge=key),
-          f"transform_edge({key[0]!r}, {key[1]!r}) on {t.name}")
+      return rewrite(
+          fn, lambda t: self._context(key[0], "edge", tensor=t, edge=key),
+          lambda t: f"transform_edge({key[0]!r}, {key[1]!r}) on {t.name}")
 
     ups = {n: f for n in self._upstream for f in [upstream(n)] if f}
     # A layer with only identity upstream transforms needs no cut at all.
@@ -586,6 +594,13 @@ class GradientPlan:
     out = _checks.checked(fn, grad, ctx, where)
     self._trace.append((ctx, grad, out))
     return out
+
+  def _later(self, fn: Transform, grad: Gradient, ctx: TransformContext,
+             where: str) -> Callable[[], Gradient]:
+    def build():
+      with self.loss.graph.as_default():
+        return _checks.checked(fn, grad, ctx, where)
+    return build
 
   def _layer(self, name, arg: str) -> str:
     if self._built is not None:
