@@ -79,14 +79,21 @@ class CutPlan:
     cut_layers: the layers whose outputs and inputs are cut.
     edge_uppers: the upper layers of edge rewrites; every boundary tensor
       into them is cut too.
+    absorbing: cut layers whose segment also takes in the glue below them
+      that feeds nothing else (a linear rewrite weights what the segment
+      deposits, and glue is linear to backpropagate), so that the glue needs
+      no segment of its own.
   """
 
   def __init__(self, net: LayerGraph, variables: Dict[str, tf.Variable],
-               cut_layers: Set[str], edge_uppers: Set[str]):
+               cut_layers: Set[str], edge_uppers: Set[str],
+               absorbing: Iterable[str] = ()):
     self.net = net
     self.variables = variables
     self.cut_layers = cut_layers
     self.edge_uppers = edge_uppers
+    self.absorbing = set(absorbing) & cut_layers
+    self.absorbed: Dict[str, Set[str]] = {}
     self._dep = self._variable_dependent_ops()
     cut_tensors = self._cut_tensors()
     # Group cut tensors by the op that produces them: tf.gradients stops at
@@ -128,12 +135,19 @@ class CutPlan:
     for name in sorted(self.cut_layers):
       layer = net[name]
       self.outputs[name] = [t for t in layer.outputs if differentiable(t)]
-      self.inputs[name] = [t for t in layer.inputs if self._relevant(t)]
-      cut_tensors += self.outputs[name] + self.inputs[name]
+      cut_tensors += self.outputs[name]
+      if name not in self.absorbing:
+        self.inputs[name] = [t for t in layer.inputs if self._relevant(t)]
+        cut_tensors += self.inputs[name]
     for up in self.edge_uppers:
       for lo in net.graph.predecessors(up):
         cut_tensors += [t for t in net.graph.edges[lo, up]["tensors"]
                         if self._relevant(t)]
+    fixed = {t.name for t in cut_tensors}
+    for name in sorted(self.absorbing):
+      self.absorbed[name] = self._absorb(name, fixed)
+      self.inputs[name] = self._inputs_with_glue(name)
+      cut_tensors += self.inputs[name]
     for t in cut_tensors:
       if _graph_util.in_control_flow(t.op):
         raise _errors.UnsupportedGraphError(
@@ -143,6 +157,41 @@ class CutPlan:
             f"group the loop into one layer (gg.analyze(loss, depth=...) or "
             f"layers=...).")
     return cut_tensors
+
+  def _inside(self, op: tf.Operation, name: str) -> bool:
+    return (self.net.layer_of(op) == name
+            or op.name in self.absorbed.get(name, ()))
+
+  def _absorb(self, name: str, fixed: Set[str]) -> Set[str]:
+    """Glue ops below ``name`` whose every consumer is the layer or absorbed."""
+    net, g = self.net, self.net.op_graph
+    absorbed: Set[str] = set()
+    stack = [t.op for t in net[name].inputs]
+    while stack:
+      p = stack.pop()
+      if (p.name in absorbed or p.name not in self._dep
+          or net.layer_of(p) is not None or p.name == net.loss.op.name
+          or _graph_util.in_control_flow(p)
+          or any(t.name in fixed for t in p.outputs)
+          # a TensorList's gradient is refused at the layer, as on the cut path
+          or not all(differentiable(t) for t in p.outputs)
+          # its inputs would become cut tensors inside a v1 loop
+          or any(_graph_util.in_control_flow(t.op) for t in p.inputs)):
+        continue
+      if all(net.layer_of(g.nodes[c]["op"]) == name or c in absorbed
+             for c in g.successors(p.name)):
+        absorbed.add(p.name)
+        stack += [t.op for t in p.inputs]
+    return absorbed
+
+  def _inputs_with_glue(self, name: str) -> List[tf.Tensor]:
+    g = self.net.op_graph
+    ops = [g.nodes[n]["op"] for n in sorted(self.absorbed[name])]
+    entering: Dict[str, tf.Tensor] = {}
+    for t in [t for op in ops for t in op.inputs] + list(self.net[name].inputs):
+      if not self._inside(t.op, name) and self._relevant(t):
+        entering[t.name] = t
+    return list(entering.values())
 
   # -- regions ---------------------------------------------------------------
 
@@ -183,7 +232,7 @@ class CutPlan:
     """Whether a region walk stops at ``t``; refuses a gradient past a cut."""
     net, p = self.net, t.op
     if inside is not None:
-      if net.layer_of(p) == inside:
+      if self._inside(p, inside):
         return False
       if not differentiable(t):
         raise _errors.UnsupportedGraphError(

@@ -118,7 +118,14 @@ class Segments:
     self.edge_uppers = {up for _, up in edges}
     cut_layers = (set(upstream) | self.edge_uppers | set(self.backward)
                   | set(self.outputs_fn) | set(cuts))
-    self.cuts = CutPlan(net, self.variables, cut_layers, self.edge_uppers)
+    # A layer whose only rewrite is linear also backpropagates the glue
+    # that feeds it alone: one segment per layer, not one more per glue op.
+    special = self.edge_uppers | set(self.backward) | set(self.outputs_fn)
+    absorbing = [n for n, rw in self.upstream.items()
+                 if rw.factor is not None and n not in special
+                 and n not in set(cuts)]
+    self.cuts = CutPlan(net, self.variables, cut_layers, self.edge_uppers,
+                        absorbing)
     # Each segment call walks only the ops behind its ys (see _reach).
     self._bound = _reach.can_bound(
         d["op"] for _, d in net.op_graph.nodes(data=True))
