@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad.keras import _linear
 from graphgrad.transforms._checks import checked as _checked
 from graphgrad.transforms._transforms import TransformContext, is_identity
 
@@ -312,6 +313,9 @@ class PlanTape:
     own_refs = self._plan._own_refs(path)  # pylint: disable=protected-access
     own = [i for i, v in enumerate(variables) if v.ref() in own_refs]
     other = [i for i in range(len(variables)) if i not in set(own)]
+    if _linear.FUSE_LINEAR and fn.linear_factor is not None:
+      return _linear.backward(inner, outs, dys, xs, variables, set(own),
+                              fn.linear_factor)
     dv = [None] * len(variables)
     if own:
       for i, g in zip(own, inner.gradient(
