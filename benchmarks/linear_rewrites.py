@@ -26,7 +26,7 @@ import tensorflow as tf
 import benchmarks
 import graphgrad as gg
 from benchmarks import _measure, _models, _variants
-from graphgrad.plan import _engine
+from graphgrad.plan import _engine, _reach
 
 tf1 = tf.compat.v1
 log = logging.getLogger("graphgrad.benchmarks")
@@ -74,6 +74,15 @@ def _rnn(net):
   return ["rnn"]
 
 
+def _grads(ys, xs, grad_ys):
+  # The engine's bounded reachability walk (graphgrad/plan/_reach.py), so
+  # that the floor pays for emitting gradient functions, not for TF's walk
+  # over everything above ``xs`` (quadratic in depth).
+  xs = xs if isinstance(xs, list) else [xs]
+  with _reach.bounded(_reach.behind([ys], xs)):
+    return tf1.gradients(ys, xs, grad_ys=grad_ys, gate_gradients=True)
+
+
 def floor(built, optimizer):
   """scale+clip on every boundary by hand: two emissions per layer."""
   f = _scale_clip()
@@ -84,12 +93,12 @@ def floor(built, optimizer):
   for i in range(len(outs) - 1, -1, -1):
     var_list = tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES,
                                   scopes[i] + "/")
-    gv += list(zip(tf1.gradients(outs[i], var_list, grad_ys=g), var_list))
+    gv += list(zip(_grads(outs[i], var_list, g), var_list))
     if i == 0:
       break
     relu = [c for c in outs[i - 1].consumers() if c.type == "Relu"][0]
-    g_in = tf1.gradients(outs[i], relu.outputs[0], grad_ys=f(g))[0]
-    g = tf1.gradients(relu.outputs[0], outs[i - 1], grad_ys=g_in)[0]
+    g_in = _grads(outs[i], relu.outputs[0], f(g))[0]
+    g = _grads(relu.outputs[0], outs[i - 1], g_in)[0]
   return optimizer.apply_gradients(gv), {}
 
 
