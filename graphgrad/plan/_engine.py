@@ -23,8 +23,12 @@ with the plain gradient for its parameters, once with ``f(g)`` for what lies
 below). A *linear* rewrite ``f(g) = c * g`` commutes with the linear backward
 map, so the layer's segment runs once, and what it deposits below (and into
 variables of other layers it reads) is weighted by ``c``; a factor of 0
-builds nothing below. The same holds for a linear edge rewrite, whose share
-is weighted instead of rewritten.
+builds nothing below. Such a layer's segment also takes in the glue that
+feeds only it (an activation between two layers), which then needs no
+segment of its own. A linear edge rewrite weights the edge's share instead
+of rewriting it. Where the order of a linear rewrite and another one on the
+same layer matters (a backward replacement, which sees the rewritten
+gradient itself), the engine calls ``fn`` as for a nonlinear rewrite.
 
 With no cuts at all the caller uses a single ``tf.gradients`` call instead,
 which is exactly what ``Optimizer.minimize`` builds.
