@@ -173,8 +173,10 @@ class CutPlan:
           or net.layer_of(p) is not None or p.name == net.loss.op.name
           or _graph_util.in_control_flow(p)
           or any(t.name in fixed for t in p.outputs)
-          # a TensorList's gradient is refused at the layer, as on the cut path
+          # a TensorList's gradient is refused at the layer, as on the cut
+          # path; nor is a loop's TensorList taken in through its reader
           or not all(differentiable(t) for t in p.outputs)
+          or any(t.dtype == tf.variant for t in p.inputs)
           # its inputs would become cut tensors inside a v1 loop
           or any(_graph_util.in_control_flow(t.op) for t in p.inputs)):
         continue
