@@ -314,3 +314,14 @@ def test_linear_next_to_a_replaced_backward_keeps_the_documented_order(
     h2 = tf1.get_default_graph().get_tensor_by_name("l2/Tanh:0")
     assert all(t.shape.is_compatible_with(h2.shape) for t in seen)
     assert all(g is not None for g, _ in gv)
+
+
+@pytest.mark.parametrize("layer", ["l1", "embed"])
+def test_sparse_gradients_stay_sparse_when_weighted(layer, monkeypatch):
+  with tf.Graph().as_default():
+    loss, _ = embedding_model(Into())
+    net = gg.analyze(loss)
+    gv = _declare(loss, net, [layer, "l2"], [], T.scale(0.5), True,
+                  monkeypatch)
+  table = [g for g, v in gv if v.op.name == "embed/table"][0]
+  assert isinstance(table, tf.IndexedSlices)
