@@ -9,7 +9,11 @@ The whole public API::
   plan.transform_edge("features", "domain_head", gg.transforms.reverse())
   plan.replace_backward("l3", gg.backward.feedback_alignment(seed=0))
   plan.project_conflicts("trunk", losses=[loss_a, loss_b])   # PCGrad
+  plan.combine_tasks("trunk", [loss_a, loss_b], method)      # method.combine(grads)
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
+  plan.summaries(), plan.declarations, plan.resources, plan.trace
+
+  opt = gg.AfterAggregation(optimizer, net)  # transforms after a cross-replica sum
 
 and the same plans for TF2 Keras models, eagerly or in tf.function::
 
@@ -17,9 +21,16 @@ and the same plans for TF2 Keras models, eagerly or in tf.function::
   with plan.tape() as tape:
     loss = loss_fn(y, model(x))
   optimizer.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
+
+with the modules ``gg.transforms`` (gradient transforms and their contract),
+``gg.backward`` (backward replacements and theirs), ``gg.cluster`` (a local
+parameter-server cluster: ``LocalCluster``, ``start_server``,
+``session_config``) and ``gg.demo`` (the seed problem and network that the
+notebooks and ``graphgrad demo`` use), and the errors, all subclasses of
+``gg.GraphGradError``.
 """
 
-from graphgrad import _compat, backward, cluster, transforms
+from graphgrad import _compat, backward, cluster, demo, transforms
 from graphgrad._errors import (
                                GraphGradError,
                                IncompatibleGradientError,
@@ -29,9 +40,11 @@ from graphgrad._errors import (
 )
 from graphgrad.analysis._analyze import analyze
 from graphgrad.analysis._layers import Layer, LayerGraph
+from graphgrad.analysis._thaw import thaw
 from graphgrad.distributed._after_aggregation import AfterAggregation
 from graphgrad.keras._plan import KerasPlan
 from graphgrad.plan._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
+from graphgrad.plan._report import GradientReport, gradient_report
 
 __version__ = "0.1.0"
 
@@ -43,6 +56,7 @@ __all__ = [
     "GATE_NONE",
     "GATE_OP",
     "GradientPlan",
+    "GradientReport",
     "GraphGradError",
     "IncompatibleGradientError",
     "KerasPlan",
@@ -54,5 +68,8 @@ __all__ = [
     "analyze",
     "backward",
     "cluster",
+    "gradient_report",
+    "demo",
+    "thaw",
     "transforms",
 ]

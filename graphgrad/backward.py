@@ -8,13 +8,16 @@ Example:
 
 from graphgrad.methods._backward import (
                                  BackwardContext,
+                                 BackwardResult,
                                  Replacement,
-                                 direct_feedback_alignment,
                                  feedback_alignment,
+                                 feedback_matrix_value,
 )
-from graphgrad.methods._synthetic import SyntheticModule, synthetic
+from graphgrad.methods._dfa import direct_feedback_alignment
+from graphgrad.methods._synthetic import SyntheticModule, module_values, synthetic
 
 __all__ = [
-    "BackwardContext", "Replacement", "SyntheticModule",
-    "direct_feedback_alignment", "feedback_alignment", "synthetic",
+    "BackwardContext", "BackwardResult", "Replacement", "SyntheticModule",
+    "direct_feedback_alignment", "feedback_alignment",
+    "feedback_matrix_value", "module_values", "synthetic",
 ]

@@ -51,3 +51,35 @@ def add(*grad_lists):
     parts = [p for p in parts if p is not None]
     out.append(tf.add_n(parts) if parts else None)
   return out
+
+
+def trainable(scope):
+  """The trainable variables under ``scope/``, in creation order."""
+  return tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, scope + "/")
+
+
+def feed(*xs, rows=8, seed=0):
+  """A feed dict of N(0, 1) batches of ``rows`` rows, one rng for all."""
+  rng = np.random.default_rng(seed)
+  return {x: rng.normal(size=(rows,) + tuple(x.shape[1:])).astype(np.float32)
+          for x in xs}
+
+
+def grads_of(plan_or_gv, variables=None):
+  """Gradients of a plan (or of a ``(grad, var)`` list).
+
+  Args:
+    plan_or_gv: a plan (its ``compute_gradients()`` is taken) or a list of
+      ``(grad, var)`` pairs.
+    variables: ``None`` for every gradient in order; a scope name for the
+      gradients of the variables under it; or a list of variables, whose
+      gradients are returned in its order.
+  """
+  gv = (plan_or_gv.compute_gradients()
+        if hasattr(plan_or_gv, "compute_gradients") else list(plan_or_gv))
+  if variables is None:
+    return [g for g, _ in gv]
+  if isinstance(variables, str):
+    return [g for g, v in gv if v.op.name.startswith(variables + "/")]
+  by_name = {v.name: g for g, v in gv}
+  return [by_name[v.name] for v in variables]

@@ -15,6 +15,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad._types import LayerSpec
 from graphgrad.analysis import _graph_util
+from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layers import Layer, LayerGraph, scope_of
 
 log = logging.getLogger("graphgrad")
@@ -46,9 +47,10 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
     A :class:`LayerGraph`.
 
   Raises:
-    GraphGradError: if ``loss`` is not a floating-point graph tensor, if
-      ``layers`` or ``depth`` is malformed, or if the loss depends on no
-      trainable variable.
+    GraphGradError: if ``loss`` is not a floating-point graph tensor (an
+      eager tensor, or one traced inside ``tf.function``: use
+      ``gg.KerasPlan``), if ``layers`` or ``depth`` is malformed, or if the
+      loss depends on no trainable variable.
 
   Example:
     >>> import tensorflow as tf, graphgrad as gg
@@ -64,6 +66,7 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
     >>> list(net.graph.edges)
     [('l1', 'l2')]
   """
+  check_graph_mode("gg.analyze", loss, adds_ops=False)
   check_loss(loss)
   if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool)
                             or depth < 1):

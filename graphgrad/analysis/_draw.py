@@ -19,6 +19,7 @@ from typing import Dict, List, Tuple
 import networkx as nx
 
 from graphgrad import _compat, _errors
+from graphgrad.analysis import _graph_util
 
 log = logging.getLogger("graphgrad")
 
@@ -28,17 +29,19 @@ _EDGE_HOT = "#d9480f"
 _FORMATS = ("png", "svg", "dot")
 
 
-def _shape(shape) -> str:
-  dims = getattr(shape, "dims", None)
-  if dims is None:
-    return "[?]"
-  return "[" + ",".join("?" if d is None else str(d)
-                        for d in shape.as_list()) + "]"
-
-
 def _quote(text: str) -> str:
   return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace(
       "\n", "\\n") + '"'
+
+
+def _declared(plan, kind: str) -> Dict:
+  """``key -> [transform, ...]`` of a plan's declarations of one kind."""
+  found: Dict = {}
+  for d in plan.declarations:
+    if d.kind.value == kind:
+      key = (d.layer, d.upper) if kind == "edge" else d.layer
+      found.setdefault(key, []).append(d.fn)
+  return found
 
 
 def _marks(plan) -> Tuple[Dict[str, List[str]], Dict[Tuple[str, str], str]]:
@@ -46,14 +49,14 @@ def _marks(plan) -> Tuple[Dict[str, List[str]], Dict[Tuple[str, str], str]]:
   layers: Dict[str, List[str]] = {}
   if plan is None:
     return layers, {}
-  for name, fns in getattr(plan, "_upstream", {}).items():
+  for name, fns in _declared(plan, "upstream").items():
     layers.setdefault(name, []).append(
         "upstream: " + ", ".join(map(repr, fns)))
-  for name, fns in getattr(plan, "_gradients", {}).items():
+  for name, fns in _declared(plan, "gradients").items():
     layers.setdefault(name, []).append(
         "params: " + ", ".join(map(repr, fns)))
   edges = {key: ", ".join(map(repr, fns))
-           for key, fns in getattr(plan, "_edges", {}).items()}
+           for key, fns in _declared(plan, "edge").items()}
   return layers, edges
 
 
@@ -87,10 +90,10 @@ def elements(net, plan=None):
     lines += layer_marks.get(layer.name, [])
     nodes[layer.name] = ("\n".join(lines), layer.name in layer_marks)
   nodes[_LOSS] = (f"loss\n{net.loss.name}", False)
-  upstream = set(getattr(plan, "_upstream", ()))
+  upstream = set(_declared(plan, "upstream")) if plan is not None else set()
   edges = {}
   for lo, up, data in net.graph.edges(data=True):
-    label = ", ".join(_shape(t.shape) for t in data["tensors"])
+    label = ", ".join(_graph_util.shape_text(t.shape) for t in data["tensors"])
     mark = None
     if (lo, up) in edge_marks:
       label += "\n" + edge_marks[(lo, up)]
@@ -101,7 +104,7 @@ def elements(net, plan=None):
   for name in net.names:
     if net.reaches_loss_directly(name):
       outs = [t for t in net[name].outputs]
-      edges[(name, _LOSS)] = (", ".join(_shape(t.shape) for t in outs), None)
+      edges[(name, _LOSS)] = (", ".join(_graph_util.shape_text(t.shape) for t in outs), None)
   return nodes, edges
 
 

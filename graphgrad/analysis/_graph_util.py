@@ -1,4 +1,4 @@
-"""Small helpers on tf.Graph structure shared by analysis and plan."""
+"""Small helpers on tf.Graph structure (ops, tensors, variables) shared by analysis and plan."""
 
 import collections
 from typing import Dict, Iterable, List, Optional, Set
@@ -16,6 +16,20 @@ def is_variable_op(op: tf.Operation) -> bool:
 def is_handle(t: tf.Tensor) -> bool:
   """True for a variable handle or reference tensor: a parameter, not data."""
   return t.dtype == tf.resource or t.dtype._is_ref_dtype  # pylint: disable=protected-access
+
+
+def differentiable(t: tf.Tensor) -> bool:
+  """True for a tensor a gradient can flow to: floating or complex data."""
+  return (t.dtype.is_floating or t.dtype.is_complex) and not is_handle(t)
+
+
+def shape_text(shape) -> str:
+  """``[?,3]``-style text of a static shape; ``[?]`` for an unknown rank."""
+  dims = tf.TensorShape(shape)
+  if dims.rank is None:
+    return "[?]"
+  return "[" + ",".join("?" if d is None else str(d)
+                        for d in dims.as_list()) + "]"
 
 
 _HANDLE_FORWARDING_OPS = frozenset({

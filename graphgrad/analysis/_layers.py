@@ -26,6 +26,7 @@ import networkx as nx
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad.analysis import _graph_util
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -194,11 +195,11 @@ class LayerGraph:
     for l in self.layers:
       rows.append((
           l.name, str(l.call_sites),
-          ", ".join(f"{_short(v.name, l)} {_shape(v.shape)}"
+          ", ".join(f"{_short(v.name, l)} {_graph_util.shape_text(v.shape)}"
                     for v in l.variables) or "-",
           f"{l.num_params:,}",
-          ", ".join(_shape(t.shape) for t in l.inputs) or "-",
-          ", ".join(_shape(t.shape) for t in l.outputs) or "-",
+          ", ".join(_graph_util.shape_text(t.shape) for t in l.inputs) or "-",
+          ", ".join(_graph_util.shape_text(t.shape) for t in l.outputs) or "-",
       ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
@@ -210,7 +211,7 @@ class LayerGraph:
     lines.append("")
     lines.append("boundaries (lower -> upper: tensors)")
     for lo, up, data in self.graph.edges(data=True):
-      ts = ", ".join(f"{t.name} {_shape(t.shape)}" for t in data["tensors"])
+      ts = ", ".join(f"{t.name} {_graph_util.shape_text(t.shape)}" for t in data["tensors"])
       lines.append(f"  {lo} -> {up}: {ts}")
     if not self.graph.number_of_edges():
       lines.append("  (none)")
@@ -278,10 +279,3 @@ def _short(var_name: str, layer: Layer) -> str:
     if name.startswith(s + "/"):
       return name[len(s) + 1:]
   return name
-
-
-def _shape(shape) -> str:
-  dims = tf.TensorShape(shape)
-  if dims.rank is None:
-    return "[?]"
-  return "[" + ",".join("?" if d is None else str(d) for d in dims.as_list()) + "]"

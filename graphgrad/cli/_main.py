@@ -154,20 +154,31 @@ def _inspect(args) -> int:
                            ("--png", args.png, ".png")):
     if value and not value.lower().endswith(ext):
       raise CommandError(f"{flag} {value!r}: the file name must end in {ext}")
+  if args.loss and args.output:
+    raise CommandError(
+        f"--loss {args.loss!r} and --output {args.output!r}: pass one; "
+        f"--output analyses the layers an output depends on when the graph "
+        f"has no loss.")
   try:
-    graph = _metagraph.load(args.path)
+    graph = _metagraph.load(args.path, tag=args.tag)
     with graph.as_default():
-      if args.loss:
+      if args.output:
+        loss = _metagraph.find_loss(graph, args.output, flag="--output")
+        what, reason = "output", "given with --output: the layers it depends on"
+      elif args.loss:
         loss = _metagraph.find_loss(graph, args.loss)
-        reason = "given with --loss"
+        what, reason = "loss", "given with --loss"
       else:
         loss, reason = _metagraph.guess_loss(graph)
+        what = "loss"
       net = gg.analyze(loss)
-      print(f"{args.path}: loss {loss.name} ({reason})")
-      if not args.loss:
+      print(f"{args.path} ({_metagraph.kind_of(args.path)}): {what} "
+            f"{loss.name} ({reason})")
+      if not (args.loss or args.output):
         print("  pass --loss NAME to analyse another tensor")
       print()
       print(net.summary())
+      _print_ops_without_gradient(net)
       if args.dot:
         net.draw(args.dot)
         print(f"\nwrote {args.dot}")
@@ -179,6 +190,33 @@ def _inspect(args) -> int:
   except OSError as e:
     raise CommandError(f"cannot write output: {e}") from None
   return 0
+
+
+def _print_ops_without_gradient(net) -> None:
+  from graphgrad.analysis import _no_gradient  # pylint: disable=g-import-not-at-top
+  missing = _no_gradient.ops_without_gradient(net.loss)
+  zero = _no_gradient.ops_with_zero_gradient(net.loss)
+  print()
+  if zero:
+    print(f"gradients: {len(zero)} op(s) on the backward path send no "
+          f"gradient below them (their registered gradient is None or zero; "
+          f"plan.straight_through(op) gives them an identity backward):")
+    for op in zero:
+      layer = net.layer_of(op)
+      print(f"  {op.name}  type {op.type}  "
+            f"{'layer ' + layer if layer else 'glue'}")
+  if not missing:
+    print(f"gradients: every op on the backward path of {net.loss.name} has "
+          f"a registered gradient")
+    return
+  print(f"gradients: {len(missing)} op(s) on the backward path of "
+        f"{net.loss.name} have no registered gradient (tf.gradients stops "
+        f"there with LookupError; a plan needs plan.straight_through(op) or "
+        f"plan.override_gradient(op, fn) for each):")
+  for op in missing:
+    layer = net.layer_of(op)
+    print(f"  {op.name}  type {op.type}  "
+          f"{'layer ' + layer if layer else 'glue'}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,19 +244,34 @@ def build_parser() -> argparse.ArgumentParser:
                          "(.png, .svg or .pdf)")
   demo.set_defaults(func=_demo)
   inspect = sub.add_parser(
-      "inspect", help="print the layer table of a saved MetaGraph (.meta)",
-      description="Loads a MetaGraph written by tf.compat.v1.train.Saver, "
-                  "finds its loss (the LOSSES collection, or a scalar float "
-                  "op named like a loss; --loss overrides), and prints its "
-                  "layers, parameters and boundary tensors.")
-  inspect.add_argument("path", metavar="PATH.meta", help="the .meta file")
+      "inspect", help="print the layer table of a saved graph (.meta, "
+                      "SavedModel directory, or frozen .pb)",
+      description="Loads a MetaGraph written by tf.compat.v1.train.Saver, a "
+                  "v1 SavedModel directory, or a frozen GraphDef (.pb, "
+                  "thawed so its weights form layers), finds its loss (the "
+                  "LOSSES collection, or a scalar float op named like a "
+                  "loss; --loss or --output overrides), and prints its "
+                  "layers, parameters, boundary tensors, and the ops on the "
+                  "backward path that have no registered gradient.")
+  inspect.add_argument("path", metavar="PATH",
+                       help="a .meta file, a SavedModel directory, or a "
+                            "frozen .pb file")
   inspect.add_argument("--loss", metavar="NAME",
                        help="name of the loss tensor or op (default: guessed)")
+  inspect.add_argument("--output", metavar="NAME",
+                       help="for a graph with no loss (an inference graph, a "
+                            "frozen .pb): analyse the layers this output "
+                            "depends on")
+  inspect.add_argument("--tag", default="serve",
+                       help="tag of the SavedModel MetaGraph to load "
+                            "(default: serve)")
   inspect.add_argument("--dot", metavar="FILE",
                        help="also write the layer graph as Graphviz DOT")
   inspect.add_argument("--png", metavar="FILE",
                        help="also draw the layer graph to a PNG file")
   inspect.set_defaults(func=_inspect)
+  from graphgrad.cli import _grads  # pylint: disable=g-import-not-at-top
+  _grads.add_parser(sub)
   return parser
 
 

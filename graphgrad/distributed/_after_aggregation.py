@@ -24,7 +24,9 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.analysis._layers import LayerGraph
+from graphgrad.plan import _optimizer
 from graphgrad.transforms._checks import checked as _checked
+from graphgrad.transforms._context import Resources
 from graphgrad.transforms._checks import compose as _compose
 from graphgrad.transforms._transforms import (
   Transform,
@@ -47,8 +49,8 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
     name: name scope of the transform ops.
 
   Raises:
-    GraphGradError: if ``optimizer`` has no ``apply_gradients`` or ``net`` is
-      not a LayerGraph.
+    GraphGradError: if ``optimizer`` cannot apply gradients in a TF1 graph
+      (see ``GradientPlan.apply_gradients``) or ``net`` is not a LayerGraph.
 
   Example:
     >>> import tensorflow as tf, graphgrad as gg
@@ -69,11 +71,7 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
 
   def __init__(self, optimizer, net: LayerGraph,
                name: str = "AfterAggregation"):
-    if not callable(getattr(optimizer, "apply_gradients", None)):
-      raise _errors.GraphGradError(
-          f"`optimizer` must have an apply_gradients(grads_and_vars, "
-          f"global_step, name) method, like tf.compat.v1.train.AdamOptimizer; "
-          f"got {type(optimizer).__name__}.")
+    _optimizer.check_optimizer(optimizer)
     if not isinstance(net, LayerGraph):
       raise _errors.GraphGradError(
           f"`net` must be a gg.LayerGraph from gg.analyze(loss); got "
@@ -82,7 +80,7 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
     self._opt = optimizer
     self._net = net
     self._transforms: Dict[str, List[Transform]] = {}
-    self._state: dict = {}
+    self._resources = Resources()
 
   def transform_gradients(self, layer: str, fn) -> "AfterAggregation":
     """Rewrites ``layer``'s parameter gradients when they are applied.
@@ -114,13 +112,12 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
         fns = self._transforms.get(layer)
         if fns and g is not None:
           ctx = TransformContext(layer=layer, role="gradients", variable=v,
-                                 global_step=global_step, state=self._state)
+                                 global_step=global_step, resources=self._resources)
           g = _checked(_compose(fns), g, ctx,
                        f"AfterAggregation.transform_gradients({layer!r}) on "
                        f"{v.name}")
         out.append((g, v))
-    return self._opt.apply_gradients(out, global_step=global_step,
-                                     **({"name": name} if name else {}))
+    return _optimizer.apply(self._opt, out, global_step, name)
 
   def get_slot(self, *args, **kwargs):
     return self._opt.get_slot(*args, **kwargs)

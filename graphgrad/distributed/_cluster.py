@@ -180,7 +180,8 @@ class LocalCluster:
     self.env = dict(os.environ)
     self.env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Tasks import the same graphgrad as this process.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
     self.env["PYTHONPATH"] = os.pathsep.join(
         [root] + [p for p in [self.env.get("PYTHONPATH")] if p])
     self.env.update(env or {})

@@ -1,11 +1,13 @@
-"""KerasPlan: the gradient plans of GradientPlan for TF2 Keras models.
+"""KerasPlan: the declarations of GradientPlan, executed for TF2 Keras models.
 
 TF2 code has no graph to analyse before it runs: a Keras model's layer
 outputs exist only while the model is called. A :class:`KerasPlan` therefore
-finds layers by their Keras name in the model's layer tree and rewrites
-gradients while the forward pass runs under :meth:`KerasPlan.tape`, which
-intercepts the targeted layers' ``call`` (see ``_keras_tape``). The model's
-code is not changed, and everything is restored when the tape closes.
+finds layers by their Keras name in the model's layer tree, holds its
+declarations in the shared :class:`~graphgrad.plan._declarations.Declarations`
+(checked as ``GradientPlan``'s are), and executes them while the forward
+pass runs under :meth:`KerasPlan.tape` (see ``_tape`` and ``_intercept``).
+The model's code is not changed, and everything is restored when the tape
+closes.
 
 It works with Keras 3 (``keras``, and ``tf.keras`` on TF 2.16+) and with
 tf-keras, for subclassed, functional and ``Sequential`` models, eagerly and
@@ -13,58 +15,64 @@ inside ``tf.function``.
 """
 
 import logging
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.keras._tape import PlanTape, children, layer_variables
-from graphgrad.transforms._transforms import (
-  Transform,
-  as_transform,
-  chain,
-  is_identity,
-)
+from graphgrad.keras import _methods
+from graphgrad.methods import _pcgrad
+from graphgrad.keras._layers import (LayerIndex, is_keras_layer,
+                                     layer_variables, tf_variable)
+from graphgrad.keras._override import Overriding
+from graphgrad.keras._tape import PlanTape
+from graphgrad.plan._declarations import Declarations
+from graphgrad.transforms._context import Resources
 
 log = logging.getLogger("graphgrad")
 
 LayerRef = Union[str, Any]  # a Keras layer name or path, or the layer itself
 
 
-class KerasPlan:
+class KerasPlan(tf.Module, Overriding):
   """Rewrites gradients at the layer boundaries of a Keras model.
 
-  The semantics are those of :class:`GradientPlan`, with a layer being a
-  Keras layer and its outputs the tensors its ``call`` returns:
+  The declarations and their semantics are those of
+  :class:`GradientPlan`, with a layer being a Keras layer and its outputs
+  the tensors its ``call`` returns: ``transform_upstream``,
+  ``transform_gradients`` (group transforms included),
+  ``transform_edge``, ``replace_backward``, ``project_conflicts`` /
+  ``combine_tasks``, and ``override_gradient`` / ``straight_through``,
+  which on a KerasPlan name a layer whose call they override (not an op). A layer called several times is rewritten at each
+  call. With no transforms, or only identity ones, the tape adds no op at
+  all: its gradients are those of a plain ``tf.GradientTape``.
 
-  * ``transform_upstream(L, fn)``: with ``g`` the gradient at ``L``'s outputs
-    (summed over all consumers), ``L``'s own variables get their gradients
-    from ``g``; ``L``'s inputs, and everything below them, get what
-    backpropagating ``fn(g)`` through ``L`` gives. Paths that bypass ``L``
-    (skips, regularizers, second heads) are unchanged. Transforms on several
-    layers compose top-down. A layer called several times is rewritten at
-    each call.
-  * ``transform_gradients(L, fn)``: each of ``L``'s parameter gradients,
-    summed over all paths, becomes ``fn(g)``.
-  * ``transform_edge(lower, upper, fn)``: only the gradient ``upper`` sends
-    into ``lower``'s outputs directly, through ops and layers that hold no
-    variables, is rewritten: ``upper``'s upstream transform, then the edge
-    transform, then the sum at ``lower``'s outputs, then ``lower``'s
-    upstream transform.
+  Where TF2 differs, only in where a value comes from:
+
+  * task losses exist only inside the training step: pass them to
+    ``tape.gradient(loss, task_losses=[la, lb])``, not to
+    ``project_conflicts``;
+  * synthetic gradients' labels likewise: ``plan.tape(labels=y)``;
+  * the variables the methods own (feedback matrices, synthetic modules)
+    are made on the first step, tracked by the plan
+    (``tf.train.Checkpoint(plan=plan)`` saves them), and trained through
+    ``tape.grads_and_vars(loss)``;
+  * annealed transforms read ``global_step`` (e.g. ``optimizer.iterations``),
+    which the optimizer advances.
 
   A layer's variables are its Keras ``weights``, nested layers' included.
   Names are Keras layer names; a nested layer is found by its own name, or
   by its path ``"outer/inner"`` when the name is not unique.
 
-  With no transforms, or only identity ones, the tape adds no op at all:
-  its gradients are those of a plain ``tf.GradientTape``.
-
   Args:
     model: a Keras model or layer (Keras 3 or tf-keras).
     global_step: optional step counter handed to transforms in their
-      context, e.g. ``optimizer.iterations``.
-    name: name scope for the ops graphgrad adds.
+      context, e.g. ``optimizer.iterations`` or a ``tf.Variable``.
+    name: name scope for the ops graphgrad adds (a Python identifier).
 
   Raises:
-    GraphGradError: if ``model`` is not a Keras layer.
+    GraphGradError: if ``model`` is not a Keras layer or ``name`` is not an
+      identifier.
 
   Example:
     >>> import tensorflow as tf, graphgrad as gg
@@ -81,25 +89,35 @@ class KerasPlan:
   """
 
   def __init__(self, model: Any, global_step=None, name: str = "graphgrad"):
-    if not callable(getattr(model, "_flatten_layers", None)):
+    if not is_keras_layer(model):
       raise _errors.GraphGradError(
           f"`model` must be a Keras model or layer (Keras 3 or tf-keras); got "
           f"{type(model).__name__}. For a tf.compat.v1 graph use "
           f"gg.GradientPlan(loss).")
-    self.model = model
-    self.global_step = global_step
-    self._name = name
-    self._upstream: Dict[str, List[Transform]] = {}
-    self._gradients: List[Tuple[str, Transform]] = []
-    self._edges: Dict[Tuple[str, str], List[Transform]] = {}
-    self._frozen = False
-    self._state: dict = {}
-    self._index = _LayerIndex(model)
+    if not isinstance(name, str) or not name.isidentifier():
+      raise _errors.GraphGradError(
+          f"`name` must be a Python identifier, the name scope of the ops "
+          f"graphgrad adds; got {name!r}. Pass e.g. name='graphgrad'.")
+    super().__init__(name=name)
+    self._model = model
+    self._global_step = global_step
+    self._index = LayerIndex(model)
+    self._declarations = Declarations(self._index.find, owner="KerasPlan")
+    self._methods = _methods.MethodVariables()
+    self._resources = self._no_dependency(Resources())
+    self._open_tape: Optional[PlanTape] = None
 
   # -- declaring -----------------------------------------------------------
 
   def transform_upstream(self, layer: LayerRef, fn) -> "KerasPlan":
     """Rewrites the gradient that ``layer`` passes to everything below it.
+
+    With ``g`` the gradient at ``layer``'s outputs (summed over all
+    consumers), the layer's own variables get their gradients from ``g``;
+    its inputs, and everything below them, get what backpropagating
+    ``fn(g)`` through the layer gives. Paths that bypass the layer (skips,
+    regularizers, second heads) are unchanged. Transforms on several layers
+    compose top-down; several on one layer chain in declaration order.
 
     Args:
       layer: a Keras layer name (or ``"outer/inner"`` path, or the layer).
@@ -110,10 +128,10 @@ class KerasPlan:
 
     Raises:
       LayerNotFoundError: if ``layer`` is not in the model.
-      GraphGradError: if ``fn`` is not callable or a tape was opened.
+      GraphGradError: if ``fn`` is not callable or is a group transform, or
+        a tape was opened.
     """
-    name = self._declare(layer, "layer")
-    self._upstream.setdefault(name, []).append(as_transform(fn))
+    self._declarations.add_upstream(layer, fn)
     return self
 
   def transform_gradients(self, layer: LayerRef, fn) -> "KerasPlan":
@@ -121,7 +139,12 @@ class KerasPlan:
 
     Args:
       layer: a Keras layer name (or ``"outer/inner"`` path, or the layer).
-      fn: a transform or a callable ``g -> g`` keeping shape and dtype.
+      fn: a transform or a callable ``g -> g`` keeping shape and dtype,
+        applied to each gradient (summed over all paths); or a
+        ``gg.transforms.GroupTransform`` (``clip_by_global_norm``,
+        ``trust_ratio``), applied to the layer's ``(grad, var)`` list at
+        once. The layer's variables among ``tape.gradient``'s sources form
+        the group.
 
     Returns:
       The plan, for chaining.
@@ -130,12 +153,15 @@ class KerasPlan:
       LayerNotFoundError: if ``layer`` is not in the model.
       GraphGradError: if ``fn`` is not callable or a tape was opened.
     """
-    name = self._declare(layer, "layer")
-    self._gradients.append((name, as_transform(fn)))
+    self._declarations.add_gradients(layer, fn)
     return self
 
   def transform_edge(self, lower: LayerRef, upper: LayerRef, fn) -> "KerasPlan":
     """Rewrites only the gradient ``upper`` sends directly into ``lower``.
+
+    The order along one path is: ``upper``'s upstream transform, then the
+    edge transform, then the sum at ``lower``'s outputs, then ``lower``'s
+    upstream transform.
 
     Args:
       lower: the layer nearer the input.
@@ -152,122 +178,233 @@ class KerasPlan:
         tape was opened. When ``upper``'s backward finds no gradient into
         ``lower``'s outputs, ``tape.gradient`` raises ``NotConnectedError``.
     """
-    lo = self._declare(lower, "lower")
-    up = self._declare(upper, "upper")
-    if lo == up:
+    self._declarations.add_edge(lower, upper, fn)
+    return self
+
+  def replace_backward(self, layer: LayerRef, fn) -> "KerasPlan":
+    """Computes what ``layer`` sends to its inputs with ``fn``, not W^T.
+
+    ``layer``'s own parameters still get their gradients from the true
+    upstream gradient at its outputs; everything below the layer receives,
+    at each floating-point input of its ``call``, what ``fn`` returns (plus,
+    unchanged, contributions that bypass the layer). An upstream transform
+    on the same layer is applied first. ``gg.backward.feedback_alignment``
+    (on ``Dense`` layers), ``direct_feedback_alignment`` and ``synthetic``
+    give, for the same ``seed``, the feedback matrices and initial modules
+    of ``GradientPlan``; ``synthetic`` takes its labels from
+    ``plan.tape(labels=y)``. A user-written ``fn`` maps a
+    ``KerasBackwardContext`` to one gradient per ``context.inputs`` tensor.
+
+    Args:
+      layer: a Keras layer name (or ``"outer/inner"`` path, or the layer).
+      fn: a ``gg.backward`` replacement or a callable as above.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      LayerNotFoundError: if ``layer`` (or DFA's ``error_layer``) is not in
+        the model.
+      GraphGradError: if ``fn`` is not callable, the layer already has a
+        replacement, ``synthetic`` was given ``labels``, DFA's error layer
+        is ambiguous, or a tape was opened.
+      UnsupportedGraphError: feedback alignment on a built layer that is
+        not ``Dense``.
+    """
+    path = self._index.find(layer, "layer")
+    _methods.check(fn, self.layer(path), path)
+    self._error_layer(fn, path)  # refuses an ambiguous default now
+
+    def no_override():
+      if ("layer", path) in self._declarations.overrides:
+        raise _errors.GraphGradError(
+            f"replace_backward: layer {path!r} already has an override "
+            f"(override_gradient or straight_through), which computes what "
+            f"its inputs get; a layer has one of the two. Replace the "
+            f"backward pass of a layer without an override.")
+    self._declarations.add_backward(path, fn, validate=no_override)
+    return self
+
+  def project_conflicts(self, layer: LayerRef, losses=None,
+                        shuffle: bool = True,
+                        seed: Optional[int] = None) -> "KerasPlan":
+    """Applies PCGrad to the task gradients at a shared layer's outputs.
+
+    The semantics are ``GradientPlan.project_conflicts``'s: with ``g`` the
+    gradient at the layer's outputs and ``g_i`` the share of task loss
+    ``L_i`` in it (plain backpropagation, weighted as in the loss), ``g``
+    becomes ``g - sum_i g_i + sum_i g_i^PC``; the layer's parameters and
+    everything below see the result. In TF2 the task losses exist only in
+    the step: leave ``losses`` out here and pass them to
+    ``tape.gradient(loss, task_losses=[loss_a, loss_b])``.
+
+    Args:
+      layer: the shared layer, whose outputs feed the task heads.
+      losses: must be ``None`` on a KerasPlan.
+      shuffle: take the other tasks in a random order at each step.
+      seed: op-level seed of the shuffles.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      LayerNotFoundError: if ``layer`` is not in the model.
+      GraphGradError: if ``losses`` is given, the layer already combines
+        task gradients, or a tape was opened.
+    """
+    if losses is not None:
       raise _errors.GraphGradError(
-          f"transform_edge: `lower` and `upper` are both {lo!r}; an edge joins "
-          f"two layers. Use transform_upstream({lo!r}, fn) instead.")
-    self._edges.setdefault((lo, up), []).append(as_transform(fn))
+          "project_conflicts: on a KerasPlan the task losses only exist "
+          "inside the training step, so `losses` must be None here. Pass "
+          "them each step: tape.gradient(loss, task_losses=[loss_a, "
+          "loss_b]).")
+    return self.combine_tasks(layer, _pcgrad.pcgrad(shuffle, seed))
+
+  def combine_tasks(self, layer: LayerRef, method) -> "KerasPlan":
+    """Combines the task gradients at ``layer``'s outputs with ``method``.
+
+    ``method.combine(grads)`` gets one list of gradients per task (at the
+    layer's output tensors) and returns one gradient per tensor; ``g``
+    becomes ``g - sum_i g_i + combine(...)``. The task losses are given to
+    ``tape.gradient(loss, task_losses=[...])``.
+
+    Raises:
+      LayerNotFoundError: if ``layer`` is not in the model.
+      GraphGradError: if ``method`` has no ``combine``, the layer already
+        combines task gradients, or a tape was opened.
+    """
+    self._declarations.add_tasks(layer, None, method)
     return self
 
   # -- running -------------------------------------------------------------
 
   def tape(self, persistent: bool = False,
-           watch_accessed_variables: bool = True) -> PlanTape:
+           watch_accessed_variables: bool = True, labels=None) -> PlanTape:
     """A ``tf.GradientTape`` that applies this plan.
 
     Run the forward pass inside ``with plan.tape() as tape:``, then call
-    ``tape.gradient(loss)``: it returns the gradients of
-    ``model.trainable_variables`` (or of ``sources``) with the plan applied.
-    Use it eagerly or inside a ``tf.function``; the plan is fixed once a
-    tape is opened.
+    ``tape.gradient(loss)`` (the gradients of ``model.trainable_variables``)
+    or ``tape.grads_and_vars(loss)`` (those pairs, then the methods' own
+    variables'). Use it eagerly or inside a ``tf.function``; the plan is
+    fixed once a tape is opened.
 
     Args:
       persistent: as for ``tf.GradientTape``.
       watch_accessed_variables: as for ``tf.GradientTape``.
+      labels: a ``[batch, ...]`` tensor that ``synthetic`` modules are
+        conditioned on (cDNI), e.g. the one-hot labels of the batch.
 
     Returns:
       A :class:`PlanTape` context manager.
     """
-    if not self._frozen:
-      self._frozen = True
-      log.info("graphgrad KerasPlan on %s: %d upstream, %d gradient, "
-               "%d edge transforms", self.model.name, len(self._upstream),
-               len(self._gradients), len(self._edges))
-    return PlanTape(self, persistent, watch_accessed_variables)
+    if not self._declarations.frozen:
+      self._declarations.freeze()
+      log.info("graphgrad KerasPlan on %s: %s", self._model.name,
+               self._declarations.summary())
+    return PlanTape(self, persistent, watch_accessed_variables, labels)
+
+  # -- public accessors (what the tape reads) ------------------------------
+
+  @property
+  def model(self):
+    """The Keras model the plan rewrites."""
+    return self._model
+
+  @property
+  def declarations(self) -> Declarations:
+    """The plan's declarations, read-only once a tape was opened."""
+    return self._declarations
+
+  @property
+  def global_step(self):
+    """The step counter handed to transforms, or ``None``."""
+    return self._global_step
+
+  def step_tensor(self):
+    """``global_step`` as a ``tf.Variable`` or tensor (Keras 3 unwrapped)."""
+    step = self._global_step
+    var = tf_variable(step) if step is not None else None
+    return step if var is None else var
+
+  def enter_tape(self, tape: PlanTape) -> None:
+    """Marks ``tape`` open (``PlanTape.__enter__``); raises while one is."""
+    if self._open_tape is not None:
+      raise _errors.GraphGradError(
+          "a tape of this KerasPlan is already open; a nested one would "
+          "apply every transform twice (scale(0.5) would scale by 0.25). "
+          "Close it first, or record an outer step with tf.GradientTape.")
+    self._open_tape = tape
+
+  def exit_tape(self, tape: PlanTape) -> None:
+    """Marks ``tape`` closed (``PlanTape.__exit__``)."""
+    self._open_tape = None if self._open_tape is tape else self._open_tape
 
   @property
   def layer_names(self) -> List[str]:
     """Paths of every layer in the model, e.g. ``["block", "block/dense"]``."""
     return list(self._index.paths)
 
-  # -- what the tape reads -------------------------------------------------
+  def layer(self, path: str):
+    """The Keras layer at ``path``."""
+    return self._index[path]
 
-  def _upstream_fns(self) -> Dict[str, Transform]:
-    out = {}
-    for name, fns in self._upstream.items():
-      fn = fns[0] if len(fns) == 1 else chain(*fns)
-      if not is_identity(fn):  # identity needs no interception at all
-        out[name] = fn
-    return out
+  def own_variables(self, path: str) -> List[tf.Variable]:
+    """The variables of the layer at ``path``, nested layers' included."""
+    return layer_variables(self._index[path])
 
-  def _edge_fns(self) -> Dict[Tuple[str, str], Transform]:
-    return {k: (fns[0] if len(fns) == 1 else chain(*fns))
-            for k, fns in self._edges.items()}
+  @property
+  def method_variables(self) -> _methods.MethodVariables:
+    """The variables of the training methods, made on the first step."""
+    return self._methods
 
-  def _layer(self, path: str):
-    return self._index.layers[path]
+  @property
+  def feedback_matrices(self) -> Dict[str, tf.Variable]:
+    """``"<method key>/<layer>" -> B``: the fixed random feedback matrices."""
+    return {k: v for k, v in self._methods.by_key.items()
+            if not k.startswith("synthetic/")}
 
-  def _all_layers(self):
-    return self._index.layers
+  @property
+  def resources(self) -> Resources:
+    """What the plan's transforms created, keyed by ``(layer, name)``."""
+    return self._resources
 
-  def _own_refs(self, path: str) -> set:
-    return {v.ref() for v in layer_variables(self._layer(path))}
+  @property
+  def cut_layers(self) -> Tuple[str, ...]:
+    """Layers whose output gradients a replacement reads (DFA's error)."""
+    tops = [self.error_layer(p) for p in self._declarations.backward]
+    return tuple(dict.fromkeys(t for t in tops if t is not None))
 
-  # -- helpers -------------------------------------------------------------
+  def error_layer(self, path: str) -> Optional[str]:
+    """The error layer of the DFA replacement on ``path``, else ``None``."""
+    return self._error_layer(self._declarations.backward.get(path), path)
 
-  def _declare(self, layer, arg: str) -> str:
-    if self._frozen:
+  def _error_layer(self, fn, path: str) -> Optional[str]:
+    if _methods.method_of(fn) != "direct_feedback_alignment":
+      return None
+    if fn.error_layer is not None:
+      return self._index.find(fn.error_layer, "error_layer")
+    if len(getattr(self._model, "outputs", None) or ()) > 1:
       raise _errors.GraphGradError(
-          "this KerasPlan is fixed: a tape was already opened with "
-          "plan.tape(), and a traced tf.function would not see a new "
-          "transform. Declare every transform before the first plan.tape(), "
-          "or make a new gg.KerasPlan.")
-    return self._index.find(layer, arg)
+          f"direct_feedback_alignment on {path!r}: `error_layer` is needed, "
+          f"because the model has {len(self._model.outputs)} outputs. Pass "
+          f"error_layer='...', the layer whose output gradient (the error at "
+          f"the logits) is projected.")
+    tops = [p for p in self._index.paths
+            if "/" not in p and self._index[p].weights]
+    if not tops:
+      raise _errors.GraphGradError(
+          f"direct_feedback_alignment on {path!r}: `error_layer` is needed, "
+          f"because the model's layers hold no variables yet (it is not "
+          f"built), so the top layer is unknown. Pass error_layer='...', or "
+          f"build the model first (call it once, or give it a keras.Input).")
+    return tops[-1]
+
+  @property
+  def trainable_variables(self):
+    """The model's trainable variables, then the methods' (``tf.Module``)."""
+    return tuple(self._model.trainable_variables) + tuple(
+        v for v in self._methods.by_key.values() if v.trainable)
 
   def __repr__(self):
-    return (f"KerasPlan(model={self.model.name}, "
-            f"upstream={sorted(self._upstream)}, "
-            f"gradients={sorted({n for n, _ in self._gradients})}, "
-            f"edges={sorted(self._edges)})")
-
-
-class _LayerIndex:
-  """Every layer of a model's tree, by path and by Keras name."""
-
-  def __init__(self, model):
-    self.layers: Dict[str, Any] = {}
-    self.paths: List[str] = []
-    self._by_id: Dict[int, str] = {}
-    stack = [(c, c.name) for c in reversed(children(model))]
-    while stack:
-      layer, path = stack.pop()
-      if id(layer) in self._by_id:  # a layer shared by two parents
-        continue
-      self._by_id[id(layer)] = path
-      self.layers[path] = layer
-      self.paths.append(path)
-      stack += [(c, f"{path}/{c.name}") for c in reversed(children(layer))]
-
-  def find(self, layer, arg: str) -> str:
-    if not isinstance(layer, str):
-      if id(layer) in self._by_id:
-        return self._by_id[id(layer)]
-      raise _errors.LayerNotFoundError(
-          f"`{arg}` must be a layer name or a layer of the model; got "
-          f"{type(layer).__name__} {getattr(layer, 'name', layer)!r}, which "
-          f"is not in the model. Known layers: {', '.join(self.paths)}.")
-    if layer in self.layers:
-      return layer
-    matches = [p for p in self.paths if p.rsplit("/", 1)[-1] == layer]
-    if len(matches) == 1:
-      return matches[0]
-    if matches:
-      raise _errors.LayerNotFoundError(
-          f"`{arg}` {layer!r} names {len(matches)} nested layers: "
-          f"{', '.join(matches)}. Pass the path of the one you mean.")
-    raise _errors.LayerNotFoundError(
-        f"no layer named {layer!r} in the model; known layers: "
-        f"{', '.join(self.paths) or '(none)'}. Use the Keras name of one of "
-        f"them (layer.name), or its 'outer/inner' path.")
+    return (f"KerasPlan(model={self._model.name}, "
+            f"{self._declarations.summary()})")

@@ -4,25 +4,32 @@
 ``layer`` sends to its input tensors, instead of the chain rule. The layer's
 own parameter gradients still come from the true upstream gradient at its
 outputs. A replacement is a :class:`Replacement` (or any callable) that maps
-a :class:`BackwardContext` to one gradient per input tensor.
+a :class:`BackwardContext` to one gradient per input tensor, or to a
+:class:`BackwardResult` that also carries ``(gradient, variable)`` pairs of
+variables the replacement trains itself.
 
 Variables a replacement creates (fixed random feedback matrices, a synthetic
-gradient module) are ordinary graph variables made once per plan when it is
-built: ``Saver`` saves them, ``global_variables_initializer`` initialises
-them and a device function such as ``replica_device_setter`` places them.
+gradient module) are ordinary variables made once per plan when it is
+built, kept in the plan's :class:`~graphgrad.transforms.Resources`: in a
+``tf.Graph``, ``Saver`` saves them, ``global_variables_initializer``
+initialises them and a device function such as ``replica_device_setter``
+places them. Their initial values come from :func:`feedback_matrix_value`
+and the like, deterministic functions of a seed that every executor calls.
 """
 
 import dataclasses
 import zlib
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad._types import Gradient
+from graphgrad._types import Gradient, gradient_values, sum_gradients
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layers import Layer, LayerGraph
+from graphgrad.transforms import _checks, _validate
+from graphgrad.transforms._context import Resources
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +38,7 @@ class BackwardContext:
 
   Attributes:
     layer: the :class:`~graphgrad.Layer` whose backward pass is replaced.
-    net: the analysed graph.
+    net: the analysed layer graph.
     inputs: the layer's input tensors that need a gradient; return one
       gradient per tensor, in this order.
     outputs: the layer's output tensors.
@@ -42,7 +49,8 @@ class BackwardContext:
       replacement declares in ``cuts``).
     chain_rule: ``() -> [grad per input]``: builds what plain
       backpropagation of ``upstream`` through the layer gives.
-    state: the plan's per-plan dictionary (see ``TransformContext.state``).
+    resources: the plan's store, where the replacement keeps what it
+      creates once per plan (``resources.get_or_create(layer, name, make)``).
   """
   layer: Layer
   net: LayerGraph
@@ -51,15 +59,49 @@ class BackwardContext:
   upstream: Sequence[Gradient]
   upstream_of: Callable[[str], List[Gradient]]
   chain_rule: Callable[[], List[Gradient]]
-  state: Dict[str, Any]
+  resources: Resources
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardResult:
+  """What a replacement returns when it trains variables of its own.
+
+  Attributes:
+    input_grads: one gradient (or ``None``) per ``context.inputs`` tensor.
+    extra_grads_and_vars: ``(gradient, variable)`` pairs of the
+      replacement's own variables (a synthetic-gradient module's), which the
+      plan appends to ``compute_gradients()`` so that one train op updates
+      them too.
+  """
+  input_grads: Sequence[Gradient]
+  extra_grads_and_vars: Sequence[Tuple[Gradient, tf.Variable]] = ()
 
 
 class Replacement:
-  """Base class of backward replacements.
+  """Base class of backward replacements; the contract of a user-written one.
 
-  Subclasses implement :meth:`backward`; :meth:`check` refuses layers they
-  cannot handle when the replacement is declared, and :meth:`cuts` names the
-  layers whose output gradients :meth:`backward` reads with ``upstream_of``.
+  A subclass implements :meth:`backward`, mapping a :class:`BackwardContext`
+  to one gradient (or ``None``) per ``context.inputs`` tensor, each shaped
+  like its tensor, or to a :class:`BackwardResult` when it also trains
+  variables of its own. :meth:`check` refuses, when the replacement is
+  declared, layers it cannot handle; :meth:`cuts` names the layers whose
+  output gradients :meth:`backward` reads with ``context.upstream_of``.
+  What it creates once per plan goes in ``context.resources``. A plain
+  callable taking the context works too.
+
+  Example:
+    >>> import tensorflow as tf, graphgrad as gg
+    >>> class HalfChainRule(gg.backward.Replacement):
+    ...   name = "half_chain_rule"
+    ...   def backward(self, context):
+    ...     return [0.5 * g for g in context.chain_rule()]
+    >>> with tf.Graph().as_default():
+    ...   plan = gg.GradientPlan(gg.demo.two_layer_loss())
+    ...   gv = plan.replace_backward("l2", HalfChainRule()).compute_gradients()
+    ...   with tf.compat.v1.Session() as s:
+    ...     s.run(tf.compat.v1.global_variables_initializer())
+    ...     print([s.run(g).tolist() for g, _ in gv])
+    [[[1.5], [3.0]], 3.0]
   """
 
   name = "replacement"
@@ -70,62 +112,153 @@ class Replacement:
   def cuts(self, net: LayerGraph, layer: str) -> List[str]:
     return []
 
-  def backward(self, context: BackwardContext) -> List[Gradient]:
+  def backward(self, context: BackwardContext
+               ) -> Union[List[Gradient], BackwardResult]:
     raise NotImplementedError
 
-  def __call__(self, context: BackwardContext) -> List[Gradient]:
+  def __call__(self, context: BackwardContext
+               ) -> Union[List[Gradient], BackwardResult]:
     with tf.name_scope(self.name):
       return self.backward(context)
 
 
+def run_replacement(fn: Callable, context: Any, where: str) -> BackwardResult:
+  """Calls ``fn(context)`` and checks one gradient per input, shaped like it.
+
+  Every executor runs a replacement through here: the TF1 segment engine
+  (with a :class:`BackwardContext`) and ``KerasPlan`` (with its
+  ``KerasBackwardContext``); both contexts have ``inputs``.
+
+  Args:
+    fn: the replacement.
+    context: what it sees of the layer.
+    where: ``"replace_backward('l2')"``, for messages.
+
+  Returns:
+    The result as a :class:`BackwardResult`.
+
+  Raises:
+    GraphGradError: naming ``where``, for an exception ``fn`` raised (chained
+      to it).
+    IncompatibleGradientError: for a result that is not a list of one
+      gradient per input, or a gradient of another shape, dtype or
+      ``tf.Graph``.
+  """
+  try:
+    out = fn(context)
+  except _errors.GraphGradError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise _checks.raised_error(where, "replacement", fn, e) from e
+  return checked_result(fn, out, context.inputs, where)
+
+
+def checked_result(fn: Callable, out: Any, inputs: Sequence[tf.Tensor],
+                   where: str) -> BackwardResult:
+  """Checks a replacement's result ``out``: one gradient (or ``None``) like
+  each of ``inputs``, alone or in a :class:`BackwardResult`.
+
+  Example:
+    >>> x = tf.zeros([2, 3])
+    >>> checked_result("r", [tf.ones([2, 3])], [x], "here").input_grads[0].shape
+    TensorShape([2, 3])
+    >>> checked_result("r", tf.ones([2, 3]), [x], "here")
+    Traceback (most recent call last):
+    ...
+    graphgrad._errors.IncompatibleGradientError: here: 'r' returned one tensor, not a list, for 1 input tensors (the input of shape (2, 3) float32). Return one gradient (or None) per context.inputs tensor, in order.
+  """
+  if isinstance(out, BackwardResult):
+    grads, extra = out.input_grads, tuple(out.extra_grads_and_vars)
+  else:
+    grads, extra = out, ()
+  if not isinstance(grads, (list, tuple)) or len(grads) != len(inputs):
+    got = (f"{len(grads)} gradients" if isinstance(grads, (list, tuple))
+           else "None" if grads is None
+           else "one tensor, not a list," if tf.is_tensor(grads)
+           else type(grads).__name__)
+    raise _errors.IncompatibleGradientError(
+        f"{where}: {fn!r} returned {got} for {len(inputs)} input tensors "
+        f"({', '.join(_tensor_text(t) for t in inputs)}). Return one "
+        f"gradient (or None) per context.inputs tensor, in order.")
+  for t, g in zip(inputs, grads):
+    _check_gradient(fn, g, t, where)
+  return BackwardResult(list(grads), extra)
+
+
+def _tensor_text(t) -> str:
+  if tf.is_symbolic_tensor(t):
+    return t.name
+  return f"the input of shape {t.shape} {t.dtype.name}"  # eager: no name
+
+
+def _check_gradient(fn, g, t, where: str) -> None:
+  values = gradient_values(g)
+  if values is None:
+    return
+  if not tf.is_tensor(values):
+    raise _errors.IncompatibleGradientError(
+        f"{where}: {fn!r} returned {type(values).__name__} {values!r} for "
+        f"the input {_tensor_text(t)}; return a tensor shaped like the "
+        f"input, or None.")
+  if _checks.other_graph(values, t):
+    raise _checks.graph_error(where, "replacement", values, t)
+  if values.dtype != t.dtype or not values.shape.is_compatible_with(t.shape):
+    raise _errors.IncompatibleGradientError(
+        f"{where}: {fn!r} returned a gradient of shape {values.shape} "
+        f"{values.dtype.name} for the input {_tensor_text(t)} of shape "
+        f"{t.shape} {t.dtype.name}. Return a gradient shaped like the input.")
+
+
 def engine_hook(net: LayerGraph, name: str, fn: Callable,
-                state: Dict[str, Any]) -> Callable:
-  """Wraps ``fn`` for the engine: a context in, checked gradients out."""
+                resources: Resources,
+                extra: List[Tuple[Gradient, tf.Variable]]) -> Callable:
+  """Wraps ``fn`` for the segment engine: its arguments in, checked
+  gradients out; the result's extra ``(gradient, variable)`` pairs go to
+  ``extra``. An exception ``fn`` raises becomes a ``GraphGradError`` naming
+  the layer."""
   def run(layer, outputs, upstream, inputs, upstream_of, chain_rule):
     ctx = BackwardContext(layer=net[layer], net=net, inputs=tuple(inputs),
                           outputs=tuple(outputs), upstream=tuple(upstream),
                           upstream_of=upstream_of, chain_rule=chain_rule,
-                          state=state)
-    with tf.name_scope(f"replace_backward_{name}".replace("/", "_")):
-      grads = fn(ctx)
-    grads = list(grads) if grads is not None else None
-    if grads is None or len(grads) != len(inputs):
-      raise _errors.IncompatibleGradientError(
-          f"replace_backward({name!r}): {fn!r} returned "
-          f"{'None' if grads is None else len(grads)} gradients for "
-          f"{len(inputs)} input tensors "
-          f"({', '.join(t.name for t in inputs)}). Return one gradient (or "
-          f"None) per context.inputs tensor, in order.")
-    for t, g in zip(inputs, grads):
-      values = g.values if isinstance(g, tf.IndexedSlices) else g
-      if g is not None and (values.dtype != t.dtype or
-                            not values.shape.is_compatible_with(t.shape)):
-        raise _errors.IncompatibleGradientError(
-            f"replace_backward({name!r}): {fn!r} returned a gradient of "
-            f"shape {values.shape} {values.dtype.name} for the input "
-            f"{t.name} of shape {t.shape} {t.dtype.name}. Return a gradient "
-            f"shaped like the input.")
-    return grads
+                          resources=resources)
+    with tf.name_scope(f"replace_backward_{ctx.layer.name}".replace("/", "_")):
+      result = run_replacement(fn, ctx, f"replace_backward({name!r})")
+    extra.extend(result.extra_grads_and_vars)
+    return result.input_grads
   return run
 
 
-def _feedback_matrix(context: BackwardContext, key: str, shape, stddev,
-                     seed: Optional[int]) -> tf.Variable:
-  """A fixed N(0, stddev^2) matrix, made once per plan as a variable."""
-  store = context.state.setdefault("feedback_matrices", {})
-  full_key = (key, context.layer.name)
-  if full_key not in store:
-    if seed is None:
-      init = tf.random.normal(shape, stddev=stddev)
-    else:
-      derived = zlib.crc32(f"{key}/{context.layer.name}".encode())
-      init = tf.random.stateless_normal(shape, seed=[seed, derived],
-                                        stddev=stddev)
-    store[full_key] = tf.compat.v1.Variable(init, trainable=False, name="B")
-  return store[full_key]
+def feedback_matrix_value(seed: Optional[int], name: str, layer: str, shape,
+                          stddev: float, dtype=tf.float32) -> tf.Tensor:
+  """The initial value of a fixed ``N(0, stddev^2)`` feedback matrix.
+
+  With a seed, a stateless draw from ``[seed, crc32(f"{name}/{layer}")]``:
+  the same numbers in a ``tf.Graph`` and eagerly, in every session, for the
+  same seed, name, layer and shape. Without one, a draw from the tf.Graph's
+  (or the global) random seed.
+
+  Example:
+    >>> a = feedback_matrix_value(0, "feedback_alignment", "l2", [2, 3], 0.5)
+    >>> b = feedback_matrix_value(0, "feedback_alignment", "l2", [2, 3], 0.5)
+    >>> bool(tf.reduce_all(a == b)), a.shape.as_list()
+    (True, [2, 3])
+  """
+  if seed is None:
+    return tf.random.normal(shape, stddev=stddev, dtype=dtype)
+  derived = zlib.crc32(f"{name}/{layer}".encode())
+  return tf.random.stateless_normal(shape, seed=[seed, derived],
+                                    stddev=stddev, dtype=dtype)
 
 
-def _static_features(t: tf.Tensor, what: str) -> int:
+def feedback_matrix(context: BackwardContext, key: str,
+                    value: Callable[[], tf.Tensor]) -> tf.Variable:
+  """A fixed matrix with initial ``value()``, made once per plan as a variable."""
+  return context.resources.get_or_create(
+      context.layer.name, f"{key}/B",
+      lambda: tf.compat.v1.Variable(value(), trainable=False, name="B"))
+
+
+def static_features(t: tf.Tensor, what: str) -> int:
   dims = t.shape.as_list()[1:] if t.shape.rank else None
   if dims is None or not dims or any(d is None for d in dims):
     raise _errors.UnsupportedGraphError(
@@ -171,14 +304,28 @@ class _FeedbackAlignment(Replacement):
   def check(self, net, layer):
     _kernel_matmul(net, layer)
 
+  def matrix_value(self, layer: str, shape, fan_out: int,
+                   dtype=tf.float32) -> tf.Tensor:
+    """The initial ``B`` of ``layer``'s kernel, as every executor makes it.
+
+    Args:
+      layer: the layer's name.
+      shape: the kernel's shape.
+      fan_out: the MatMul's output features (the kernel's last dimension
+        for ``x @ W``), which set the default standard deviation.
+      dtype: of the value.
+    """
+    stddev = self.stddev if self.stddev is not None else 1.0 / np.sqrt(fan_out)
+    return feedback_matrix_value(self.seed, self.name, layer, shape, stddev,
+                                 dtype)
+
   def backward(self, context):
     mm, k = _kernel_matmul(context.net, context.layer.name)
     kernel, data = mm.inputs[k], mm.inputs[1 - k]
     out = mm.outputs[0]
     fan = int(out.shape[-1]) if k == 1 else int(out.shape[0])
-    stddev = self.stddev if self.stddev is not None else 1.0 / np.sqrt(fan)
-    b = _feedback_matrix(context, "feedback_alignment", kernel.shape, stddev,
-                         self.seed)
+    b = feedback_matrix(context, self.name, lambda: self.matrix_value(
+        context.layer.name, kernel.shape, fan))
     ys = [y for y, g in zip(context.outputs, context.upstream) if g is not None]
     gys = [g for g in context.upstream if g is not None]
     inputs = list(context.inputs)
@@ -202,16 +349,10 @@ class _FeedbackAlignment(Replacement):
     d_data, = tf.compat.v1.gradients(swapped, [data], grad_ys=[delta])
     through = tf.compat.v1.gradients([data], inputs, grad_ys=[d_data],
                                      stop_gradients=inputs)
-    return [_add(a, c) for a, c in zip(bypass, through)]
+    return [sum_gradients([a, c]) for a, c in zip(bypass, through)]
 
   def __repr__(self):
     return f"feedback_alignment(seed={self.seed!r})"
-
-
-def _add(a, b):
-  if a is None or b is None:
-    return b if a is None else a
-  return tf.add(tf.convert_to_tensor(a), tf.convert_to_tensor(b))
 
 
 def feedback_alignment(seed: Optional[int] = None,
@@ -234,13 +375,15 @@ def feedback_alignment(seed: Optional[int] = None,
   Args:
     seed: with a seed, ``B`` is drawn by a stateless generator from ``seed``
       and the layer name, so it is the same in every session; without one,
-      from the graph's random seed.
+      from the tf.Graph's random seed.
     stddev: standard deviation of ``B``'s entries.
 
   Returns:
     A replacement for ``plan.replace_backward(layer, r)``.
 
   Raises:
+    GraphGradError: if ``seed`` is not an int, or ``stddev`` is not a
+      positive finite number.
     UnsupportedGraphError: at ``replace_backward``, for a layer that is not
       dense (no MatMul against its own kernel, e.g. a convolution).
 
@@ -248,102 +391,5 @@ def feedback_alignment(seed: Optional[int] = None,
     >>> feedback_alignment(seed=0)
     feedback_alignment(seed=0)
   """
+  _validate.random_matrix("feedback_alignment", seed, stddev)
   return _FeedbackAlignment(seed, stddev)
-
-
-# -- direct feedback alignment -------------------------------------------------
-
-def _error_layer(net: LayerGraph, layer: str, given: Optional[str]) -> str:
-  if given is not None:
-    name = net[given].name
-  else:
-    tops = [l.name for l in net if net.reaches_loss_directly(l.name)]
-    if len(tops) != 1:
-      raise _errors.GraphGradError(
-          f"direct_feedback_alignment: `error_layer` is needed, because "
-          f"{len(tops)} layers reach the loss directly "
-          f"({', '.join(tops) or 'none'}). Pass error_layer='...', the layer "
-          f"whose output gradient (the error at the logits) is projected.")
-    name = tops[0]
-  outs = [t for t in net[name].outputs
-          if t.dtype.is_floating and not _graph_util.is_handle(t)]
-  if len(outs) != 1:
-    raise _errors.GraphGradError(
-        f"direct_feedback_alignment: the error layer {name!r} must have one "
-        f"floating-point output (the logits); it has {len(outs)}. Pass "
-        f"error_layer= a layer with a single output.")
-  return name
-
-
-class _DirectFeedbackAlignment(Replacement):
-  name = "direct_feedback_alignment"
-
-  def __init__(self, seed, error_layer, stddev):
-    self.seed, self.error_layer, self.stddev = seed, error_layer, stddev
-
-  def check(self, net, layer):
-    _error_layer(net, layer, self.error_layer)
-
-  def cuts(self, net, layer):
-    return [_error_layer(net, layer, self.error_layer)]
-
-  def backward(self, context):
-    top = _error_layer(context.net, context.layer.name, self.error_layer)
-    error, = [g for g in context.upstream_of(top)]
-    out = []
-    if error is None:
-      return [None] * len(context.inputs)
-    error = tf.convert_to_tensor(error)
-    n_err = _static_features(error, "direct_feedback_alignment error")
-    e = tf.reshape(error, [-1, n_err])
-    for i, t in enumerate(context.inputs):
-      n_in = _static_features(t, f"direct_feedback_alignment on "
-                              f"{context.layer.name!r}")
-      stddev = self.stddev if self.stddev is not None else 1.0 / np.sqrt(n_err)
-      b = _feedback_matrix(context, f"dfa_{i}", [n_err, n_in], stddev,
-                           self.seed)
-      g = tf.matmul(tf.cast(e, t.dtype), tf.cast(b, t.dtype))
-      out.append(tf.reshape(g, tf.shape(t)))
-    return out
-
-  def __repr__(self):
-    return (f"direct_feedback_alignment(seed={self.seed!r}, "
-            f"error_layer={self.error_layer!r})")
-
-
-def direct_feedback_alignment(seed: Optional[int] = None,
-                              error_layer: Optional[str] = None,
-                              stddev: Optional[float] = None) -> Replacement:
-  """Direct feedback alignment (Nokland, 2016, "Direct Feedback Alignment
-  Provides Learning in Deep Neural Networks").
-
-  With ``e = dL/d(logits)`` the error at the top layer's output, a layer
-  with DFA sends to each input tensor ``x`` (flattened to ``[batch, n]``)
-
-      dx = e B_x,
-
-  with ``B_x`` a fixed ``[n_logits, n]`` random matrix, ``N(0, s^2)``
-  entries, ``s = stddev`` or ``1 / sqrt(n_logits)``. Declared on every layer
-  above a hidden layer, each hidden layer ``h_i = f(a_i)`` receives its own
-  projection of the top error, and its parameters train on
-  ``(e B_i) * f'(a_i)``, as in the paper. Works for any layer type.
-
-  Args:
-    seed: seed of the stateless generator of ``B`` (with the layer name and
-      input position); without one, the graph's random seed is used.
-    error_layer: the layer whose output gradient is ``e``; by default the one
-      layer whose output reaches the loss through glue only.
-    stddev: standard deviation of ``B``'s entries.
-
-  Returns:
-    A replacement for ``plan.replace_backward(layer, r)``.
-
-  Raises:
-    GraphGradError: at ``replace_backward``, if the error layer is ambiguous
-      or has more than one output.
-
-  Example:
-    >>> direct_feedback_alignment(seed=0)
-    direct_feedback_alignment(seed=0, error_layer=None)
-  """
-  return _DirectFeedbackAlignment(seed, error_layer, stddev)

@@ -1,11 +1,28 @@
-"""PCGrad at a layer boundary: project conflicting per-loss gradients.
+"""Task combination at a shared layer's outputs, and PCGrad.
 
-``plan.project_conflicts(layer, losses)`` applies gradient surgery (Yu et al.,
-2020, "Gradient Surgery for Multi-Task Learning") to the gradients that the
-listed losses send to a shared layer's outputs.
+``plan.combine_tasks(layer, losses, method)`` rewrites the gradient ``g`` at
+a shared layer's outputs ``T`` from the per-task gradients
+``g_i = dL/dL_i * dL_i/dT``:
+
+    g  <-  g - sum_i g_i + method.combine([g_1, ..., g_n]).
+
+The task-combination contract: ``method.combine(grads)`` takes one list per
+task, each holding one gradient per output tensor (``None`` where the task
+does not reach the tensor), and returns one combined gradient per tensor
+(``None`` where no task reaches it). :class:`PCGrad` is one such method:
+gradient surgery (Yu et al., 2020, "Gradient Surgery for Multi-Task
+Learning"); ``plan.project_conflicts(layer, losses)`` is
+``combine_tasks(layer, losses, pcgrad())``.
+
+Example:
+  >>> import tensorflow as tf
+  >>> out = pcgrad().combine([[tf.constant([1.0, 0.0])],
+  ...                         [tf.constant([-1.0, 1.0])]])
+  >>> out[0].numpy().tolist()  # each projected off the other, then summed
+  [0.5, 1.5]
 """
 
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import networkx as nx
 import tensorflow as tf
@@ -20,7 +37,7 @@ def _dot(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> tf.Tensor:
 
 
 def project(per_loss: Sequence[Sequence[Gradient]],
-            like: Sequence[tf.Tensor], shuffle: bool = True,
+            like: Optional[Sequence[tf.Tensor]] = None, shuffle: bool = True,
             seed: Optional[int] = None) -> List[Gradient]:
   """PCGrad of per-loss gradients, summed over losses.
 
@@ -38,13 +55,16 @@ def project(per_loss: Sequence[Sequence[Gradient]],
 
   Args:
     per_loss: one list of gradients per loss, aligned with ``like``.
-    like: the forward tensors the gradients belong to.
+    like: the forward tensors the gradients belong to; by default, the
+      zeros of a missing gradient are shaped like another loss's there.
     shuffle: draw the order of the other tasks at random for each task.
     seed: op-level seed of the shuffles.
 
   Returns:
     One gradient per tensor of ``like``.
   """
+  if like is None:
+    return _project_reached(per_loss, shuffle, seed)
   active = [i for i, gs in enumerate(per_loss)
             if any(g is not None for g in gs)]
   reached = [any(per_loss[i][t] is not None for i in active)
@@ -77,11 +97,68 @@ def project(per_loss: Sequence[Sequence[Gradient]],
   return [t if r else None for t, r in zip(total, reached)]
 
 
-def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
-                   shuffle: bool, seed: Optional[int], scope: str):
+def _project_reached(per_loss, shuffle, seed) -> List[Gradient]:
+  """:func:`project` without ``like``: over the tensors some loss reaches.
+
+  A tensor no loss reaches adds nothing to the dot products and gets
+  ``None``; a missing gradient elsewhere is the zeros of a present one.
+  """
+  n_tensors = len(per_loss[0])
+  reached = [any(gs[t] is not None for gs in per_loss)
+             for t in range(n_tensors)]
+  kept = [t for t in range(n_tensors) if reached[t]]
+  like = [tf.convert_to_tensor(next(gs[t] for gs in per_loss
+                                    if gs[t] is not None)) for t in kept]
+  combined = iter(project([[gs[t] for t in kept] for gs in per_loss], like,
+                          shuffle, seed))
+  return [next(combined) if r else None for r in reached]
+
+
+class PCGrad:
+  """PCGrad as a task-combination method (see :func:`pcgrad`)."""
+
+  name = "pcgrad"
+
+  def __init__(self, shuffle: bool = True, seed: Optional[int] = None):
+    self.shuffle, self.seed = shuffle, seed
+
+  def combine(self, grads: Sequence[Sequence[Gradient]]) -> List[Gradient]:
+    """The sum of the projected task gradients, one per tensor."""
+    return project(grads, shuffle=self.shuffle, seed=self.seed)
+
+  def __repr__(self):
+    return f"pcgrad(shuffle={self.shuffle!r}, seed={self.seed!r})"
+
+
+def pcgrad(shuffle: bool = True, seed: Optional[int] = None) -> PCGrad:
+  """PCGrad: each task gradient projected off those it conflicts with.
+
+  For every task ``i``, ``g_i^PC`` starts at ``g_i``; for every other task
+  ``j`` (in a random order drawn at each step with ``shuffle``), when
+  ``g_i^PC . g_j < 0``, ``g_i^PC <- g_i^PC - (g_i^PC . g_j) / ||g_j||^2 g_j``,
+  with dot products over every output tensor, batch included. ``combine``
+  returns ``sum_i g_i^PC``.
+
+  Args:
+    shuffle: take the other tasks in a random order, drawn at each step
+      (with two tasks the order does not matter).
+    seed: op-level seed of the shuffles.
+
+  Returns:
+    A task-combination method for ``plan.combine_tasks``.
+
+  Example:
+    >>> pcgrad(seed=1)
+    pcgrad(shuffle=True, seed=1)
+  """
+  return PCGrad(shuffle, seed)
+
+
+def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor], method: Any,
+                   scope: str):
   """The engine's rewrite ``(grads, outputs) -> grads`` at a shared layer.
 
-  ``g - sum_i g_i + sum_i g_i^PC`` with ``g_i = dL/dL_i * dL_i/dT``.
+  ``g - sum_i g_i + method.combine([g_i])`` with ``g_i = dL/dL_i * dL_i/dT``.
   """
   def run(grads, outputs):
     with tf.name_scope(scope.replace("/", "_")):
@@ -89,9 +166,14 @@ def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
       per_loss = [tf.compat.v1.gradients(l, list(outputs), grad_ys=w)
                   if w is not None else [None] * len(outputs)
                   for l, w in zip(losses, weights)]
-      projected = project(per_loss, outputs, shuffle, seed)
+      combined = list(method.combine(per_loss))
+      if len(combined) != len(outputs):
+        raise _errors.IncompatibleGradientError(
+            f"combine_tasks: {method!r}.combine returned {len(combined)} "
+            f"gradients for {len(outputs)} output tensors. Return one "
+            f"combined gradient (or None) per tensor, in order.")
       out = []
-      for t, (g, p) in enumerate(zip(grads, projected)):
+      for t, (g, p) in enumerate(zip(grads, combined)):
         if g is None or p is None:  # no listed loss reaches this output
           out.append(g)
           continue
@@ -102,40 +184,41 @@ def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
   return run
 
 
-def check_losses(net: LayerGraph, layer: str, losses) -> List[tf.Tensor]:
-  """Validates ``losses`` for ``project_conflicts``; returns them as a list."""
+def check_losses(net: LayerGraph, layer: str, losses,
+                 method: str = "combine_tasks") -> List[tf.Tensor]:
+  """Validates task ``losses`` of a plan's ``method``; returns them as a list."""
   if isinstance(losses, tf.Tensor) or not isinstance(losses, (list, tuple)):
     raise _errors.GraphGradError(
-        f"project_conflicts: `losses` must be a list of at least two scalar "
+        f"{method}: `losses` must be a list of at least two scalar "
         f"loss tensors; got {type(losses).__name__}. Pass e.g. "
         f"losses=[loss_a, loss_b].")
   losses = list(losses)
   if len(losses) < 2:
     raise _errors.GraphGradError(
-        f"project_conflicts: `losses` must hold at least two losses to "
+        f"{method}: `losses` must hold at least two losses to "
         f"project against each other; got {len(losses)}.")
   for i, l in enumerate(losses):
     if not isinstance(l, tf.Tensor) or not l.dtype.is_floating or (
         l.shape.rank != 0):
       raise _errors.GraphGradError(
-          f"project_conflicts: `losses[{i}]` must be a floating-point scalar "
+          f"{method}: `losses[{i}]` must be a floating-point scalar "
           f"tensor; got {l!r}. Reduce each task loss to a scalar "
           f"(tf.reduce_mean).")
     if l.graph is not net.loss.graph or l.op.name not in net.op_graph:
       raise _errors.NotConnectedError(
-          f"project_conflicts: the plan's loss {net.loss.name} does not "
+          f"{method}: the plan's loss {net.loss.name} does not "
           f"depend on `losses[{i}]` {l.name}. List the task losses whose "
           f"(weighted) sum is the plan's loss.")
   names = [l.name for l in losses]
   if len(set(names)) != len(names):
     raise _errors.GraphGradError(
-        f"project_conflicts: `losses` lists a tensor twice: {names}. List "
+        f"{method}: `losses` lists a tensor twice: {names}. List "
         f"each task loss once.")
   for a in losses:
     for b in losses:
       if a is not b and nx.has_path(net.op_graph, a.op.name, b.op.name):
         raise _errors.GraphGradError(
-            f"project_conflicts: `losses` {b.name} depends on {a.name}, so "
+            f"{method}: `losses` {b.name} depends on {a.name}, so "
             f"their gradients overlap. List task losses that are separate "
             f"terms of the plan's loss, not partial sums.")
   return losses

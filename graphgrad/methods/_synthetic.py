@@ -1,8 +1,8 @@
-"""Synthetic gradients: a trained module predicts the gradient at a boundary."""
+"""Synthetic gradients: a trained module predicts the gradient at a layer's inputs."""
 
 import dataclasses
 import zlib
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -10,10 +10,11 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.methods._backward import (
   BackwardContext,
+  BackwardResult,
   Replacement,
-  _static_features,
+  static_features,
 )
-from graphgrad.transforms._transforms import EXTRA_GRADS_AND_VARS
+from graphgrad.transforms import _validate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,11 +26,42 @@ class SyntheticModule:
     prediction: the synthetic gradient sent below, shaped like the input.
     target: the true gradient it regresses onto (``stop_gradient`` applied).
     loss: ``loss_weight * ||prediction - target||^2``, the regression loss.
+    input: the layer's input tensor whose gradient it predicts.
   """
   variables: Sequence[tf.Variable]
   prediction: tf.Tensor
   target: tf.Tensor
   loss: tf.Tensor
+  input: Optional[tf.Tensor] = None
+
+
+def module_values(seed: Optional[int], layer: str, index: int,
+                  sizes: Sequence[int], dtype=tf.float32) -> List[tf.Tensor]:
+  """Initial values ``[kernel_0, bias_0, kernel_1, ...]`` of a module.
+
+  The module maps ``sizes[0]`` features through ``sizes[1:]``. Hidden
+  kernels are He-normal stateless draws from ``[seed or 0, crc32(key)]``
+  with ``key`` naming the layer, the input's position ``index`` and the
+  kernel; the output kernel and every bias are zero (the first synthetic
+  gradients are zero, as in Jaderberg et al.). The same numbers in a
+  ``tf.Graph`` and eagerly for the same arguments.
+
+  Example:
+    >>> [v.shape.as_list() for v in module_values(0, "l2", 0, [3, 4, 2])]
+    [[3, 4], [4], [4, 2], [2]]
+  """
+  made = []
+  seed = 0 if seed is None else seed
+  for j, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    if j == len(sizes) - 2:
+      made.append(tf.zeros([n_in, n_out], dtype))
+    else:
+      derived = zlib.crc32(f"{(layer, index)}/{j}".encode())
+      made.append(tf.random.stateless_normal(
+          [n_in, n_out], seed=[seed, derived], stddev=np.sqrt(2.0 / n_in),
+          dtype=dtype))
+    made.append(tf.zeros([n_out], dtype))
+  return made
 
 
 class _Synthetic(Replacement):
@@ -40,62 +72,72 @@ class _Synthetic(Replacement):
     self.labels = labels
     self.loss_weight = loss_weight
     self.seed = seed
-    self.modules: Dict[str, SyntheticModule] = {}
 
-  def _variables(self, context, key, sizes, dtype) -> List[tf.Variable]:
-    store = context.state.setdefault("synthetic_modules", {})
-    if key not in store:
-      made = []
-      seed = 0 if self.seed is None else self.seed
-      for j, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-        last = j == len(sizes) - 2
-        if last:  # zero: the first synthetic gradients are zero (Jaderberg)
-          init = tf.zeros([n_in, n_out], dtype)
-        else:
-          derived = zlib.crc32(f"{key}/{j}".encode())
-          init = tf.random.stateless_normal(
-              [n_in, n_out], seed=[seed, derived],
-              stddev=np.sqrt(2.0 / n_in), dtype=dtype)
-        made.append(tf.compat.v1.Variable(init, name=f"kernel_{j}"))
-        made.append(tf.compat.v1.Variable(tf.zeros([n_out], dtype),
-                                          name=f"bias_{j}"))
-      store[key] = made
-    return store[key]
+  def initial_values(self, layer: str, index: int, sizes: Sequence[int],
+                     dtype=tf.float32) -> List[tf.Tensor]:
+    """The initial values of the module at ``layer``'s input ``index``, as
+    every executor makes them (see :func:`module_values`)."""
+    return module_values(self.seed, layer, index, sizes, dtype)
 
-  def backward(self, context: BackwardContext):
+  def _variables(self, context, index, sizes, dtype) -> List[tf.Variable]:
+    layer = context.layer.name
+    def make():
+      values = self.initial_values(layer, index, sizes, dtype)
+      return [tf.compat.v1.Variable(
+          v, name=f"{'kernel' if j % 2 == 0 else 'bias'}_{j // 2}")
+              for j, v in enumerate(values)]
+    return context.resources.get_or_create(
+        layer, f"synthetic/variables_{index}", make)
+
+  def modules(self, plan) -> Dict[str, SyntheticModule]:
+    """Input tensor name -> its :class:`SyntheticModule`, in one built plan.
+
+    Args:
+      plan: a built plan that declared this replacement (on any number of
+        layers); each plan has its own modules.
+    """
+    layers = [l for l, r in plan.declarations.backward.items() if r is self]
+    return {m.input.name: m for l in layers
+            for m in plan.resources.of_layer(l).values()
+            if isinstance(m, SyntheticModule) and m.input is not None}
+
+  def backward(self, context: BackwardContext) -> BackwardResult:
     true = context.chain_rule()
-    out = []
+    out: List[Optional[tf.Tensor]] = []
+    extra: List[Tuple[tf.Tensor, tf.Variable]] = []
     for i, (x, target) in enumerate(zip(context.inputs, true)):
       if target is None:  # the input does not reach the outputs
         out.append(None)
         continue
-      n = _static_features(x, f"synthetic on {context.layer.name!r}")
-      feats = [tf.reshape(tf.stop_gradient(x), [-1, n])]
-      if self.labels is not None:
-        n_labels = _static_features(self.labels, "synthetic `labels`")
-        labels = tf.cast(tf.stop_gradient(self.labels), x.dtype)
-        feats.append(tf.reshape(labels, [-1, n_labels]))
-      z = tf.concat(feats, 1) if len(feats) > 1 else feats[0]
-      sizes = [int(z.shape[-1]), *self.hidden, n]
-      variables = self._variables(context, (context.layer.name, i), sizes,
-                                  x.dtype)
-      h = z
-      for j in range(0, len(variables), 2):
-        h = tf.matmul(h, variables[j]) + variables[j + 1]
-        if j + 2 < len(variables):
-          h = tf.nn.relu(h)
-      prediction = tf.reshape(h, tf.shape(x), name="prediction")
-      target = tf.stop_gradient(tf.convert_to_tensor(target), name="target")
-      loss = tf.multiply(tf.cast(self.loss_weight, x.dtype),
-                         tf.reduce_sum(tf.square(prediction - target)),
-                         name="loss")
-      grads = tf.compat.v1.gradients(loss, variables)
-      context.state.setdefault(EXTRA_GRADS_AND_VARS, []).extend(
-          zip(grads, variables))
-      self.modules[x.name] = SyntheticModule(tuple(variables), prediction,
-                                             target, loss)
-      out.append(prediction)
-    return out
+      module = self._module(context, i, x, target)
+      extra += zip(tf.compat.v1.gradients(module.loss, list(module.variables)),
+                   module.variables)
+      context.resources.put(context.layer.name, f"synthetic/module_{i}",
+                            module)
+      out.append(module.prediction)
+    return BackwardResult(out, extra)
+
+  def _module(self, context, i, x, target) -> SyntheticModule:
+    n = static_features(x, f"synthetic on {context.layer.name!r}")
+    feats = [tf.reshape(tf.stop_gradient(x), [-1, n])]
+    if self.labels is not None:
+      n_labels = static_features(self.labels, "synthetic `labels`")
+      labels = tf.cast(tf.stop_gradient(self.labels), x.dtype)
+      feats.append(tf.reshape(labels, [-1, n_labels]))
+    z = tf.concat(feats, 1) if len(feats) > 1 else feats[0]
+    variables = self._variables(context, i, [int(z.shape[-1]), *self.hidden, n],
+                                x.dtype)
+    h = z
+    for j in range(0, len(variables), 2):
+      h = tf.matmul(h, variables[j]) + variables[j + 1]
+      if j + 2 < len(variables):
+        h = tf.nn.relu(h)
+    prediction = tf.reshape(h, tf.shape(x), name="prediction")
+    target = tf.stop_gradient(tf.convert_to_tensor(target), name="target")
+    loss = tf.multiply(tf.cast(self.loss_weight, x.dtype),
+                       tf.reduce_sum(tf.square(prediction - target)),
+                       name="loss")
+    return SyntheticModule(tuple(variables), prediction, target, loss, x)
 
   def __repr__(self):
     return (f"synthetic(hidden={self.hidden!r}, "
@@ -125,8 +167,10 @@ def synthetic(hidden: Sequence[int] = (), labels: Optional[tf.Tensor] = None,
   outputs (after its upstream transform; synthetic itself, when the layer
   above has a synthetic replacement too). ``M``'s ``(grad, var)`` pairs are
   appended to ``plan.compute_gradients()``. The layer's own parameters get
-  their true gradients. ``r.modules`` maps each input tensor's name to its
-  :class:`SyntheticModule` (variables, prediction, target, loss).
+  their true gradients. Each plan, and each layer, that declares one
+  ``synthetic()`` value gets its own modules: ``r.modules(plan)`` maps each
+  input tensor's name to its :class:`SyntheticModule` (variables,
+  prediction, target, loss) in ``plan``.
 
   Args:
     hidden: sizes of the module's hidden layers; ``()`` is a linear module.
@@ -139,20 +183,31 @@ def synthetic(hidden: Sequence[int] = (), labels: Optional[tf.Tensor] = None,
     A replacement for ``plan.replace_backward(layer, r)``.
 
   Raises:
-    GraphGradError: if ``hidden`` holds a size that is not positive or
-      ``labels`` is not a tensor.
+    GraphGradError: if ``hidden`` is not a sequence of positive ints,
+      ``labels`` is not a tensor, ``loss_weight`` is not a non-negative
+      finite number or ``seed`` is not an int.
 
   Example:
     >>> synthetic(hidden=(64,))
     synthetic(hidden=(64,), labels=None, loss_weight=1.0)
   """
+  if not isinstance(hidden, (list, tuple, range)):
+    raise _errors.GraphGradError(
+        f"synthetic: `hidden` must hold positive layer sizes, as a tuple or "
+        f"list; got {type(hidden).__name__} {hidden!r}. Pass e.g. "
+        f"hidden=(64,), or () for a linear module.")
   hidden = tuple(hidden)
-  if any(not isinstance(h, int) or h <= 0 for h in hidden):
+  if any(not isinstance(h, int) or isinstance(h, bool) or h <= 0
+         for h in hidden):
     raise _errors.GraphGradError(
         f"synthetic: `hidden` must hold positive layer sizes; got {hidden!r}. "
         f"Pass e.g. hidden=(64,), or () for a linear module.")
   if labels is not None and not isinstance(labels, tf.Tensor):
     raise _errors.GraphGradError(
-        f"synthetic: `labels` must be a tensor of the graph, such as the "
+        f"synthetic: `labels` must be a tensor of the tf.Graph, such as the "
         f"one-hot label placeholder; got {type(labels).__name__}.")
+  _validate.number("synthetic", "loss_weight", loss_weight,
+                   what="non-negative", low=0.0, tensor=False,
+                   fix="Pass e.g. loss_weight=1.0.")
+  _validate.seed("synthetic", seed)
   return _Synthetic(hidden, labels, loss_weight, seed)

@@ -7,9 +7,9 @@ factor. Only epsilon and the first few steps still see it.
 """
 
 import logging
-from typing import List
+from typing import Iterable, Optional
 
-from graphgrad.transforms._transforms import Transform, _Chain, _Scale
+from graphgrad.transforms._transforms import Transform
 
 log = logging.getLogger("graphgrad")
 
@@ -23,7 +23,7 @@ def is_adaptive(optimizer) -> bool:
   return any(c.__name__ in _ADAPTIVE for c in type(optimizer).__mro__)
 
 
-def pure_scale(fns: List[Transform]):
+def pure_scale(fns: Iterable[Transform]) -> Optional[float]:
   """The overall factor of transforms that only scale by positive numbers.
 
   Returns ``None`` when any transform does something else: a reversal
@@ -31,15 +31,11 @@ def pure_scale(fns: List[Transform]):
   clipping or a tensor-valued factor is not a constant scale.
   """
   factor = 1.0
-  stack = list(fns)
-  while stack:
-    t = stack.pop()
-    if isinstance(t, _Chain):
-      stack.extend(t.transforms)
-    elif isinstance(t, _Scale) and isinstance(t.c, (int, float)) and t.c > 0:
-      factor *= t.c
-    else:
+  for t in fns:
+    c = getattr(t, "linear_factor", None)  # group transforms have none
+    if c is None or c <= 0:
       return None
+    factor *= c
   return None if factor == 1.0 else factor
 
 
@@ -52,11 +48,12 @@ def warn_if_scale_cancels(plan, optimizer) -> bool:
   if not is_adaptive(optimizer):
     return False
   found = []
-  for kind, table in (("transform_gradients", plan._gradients),  # pylint: disable=protected-access
-                      ("transform_upstream", plan._upstream),  # pylint: disable=protected-access
-                      ("transform_edge", plan._edges)):  # pylint: disable=protected-access
+  declared = plan.declarations
+  for kind, table in (("transform_gradients", declared.gradients),
+                      ("transform_upstream", declared.upstream),
+                      ("transform_edge", declared.edges)):
     for key, fns in table.items():
-      factor = pure_scale(fns)
+      factor = pure_scale(fns if isinstance(fns, tuple) else (fns,))
       if factor is not None:
         where = ", ".join(map(repr, key)) if isinstance(key, tuple) else repr(key)
         found.append(f"{kind}({where}) scales by {factor:g}")

@@ -11,7 +11,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Set
 import tensorflow as tf
 
 from graphgrad.plan import _reach
-from graphgrad.transforms._transforms import Factor
 
 
 def aggregate(grads: Sequence, like: Optional[tf.Tensor] = None):
@@ -35,13 +34,13 @@ def aggregate(grads: Sequence, like: Optional[tf.Tensor] = None):
   return tf.add_n(dense)
 
 
-def is_zero(factor: Optional[Factor]) -> bool:
+def is_zero(factor: Optional[float]) -> bool:
   """True for a factor known, when building, to be 0."""
   return (isinstance(factor, (int, float)) and not isinstance(factor, bool)
           and factor == 0)
 
 
-def is_one(factor: Optional[Factor]) -> bool:
+def is_one(factor: Optional[float]) -> bool:
   return (factor is None or (isinstance(factor, (int, float))
                              and not isinstance(factor, bool) and factor == 1))
 
@@ -55,10 +54,14 @@ class Backprop:
     bound: whether each call's reachability walk may be bounded.
     reduce: optional ``(var_names, grads) -> grads`` applied to the
       parameter gradients of each segment call.
+    gradients_fn: what each segment calls instead of ``tf.gradients``,
+      with the same arguments.
   """
 
   def __init__(self, variables: Dict[str, tf.Variable], options: dict,
-               bound: bool, reduce: Optional[Callable] = None):
+               bound: bool, reduce: Optional[Callable] = None,
+               gradients_fn: Optional[Callable] = None):
+    self.gradients_fn = gradients_fn or tf.compat.v1.gradients
     self.variables = variables
     self.options = options
     self.bound = bound
@@ -76,7 +79,7 @@ class Backprop:
     return [aggregate(store.get(t.name, ()), like=t) for t in ts]
 
   def call(self, ys, grad_ys, targets, var_names, stops=None) -> List:
-    """One segment: ``tf.gradients`` from ``ys`` to targets and variables."""
+    """One segment: ``gradients_fn`` from ``ys`` to targets and variables."""
     pairs = [(y, gy) for y, gy in zip(ys, grad_ys) if gy is not None]
     xs = list(targets) + [self.variables[n] for n in var_names]
     if not pairs or not xs:
@@ -85,21 +88,18 @@ class Backprop:
     ys = [y for y, _ in pairs]
     allowed = _reach.behind(ys, xs) if self.bound else None
     with _reach.bounded(allowed):
-      return tf.compat.v1.gradients(ys, xs, grad_ys=[gy for _, gy in pairs],
-                                    stop_gradients=stops, **self.options)
+      return self.gradients_fn(ys, xs, grad_ys=[gy for _, gy in pairs],
+                               stop_gradients=stops, **self.options)
 
-  def weigh(self, grad, factor: Optional[Factor]):
+  def weigh(self, grad, factor: Optional[float]):
     """``factor * grad``, sparse kept sparse; no op for a factor of 1."""
     if grad is None or is_one(factor):
       return grad
     values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-    key = (factor if isinstance(factor, (int, float)) else id(factor),
-           values.dtype)
+    key = (factor, values.dtype)
     if key not in self._consts:
       # One constant per factor and dtype, shared by every weighted share.
-      self._consts[key] = (tf.constant(factor, values.dtype)
-                           if isinstance(factor, (int, float))
-                           else tf.cast(factor, values.dtype))
+      self._consts[key] = tf.constant(factor, values.dtype)
     scaled = values * self._consts[key]
     if isinstance(grad, tf.IndexedSlices):
       return tf.IndexedSlices(scaled, grad.indices, grad.dense_shape)
@@ -110,13 +110,13 @@ class Backprop:
       (self.acc if store is None else store)[t.name].append(grad)
 
   def deposit(self, targets, var_names, results, store=None,
-              factor: Optional[Factor] = None, plain: Sequence[str] = ()):
+              factor: Optional[float] = None, plain: Sequence[str] = ()):
     """Adds one call's results; all but the ``plain`` variables weighted."""
     n = len(targets)
     for t, g in zip(targets, results[:n]):
       self.add(t, self.weigh(g, factor), store)
-    plain = set(plain)
-    found = [(name, g if name in plain else self.weigh(g, factor))
+    unweighted = set(plain)
+    found = [(name, g if name in unweighted else self.weigh(g, factor))
              for name, g in zip(var_names, results[n:]) if g is not None]
     if self.reduce is not None and found:
       found = list(zip([name for name, _ in found],

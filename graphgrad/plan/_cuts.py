@@ -24,13 +24,10 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.analysis import _graph_util
+from graphgrad.analysis._graph_util import differentiable
 from graphgrad.analysis._layers import LayerGraph
 
 log = logging.getLogger("graphgrad")
-
-
-def differentiable(t: tf.Tensor) -> bool:
-  return (t.dtype.is_floating or t.dtype.is_complex) and not _graph_util.is_handle(t)
 
 
 class Kind(enum.Enum):
@@ -267,7 +264,8 @@ class CutPlan:
     return Group(Key(Kind.LAYER, name), sources, targets, var_names)
 
   def share_group(self, name: str) -> Group:
-    direct, glue = [], []
+    direct: List[tf.Tensor] = []
+    glue: List[tf.Tensor] = []
     for t in self.inputs[name]:
       (direct if self.net.layer_of(t.op) is not None else glue).append(t)
     # The edge's share must reach the lower layers' boundary tensors whole,

@@ -30,8 +30,10 @@ of rewriting it. Where the order of a linear rewrite and another one on the
 same layer matters (a backward replacement, which sees the rewritten
 gradient itself), the engine calls ``fn`` as for a nonlinear rewrite.
 
-With no cuts at all the caller uses a single ``tf.gradients`` call instead,
-which is exactly what ``Optimizer.minimize`` builds.
+Every segment calls ``gradients_fn`` (the plan's ``tf.gradients`` cut at the
+ops it overrides, see ``_override``) instead of ``tf.gradients`` itself. With
+no cuts at all the caller makes a single call instead, which is exactly what
+``Optimizer.minimize`` builds.
 """
 
 import dataclasses
@@ -43,10 +45,9 @@ from graphgrad import _errors
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.plan import _reach
 from graphgrad.plan._backprop import Backprop, aggregate, is_zero
-from graphgrad.plan._cuts import CutPlan, Group, Kind, ancestors, differentiable
-from graphgrad.transforms._transforms import Factor
+from graphgrad.plan._cuts import CutPlan, Group, Kind, ancestors
 
-__all__ = ["Rewrite", "Segments", "aggregate", "differentiable"]
+__all__ = ["Rewrite", "Segments", "aggregate"]
 
 # False: every linear rewrite takes the general path (a second backward pass
 # with ``fn``), as a nonlinear one does. Exactness tests compare both paths.
@@ -59,14 +60,15 @@ class Rewrite:
 
   Attributes:
     fn: ``(grad, tensor) -> grad``, the rewrite with the plan's checks.
-    factor: ``c`` when ``fn`` computes ``c * grad`` (a number or a scalar
-      tensor), else ``None``. With a factor the engine never calls ``fn``
-      except where a backward replacement needs the rewritten gradient.
+    factor: ``c`` when ``fn`` computes ``c * grad`` (a Python number, see
+      ``Transform.linear_factor``), else ``None``. With a factor the engine
+      never calls ``fn`` except where a backward replacement needs the
+      rewritten gradient.
     observe: called as ``observe(grad, tensor)`` with each gradient that
       a linear rewrite weights instead of calling ``fn`` on (summaries).
   """
   fn: Callable
-  factor: Optional[Factor] = None
+  factor: Optional[float] = None
   observe: Optional[Callable] = None
 
 
@@ -103,6 +105,8 @@ class Segments:
     cuts: more layers to cut, whose output gradients ``upstream_of`` reads.
     fuse_linear: weight linear rewrites instead of a second backward pass;
       defaults to the module's ``FUSE_LINEAR``.
+    gradients_fn: what each segment calls instead of ``tf.gradients``, with
+      the same arguments (the plan's gradient overrides, see ``_override``).
   """
 
   def __init__(self, net: LayerGraph, variables,
@@ -110,9 +114,11 @@ class Segments:
                edges: Dict[Tuple[str, str], Entry], options: dict,
                backward: Optional[Dict[str, Callable]] = None,
                outputs_fn: Optional[Dict[str, Callable]] = None,
-               cuts: Sequence[str] = (), fuse_linear: Optional[bool] = None):
+               cuts: Sequence[str] = (), fuse_linear: Optional[bool] = None,
+               gradients_fn: Optional[Callable] = None):
     fuse = FUSE_LINEAR if fuse_linear is None else fuse_linear
     self.net = net
+    self.gradients_fn = gradients_fn or tf.compat.v1.gradients
     self.variables = {v.op.name: v for v in variables}
     self.upstream = {k: _rewrite(e, fuse) for k, e in upstream.items()}
     self.edges = {k: _rewrite(e, fuse) for k, e in edges.items()}
@@ -153,7 +159,8 @@ class Segments:
         parameter gradients each ``tf.gradients`` call (segment) produces,
         before they join the variables' contributions.
     """
-    bp = Backprop(self.variables, self.options, self._bound, reduce)
+    bp = Backprop(self.variables, self.options, self._bound, reduce,
+                  gradients_fn=self.gradients_fn)
     bp.acc[self.net.loss.name].append(seed)
     self._done = {}
     run = {Kind.LAYER: self._run_layer, Kind.SHARE: self._run_share,
@@ -211,14 +218,22 @@ class Segments:
     name = group.key.name
     if name not in self.edge_uppers:
       return group.targets
+    return self._not_zeroed(group.targets, name, bp)
+
+  def _not_zeroed(self, targets, upper: str, bp: Backprop) -> List[tf.Tensor]:
+    """``targets`` but those whose edge into ``upper`` is ``zero()``."""
     live = []
-    for t in group.targets:
-      rw = self.edges.get((self.net.layer_of(t.op), name))
+    for t in targets:
+      rw = self._edge_of(t, upper)
       if rw is not None and is_zero(rw.factor):
         bp.drop([t])
       else:
         live.append(t)
     return live
+
+  def _edge_of(self, t: tf.Tensor, upper: str) -> Optional[Rewrite]:
+    lower = self.net.layer_of(t.op)
+    return None if lower is None else self.edges.get((lower, upper))
 
   def _run_replaced(self, group: Group, bp: Backprop, g: List, own, other,
                     store) -> None:
@@ -252,13 +267,7 @@ class Segments:
     for t in group.direct:
       bp.add(t, self._edge(t, name, aggregate(store.get(t.name, ()), like=t),
                            bp))
-    live = []
-    for t in group.targets:
-      rw = self.edges.get((self.net.layer_of(t.op), name))
-      if rw is not None and is_zero(rw.factor):
-        bp.drop([t])
-      else:
-        live.append(t)
+    live = self._not_zeroed(group.targets, name, bp)
     glue = group.glue
     res = bp.call(glue, bp.total(glue, store), live, group.variables,
                   stops=group.targets)
@@ -267,7 +276,7 @@ class Segments:
     bp.deposit([], group.variables, res[len(live):])
 
   def _edge(self, t: tf.Tensor, upper: str, grad, bp: Backprop):
-    rw = self.edges.get((self.net.layer_of(t.op), upper))
+    rw = self._edge_of(t, upper)
     if rw is None or grad is None:
       return grad
     if rw.factor is None:

@@ -8,21 +8,16 @@ it as one section.
 """
 
 import collections
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
-from graphgrad._types import Gradient
+from graphgrad._types import Gradient, gradient_values
 
 tf1 = tf.compat.v1
 
-
-def _values(g: Gradient) -> tf.Tensor:
-  return g.values if isinstance(g, tf.IndexedSlices) else g
-
-
 def _norm(grads: List[Gradient], name: str) -> tf.Tensor:
-  return tf.linalg.global_norm([_values(g) for g in grads], name=name)
+  return tf.linalg.global_norm([gradient_values(g) for g in grads], name=name)
 
 
 def _pair(tag: str, before: List[Gradient], after: List[Gradient],
@@ -41,11 +36,11 @@ def build(plan, histograms: bool = False, name: str = "graphgrad") -> tf.Tensor:
   built = plan.compute_gradients()
   net = plan.net
   params_before: Dict[str, Gradient] = {}
-  upstream = collections.defaultdict(lambda: ([], []))
-  edges = collections.defaultdict(lambda: ([], []))
-  for ctx, before, after in plan._trace:  # pylint: disable=protected-access
-    if callable(after):  # a linear rewrite the engine weighted instead
-      after = after()
+  upstream: Dict[str, Tuple[List[Gradient], List[Gradient]]] = (
+      collections.defaultdict(lambda: ([], [])))
+  edges: Dict[Tuple[str, str], Tuple[List[Gradient], List[Gradient]]] = (
+      collections.defaultdict(lambda: ([], [])))
+  for ctx, before, after in plan.trace:
     if before is None or after is None:
       continue
     if ctx.role == "gradients":
@@ -81,9 +76,9 @@ def build(plan, histograms: bool = False, name: str = "graphgrad") -> tf.Tensor:
       for g, v in built:
         if g is not None:
           out.append(tf1.summary.histogram(f"grad_hist/{v.op.name}",
-                                           _values(g)))
+                                           gradient_values(g)))
       for layer, (_, after) in upstream.items():
         for g in after:
           out.append(tf1.summary.histogram(f"upstream_hist/{layer}",
-                                           _values(g)))
+                                           gradient_values(g)))
     return tf1.summary.merge(out, name="summaries")

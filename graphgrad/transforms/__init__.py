@@ -11,23 +11,30 @@ from graphgrad.transforms._group import (
                               clip_by_global_norm,
                               trust_ratio,
 )
+from graphgrad.transforms._numerics import (
+                              ApplyIfFinite,
+                              apply_if_finite,
+                              check_numerics,
+)
+from graphgrad.transforms._context import Resources, TransformContext
+from graphgrad.transforms._linear import linear
+from graphgrad.transforms._noise import add_noise
 from graphgrad.transforms._transforms import (
                               Transform,
-                              TransformContext,
-                              add_noise,
                               as_transform,
                               chain,
                               clip_by_norm,
                               clip_by_value,
                               identity,
-                              linear,
                               reverse,
                               scale,
                               zero,
 )
 
 __all__ = [
-    "GroupTransform", "Transform", "TransformContext", "add_noise",
-    "as_transform", "chain", "clip_by_global_norm", "clip_by_norm",
-    "clip_by_value", "identity", "linear", "reverse", "scale", "trust_ratio", "zero",
+    "ApplyIfFinite", "GroupTransform", "Resources", "Transform",
+    "TransformContext", "add_noise", "apply_if_finite", "as_transform",
+    "chain", "check_numerics", "clip_by_global_norm", "clip_by_norm",
+    "clip_by_value", "identity", "linear", "reverse", "scale", "trust_ratio",
+    "zero",
 ]

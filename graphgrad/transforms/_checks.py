@@ -4,7 +4,7 @@ Shared by GradientPlan, KerasPlan and AfterAggregation, which all apply
 user transforms and must all refuse the same broken results.
 """
 
-from typing import Sequence
+from typing import List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -30,12 +30,79 @@ def not_group(fn, method: str) -> None:
 
 def checked(fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:
-  """Applies ``fn`` and checks that shape and dtype are kept."""
-  return check_result(grad, fn(grad, ctx), where)
+  """Applies ``fn`` and checks that shape, dtype and tf.Graph are kept.
+
+  An exception the transform raises becomes a ``GraphGradError`` that names
+  ``where`` (the declaration and the layer), chained to the original.
+  """
+  try:
+    out = fn(grad, ctx)
+  except _errors.GraphGradError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise raised_error(where, "transform", fn, e) from e
+  return check_result(grad, out, where)
+
+
+def checked_group(fn: GroupTransform,
+                  grads_and_vars: Sequence[Tuple[Gradient, tf.Variable]],
+                  ctx: TransformContext, where: str) -> List[Gradient]:
+  """Applies group transform ``fn``; an exception it raises becomes a
+  ``GraphGradError`` naming ``where``, chained to the original. The caller
+  checks each new gradient with :func:`check_result`."""
+  try:
+    return list(fn(grads_and_vars, ctx))
+  except _errors.GraphGradError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise raised_error(where, "group transform", fn, e) from e
+
+
+def raised_error(where: str, kind: str, fn, e: Exception) -> Exception:
+  """The GraphGradError for an exception raised by a user's ``fn``."""
+  if "same graph" in str(e):
+    return _errors.IncompatibleGradientError(
+        f"{where}: the {kind} {fn!r} mixed tensors of two tf.Graphs ({e}). "
+        f"Expected only tensors of the gradient's tf.Graph, the loss's: "
+        f"create the tensors it uses inside it, e.g. under "
+        f"`with loss.graph.as_default():`.")
+  return _errors.GraphGradError(
+      f"{where}: the {kind} {fn!r} raised {type(e).__name__}: {e}. Fix the "
+      f"{kind}; it must map the gradient to one of the same shape and dtype.")
+
+
+def other_graph(tensor, expected) -> bool:
+  """True when ``tensor`` belongs to neither ``expected``'s tf.Graph nor one
+  enclosing it (a tf.function's graph may capture an outer graph's tensor)."""
+  if not tf.is_symbolic_tensor(tensor):
+    return False
+  if not tf.is_symbolic_tensor(expected):
+    return True  # a graph tensor where eager execution runs
+  graph = expected.graph
+  while graph is not None:
+    if tensor.graph is graph:
+      return False
+    graph = getattr(graph, "outer_graph", None)
+  return True
+
+
+def graph_error(where: str, kind: str, tensor, expected) -> Exception:
+  """The error for a result ``tensor`` of another tf.Graph."""
+  if tf.is_symbolic_tensor(expected):
+    want = f"a tensor of the gradient's tf.Graph, the one of {expected.name}"
+    fix = "e.g. under `with loss.graph.as_default():`"
+  else:
+    want = "an eager tensor, as the gradient is"
+    fix = "outside any `with tf.Graph().as_default():`"
+  return _errors.IncompatibleGradientError(
+      f"{where}: the {kind} returned {tensor.name}, a tensor of another "
+      f"tf.Graph; expected {want}. Create the tensors it returns where the "
+      f"gradient lives, {fix}.")
 
 
 def check_result(grad: Gradient, out: Gradient, where: str) -> Gradient:
-  """Checks that a transform's result ``out`` keeps ``grad``'s shape, dtype."""
+  """Checks that a transform's result ``out`` keeps ``grad``'s shape, dtype
+  and tf.Graph."""
   if grad is None:
     return out
   before = grad.values if isinstance(grad, tf.IndexedSlices) else grad
@@ -56,6 +123,8 @@ def check_result(grad: Gradient, out: Gradient, where: str) -> Gradient:
     raise _errors.IncompatibleGradientError(
         f"{where}: the transform returned {type(after).__name__}, not a "
         f"tensor. Return a tensor of the same shape and dtype.") from None
+  if other_graph(after, before):
+    raise graph_error(where, "transform", after, before)
   if after.dtype != before.dtype or not after.shape.is_compatible_with(
       before.shape):
     raise _errors.IncompatibleGradientError(

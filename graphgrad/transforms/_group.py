@@ -12,13 +12,9 @@ from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphgrad import _errors
-from graphgrad._types import Gradient
+from graphgrad._types import Gradient, gradient_values
+from graphgrad.transforms import _validate
 from graphgrad.transforms._transforms import TransformContext
-
-
-def _values(g) -> tf.Tensor:
-  return g.values if isinstance(g, tf.IndexedSlices) else g
 
 
 def _rescale(g, factor):
@@ -39,16 +35,31 @@ def global_norm(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
 class GroupTransform:
   """Base class of transforms that see all of a layer's gradients at once.
 
-  Subclasses implement :meth:`apply_group`. Calling the transform skips
-  ``None`` gradients (keeping positions) and opens the name scope.
+  The contract of a user-written one: a subclass implements
+  :meth:`apply_group`, which maps the layer's present ``(grad, var)`` pairs
+  to one new gradient per pair, each of its pair's shape and dtype (the plan
+  checks them). Calling the transform skips ``None`` gradients (they keep
+  their position and stay ``None``) and opens a name scope (``name``). It is
+  declared with ``plan.transform_gradients(layer, t)`` only: it has no
+  meaning for one boundary gradient. ``reads_global_step`` and
+  ``context.resources`` work as for a :class:`Transform`.
 
   Example:
-    >>> import graphgrad as gg
-    >>> isinstance(gg.transforms.trust_ratio(0.001), gg.transforms.GroupTransform)
-    True
+    >>> import tensorflow as tf
+    >>> class ToNorm10(GroupTransform):
+    ...   name = "to_norm_10"
+    ...   def apply_group(self, grads_and_vars, context):
+    ...     norm = global_norm([g for g, _ in grads_and_vars])
+    ...     return [g * (10.0 / norm) for g, _ in grads_and_vars]
+    >>> w, b = tf.Variable([[1.0]]), tf.Variable([1.0])
+    >>> out = ToNorm10()([(tf.constant([[3.0]]), w), (None, None),
+    ...                   (tf.constant([4.0]), b)])
+    >>> [None if g is None else g.numpy().tolist() for g in out]
+    [[[6.0]], None, [8.0]]
   """
 
   name = "group_transform"
+  reads_global_step = False
 
   def apply_group(self, grads_and_vars: Sequence[Tuple[Gradient, tf.Variable]],
                   context: TransformContext) -> List[Gradient]:
@@ -81,7 +92,7 @@ class _ClipByGlobalNorm(GroupTransform):
 
   def apply_group(self, grads_and_vars, context):
     grads = [g for g, _ in grads_and_vars]
-    norm = global_norm([_values(g) for g in grads])
+    norm = global_norm([gradient_values(g) for g in grads])
     clip = tf.cast(self.clip_norm, norm.dtype)
     factor = clip / tf.maximum(norm, clip)
     return [_rescale(g, factor) for g in grads]
@@ -100,22 +111,22 @@ def clip_by_global_norm(clip_norm) -> GroupTransform:
   gradient the norm is that of its ``.values``.
 
   Args:
-    clip_norm: a positive number or scalar tensor.
+    clip_norm: a positive finite Python number or a scalar tensor.
 
   Returns:
     A group transform, for ``plan.transform_gradients(layer, t)``.
 
   Raises:
-    GraphGradError: if ``clip_norm`` is a number that is not positive.
+    GraphGradError: if ``clip_norm`` is not a number or scalar tensor, is
+      NaN or infinite, or is a number that is not positive.
 
   Example:
     >>> clip_by_global_norm(1.0)
     clip_by_global_norm(1.0)
   """
-  if isinstance(clip_norm, (int, float)) and clip_norm <= 0:
-    raise _errors.GraphGradError(
-        f"clip_by_global_norm: `clip_norm` must be positive; got {clip_norm}. "
-        f"Use gg.transforms.zero() to drop gradients.")
+  _validate.number("clip_by_global_norm", "clip_norm", clip_norm,
+                   what="positive", low=0.0, low_open=True,
+                   fix="Use gg.transforms.zero() to drop gradients.")
   return _ClipByGlobalNorm(clip_norm)
 
 
@@ -127,7 +138,7 @@ class _TrustRatio(GroupTransform):
 
   def apply_group(self, grads_and_vars, context):
     grads = [g for g, _ in grads_and_vars]
-    g_norm = global_norm([_values(g) for g in grads])
+    g_norm = global_norm([gradient_values(g) for g in grads])
     w_norm = global_norm([v.read_value() if hasattr(v, "read_value") else v
                           for _, v in grads_and_vars])
     eta = tf.cast(self.eta, g_norm.dtype)
@@ -159,24 +170,24 @@ def trust_ratio(eta, epsilon: float = 1e-9) -> GroupTransform:
   ratios, pass ``layers=`` to ``gg.analyze`` with one variable per layer.
 
   Args:
-    eta: the trust coefficient (the paper uses 0.001).
-    epsilon: added to ``||g||`` in the denominator.
+    eta: the trust coefficient (the paper uses 0.001), a Python number or a
+      scalar tensor.
+    epsilon: added to ``||g||`` in the denominator, a Python number or a
+      scalar tensor.
 
   Returns:
     A group transform, for ``plan.transform_gradients(layer, t)``.
 
   Raises:
-    GraphGradError: if ``eta`` is not positive or ``epsilon`` is negative.
+    GraphGradError: if an argument is not a number or scalar tensor, is NaN
+      or infinite, ``eta`` is not positive or ``epsilon`` is negative.
 
   Example:
     >>> trust_ratio(0.001)
     trust_ratio(0.001, epsilon=1e-09)
   """
-  if isinstance(eta, (int, float)) and eta <= 0:
-    raise _errors.GraphGradError(
-        f"trust_ratio: `eta` must be positive; got {eta}. The paper uses "
-        f"eta=0.001.")
-  if epsilon < 0:
-    raise _errors.GraphGradError(
-        f"trust_ratio: `epsilon` must be non-negative; got {epsilon}.")
+  _validate.number("trust_ratio", "eta", eta, what="positive", low=0.0,
+                   low_open=True, fix="The paper uses eta=0.001.")
+  _validate.number("trust_ratio", "epsilon", epsilon, what="non-negative",
+                   low=0.0, fix="Pass e.g. epsilon=1e-9.")
   return _TrustRatio(eta, epsilon)

@@ -13,81 +13,75 @@ Every transform
 * opens a name scope, so its ops group under one node in TensorBoard.
 
 A transform receives a :class:`TransformContext` that says where it is being
-applied. Stateless transforms ignore it; stateful transforms (a step counter,
-annealed noise) and transforms that see a whole layer read it.
+applied. Stateless transforms ignore it; annealed noise reads its global step,
+and a stateful transform keeps what it creates in its ``resources``.
 """
 
-import dataclasses
-import zlib
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
-
-# The c of a linear transform c * g: a Python number or a scalar tensor.
-Factor = Union[int, float, tf.Tensor]
-
-# Keys of TransformContext.state that the plan reads after building.
-USES_GLOBAL_STEP = "uses_global_step"  # True: increment the global step
-EXTRA_GRADS_AND_VARS = "extra_grads_and_vars"  # (grad, var) of own variables
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformContext:
-  """Where a transform is applied.
-
-  Attributes:
-    layer: name of the layer the gradient belongs to or flows out of.
-    role: ``"upstream"``, ``"gradients"`` or ``"edge"``.
-    variable: the variable, for a parameter gradient; else ``None``.
-    edge: ``(lower, upper)`` for an edge transform; else ``None``.
-    tensor: the forward tensor whose gradient this is, when there is one.
-    global_step: the plan's global step tensor, when one is known.
-    state: a per-plan dictionary where stateful transforms keep what they
-      create, so that it is created once per plan. Two keys are read by the
-      plan: ``"uses_global_step"`` (true: ``apply_gradients`` increments the
-      global step when given none) and ``"extra_grads_and_vars"`` (``(grad,
-      var)`` pairs of variables a transform owns, such as a synthetic
-      gradient module, appended to ``compute_gradients()``).
-  """
-  layer: Optional[str] = None
-  role: str = "upstream"
-  variable: Optional[tf.Variable] = None
-  edge: Optional[Tuple[str, str]] = None
-  tensor: Optional[tf.Tensor] = None
-  global_step: Optional[tf.Tensor] = None
-  state: Dict[str, Any] = dataclasses.field(default_factory=dict)
+from graphgrad.transforms import _validate
+from graphgrad.transforms._context import TransformContext
 
 
 class Transform:
-  """Base class of gradient transforms.
+  """Base class of gradient transforms; the contract of a user-written one.
 
-  Subclasses implement :meth:`apply_dense`, which maps a dense tensor to a
-  tensor of the same shape and dtype. Calling the transform handles ``None``
-  and ``IndexedSlices`` and opens the name scope.
+  A subclass implements :meth:`apply_dense`, which maps a dense gradient
+  tensor to a tensor of the same shape and dtype. Calling the transform
+  passes ``None`` through, applies :meth:`apply_dense` to the ``.values`` of
+  a ``tf.IndexedSlices`` and opens a name scope (the class's ``name``). The
+  plan checks the result's shape and dtype. A subclass that reads
+  ``context.global_step`` sets ``reads_global_step = True``: the plan's
+  ``apply_gradients`` then advances the global step. One that creates
+  variables or other state keeps them in ``context.resources`` (created once
+  per plan, see :class:`Resources`).
+
+  Example:
+    >>> import tensorflow as tf
+    >>> class Halve(Transform):
+    ...   name = "halve"
+    ...   def apply_dense(self, grad, context):
+    ...     return 0.5 * grad
+    >>> Halve()(tf.constant([2.0, -4.0])).numpy().tolist()
+    [1.0, -2.0]
+    >>> sparse = Halve()(tf.IndexedSlices(tf.constant([[2.0]]), tf.constant([1])))
+    >>> sparse.values.numpy().tolist(), Halve()(None)
+    ([[1.0]], None)
   """
 
   name = "transform"
+  reads_global_step = False
+
+  def apply_dense(self, grad: tf.Tensor,
+                  context: TransformContext) -> tf.Tensor:
+    raise NotImplementedError
 
   @property
-  def linear_factor(self) -> Optional[Factor]:
-    """``c`` when this transform is known to compute ``c * g``; else ``None``.
+  def parts(self) -> Tuple["Transform", ...]:
+    """The transforms this one applies in order: ``(self,)``, or a chain's."""
+    return (self,)
 
-    A plan backpropagates a linear rewrite once and weights what passes
-    through it by ``c``, instead of a second backward pass with ``f(g)``.
-    User callables are ``None`` unless declared with :func:`linear`.
+  @property
+  def linear_factor(self) -> Optional[float]:
+    """``c`` when the transform is ``g -> c * g`` for a known number ``c``.
+
+    ``scale(c)`` gives ``c``, ``reverse(lam)`` ``-lam``, ``zero()`` 0,
+    ``identity()`` 1, a chain the product of its parts' factors; ``None``
+    for anything else (noise, clipping, a tensor factor, a user callable
+    not declared with ``gg.transforms.linear``). A plan backpropagates a
+    layer with a linear upstream or edge rewrite once and weights what
+    passes through it by ``c``, instead of a second backward pass with
+    ``f(g)``.
 
     Example:
       >>> scale(0.5).linear_factor, clip_by_norm(1.0).linear_factor
       (0.5, None)
     """
     return None
-
-  def apply_dense(self, grad: tf.Tensor,
-                  context: TransformContext) -> tf.Tensor:
-    raise NotImplementedError
 
   def __call__(self, grad: Gradient,
                context: Optional[TransformContext] = None) -> Gradient:
@@ -107,24 +101,16 @@ class Transform:
 class _Fn(Transform):
   """Wraps a plain callable ``g -> g`` as a transform."""
 
-  def __init__(self, fn: Callable[[tf.Tensor], tf.Tensor],
-               factor: Optional[Factor] = None):
+  def __init__(self, fn: Callable[[tf.Tensor], tf.Tensor]):
     self.fn = fn
-    self._factor = factor
     self.name = getattr(fn, "__name__", "fn")
     if not self.name.isidentifier():  # "<lambda>" is not a valid scope name
       self.name = "fn"
-
-  @property
-  def linear_factor(self) -> Optional[Factor]:
-    return self._factor
 
   def apply_dense(self, grad, context):
     return self.fn(grad)
 
   def __repr__(self):
-    if self._factor is not None:
-      return f"linear({self.fn!r}, {self._factor!r})"
     return f"as_transform({self.fn!r})"
 
 
@@ -140,7 +126,7 @@ def as_transform(fn: Any) -> Transform:
     A transform.
 
   Raises:
-    GraphGradError: if ``fn`` is not callable.
+    GraphGradError: if ``fn`` is not callable, or is a group transform.
 
   Example:
     >>> t = as_transform(lambda g: 2.0 * g)
@@ -149,6 +135,12 @@ def as_transform(fn: Any) -> Transform:
   """
   if isinstance(fn, Transform):
     return fn
+  if callable(getattr(fn, "apply_group", None)):
+    raise _errors.GraphGradError(
+        f"`fn` is the group transform {fn!r}, which rewrites all of a "
+        f"layer's parameter gradients together, not one gradient. Pass it on "
+        f"its own to GradientPlan.transform_gradients(layer, {fn!r}), not "
+        f"inside chain() or to a per-gradient declaration.")
   if not callable(fn):
     raise _errors.GraphGradError(
         f"`fn` must be a callable that maps a gradient tensor to a tensor of "
@@ -158,7 +150,7 @@ def as_transform(fn: Any) -> Transform:
   return _Fn(fn)
 
 
-def _cast(value, grad: tf.Tensor) -> tf.Tensor:
+def cast_like(value, grad: tf.Tensor) -> tf.Tensor:
   if isinstance(value, (int, float)) and not isinstance(value, bool):
     # tf.cast would first make a float32 tensor of a Python float, rounding
     # it before a float64 gradient ever sees it.
@@ -173,8 +165,10 @@ class _Scale(Transform):
     self.c = c
 
   @property
-  def linear_factor(self) -> Optional[Factor]:
-    return self.c
+  def linear_factor(self):
+    if isinstance(self.c, (int, float)) and not isinstance(self.c, bool):
+      return self.c
+    return None
 
   def apply_dense(self, grad, context):
     # Neutral values as Sonnet's scale_gradient does: no multiply at all.
@@ -182,7 +176,7 @@ class _Scale(Transform):
       return tf.identity(grad)
     if isinstance(self.c, (int, float)) and self.c == 0:
       return tf.zeros_like(grad)
-    return grad * _cast(self.c, grad)
+    return grad * cast_like(self.c, grad)
 
   def __repr__(self):
     return f"scale({self.c!r})"
@@ -192,116 +186,22 @@ def scale(c) -> Transform:
   """Multiplies the gradient by ``c``.
 
   Args:
-    c: a Python number or a scalar tensor.
+    c: a finite Python number or a scalar tensor.
 
   Returns:
     A transform computing ``c * g``.
+
+  Raises:
+    GraphGradError: if ``c`` is not a number or scalar tensor, or is NaN or
+      infinite.
 
   Example:
     >>> scale(0.5)
     scale(0.5)
   """
+  _validate.number("scale", "c", c, what="a finite factor",
+                   fix="Pass e.g. scale(0.5).")
   return _Scale(c)
-
-
-class _AddNoise(Transform):
-  name = "add_noise"
-
-  def __init__(self, stddev, seed, eta=None, gamma=None):
-    self.stddev = stddev
-    self.seed = seed
-    self.eta = eta
-    self.gamma = gamma
-
-  def _stddev(self, grad, context):
-    if self.eta is None:
-      return _cast(self.stddev, grad)
-    step = context.global_step
-    if step is None:
-      raise _errors.GraphGradError(
-          f"add_noise(eta={self.eta!r}, gamma={self.gamma!r}) anneals with "
-          f"the global step, but the graph has none when the plan is built. "
-          f"Create it before building the plan: "
-          f"`step = tf.compat.v1.train.get_or_create_global_step()`; the "
-          f"plan's apply_gradients then increments it.")
-    context.state[USES_GLOBAL_STEP] = True
-    t = tf.cast(step, grad.dtype)
-    variance = _cast(self.eta, grad) / tf.pow(1 + t, _cast(self.gamma, grad))
-    return tf.sqrt(variance, name="stddev")
-
-  def apply_dense(self, grad, context):
-    seed = self.seed
-    if seed is not None and context.tensor is not None:
-      # One seed per transformed tensor: equal seeds on two random ops of the
-      # same shape would draw the same noise.
-      seed = (seed + zlib.crc32(context.tensor.name.encode())) % (2**31 - 1)
-    stddev = self._stddev(grad, context)
-    noise = tf.random.normal(tf.shape(grad), stddev=1.0, dtype=grad.dtype,
-                             seed=seed)
-    return grad + stddev * noise
-
-  def __repr__(self):
-    if self.eta is not None:
-      return (f"add_noise(eta={self.eta!r}, gamma={self.gamma!r}, "
-              f"seed={self.seed!r})")
-    return f"add_noise({self.stddev!r}, seed={self.seed!r})"
-
-
-def add_noise(stddev=None, seed: Optional[int] = None, *, eta=None,
-              gamma=0.55) -> Transform:
-  """Adds Gaussian noise to the gradient: constant or annealed.
-
-  Two forms, told apart by keyword:
-
-  * ``add_noise(stddev)``: constant noise, ``g + stddev * n`` with
-    ``n ~ N(0, 1)``.
-  * ``add_noise(eta=eta, gamma=0.55)``: annealed noise (Neelakantan et al.,
-    2015, "Adding Gradient Noise Improves Learning for Very Deep Networks"),
-    ``g + sigma_t * n`` with variance
-
-        sigma_t^2 = eta / (1 + t)^gamma,
-
-    where ``t`` is the graph's global step
-    (``tf.compat.v1.train.get_global_step()``) read when the plan is built.
-    The paper uses ``eta`` in {0.01, 0.3, 1.0} and ``gamma = 0.55``. The
-    global step must exist before the plan is built; the plan's
-    ``apply_gradients`` increments it when no other ``global_step`` is
-    passed, so that ``t`` counts training steps.
-
-  Args:
-    stddev: standard deviation of constant noise. Give it, or ``eta``.
-    seed: op-level seed. With a graph-level seed set, the noise is repeatable;
-      each transformed tensor derives its own seed from it.
-    eta: keyword only; the variance at step 0 of annealed noise.
-    gamma: keyword only; the annealing exponent of annealed noise.
-
-  Returns:
-    A transform adding the noise.
-
-  Raises:
-    GraphGradError: if both or neither of ``stddev`` and ``eta`` are given,
-      or a number among them is negative; when applied, for annealed noise in
-      a graph without a global step.
-
-  Example:
-    >>> add_noise(0.01, seed=1)
-    add_noise(0.01, seed=1)
-    >>> add_noise(eta=0.3, gamma=0.55)
-    add_noise(eta=0.3, gamma=0.55, seed=None)
-  """
-  if (stddev is None) == (eta is None):
-    raise _errors.GraphGradError(
-        f"add_noise: give exactly one of `stddev` (constant noise) and `eta` "
-        f"(annealed noise, variance eta / (1 + t)^gamma); got stddev="
-        f"{stddev!r}, eta={eta!r}. Use add_noise(0.01) or "
-        f"add_noise(eta=0.3, gamma=0.55).")
-  for arg, value in (("stddev", stddev), ("eta", eta), ("gamma", gamma)):
-    if isinstance(value, (int, float)) and value < 0:
-      raise _errors.GraphGradError(
-          f"add_noise: `{arg}` must be non-negative; got {value}.")
-  if eta is None:
-    return _AddNoise(stddev, seed)
-  return _AddNoise(None, seed, eta=eta, gamma=gamma)
 
 
 class _ClipByValue(Transform):
@@ -311,7 +211,7 @@ class _ClipByValue(Transform):
     self.lo, self.hi = lo, hi
 
   def apply_dense(self, grad, context):
-    return tf.clip_by_value(grad, _cast(self.lo, grad), _cast(self.hi, grad))
+    return tf.clip_by_value(grad, cast_like(self.lo, grad), cast_like(self.hi, grad))
 
   def __repr__(self):
     return f"clip_by_value({self.lo!r}, {self.hi!r})"
@@ -320,14 +220,25 @@ class _ClipByValue(Transform):
 def clip_by_value(lo, hi) -> Transform:
   """Clips every element of the gradient to ``[lo, hi]``.
 
+  Args:
+    lo: the lower bound, a finite Python number or a scalar tensor.
+    hi: the upper bound, a finite Python number or a scalar tensor.
+
+  Returns:
+    A transform.
+
   Raises:
-    GraphGradError: if both bounds are numbers and ``lo > hi``.
+    GraphGradError: if a bound is not a number or scalar tensor, is NaN or
+      infinite, or both bounds are numbers and ``lo > hi``.
 
   Example:
     >>> clip_by_value(-1.0, 1.0)
     clip_by_value(-1.0, 1.0)
   """
-  if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo > hi:
+  for arg, value in (("lo", lo), ("hi", hi)):
+    _validate.number("clip_by_value", arg, value, what="a finite bound",
+                     fix="Pass e.g. clip_by_value(-1.0, 1.0).")
+  if not tf.is_tensor(lo) and not tf.is_tensor(hi) and lo > hi:
     raise _errors.GraphGradError(
         f"clip_by_value: `lo` must not exceed `hi`; got lo={lo}, hi={hi}. "
         "Swap the bounds.")
@@ -341,7 +252,7 @@ class _ClipByNorm(Transform):
     self.c = c
 
   def apply_dense(self, grad, context):
-    return tf.clip_by_norm(grad, _cast(self.c, grad))
+    return tf.clip_by_norm(grad, cast_like(self.c, grad))
 
   def __repr__(self):
     return f"clip_by_norm({self.c!r})"
@@ -352,17 +263,23 @@ def clip_by_norm(c) -> Transform:
 
   For a sparse gradient the norm is that of its ``.values``.
 
+  Args:
+    c: the norm bound, a positive finite Python number or a scalar tensor.
+
+  Returns:
+    A transform.
+
   Raises:
-    GraphGradError: if ``c`` is a number that is not positive.
+    GraphGradError: if ``c`` is not a number or scalar tensor, is NaN or
+      infinite, or is a number that is not positive.
 
   Example:
     >>> clip_by_norm(1.0)
     clip_by_norm(1.0)
   """
-  if isinstance(c, (int, float)) and c <= 0:
-    raise _errors.GraphGradError(
-        f"clip_by_norm: `c` must be a positive norm bound; got {c}. "
-        "Use gg.transforms.zero() to drop a gradient.")
+  _validate.number("clip_by_norm", "c", c, what="a positive norm bound",
+                   low=0.0, low_open=True,
+                   fix="Use gg.transforms.zero() to drop a gradient.")
   return _ClipByNorm(c)
 
 
@@ -371,11 +288,23 @@ def reverse(lam=1.0) -> Transform:
 
   On an edge this is a gradient reversal layer (Ganin & Lempitsky, 2015).
 
+  Args:
+    lam: a finite Python number or a scalar tensor.
+
+  Returns:
+    A transform computing ``-lam * g``.
+
+  Raises:
+    GraphGradError: if ``lam`` is not a number or scalar tensor, or is NaN
+      or infinite.
+
   Example:
     >>> reverse(0.3)
     scale(-0.3)
   """
-  if isinstance(lam, (int, float)):
+  _validate.number("reverse", "lam", lam, what="a finite factor",
+                   fix="Pass e.g. reverse(1.0).")
+  if not tf.is_tensor(lam):
     return _Scale(-lam)
   return _Scale(-tf.convert_to_tensor(lam))
 
@@ -407,13 +336,20 @@ class _Chain(Transform):
     self.transforms = tuple(transforms)
 
   @property
-  def linear_factor(self) -> Optional[Factor]:
-    factor: Factor = 1
+  def parts(self):
+    return tuple(p for t in self.transforms for p in t.parts)
+
+  @property
+  def reads_global_step(self):
+    return any(t.reads_global_step for t in self.transforms)
+
+  @property
+  def linear_factor(self):
+    factor = 1
     for t in self.transforms:
-      c = t.linear_factor
-      if c is None:
+      if t.linear_factor is None:
         return None
-      factor = factor * c
+      factor *= t.linear_factor
     return factor
 
   def __call__(self, grad, context=None):
@@ -436,48 +372,19 @@ def chain(*transforms) -> Transform:
     A transform.
 
   Raises:
-    GraphGradError: if an argument is not callable.
+    GraphGradError: if an argument is not callable, or is a group transform.
 
   Example:
     >>> chain(scale(2.0), clip_by_norm(1.0))
     chain(scale(2.0), clip_by_norm(1.0))
   """
-  return _Chain(as_transform(t) for t in transforms)
-
-
-def linear(fn: Callable[[tf.Tensor], tf.Tensor], factor) -> Transform:
-  """Declares that the callable ``fn`` computes ``factor * g``.
-
-  A plan then backpropagates through a layer with this upstream (or edge)
-  rewrite once, weighting the share below by ``factor``, where an undeclared
-  callable costs a second backward pass. ``fn`` still runs where the plan
-  needs the rewritten gradient itself (summaries, a backward replacement).
-  Declaring a factor that ``fn`` does not compute gives wrong gradients.
-
-  Args:
-    fn: a callable mapping a gradient tensor to ``factor`` times it.
-    factor: a Python number or a scalar tensor.
-
-  Returns:
-    A transform whose :attr:`Transform.linear_factor` is ``factor``.
-
-  Raises:
-    GraphGradError: if ``fn`` is not callable, or ``factor`` is neither a
-      number nor a tensor.
-
-  Example:
-    >>> t = linear(lambda g: 0.25 * g, 0.25)
-    >>> t.linear_factor, float(t(tf.constant(2.0)))
-    (0.25, 0.5)
-  """
-  if isinstance(factor, bool) or not (isinstance(factor, (int, float))
-                                      or tf.is_tensor(factor)):
-    raise _errors.GraphGradError(
-        f"linear: `factor` must be a Python number or a scalar tensor, the "
-        f"c of fn(g) = c * g; got {type(factor).__name__} {factor!r}. Pass "
-        f"e.g. gg.transforms.linear(fn, 0.5).")
-  as_transform(fn)  # refuses what is not callable
-  return _Fn(fn, factor)
+  out = []
+  for i, t in enumerate(transforms):
+    try:
+      out.append(as_transform(t))
+    except _errors.GraphGradError as e:
+      raise _errors.GraphGradError(f"chain: argument {i}: {e}") from None
+  return _Chain(out)
 
 
 def is_identity(transform: Transform) -> bool:

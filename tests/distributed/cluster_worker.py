@@ -44,11 +44,11 @@ class CountApplications(gg.transforms.Transform):
   name = "count_applications"
 
   def apply_dense(self, grad, context):
-    counter = context.state.get("applications")
-    if counter is None:
-      counter = tf1.Variable(0, dtype=tf.int64, trainable=False,
-                             name="applications")
-      context.state["applications"] = counter
+    # One counter per plan, whatever layer the transform is applied at.
+    counter = context.resources.get_or_create(
+        None, "count_applications/applications",
+        lambda: tf1.Variable(0, dtype=tf.int64, trainable=False,
+                             name="applications"))
     with tf1.colocate_with(counter):
       bump = counter.assign_add(1)
     with tf.control_dependencies([bump]):
@@ -147,7 +147,8 @@ def main():
         opt = sgd
       train_op = plan.apply_gradients(opt, global_step=gs)
     trainable = tf1.trainable_variables()
-    emit("counter", name=plan._state["applications"].op.name)
+    emit("counter", name=plan.resources.get(
+        None, "count_applications/applications").op.name)
     graph = tf1.get_default_graph()
     emit("placement",
          global_vars={v.op.name: v.device for v in tf1.global_variables()},

@@ -132,7 +132,7 @@ def test_transform_that_changes_the_shape(K, kind, mode):
 def test_plan_is_fixed_once_a_tape_opened(K):
   plan = gg.KerasPlan(_chain(K))
   plan.tape()
-  with pytest.raises(gg.GraphGradError, match="a tape was already opened"):
+  with pytest.raises(gg.GraphGradError, match="already built .*a tape was opened"):
     plan.transform_upstream("l2", gg.transforms.scale(2.0))
 
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import graphgrad as gg
 from graphgrad import backward as B
-from helpers import dense, evaluate
+from helpers import dense, evaluate, grads_of, trainable
 
 tf1 = tf.compat.v1
 
@@ -33,19 +33,11 @@ def _mlp(depth=2, top_activation=None):
   return loss, logits, hs
 
 
-def _vars(scope):
-  return tf1.trainable_variables(scope + "/")
-
-
 def _feedback(layer):
   found = [v for v in tf1.global_variables()
            if f"replace_backward_{layer}/" in v.name and v.name.endswith("B:0")]
   assert len(found) == 1, found
   return found[0]
-
-
-def _grads(gv, scope):
-  return [g for g, v in gv if v.op.name.startswith(scope + "/")]
 
 
 # -- feedback alignment --------------------------------------------------------
@@ -63,12 +55,12 @@ def test_feedback_alignment_input_gradient_is_delta_times_b_transposed(
   # delta at the MatMul output: through tanh inside the layer, if any.
   delta = g_out * (1 - logits**2) if top_activation else g_out
   fa = tf.matmul(delta, b, transpose_b=True)
-  ref_l1 = tf1.gradients(h, _vars("l1"), grad_ys=fa)
-  true_l1 = tf1.gradients(loss, _vars("l1"))
-  true_l2 = tf1.gradients(loss, _vars("l2"))
+  ref_l1 = tf1.gradients(h, trainable("l1"), grad_ys=fa)
+  true_l1 = tf1.gradients(loss, trainable("l1"))
+  true_l2 = tf1.gradients(loss, trainable("l2"))
   got_l1, got_l2, ref_l1, true_l1, true_l2, bv, w = evaluate(
-      [_grads(gv, "l1"), _grads(gv, "l2"), ref_l1, true_l1, true_l2, b,
-       _vars("l2")[0]])
+      [grads_of(gv, "l1"), grads_of(gv, "l2"), ref_l1, true_l1, true_l2, b,
+       trainable("l2")[0]])
   for a, e in zip(got_l1, ref_l1):
     np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-7)
   for a, e in zip(got_l2, true_l2):  # own parameters: the true gradient
@@ -91,8 +83,8 @@ def test_feedback_alignment_keeps_exact_paths_around_the_matmul(graph):
   b = _feedback("l2")
   g = tf1.gradients(loss, out)[0]
   d_h = 2.0 * tf.matmul(g, b, transpose_b=True) + g
-  ref = tf1.gradients(h, _vars("l1"), grad_ys=d_h)
-  got, ref = evaluate([_grads(gv, "l1"), ref])
+  ref = tf1.gradients(h, trainable("l1"), grad_ys=d_h)
+  got, ref = evaluate([grads_of(gv, "l1"), ref])
   for a, r in zip(got, ref):
     np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-7)
 
@@ -127,7 +119,7 @@ def test_feedback_alignment_composes_with_an_upstream_transform(graph):
           .replace_backward("l2", B.feedback_alignment(seed=3))
           .compute_gradients())
   a, b, true_l2 = evaluate([[g for g, _ in fa], [g for g, _ in both],
-                            tf1.gradients(loss, _vars("l2"))])
+                            tf1.gradients(loss, trainable("l2"))])
   np.testing.assert_allclose(b[0], 2 * a[0], rtol=1e-5)  # l1 kernel
   np.testing.assert_allclose(b[2], true_l2[0], rtol=1e-5)  # l2 kernel
 
@@ -166,10 +158,10 @@ def test_dfa_sends_the_projected_top_error_to_every_hidden_layer(graph):
   b2, b3 = _feedback("l2"), _feedback("l3")
   assert b2.shape == (3, 4) and b3.shape == (3, 4)
   e = tf1.gradients(loss, logits)[0]
-  ref_l1 = tf1.gradients(h1, _vars("l1"), grad_ys=e @ b2)
-  ref_l2 = tf1.gradients(h2, _vars("l2"), grad_ys=e @ b3)
-  true_l3 = tf1.gradients(loss, _vars("l3"))
-  got, ref, b2v, b3v = evaluate([[_grads(gv, s) for s in ("l1", "l2", "l3")],
+  ref_l1 = tf1.gradients(h1, trainable("l1"), grad_ys=e @ b2)
+  ref_l2 = tf1.gradients(h2, trainable("l2"), grad_ys=e @ b3)
+  true_l3 = tf1.gradients(loss, trainable("l3"))
+  got, ref, b2v, b3v = evaluate([[grads_of(gv, s) for s in ("l1", "l2", "l3")],
                                  [ref_l1, ref_l2, true_l3], b2, b3])
   for got_layer, ref_layer in zip(got, ref):
     for a, r in zip(got_layer, ref_layer):
@@ -189,7 +181,7 @@ def test_dfa_projects_into_a_non_flat_input(graph):
       "l2", B.direct_feedback_alignment(seed=0)).compute_gradients()
   b = _feedback("l2")
   e = tf1.gradients(loss, logits)[0]
-  ref = tf1.gradients(h, _vars("l1"), grad_ys=tf.reshape(e @ b, [2, 3, 4]))
+  ref = tf1.gradients(h, trainable("l1"), grad_ys=tf.reshape(e @ b, [2, 3, 4]))
   got, ref = evaluate([gv[0][0], ref[0]])
   np.testing.assert_allclose(got, ref, rtol=1e-5)
 
@@ -244,7 +236,7 @@ def test_synthetic_gradient_is_used_below_and_its_module_regresses(graph):
   sg = B.synthetic(labels=y)
   plan = gg.GradientPlan(loss).replace_backward("l2", sg)
   gv = plan.compute_gradients()
-  module = sg.modules[h.name]
+  module = sg.modules(plan)[h.name]
   kernel, bias = module.variables
   assert kernel.shape == (4 + 3, 4) and bias.shape == (4,)
   assert [v for _, v in gv[-2:]] == [kernel, bias]  # appended to the plan
@@ -259,9 +251,9 @@ def test_synthetic_gradient_is_used_below_and_its_module_regresses(graph):
     bias.load(b0, sess)
     hv, th = sess.run([h, true_h])
     pred = np.concatenate([hv, Y], 1) @ k0 + b0
-    ref_l1 = sess.run(tf1.gradients(h, _vars("l1"), grad_ys=pred))
+    ref_l1 = sess.run(tf1.gradients(h, trainable("l1"), grad_ys=pred))
     got = sess.run([g for g, _ in gv])
-    true_l2 = sess.run(tf1.gradients(loss, _vars("l2")))
+    true_l2 = sess.run(tf1.gradients(loss, trainable("l2")))
     np.testing.assert_allclose(sess.run(module.prediction), pred, rtol=1e-5)
     np.testing.assert_allclose(sess.run(module.loss),
                                ((pred - th)**2).sum(), rtol=1e-5)
@@ -279,7 +271,7 @@ def test_synthetic_module_trains_in_the_plan_train_op(graph):
   sg = B.synthetic(hidden=(8,), seed=0)
   plan = gg.GradientPlan(loss).replace_backward("l2", sg)
   train = plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.5))
-  module = sg.modules[h.name]
+  module = sg.modules(plan)[h.name]
   assert len(module.variables) == 4  # hidden layer and output layer
   with tf1.Session() as sess:
     sess.run(tf1.global_variables_initializer())
@@ -314,7 +306,7 @@ def test_replace_backward_with_a_callable_and_upstream_of(graph):
   plan.replace_backward("l2", half_of_top_error)
   plan.replace_backward("l3", B.direct_feedback_alignment(seed=0))
   gv = plan.compute_gradients()
-  got, ref = evaluate([_grads(gv, "l1"), tf1.gradients(
+  got, ref = evaluate([grads_of(gv, "l1"), tf1.gradients(
       loss, logits)[0]])
   assert len(seen["top"]) == 1
   np.testing.assert_allclose(evaluate(seen["top"][0]), ref, rtol=1e-6)
@@ -351,7 +343,7 @@ def test_plan_state_is_saved_and_restored_by_a_saver(graph, tmp_path):
   sg = B.synthetic(hidden=(3,), seed=0)
   plan = (gg.GradientPlan(loss).replace_backward("l2", sg))
   train = plan.apply_gradients(tf1.train.AdamOptimizer(0.1))
-  state = list(sg.modules[h.name].variables)
+  state = list(sg.modules(plan)[h.name].variables)
   saver = tf1.train.Saver()
   with tf1.Session() as sess:
     sess.run(tf1.global_variables_initializer())
@@ -375,7 +367,79 @@ def test_feedback_alignment_on_tf_layers_dense(graph):
       "d2", B.feedback_alignment(seed=0)).compute_gradients()
   b = _feedback("d2")
   g = tf1.gradients(loss, out)[0] * tf.cast(out > 0, tf.float32)  # relu'
-  ref = tf1.gradients(h, _vars("d1"), grad_ys=tf.matmul(g, b, transpose_b=True))
-  got, ref = evaluate([_grads(gv, "d1"), ref])
+  ref = tf1.gradients(h, trainable("d1"), grad_ys=tf.matmul(g, b, transpose_b=True))
+  got, ref = evaluate([grads_of(gv, "d1"), ref])
   for a, r in zip(got, ref):
     np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-7)
+
+
+# -- per-plan resources ------------------------------------------------------------
+
+def test_one_synthetic_value_gives_each_plan_and_layer_its_own_module():
+  sg = B.synthetic(hidden=(3,), seed=0)
+  eager = sg.initial_values("l3", 0, [4, 3, 4])  # as a TF2 executor makes them
+  with tf.Graph().as_default():
+    loss, _, (h1, h2) = _mlp(3)
+    one = gg.GradientPlan(loss).replace_backward("l3", sg).replace_backward(
+        "l2", sg)
+    other = gg.GradientPlan(loss).replace_backward("l3", sg)
+    gv_one, gv_other = one.compute_gradients(), other.compute_gradients()
+    mine, theirs = sg.modules(one), sg.modules(other)
+    assert sorted(mine) == sorted([h1.name, h2.name])
+    assert list(theirs) == [h2.name]
+    variables = [set(m.variables) for m in (*mine.values(), *theirs.values())]
+    assert sum(len(v) for v in variables) == len(set().union(*variables)) == 12
+    # Each plan trains its own modules, and only those.
+    assert [v for _, v in gv_other[-4:]] == list(theirs[h2.name].variables)
+    assert set(v for _, v in gv_one[6:]) == variables[0] | variables[1]
+    a, b = evaluate([mine[h2.name].variables, theirs[h2.name].variables])
+  # Equal seeds give equal initial values on both plans, and eagerly.
+  assert np.abs(a[0]).max() > 0 and not a[2].any()  # zero output layer
+  for x, y, z in zip(a, b, eager):
+    np.testing.assert_array_equal(x, y)
+    np.testing.assert_allclose(x, z.numpy(), rtol=1e-6)
+
+
+def test_feedback_matrices_are_made_once_per_plan_and_equal_for_one_seed():
+  fa = B.feedback_alignment(seed=4)
+  dfa = B.direct_feedback_alignment(seed=5)
+  # Eagerly, as a TF2 executor makes them.
+  expected = [fa.matrix_value("l2", [4, 4], fan_out=4).numpy(),
+              dfa.matrix_value("l3", 0, n_err=3, n_in=4).numpy()]
+  np.testing.assert_array_equal(expected[0], B.feedback_matrix_value(
+      4, "feedback_alignment", "l2", [4, 4], 1 / np.sqrt(4)).numpy())
+  with tf.Graph().as_default():
+    loss, _, _ = _mlp(3)
+    one = gg.GradientPlan(loss).replace_backward("l2", fa).replace_backward(
+        "l3", dfa)
+    other = gg.GradientPlan(loss).replace_backward("l2", fa)
+    one.compute_gradients()
+    other.compute_gradients()
+    b1, b2 = (p.resources.get("l2", "feedback_alignment/B")
+              for p in (one, other))
+    b3 = one.resources.get("l3", "dfa_0/B")
+    assert b1 is not b2 and one.resources.variables() == (b3, b1)
+    v1, v2, v3 = evaluate([b1, b2, b3])
+  np.testing.assert_array_equal(v1, v2)
+  np.testing.assert_allclose(v1, expected[0], rtol=1e-6)
+  np.testing.assert_allclose(v3, expected[1], rtol=1e-6)
+
+
+def test_a_replacement_returns_extra_grads_andtrainable(graph):
+  loss, _, (h,) = _mlp(2)
+  def scaled(ctx):
+    c = ctx.resources.get_or_create(
+        ctx.layer.name, "scaled/c", lambda: tf1.Variable(2.0, name="c"))
+    grads = [c * g for g in ctx.chain_rule()]
+    extra = tf.reduce_sum(grads[0])  # a gradient for c, as a stand-in
+    return B.BackwardResult(grads, [(extra, c)])
+  plan = gg.GradientPlan(loss).replace_backward("l2", scaled)
+  gv = plan.compute_gradients()
+  c = plan.resources.get("l2", "scaled/c")
+  assert gv[-1][1] is c and len(gv) == 5
+  true_h = tf1.gradients(loss, h)[0]
+  ref = tf1.gradients(h, trainable("l1"), grad_ys=2.0 * true_h)
+  got, ref, sum_h = evaluate([[g for g, _ in gv], ref, tf.reduce_sum(true_h)])
+  for a, r in zip(got[:2], ref):
+    np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(got[-1], 2.0 * sum_h, rtol=1e-5)

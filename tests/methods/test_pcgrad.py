@@ -168,5 +168,74 @@ def test_project_conflicts_errors(graph, rng):
                      match=r"depends on loss_a:0.*not partial sums"):
     plan.project_conflicts("trunk", [losses[0], loss])
   plan.project_conflicts("trunk", losses)
-  with pytest.raises(gg.GraphGradError, match=r"already projects conflicts"):
+  with pytest.raises(gg.GraphGradError, match=r"already combines task gradients"):
     plan.project_conflicts("trunk", losses)
+
+
+class _Mean:
+  """A task-combination method: the mean of the task gradients."""
+
+  def combine(self, grads):
+    out = []
+    for parts in zip(*grads):
+      present = [g for g in parts if g is not None]
+      out.append(tf.add_n(present) / len(grads) if present else None)
+    return out
+
+
+def test_combine_tasks_rewrites_g_minus_the_shares_plus_the_combination(
+    graph, rng):
+  loss, losses, h, (ga, gb), base = _two_task_net(rng, (0.5, 2.0), 0.3)
+  gv = gg.GradientPlan(loss).combine_tasks("trunk", losses, _Mean())
+  gv = gv.compute_gradients()
+  at_h = (ga + gb) / 2 + 0.3  # the unlisted term passes unchanged
+  trunk = tf1.trainable_variables("trunk/")
+  ref = tf1.gradients(h, trunk, grad_ys=tf.constant(at_h))
+  got, ref = evaluate([[g for g, v in gv if v.op.name.startswith("trunk/")],
+                       ref])
+  for a, r in zip(got, ref):
+    np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5)
+
+
+def test_project_conflicts_is_combine_tasks_with_pcgrad(graph, rng):
+  loss, losses, _, _, _ = _two_task_net(rng, third=True)
+  a = gg.GradientPlan(loss).project_conflicts("trunk", losses, shuffle=False)
+  b = gg.GradientPlan(loss).combine_tasks(
+      "trunk", losses, _pcgrad.pcgrad(shuffle=False))
+  assert repr(a.declarations.tasks["trunk"].method) == (
+      "pcgrad(shuffle=False, seed=None)")
+  ga, gb = evaluate([[g for g, _ in p.compute_gradients()] for p in (a, b)])
+  for x, y in zip(ga, gb):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_pcgrad_combine_without_like_equals_project_with_it(graph, rng):
+  c1, c2 = _conflict(rng)
+  d = rng.normal(size=(2, 2)).astype(np.float32)
+  per = [[tf.constant(c1), None, None], [tf.constant(c2), tf.constant(d), None]]
+  like = [tf.zeros(c1.shape), tf.zeros(d.shape), tf.zeros([5])]
+  combined = _pcgrad.pcgrad(shuffle=False).combine(per)
+  assert combined[2] is None
+  got, ref = evaluate([combined[:2],
+                       _pcgrad.project(per, like, shuffle=False)[:2]])
+  for x, y in zip(got, ref):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_combine_tasks_errors(graph, rng):
+  loss, losses, _, _, _ = _two_task_net(rng)
+  plan = gg.GradientPlan(loss)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"`method` must be a task-combination method"):
+    plan.combine_tasks("trunk", losses, lambda grads: grads[0])
+  with pytest.raises(gg.GraphGradError, match=r"^combine_tasks: `losses\[1\]`"):
+    plan.combine_tasks("trunk", [losses[0], tf.ones([2])], _Mean())
+  assert not plan.declarations.tasks  # refused declarations leave nothing
+
+  class _Short:
+    def combine(self, grads):
+      return []
+  plan.combine_tasks("trunk", losses, _Short())
+  with pytest.raises(gg.IncompatibleGradientError,
+                     match=r"returned 0 gradients for 1 output tensors"):
+    plan.compute_gradients()

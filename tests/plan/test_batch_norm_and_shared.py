@@ -6,19 +6,9 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import assert_grads_close, dense, evaluate
+from helpers import assert_grads_close, dense, evaluate, feed, trainable
 
 tf1 = tf.compat.v1
-
-
-def _vars(scope):
-  return tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, scope + "/")
-
-
-def _feed(*xs, seed=0):
-  rng = np.random.default_rng(seed)
-  return {x: rng.normal(size=(8, int(x.shape[-1]))).astype(np.float32)
-          for x in xs}
 
 
 def test_batch_norm_statistics_update_and_gamma_beta_gradients(graph):
@@ -30,12 +20,12 @@ def test_batch_norm_statistics_update_and_gamma_beta_gradients(graph):
   plan = gg.GradientPlan(loss).transform_upstream("l2", gg.transforms.scale(0.25))
   assert "bn" in plan.net.names
   got = dict((v.name, g) for g, v in plan.compute_gradients())
-  below = _vars("l1") + _vars("bn")
-  assert [v.name for v in _vars("bn")] == ["bn/gamma:0", "bn/beta:0"]
+  below = trainable("l1") + trainable("bn")
+  assert [v.name for v in trainable("bn")] == ["bn/gamma:0", "bn/beta:0"]
   g_top = tf.gradients(loss, top)[0]
   want = tf.gradients(top, below, grad_ys=0.25 * g_top)
-  feed = _feed(x)
-  actual, expected = evaluate([[got[v.name] for v in below], want], feed)
+  batch = feed(x)
+  actual, expected = evaluate([[got[v.name] for v in below], want], batch)
   assert_grads_close(actual, expected)
   train = plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.1))
   moving_mean = [v for v in tf1.global_variables()
@@ -43,7 +33,7 @@ def test_batch_norm_statistics_update_and_gamma_beta_gradients(graph):
   with tf1.Session() as sess:
     sess.run(tf1.global_variables_initializer())
     before = sess.run(moving_mean)
-    sess.run(train, feed)
+    sess.run(train, batch)
     after = sess.run(moving_mean)
   assert not np.allclose(after, before)  # the train op ran UPDATE_OPS
 
@@ -67,12 +57,12 @@ def test_shared_tower_is_summed_over_call_sites(graph):
   g1, g2 = tf.gradients(loss, [t1, t2])
   # Each call site's boundary tensor gets its own upstream transform; the
   # tower's own parameters get the plain gradient summed over both sites.
-  want = (tf.gradients(t1, _vars("stem_a"), grad_ys=tf.clip_by_norm(g1, 0.05))
-          + tf.gradients(t2, _vars("stem_b"), grad_ys=tf.clip_by_norm(g2, 0.05))
-          + [0.5 * g for g in tf.gradients(loss, _vars("tower"))])
-  order = _vars("stem_a") + _vars("stem_b") + _vars("tower")
-  feed = _feed(x1, x2)
-  actual, expected = evaluate([[got[v.name] for v in order], want], feed)
+  want = (tf.gradients(t1, trainable("stem_a"), grad_ys=tf.clip_by_norm(g1, 0.05))
+          + tf.gradients(t2, trainable("stem_b"), grad_ys=tf.clip_by_norm(g2, 0.05))
+          + [0.5 * g for g in tf.gradients(loss, trainable("tower"))])
+  order = trainable("stem_a") + trainable("stem_b") + trainable("tower")
+  batch = feed(x1, x2)
+  actual, expected = evaluate([[got[v.name] for v in order], want], batch)
   assert_grads_close(actual, expected)
 
 
@@ -109,9 +99,9 @@ def test_glue_enclosed_by_one_layer_belongs_to_it(graph):
   got = dict((v.name, g) for g, v in plan.compute_gradients())
   g_block = tf.gradients(loss, net.boundary("block", "cell")[0])[0]
   block_out = net.boundary("block", "cell")[0]
-  want = tf.gradients(block_out, _vars("stem"), grad_ys=-1.5 * g_block)
-  actual, expected = evaluate([[got[v.name] for v in _vars("stem")], want],
-                              _feed(x))
+  want = tf.gradients(block_out, trainable("stem"), grad_ys=-1.5 * g_block)
+  actual, expected = evaluate([[got[v.name] for v in trainable("stem")], want],
+                              feed(x))
   assert_grads_close(actual, expected)
 
 
@@ -124,10 +114,10 @@ def test_layer_reused_in_series_inside_its_scope_is_one_block(graph):
   plan = gg.GradientPlan(loss).transform_upstream("cell", gg.transforms.scale(-2.0))
   got = dict((v.name, g) for g, v in plan.compute_gradients())
   g_h = tf.gradients(loss, h)[0]
-  want = (tf.gradients(h, _vars("stem"), grad_ys=-2.0 * g_h)
-          + tf.gradients(loss, _vars("cell")))
-  order = _vars("stem") + _vars("cell")
-  actual, expected = evaluate([[got[v.name] for v in order], want], _feed(x))
+  want = (tf.gradients(h, trainable("stem"), grad_ys=-2.0 * g_h)
+          + tf.gradients(loss, trainable("cell")))
+  order = trainable("stem") + trainable("cell")
+  actual, expected = evaluate([[got[v.name] for v in order], want], feed(x))
   assert_grads_close(actual, expected)
 
 
@@ -144,9 +134,9 @@ def test_unconnected_variables_get_none_and_cannot_be_transformed(graph):
   train = plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.1))
   with tf1.Session() as sess:
     sess.run(tf1.global_variables_initializer())
-    orphan = sess.run(_vars("orphan"))
-    sess.run(train, _feed(x))
-    for before, after in zip(orphan, sess.run(_vars("orphan"))):
+    orphan = sess.run(trainable("orphan"))
+    sess.run(train, feed(x))
+    for before, after in zip(orphan, sess.run(trainable("orphan"))):
       np.testing.assert_array_equal(before, after)
 
 
@@ -154,6 +144,6 @@ def test_no_gradient_at_all_is_a_clear_error(graph):
   x = tf1.placeholder(tf.float32, [None, 4])
   loss = tf.reduce_sum(tf.square(dense(dense(x, 3, "a"), 2, "b")))
   dense(x, 2, "orphan")
-  plan = gg.GradientPlan(loss, var_list=_vars("orphan"))
+  plan = gg.GradientPlan(loss, var_list=trainable("orphan"))
   with pytest.raises(gg.NotConnectedError, match=r"no variable has a gradient"):
     plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.1))

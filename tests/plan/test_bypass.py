@@ -10,28 +10,9 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import add, assert_grads_close, dense, evaluate
+from helpers import add, assert_grads_close, dense, evaluate, feed, grads_of, trainable
 
 tf1 = tf.compat.v1
-
-needs_edges = pytest.mark.skipif(
-    not hasattr(gg.GradientPlan, "transform_edge"),
-    reason="GradientPlan.transform_edge is not available on this branch")
-
-
-def _feed(x, rows=6, seed=0):
-  rng = np.random.default_rng(seed)
-  return {x: rng.normal(size=(rows, int(x.shape[-1]))).astype(np.float32)}
-
-
-def _vars(scope):
-  return tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, scope + "/")
-
-
-def _grads_of(plan, variables):
-  by_var = {v.name: g for g, v in plan.compute_gradients()}
-  return [by_var[v.name] for v in variables]
-
 
 def _scaled(c, grads):
   return [c * g for g in grads]
@@ -78,12 +59,12 @@ def test_upstream_on_a_skipped_layer_leaves_the_skip_alone(graph, add_in):
   assert set(net.graph.edges) == {("l1", "l2"), ("l2", "l3"), ("l1", "l3")}
   plan = gg.GradientPlan(loss, net).transform_upstream(
       "l2", gg.transforms.scale(-0.5))
-  l1 = _vars("l1")
+  l1 = trainable("l1")
   g_a = tf.gradients(loss, a)[0]
   expected = add(tf.gradients(a, l1, grad_ys=-0.5 * g_a),
                  tf.gradients(loss, l1, stop_gradients=[a]))
   actual, want, plain = evaluate(
-      [_grads_of(plan, l1), expected, tf.gradients(loss, l1)], _feed(x))
+      [grads_of(plan, l1), expected, tf.gradients(loss, l1)], feed(x, rows=6))
   assert_grads_close(actual, want)
   assert not np.allclose(actual[0], plain[0])
 
@@ -97,12 +78,12 @@ def test_upstream_on_a_residual_block_scales_its_skip_too(graph):
   assert [t.name for t in net["l2"].outputs] == [merged.name]
   plan = gg.GradientPlan(loss, net).transform_upstream(
       "l2", gg.transforms.scale(-0.5))
-  l1, l2 = _vars("l1"), _vars("l2")
+  l1, l2 = trainable("l1"), trainable("l2")
   g_merged = tf.gradients(loss, merged)[0]
   expected_l1 = tf.gradients(merged, l1, grad_ys=-0.5 * g_merged)
   actual, want, plain = evaluate(
-      [_grads_of(plan, l1 + l2), expected_l1, tf.gradients(loss, l1 + l2)],
-      _feed(x))
+      [grads_of(plan, l1 + l2), expected_l1, tf.gradients(loss, l1 + l2)],
+      feed(x, rows=6))
   assert_grads_close(actual[:2], want)
   assert_grads_close(actual[:2], _scaled(-0.5, plain[:2]))
   assert_grads_close(actual[2:], plain[2:])  # l2's own parameters: plain
@@ -112,29 +93,28 @@ def test_upstream_on_a_residual_block_scales_its_skip_too(graph):
 def test_upstream_on_the_merging_layer_scales_both_paths(graph, add_in):
   x, _, _, _, loss = _residual_net(add_in)
   plan = gg.GradientPlan(loss).transform_upstream("l3", gg.transforms.scale(3.0))
-  below = _vars("l1") + _vars("l2")
+  below = trainable("l1") + trainable("l2")
   actual, plain, own, plain_own = evaluate(
-      [_grads_of(plan, below), tf.gradients(loss, below),
-       _grads_of(plan, _vars("l3")), tf.gradients(loss, _vars("l3"))],
-      _feed(x))
+      [grads_of(plan, below), tf.gradients(loss, below),
+       grads_of(plan, trainable("l3")), tf.gradients(loss, trainable("l3"))],
+      feed(x, rows=6))
   assert_grads_close(actual, _scaled(3.0, plain))
   assert_grads_close(own, plain_own)
 
 
-@needs_edges
 @pytest.mark.parametrize("add_in", ["l3", "glue"])
 def test_edge_transform_on_a_skip_scales_only_the_skip(graph, add_in):
   x, h1, a, merged, loss = _residual_net(add_in)
   plan = gg.GradientPlan(loss).transform_edge("l1", "l3",
                                               gg.transforms.scale(0.25))
-  l1, l2 = _vars("l1"), _vars("l2")
+  l1, l2 = trainable("l1"), trainable("l2")
   g_merged = tf.gradients(loss, merged)[0]
   # d merged / d h1 along the skip is the identity.
   g_h1 = tf.gradients(a, h1, grad_ys=g_merged)[0] + 0.25 * g_merged
   expected_l1 = tf.gradients(h1, l1, grad_ys=g_h1)
   actual, want, plain = evaluate(
-      [_grads_of(plan, l1 + l2), expected_l1, tf.gradients(loss, l1 + l2)],
-      _feed(x))
+      [grads_of(plan, l1 + l2), expected_l1, tf.gradients(loss, l1 + l2)],
+      feed(x, rows=6))
   assert_grads_close(actual[:2], want)
   assert_grads_close(actual[2:], plain[2:])
   assert not np.allclose(actual[0], plain[0])
@@ -143,13 +123,12 @@ def test_edge_transform_on_a_skip_scales_only_the_skip(graph, add_in):
 # -- regularizers that read variables directly ----------------------------------
 
 
-@needs_edges
 def test_regularizers_reading_variables_are_bypasses(graph):
   x = tf1.placeholder(tf.float32, [None, 4])
   h1 = dense(x, 5, "l1", tf.tanh)
   h2 = dense(h1, 4, "l2", tf.tanh)
   h3 = dense(h2, 2, "l3")
-  l1, l2, l3 = _vars("l1"), _vars("l2"), _vars("l3")
+  l1, l2, l3 = trainable("l1"), trainable("l2"), trainable("l3")
   # L2 terms on two kernels, and a term reading variables of two layers.
   loss = (tf.reduce_sum(tf.square(h3)) + 0.3 * tf.nn.l2_loss(l1[0])
           + 0.2 * tf.nn.l2_loss(l2[0])
@@ -168,8 +147,8 @@ def test_regularizers_reading_variables_are_bypasses(graph):
                     tf.gradients(loss, l2, stop_gradients=[h2, h3]))
   expected_l3 = tf.gradients(loss, l3)
   actual, want, plain = evaluate(
-      [_grads_of(plan, l1 + l2 + l3), expected_l1 + expected_l2 + expected_l3,
-       tf.gradients(loss, l1 + l2 + l3)], _feed(x))
+      [grads_of(plan, l1 + l2 + l3), expected_l1 + expected_l2 + expected_l3,
+       tf.gradients(loss, l1 + l2 + l3)], feed(x, rows=6))
   assert_grads_close(actual, want)
   assert not np.allclose(actual[1], plain[1])  # l1/bias: partly scaled
   assert not np.allclose(actual[2], plain[2])  # l2/kernel: sees l3's -1
@@ -179,12 +158,12 @@ def test_regularizer_on_the_transformed_layer_stays_plain(graph):
   x = tf1.placeholder(tf.float32, [None, 4])
   h1 = dense(x, 5, "l1", tf.tanh)
   h2 = dense(h1, 3, "l2")
-  l1, l2 = _vars("l1"), _vars("l2")
+  l1, l2 = trainable("l1"), trainable("l2")
   loss = tf.reduce_sum(tf.square(h2)) + 0.5 * tf.nn.l2_loss(l2[0])
   plan = gg.GradientPlan(loss).transform_upstream("l2", gg.transforms.zero())
   actual, plain, plain_l2 = evaluate(
-      [_grads_of(plan, l1 + l2), tf.gradients(loss, l1),
-       tf.gradients(loss, l2)], _feed(x))
+      [grads_of(plan, l1 + l2), tf.gradients(loss, l1),
+       tf.gradients(loss, l2)], feed(x, rows=6))
   assert_grads_close(actual[:2], [np.zeros_like(g) for g in plain])
   assert_grads_close(actual[2:], plain_l2)
 
@@ -204,7 +183,7 @@ def test_several_losses_summed_compose_per_path(graph):
   plan = (gg.GradientPlan(loss)
           .transform_upstream("l3", gg.transforms.scale(2.0))
           .transform_upstream("l2", gg.transforms.scale(-1.0)))
-  l1, l2, l3 = _vars("l1"), _vars("l2"), _vars("l3")
+  l1, l2, l3 = trainable("l1"), trainable("l2"), trainable("l3")
   g_h3 = tf.gradients(loss, h3)[0]
   # At h2: l3's share, scaled by l3's transform, plus aux2 unchanged.
   g_h2 = (tf.gradients(h3, h2, grad_ys=2.0 * g_h3)[0]
@@ -222,8 +201,8 @@ def test_several_losses_summed_compose_per_path(graph):
              + add(_scaled(2.0, tf.gradients(main, l2)),
                    tf.gradients(aux2, l2)))
   actual, want, want_by_term, plain = evaluate(
-      [_grads_of(plan, l1 + l2 + l3), expected, by_term,
-       tf.gradients(loss, l1)], _feed(x))
+      [grads_of(plan, l1 + l2 + l3), expected, by_term,
+       tf.gradients(loss, l1)], feed(x, rows=6))
   assert_grads_close(actual, want)
   assert_grads_close(actual[:4], want_by_term)
   assert not np.allclose(actual[0], plain[0])
@@ -244,14 +223,13 @@ def _two_consumer_net():
 def test_output_read_by_a_layer_and_the_loss_upstream(graph):
   x, _, h1, _, loss = _two_consumer_net()
   plan = gg.GradientPlan(loss).transform_upstream("l1", gg.transforms.scale(0.5))
-  l0, l1 = _vars("l0"), _vars("l1")
+  l0, l1 = trainable("l0"), trainable("l1")
   # l1's upstream gradient is the sum over both readers of its output.
   actual, plain = evaluate(
-      [_grads_of(plan, l0 + l1), tf.gradients(loss, l0 + l1)], _feed(x))
+      [grads_of(plan, l0 + l1), tf.gradients(loss, l0 + l1)], feed(x, rows=6))
   assert_grads_close(actual, _scaled(0.5, plain[:2]) + plain[2:])
 
 
-@needs_edges
 def test_output_read_by_a_layer_and_the_loss_composes_in_order(graph):
   # upper's upstream, then the edge, then the sum with the loss's share at
   # the lower layer's output, then the lower layer's upstream.
@@ -260,18 +238,17 @@ def test_output_read_by_a_layer_and_the_loss_composes_in_order(graph):
           .transform_upstream("l2", gg.transforms.scale(3.0))
           .transform_edge("l1", "l2", gg.transforms.scale(-0.5))
           .transform_upstream("l1", gg.transforms.scale(0.25)))
-  l0, l1, l2 = _vars("l0"), _vars("l1"), _vars("l2")
+  l0, l1, l2 = trainable("l0"), trainable("l1"), trainable("l2")
   g_h2 = tf.gradients(loss, h2)[0]
   g_h1 = (tf.gradients(h2, h1, grad_ys=-1.5 * g_h2)[0]
           + tf.gradients(loss, h1, stop_gradients=[h2])[0])
   expected = (tf.gradients(h1, l0, grad_ys=0.25 * g_h1)
               + tf.gradients(h1, l1, grad_ys=g_h1)
               + tf.gradients(loss, l2))
-  actual, want = evaluate([_grads_of(plan, l0 + l1 + l2), expected], _feed(x))
+  actual, want = evaluate([grads_of(plan, l0 + l1 + l2), expected], feed(x, rows=6))
   assert_grads_close(actual, want)
 
 
-@needs_edges
 def test_glue_merge_read_by_a_layer_and_the_loss(graph):
   # m = h0 + h1 is glue read by l2 and by the loss: an edge into l2 must
   # rewrite only l2's share of the gradient through m.
@@ -283,17 +260,16 @@ def test_glue_merge_read_by_a_layer_and_the_loss(graph):
   loss = tf.reduce_sum(tf.square(h2)) + tf.reduce_sum(tf.square(m))
   plan = gg.GradientPlan(loss).transform_edge("l1", "l2",
                                               gg.transforms.scale(0.0))
-  l0, l1 = _vars("l0"), _vars("l1")
+  l0, l1 = trainable("l0"), trainable("l1")
   g_h1 = tf.gradients(tf.reduce_sum(tf.square(m)), h1)[0]  # the loss's share
   expected_l1 = tf.gradients(h1, l1, grad_ys=g_h1)
   expected_l0 = add(tf.gradients(h1, l0, grad_ys=g_h1),
                     tf.gradients(loss, l0, stop_gradients=[h1]))
-  actual, want = evaluate([_grads_of(plan, l0 + l1), expected_l0 + expected_l1],
-                          _feed(x))
+  actual, want = evaluate([grads_of(plan, l0 + l1), expected_l0 + expected_l1],
+                          feed(x, rows=6))
   assert_grads_close(actual, want)
 
 
-@needs_edges
 def test_edge_share_through_glue_also_read_by_a_cut_layer(graph):
   # Minimal form of a case the property tests found: l1's glue tanh t1 is
   # read by l2 (transformed, so t1 is cut) and, through the glue add t1 + x,
@@ -306,9 +282,9 @@ def test_edge_share_through_glue_also_read_by_a_cut_layer(graph):
   plan = (gg.GradientPlan(loss)
           .transform_edge("l1", "l3", gg.transforms.scale(0.0))
           .transform_upstream("l2", lambda g: g))
-  l1 = _vars("l1")
+  l1 = trainable("l1")
   expected = tf.gradients(tf.reduce_sum(tf.square(h2)), l1)
   actual, want, plain = evaluate(
-      [_grads_of(plan, l1), expected, tf.gradients(loss, l1)], _feed(x))
+      [grads_of(plan, l1), expected, tf.gradients(loss, l1)], feed(x, rows=6))
   assert_grads_close(actual, want)
   assert not np.allclose(actual[0], plain[0])

@@ -5,24 +5,15 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import assert_grads_close, dense, evaluate
+from helpers import assert_grads_close, dense, evaluate, feed, trainable
 
 tf1 = tf.compat.v1
-
-
-def _vars(scope):
-  return tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, scope + "/")
-
-
-def _feed(x):
-  return {x: np.random.default_rng(0).normal(
-      size=(4,) + tuple(x.shape[1:])).astype(np.float32)}
 
 
 def _check_upstream_scale(loss, top_out, lower_scope, top, feed, c=0.5):
   plan = gg.GradientPlan(loss).transform_upstream(top, gg.transforms.scale(c))
   got = dict((v.name, g) for g, v in plan.compute_gradients())
-  lower = _vars(lower_scope)
+  lower = trainable(lower_scope)
   g_top = tf.gradients(loss, top_out)[0]
   want = tf.gradients(top_out, lower, grad_ys=c * g_top)
   actual, expected = evaluate([[got[v.name] for v in lower], want], feed)
@@ -39,7 +30,7 @@ def test_while_loop_inside_a_layer_below_the_boundary(graph):
                          (tf.constant(0), x))
   top = dense(h, 2, "top")
   _check_upstream_scale(tf.reduce_sum(tf.square(top)), top, "rnn", "top",
-                        _feed(x))
+                        feed(x, rows=4))
 
 
 def test_dynamic_rnn_below_the_boundary(graph):
@@ -51,7 +42,7 @@ def test_dynamic_rnn_below_the_boundary(graph):
   net = gg.analyze(loss)
   assert "top" in net
   rnn_scope = [n for n in net.names if n != "top"][0]
-  _check_upstream_scale(loss, top, rnn_scope, "top", _feed(x), c=-2.0)
+  _check_upstream_scale(loss, top, rnn_scope, "top", feed(x, rows=4), c=-2.0)
 
 
 def test_cond_inside_a_layer(graph):
@@ -63,7 +54,7 @@ def test_cond_inside_a_layer(graph):
                 lambda: tf.matmul(x, 2.0 * w))
   top = dense(h, 2, "top")
   _check_upstream_scale(tf.reduce_sum(tf.square(top)), top, "gate", "top",
-                        _feed(x), c=3.0)
+                        feed(x, rows=4), c=3.0)
 
 
 def test_layer_inside_a_v2_loop_body_has_nothing_to_rewrite(graph):
@@ -109,7 +100,7 @@ def test_boundary_inside_a_v1_while_loop_is_refused():
       top_out = loss.op.inputs[0]
       got = dict((v.name, g) for g, v in plan.compute_gradients())
       want = tf.gradients(loss, w)[0] * 2.0
-      actual, expected = evaluate([got[w.name], want], _feed(x))
+      actual, expected = evaluate([got[w.name], want], feed(x, rows=4))
       np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
       del top_out
   finally:

@@ -5,18 +5,9 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import assert_grads_close, dense, evaluate
+from helpers import assert_grads_close, dense, evaluate, feed, trainable
 
 tf1 = tf.compat.v1
-
-
-def _vars(scope):
-  return tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, scope + "/")
-
-
-def _feed(x, seed=0):
-  rng = np.random.default_rng(seed)
-  return {x: rng.normal(size=(8, int(x.shape[-1]))).astype(np.float32)}
 
 
 def _dann(shared_glue):
@@ -39,14 +30,14 @@ def test_gradient_reversal_on_the_domain_edge(graph, shared_glue):
   plan = gg.GradientPlan(loss).transform_edge(
       "features", "domain_head", gg.transforms.reverse())
   got = dict((v.name, g) for g, v in plan.compute_gradients())
-  feats, domain, label = (_vars(s) for s in ("features", "domain_head",
+  feats, domain, label = (trainable(s) for s in ("features", "domain_head",
                                              "label_head"))
   want_feats = [a - b for a, b in zip(tf.gradients(label_loss, feats),
                                       tf.gradients(domain_loss, feats))]
   actual, expected = evaluate(
       [[got[v.name] for v in feats + domain + label],
        want_feats + tf.gradients(domain_loss, domain)
-       + tf.gradients(label_loss, label)], _feed(x))
+       + tf.gradients(label_loss, label)], feed(x))
   assert_grads_close(actual, expected)
 
 
@@ -68,11 +59,11 @@ def test_edge_and_upstream_transforms_compose_in_documented_order(graph):
   g_c = tf.gradients(loss, c_out)[0]
   through_c = tf.gradients(c_out, b_out, grad_ys=2.0 * g_c)[0]
   g_b = 3.0 * through_c + tf.gradients(loss2, b_out)[0]
-  want = (tf.gradients(b_out, _vars("a"), grad_ys=5.0 * g_b)
-          + tf.gradients(b_out, _vars("b"), grad_ys=g_b)
-          + tf.gradients(loss, _vars("c")))
-  order = _vars("a") + _vars("b") + _vars("c")
-  actual, expected = evaluate([[got[v.name] for v in order], want], _feed(x))
+  want = (tf.gradients(b_out, trainable("a"), grad_ys=5.0 * g_b)
+          + tf.gradients(b_out, trainable("b"), grad_ys=g_b)
+          + tf.gradients(loss, trainable("c")))
+  order = trainable("a") + trainable("b") + trainable("c")
+  actual, expected = evaluate([[got[v.name] for v in order], want], feed(x))
   assert_grads_close(actual, expected)
 
 
@@ -94,7 +85,7 @@ def _run_model(build, plan_fn=None):
       grads = [g for g, _ in plan.compute_gradients()]
     else:
       grads = tf.gradients(loss, tf1.trainable_variables())
-    return evaluate(grads, _feed(x))
+    return evaluate(grads, feed(x))
 
 
 def test_edge_leaves_paths_through_other_layers_alone():

@@ -1,17 +1,11 @@
 """Plans on grouped layers and on Keras layers in a TF1 graph."""
 
-import numpy as np
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import assert_grads_close, dense, evaluate
+from helpers import assert_grads_close, dense, evaluate, feed
 
 tf1 = tf.compat.v1
-
-
-def _feed(x):
-  return {x: np.random.default_rng(0).normal(size=(8, int(x.shape[-1])))
-          .astype(np.float32)}
 
 
 def test_upstream_on_a_depth_grouped_block(graph):
@@ -32,7 +26,7 @@ def test_upstream_on_a_depth_grouped_block(graph):
   through = tf.gradients(b2, block1, grad_ys=0.1 * g_b2)
   head = tf.gradients(tf.reduce_sum(b1), block1)
   want = [a + b for a, b in zip(through, head)]
-  actual, expected = evaluate([got[:4], want], _feed(x))
+  actual, expected = evaluate([got[:4], want], feed(x))
   assert_grads_close(actual, expected)
 
 
@@ -58,5 +52,5 @@ def test_keras_functional_model_in_a_tf1_graph_with_a_plan(graph):
   direct = tf.gradients(loss, hidden, stop_gradients=[h2])
   want = [a + 2.0 * b for a, b in zip(via_middle, direct)]
   actual, expected = evaluate([[got[v.name] for v in hidden], want],
-                              _feed(model.input))
+                              feed(model.input))
   assert_grads_close(actual, expected)

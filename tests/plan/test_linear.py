@@ -8,6 +8,7 @@ gradient-scaling identity ``stop(t) + c * (t - stop(t))`` wired by hand where
 the rewritten share enters the layer, differentiated by ``tf.gradients``.
 """
 
+import contextlib
 import re
 
 import numpy as np
@@ -171,7 +172,8 @@ def _reference(model, entries, c):
     tf1.set_random_seed(0)
     loss, feed = model(Into(factors))
     variables = tf1.trainable_variables()
-    return _run(tf.gradients(loss, variables), feed), [v.name for v in variables]
+    names = [v.name for v in variables]
+    return _run(tf.gradients(loss, variables), feed), names
 
 
 @pytest.mark.parametrize("transform", sorted(LINEAR))
@@ -292,6 +294,16 @@ def test_linear_refuses_a_factor_that_is_not_a_number(factor):
     T.linear(lambda g: g, factor)
 
 
+@pytest.mark.parametrize("factor, match", [
+    (float("nan"), r"linear: `factor` must be finite"),
+    (tf.constant(0.5), r"linear: `factor` must be a Python number, .* got "
+                       r"tensor"),
+])
+def test_linear_refuses_a_factor_not_known_when_building(factor, match):
+  with pytest.raises(gg.GraphGradError, match=match):
+    T.linear(lambda g: g, factor)
+
+
 def test_linear_refuses_what_is_not_callable():
   with pytest.raises(gg.GraphGradError, match=r"`fn` must be a callable"):
     T.linear(0.5, 0.5)
@@ -325,3 +337,36 @@ def test_sparse_gradients_stay_sparse_when_weighted(layer, monkeypatch):
                   monkeypatch)
   table = [g for g, v in gv if v.op.name == "embed/table"][0]
   assert isinstance(table, tf.IndexedSlices)
+
+
+def rounded_model(into, override_map=False):
+  """A chain whose l2 rounds its activations: Round has no gradient."""
+  x = tf1.placeholder(tf.float32, [None, 4])
+  h1 = dense(x, 5, "l1", tf.tanh)
+  h2 = dense(into("l2", "l1", h1), 5, "l2", tf.sigmoid)
+  identity = (tf1.get_default_graph().gradient_override_map(
+      {"Round": "Identity"}) if override_map else contextlib.nullcontext())
+  with tf.name_scope("l2/quant/"), identity:
+    h2 = tf.round(h2 * 255.0) / 255.0
+  out = dense(into("l3", "l2", h2), 3, "l3")
+  return tf.reduce_sum(tf.square(out)), _feed(x)
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_an_override_inside_the_rewritten_layer(fuse, monkeypatch):
+  # The fused segment through l2 crosses its Round: it must make its call
+  # through the plan's gradient function, which applies the override.
+  monkeypatch.setattr(_engine, "FUSE_LINEAR", fuse)
+  with tf.Graph().as_default():
+    tf1.set_random_seed(0)
+    loss, feed = rounded_model(Into())
+    plan = (gg.GradientPlan(loss).transform_upstream("l2", T.scale(0.5))
+            .straight_through("Round"))
+    got = _run([g for g, _ in plan.compute_gradients()], feed)
+  with tf.Graph().as_default():
+    tf1.set_random_seed(0)
+    loss, feed = rounded_model(Into({("l2", "l1"): 0.5}), override_map=True)
+    want = _run(tf.gradients(loss, tf1.trainable_variables()), feed)
+  assert all(g is not None and np.abs(g).max() > 0 for g in got)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

@@ -5,22 +5,9 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import add, assert_grads_close, dense, evaluate
+from helpers import add, assert_grads_close, dense, evaluate, feed, grads_of, trainable
 
 tf1 = tf.compat.v1
-
-
-def _feed(x, rows=8, seed=0):
-  rng = np.random.default_rng(seed)
-  return {x: rng.normal(size=(rows, int(x.shape[-1]))).astype(np.float32)}
-
-
-def _vars(scope):
-  return tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, scope + "/")
-
-
-def _grads(plan):
-  return [g for g, _ in plan.compute_gradients()]
 
 
 def test_identity_plan_equals_tf_gradients(graph):
@@ -30,7 +17,7 @@ def test_identity_plan_equals_tf_gradients(graph):
   loss = tf.reduce_sum(tf.square(dense(h, 2, "c")))
   variables = tf1.trainable_variables()
   actual, expected = evaluate(
-      [_grads(gg.GradientPlan(loss)), tf.gradients(loss, variables)], _feed(x))
+      [grads_of(gg.GradientPlan(loss)), tf.gradients(loss, variables)], feed(x))
   assert_grads_close(actual, expected, rtol=0, atol=0)
 
 
@@ -39,8 +26,8 @@ def test_nonscalar_loss_is_summed(graph):
   out = dense(dense(x, 3, "a"), 2, "b")  # a [batch, 2] "loss"
   plan = gg.GradientPlan(out).transform_upstream("b", gg.transforms.scale(2.0))
   # tf.gradients sums a non-scalar y: its grad_ys default to ones.
-  expected = tf.gradients(out, _vars("a"), grad_ys=2.0 * tf.ones_like(out))
-  actual, want = evaluate([_grads(plan)[:2], expected], _feed(x))
+  expected = tf.gradients(out, trainable("a"), grad_ys=2.0 * tf.ones_like(out))
+  actual, want = evaluate([grads_of(plan)[:2], expected], feed(x))
   assert_grads_close(actual, want)
 
 
@@ -52,10 +39,10 @@ def test_upstream_transforms_compose_top_down(graph):
   plan = (gg.GradientPlan(loss)
           .transform_upstream("l3", gg.transforms.scale(2.0))
           .transform_upstream("l2", gg.transforms.scale(3.0)))
-  l1, l2, l3 = _vars("l1"), _vars("l2"), _vars("l3")
-  got = _grads(plan)
+  l1, l2, l3 = trainable("l1"), trainable("l2"), trainable("l3")
+  got = grads_of(plan)
   plain = tf.gradients(loss, l1 + l2 + l3)
-  actual, ref = evaluate([got, plain], _feed(x))
+  actual, ref = evaluate([got, plain], feed(x))
   assert_grads_close(actual[:2], [6.0 * g for g in ref[:2]])
   assert_grads_close(actual[2:4], [2.0 * g for g in ref[2:4]])
   assert_grads_close(actual[4:], ref[4:])
@@ -71,9 +58,9 @@ def test_nonlinear_upstream_is_applied_to_the_total_gradient(graph):
   clip = gg.transforms.clip_by_norm(0.1)
   plan = gg.GradientPlan(loss).transform_upstream("l2", clip)
   g = tf.gradients(loss, h2)[0]
-  expected = tf.gradients(h2, _vars("l1"), grad_ys=tf.clip_by_norm(g, 0.1))
-  own = tf.gradients(loss, _vars("l2"))
-  actual, want, want_own = evaluate([_grads(plan), expected, own], _feed(x))
+  expected = tf.gradients(h2, trainable("l1"), grad_ys=tf.clip_by_norm(g, 0.1))
+  own = tf.gradients(loss, trainable("l2"))
+  actual, want, want_own = evaluate([grads_of(plan), expected, own], feed(x))
   assert_grads_close(actual[:2], want)
   assert_grads_close(actual[2:4], want_own)
 
@@ -90,13 +77,13 @@ def test_skip_connection_around_a_transformed_layer(graph, merge_in_scope):
     merged = h2 + h1
   loss = tf.reduce_sum(tf.square(dense(merged, 2, "l3")))
   plan = gg.GradientPlan(loss).transform_upstream("l2", gg.transforms.scale(-0.5))
-  l1 = _vars("l1")
+  l1 = trainable("l1")
   g_h2 = tf.gradients(loss, h2)[0]
   through_l2 = tf.gradients(h2, l1, grad_ys=-0.5 * g_h2)
   bypass = tf.gradients(loss, l1, stop_gradients=[h2])
   expected = add(through_l2, bypass)
   actual, want, plain = evaluate(
-      [_grads(plan)[:2], expected, tf.gradients(loss, l1)], _feed(x))
+      [grads_of(plan)[:2], expected, tf.gradients(loss, l1)], feed(x))
   assert_grads_close(actual, want)
   assert not np.allclose(actual[0], plain[0])
 
@@ -105,13 +92,13 @@ def test_regularizer_on_a_lower_layer_is_a_bypass(graph):
   x = tf1.placeholder(tf.float32, [None, 4])
   h1 = dense(x, 5, "l1", tf.tanh)
   h2 = dense(h1, 3, "l2")
-  l1 = _vars("l1")
+  l1 = trainable("l1")
   loss = tf.reduce_sum(tf.square(h2)) + 0.3 * tf.nn.l2_loss(l1[0])
   plan = gg.GradientPlan(loss).transform_upstream("l2", gg.transforms.scale(4.0))
   g_h2 = tf.gradients(loss, h2)[0]
   expected = add(tf.gradients(h2, l1, grad_ys=4.0 * g_h2),
                  tf.gradients(loss, l1, stop_gradients=[h2]))
-  actual, want = evaluate([_grads(plan)[:2], expected], _feed(x))
+  actual, want = evaluate([grads_of(plan)[:2], expected], feed(x))
   assert_grads_close(actual, want)
 
 
@@ -121,21 +108,21 @@ def test_second_head_on_a_lower_layer_is_a_bypass(graph):
   h2 = dense(h1, 3, "l2")
   loss = tf.reduce_sum(tf.square(h2)) + tf.reduce_sum(dense(h1, 1, "aux"))
   plan = gg.GradientPlan(loss).transform_upstream("l2", gg.transforms.zero())
-  l1 = _vars("l1")
+  l1 = trainable("l1")
   expected = tf.gradients(loss, l1, stop_gradients=[h2])
-  actual, want = evaluate([_grads(plan)[:2], expected], _feed(x))
+  actual, want = evaluate([grads_of(plan)[:2], expected], feed(x))
   assert_grads_close(actual, want)
 
 
 def test_transform_gradients_applies_to_the_summed_parameter_gradient(graph):
   x = tf1.placeholder(tf.float32, [None, 4])
   h1 = dense(x, 5, "l1", tf.tanh)
-  l1 = _vars("l1")
+  l1 = trainable("l1")
   loss = tf.reduce_sum(tf.square(dense(h1, 3, "l2"))) + tf.nn.l2_loss(l1[0])
   clip = gg.transforms.clip_by_norm(0.05)
   plan = gg.GradientPlan(loss).transform_gradients("l1", clip)
   expected = [tf.clip_by_norm(g, 0.05) for g in tf.gradients(loss, l1)]
-  actual, want = evaluate([_grads(plan)[:2], expected], _feed(x))
+  actual, want = evaluate([grads_of(plan)[:2], expected], feed(x))
   assert_grads_close(actual, want)
 
 
@@ -147,12 +134,12 @@ def test_var_list_restricts_and_unreached_variables_get_none(graph):
   gv = plan.compute_gradients()
   assert [v.name for _, v in gv] == [v.name for v in tf1.trainable_variables()]
   assert dict((v.name, g) for g, v in gv)[unused.name] is None
-  only_b = gg.GradientPlan(loss, var_list=_vars("b"))
+  only_b = gg.GradientPlan(loss, var_list=trainable("b"))
   only_b.transform_upstream("b", gg.transforms.scale(2.0))
   gv_b = only_b.compute_gradients()
-  assert [v.name for _, v in gv_b] == [v.name for v in _vars("b")]
+  assert [v.name for _, v in gv_b] == [v.name for v in trainable("b")]
   actual, want = evaluate([[g for g, _ in gv_b],
-                           tf.gradients(loss, _vars("b"))], _feed(x))
+                           tf.gradients(loss, trainable("b"))], feed(x))
   assert_grads_close(actual, want)
 
 
@@ -169,8 +156,8 @@ def test_apply_gradients_runs_update_ops_and_steps_once(graph):
   with tf1.Session() as sess:
     sess.run(tf1.global_variables_initializer())
     before = sess.run(tf1.trainable_variables())
-    grads = sess.run(_grads(plan), _feed(x))
-    sess.run(train, _feed(x))
+    grads = sess.run(grads_of(plan), feed(x))
+    sess.run(train, feed(x))
     after = sess.run(tf1.trainable_variables())
     assert sess.run(step) == 1
     assert sess.run(counter) == 1.0
@@ -187,7 +174,7 @@ def test_update_ops_argument_overrides_the_collection(graph):
       tf1.train.GradientDescentOptimizer(0.1), update_ops=[])
   with tf1.Session() as sess:
     sess.run(tf1.global_variables_initializer())
-    sess.run(train, _feed(x))
+    sess.run(train, feed(x))
     assert sess.run(counter) == 0.0
 
 
@@ -212,7 +199,7 @@ def test_identity_plan_trains_like_minimize_for_25_adam_steps():
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         for step in range(25):
-          sess.run(train, _feed(x, seed=step))
+          sess.run(train, feed(x, seed=step))
         results.append(sess.run(tf1.trainable_variables()))
   assert_grads_close(results[1], results[0], rtol=0, atol=0)
 
@@ -258,5 +245,5 @@ def test_gate_graph_and_options_pass_through(graph):
                          colocate_gradients_with_ops=True)
   plan.transform_upstream("b", gg.transforms.scale(2.0))
   ref = gg.GradientPlan(loss).transform_upstream("b", gg.transforms.scale(2.0))
-  actual, want = evaluate([_grads(plan), _grads(ref)], _feed(x))
+  actual, want = evaluate([grads_of(plan), grads_of(ref)], feed(x))
   assert_grads_close(actual, want)

@@ -10,7 +10,6 @@ the reference loss must equal the plan's gradients.
 import os
 
 import numpy as np
-import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
@@ -35,10 +34,6 @@ PROPERTY = settings(max_examples=_EXPLORE or 30, derandomize=not _EXPLORE,
 
 # The fused-against-cut properties build every plan twice.
 PROPERTY_HALF = settings(PROPERTY, max_examples=_EXPLORE or 15)
-
-needs_edges = pytest.mark.skipif(
-    not hasattr(gg.GradientPlan, "transform_edge"),
-    reason="GradientPlan.transform_edge is not available on this branch")
 
 
 def _transform(entry):
@@ -157,7 +152,6 @@ def test_upstream_scales_match_reference(data):
   _assert_same(got, _reference_gradients(spec, upstream=upstream), spec)
 
 
-@needs_edges
 @PROPERTY
 @given(data=st.data())
 def test_edge_scales_match_reference(data):
@@ -167,7 +161,6 @@ def test_edge_scales_match_reference(data):
   _assert_same(got, _reference_gradients(spec, edges=edges), spec)
 
 
-@needs_edges
 @PROPERTY
 @given(data=st.data())
 def test_upstream_and_edge_scales_compose_like_reference(data):

@@ -8,13 +8,9 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import dense
+from helpers import dense, trainable
 
 tf1 = tf.compat.v1
-
-
-def _vars(scope):
-  return tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, scope + "/")
 
 
 def _three_layers():
@@ -57,10 +53,10 @@ def test_summaries_hold_the_norms_before_and_after(graph, tmp_path):
   out2, = net["l2"].outputs
   out1, = net["l1"].outputs
   g3 = tf.gradients(loss, out3)[0]
-  l3_grads = tf.gradients(loss, _vars("l3"))
-  l2_grads = tf.gradients(out3, _vars("l2"), grad_ys=0.5 * g3)
+  l3_grads = tf.gradients(loss, trainable("l3"))
+  l2_grads = tf.gradients(out3, trainable("l2"), grad_ys=0.5 * g3)
   into_l1 = tf.gradients(out3, out1, grad_ys=0.5 * g3)[0]
-  l1_grads = tf.gradients(out1, _vars("l1"), grad_ys=3.0 * into_l1)
+  l1_grads = tf.gradients(out1, trainable("l1"), grad_ys=3.0 * into_l1)
   del out2
 
   feed = {x: np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)}
@@ -99,7 +95,7 @@ def test_summaries_without_histograms_and_custom_scope(graph, tmp_path):
   with tf1.Session() as sess:
     sess.run(tf1.global_variables_initializer())
     summary, grads = sess.run(
-        [merged, tf.gradients(loss, _vars("l2"))],
+        [merged, tf.gradients(loss, trainable("l2"))],
         {x: np.ones((2, 4), np.float32)})
   writer = tf1.summary.FileWriter(str(tmp_path))
   writer.add_summary(summary, 0)

@@ -55,6 +55,40 @@ def test_annealed_noise_in_a_plan_advances_with_the_train_op(graph):
     assert sess.run(step) == 3  # the plan's single op increments it
 
 
+class _Decay(T.Transform):
+  """A user transform on the global step: g / (1 + t), with a call count."""
+
+  name = "decay"
+  reads_global_step = True
+
+  def apply_dense(self, grad, context):
+    calls = context.resources.get_or_create(context.layer, "decay/calls",
+                                            list)
+    calls.append(context.tensor)
+    return grad / (1 + tf.cast(context.global_step, grad.dtype))
+
+
+@pytest.mark.parametrize("reads", [True, False])
+def test_a_transform_that_reads_the_global_step_advances_it(graph, reads):
+  step = tf1.train.get_or_create_global_step()
+  loss = _net()
+  decay = _Decay()
+  decay.reads_global_step = reads
+  plan = gg.GradientPlan(loss).transform_gradients("l2", decay)
+  train = plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.0))
+  assert len(plan.resources.get("l2", "decay/calls")) == 2  # kernel, bias
+  grad = plan.compute_gradients()[2][0]
+  true = tf1.gradients(loss, tf1.trainable_variables("l2/")[0])[0]
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    for t in range(3):
+      g, ref = sess.run([grad, true])
+      np.testing.assert_allclose(g, ref / (1 + (t if reads else 0)),
+                                 rtol=1e-6)
+      sess.run(train)
+    assert sess.run(step) == (3 if reads else 0)
+
+
 def test_annealed_noise_needs_a_global_step(graph):
   plan = gg.GradientPlan(_net()).transform_upstream(
       "l2", T.add_noise(eta=0.3))

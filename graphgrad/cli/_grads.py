@@ -1,0 +1,239 @@
+"""``graphgrad grads``: the gradient-flow report of a saved model.
+
+Loads a model as ``graphgrad inspect`` does (one loader, :func:`load_model`),
+restores a checkpoint, feeds its placeholders (from an ``.npz``, or random
+normal inputs for float placeholders), and prints
+:func:`graphgrad.gradient_report`'s table; ``--png`` and ``--json`` write its
+picture and its numbers.
+"""
+
+import argparse
+import os
+import sys
+from typing import Dict, Optional
+
+_PICTURES = (".png", ".svg", ".pdf")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+  """Registers the ``grads`` subcommand on ``sub`` (from add_subparsers)."""
+  p = sub.add_parser(
+      "grads", help="report where the gradients of a saved model vanish or "
+                    "explode",
+      description="Loads a saved model, restores its checkpoint, runs its "
+                  "backward pass on one batch and prints, per layer, the "
+                  "parameter-gradient norm, its ratio to the weights' norm, "
+                  "the upstream-gradient norm and the fraction of zero "
+                  "upstream entries; flags vanishing and exploding layers.")
+  p.add_argument("model", metavar="MODEL", help="the .meta file")
+  p.add_argument("--checkpoint", metavar="CKPT",
+                 help="checkpoint prefix or directory to restore (default: "
+                      "the variables' initial values)")
+  p.add_argument("--loss", metavar="NAME",
+                 help="name of the loss tensor or op (default: guessed)")
+  p.add_argument("--feed", metavar="FEED.npz",
+                 help="arrays keyed by placeholder name")
+  p.add_argument("--depth", metavar="N",
+                 help="group nested variable scopes to depth N")
+  p.add_argument("--batch", metavar="N", default="8",
+                 help="batch size of random inputs (default 8)")
+  p.add_argument("--seed", metavar="S", default="0",
+                 help="seed of the random inputs (default 0)")
+  p.add_argument("--png", metavar="OUT.png", help="write the picture")
+  p.add_argument("--json", metavar="OUT.json", help="write the numbers")
+
+  def one_line_error(message):
+    print(f"graphgrad grads: error: {' '.join(message.split())}",
+          file=sys.stderr)
+    sys.exit(2)
+
+  p.error = one_line_error  # argparse's own errors: one line, exit 2
+  p.set_defaults(func=run)
+  return p
+
+
+def load_model(path: str):
+  """The model at ``path`` as a new ``tf.Graph``, loaded as ``inspect`` does."""
+  from graphgrad.analysis import _metagraph  # pylint: disable=g-import-not-at-top
+  return _metagraph.load(path)
+
+
+def _int(flag: str, text: str, minimum: int) -> int:
+  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  try:
+    value = int(text)
+  except ValueError:
+    value = None
+  if value is None or value < minimum:
+    raise CommandError(f"{flag} {text!r}: expected an integer of at least "
+                       f"{minimum}, e.g. {flag} {max(minimum, 8)}")
+  return value
+
+
+def _check_paths(args) -> None:
+  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  if args.png and os.path.splitext(args.png)[1].lower() not in _PICTURES:
+    raise CommandError(f"--png {args.png!r}: the file name must end in "
+                       f"{', '.join(_PICTURES)}")
+  if args.json and not args.json.lower().endswith(".json"):
+    raise CommandError(f"--json {args.json!r}: the file name must end in "
+                       f".json")
+  if args.feed and not os.path.isfile(args.feed):
+    raise CommandError(f"--feed {args.feed!r}: no such file; pass an .npz "
+                       f"written by numpy.savez(path, x=array, ...)")
+
+
+def _read_npz(path: str) -> Dict:
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  try:
+    with np.load(path, allow_pickle=False) as data:
+      return {k: data[k] for k in data.files}
+  except Exception as e:  # pylint: disable=broad-except
+    first = (str(e).strip().splitlines() or [""])[0][:120]
+    raise CommandError(f"--feed {path!r}: cannot read it as an .npz "
+                       f"({type(e).__name__}: {first}); write it with "
+                       f"numpy.savez(path, x=array, ...)") from None
+
+
+def _shape(shape) -> str:
+  if shape.rank is None:
+    return "[?]"
+  return "[" + ",".join("?" if d is None else str(d)
+                        for d in shape.as_list()) + "]"
+
+
+def build_feed(graph, loss, arrays: Dict, batch: int, seed: int) -> Dict:
+  """Feed dict for the placeholders ``loss`` depends on.
+
+  ``arrays`` are keyed by placeholder name (``"x"`` or ``"x:0"``); float
+  placeholders without an array get random normal inputs of their static
+  shape, unknown dimensions set to ``batch``.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from graphgrad.analysis import _graph_util  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  placeholders = [op for op in _graph_util.forward_ops(loss)
+                  if op.type in ("Placeholder", "PlaceholderWithDefault")]
+  names = {op.name for op in placeholders}
+  given = {k.split(":")[0]: v for k, v in arrays.items()}
+  unknown = sorted(set(given) - names)
+  if unknown:
+    raise CommandError(
+        f"--feed: no placeholder named {unknown[0]!r} feeds the loss "
+        f"{loss.name}; its placeholders: "
+        f"{', '.join(sorted(names)) or '(none)'}")
+  rng = np.random.default_rng(seed)
+  feed = {}
+  for op in placeholders:
+    t = op.outputs[0]
+    dtype, shape = t.dtype, t.shape
+    if op.name in given:
+      value = np.asarray(given[op.name])
+      if not shape.is_compatible_with(value.shape) or not np.can_cast(
+          value.dtype, dtype.as_numpy_dtype, casting="same_kind"):
+        raise CommandError(
+            f"--feed: array {op.name!r} is {value.dtype} "
+            f"{_shape(tf.TensorShape(value.shape))}; the placeholder is "
+            f"{dtype.name} {_shape(shape)}. Save an array of that "
+            f"shape and dtype")
+      feed[t] = value.astype(dtype.as_numpy_dtype)
+      continue
+    if op.type == "PlaceholderWithDefault":
+      continue
+    if not dtype.is_floating:
+      raise CommandError(
+          f"placeholder {op.name!r} ({dtype.name} {_shape(shape)}) is not "
+          f"floating-point, so it gets no random input: pass --feed "
+          f"FEED.npz with an array named {op.name!r}")
+    if shape.rank is None:
+      raise CommandError(
+          f"placeholder {op.name!r} has an unknown rank, so no random input "
+          f"can be made for it: pass --feed FEED.npz with an array named "
+          f"{op.name!r}")
+    dims = [batch if d is None else d for d in shape.as_list()]
+    feed[t] = rng.standard_normal(dims).astype(dtype.as_numpy_dtype)
+  return feed
+
+
+def _restore(sess, graph, checkpoint: Optional[str]) -> str:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  tf1 = tf.compat.v1
+  with graph.as_default():
+    if checkpoint is None:
+      sess.run(tf1.global_variables_initializer())
+      return "no --checkpoint: the variables have their initial values"
+    prefix = checkpoint
+    if os.path.isdir(checkpoint):
+      prefix = tf.train.latest_checkpoint(checkpoint)
+    if not prefix or not tf1.train.checkpoint_exists(prefix):
+      raise CommandError(
+          f"--checkpoint {checkpoint!r}: no checkpoint there; pass the "
+          f"prefix Saver.save returned (model.ckpt, without .index) or its "
+          f"directory")
+    try:
+      tf1.train.Saver().restore(sess, prefix)
+    except (tf.errors.OpError, ValueError) as e:
+      first = (str(e).strip().splitlines() or [""])[0][:160]
+      raise CommandError(f"--checkpoint {checkpoint!r}: cannot restore it "
+                         f"into this graph ({first})") from None
+    return f"restored {prefix}"
+
+
+def run(args) -> int:
+  """The ``grads`` command; returns the exit code."""
+  from graphgrad.cli._main import CommandError, _quiet_tf  # pylint: disable=g-import-not-at-top
+  _check_paths(args)
+  depth = None if args.depth is None else _int("--depth", args.depth, 1)
+  batch = _int("--batch", args.batch, 1)
+  seed = _int("--seed", args.seed, 0)
+  _quiet_tf()
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  import graphgrad as gg  # pylint: disable=g-import-not-at-top
+  from graphgrad.analysis import _metagraph  # pylint: disable=g-import-not-at-top
+  arrays = _read_npz(args.feed) if args.feed else {}
+  try:
+    graph = load_model(args.model)
+    with graph.as_default():
+      if args.loss:
+        loss, reason = _metagraph.find_loss(graph, args.loss), "--loss"
+      else:
+        loss, reason = _metagraph.guess_loss(graph)
+      net = gg.analyze(loss, depth=depth)
+      feed = build_feed(graph, loss, arrays, batch, seed)
+    with tf.compat.v1.Session(graph=graph) as sess:
+      restored = _restore(sess, graph, args.checkpoint)
+      report = gg.gradient_report(sess, net, feed)
+  except gg.GraphGradError as e:
+    raise CommandError(str(e)) from None
+  except tf.errors.OpError as e:
+    first = (str(e.message).strip().splitlines() or [""])[0][:200]
+    raise CommandError(f"running the backward pass failed: {first}") from None
+  print(f"{args.model}: loss {loss.name} ({reason}); {restored}")
+  print()
+  print(report.table())
+  _write(args, report)
+  return 0
+
+
+def _write(args, report) -> None:
+  import json  # pylint: disable=g-import-not-at-top
+
+  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  try:
+    if args.png:
+      name = os.path.basename(args.model)
+      report.plot(args.png, title=f"gradient flow of {name}")
+      print(f"\nwrote {args.png}")
+    if args.json:
+      with open(args.json, "w", encoding="utf-8") as f:
+        json.dump(report.to_dict(), f, indent=1)
+      print(f"wrote {args.json}")
+  except OSError as e:
+    raise CommandError(f"cannot write output: {e}") from None

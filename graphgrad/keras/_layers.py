@@ -1,0 +1,107 @@
+"""A Keras model's layer tree: layers by path and name, and their variables.
+
+Works for Keras 3 (``keras``, ``tf.keras`` on TF 2.16+) and tf-keras alike.
+"""
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from graphgrad import _errors
+
+
+def children(layer) -> List[Any]:
+  """The direct sublayers of a Keras 3 or tf-keras layer."""
+  return list(layer._flatten_layers(include_self=False, recursive=False))  # pylint: disable=protected-access
+
+
+def is_keras_layer(obj) -> bool:
+  """True for a Keras 3 or tf-keras layer or model."""
+  return callable(getattr(obj, "_flatten_layers", None))
+
+
+def tf_variable(v) -> Optional[tf.Variable]:
+  """The ``tf.Variable`` behind a tf-keras or Keras 3 variable."""
+  if isinstance(v, tf.Variable):
+    return v
+  for attr in ("value", "_value"):  # Keras 3 wraps a tf.Variable
+    inner = getattr(v, attr, None)
+    if isinstance(inner, tf.Variable):
+      return inner
+  return None
+
+
+def layer_variables(layer) -> List[tf.Variable]:
+  """A layer's variables, nested layers' included, as ``tf.Variable``."""
+  return [u for u in map(tf_variable, layer.weights) if u is not None]
+
+
+def holds_variables(layer) -> bool:
+  """True when ``layer`` holds variables directly, not only in sublayers."""
+  own = {v.ref() for v in layer_variables(layer)}
+  for child in children(layer):
+    own -= {v.ref() for v in layer_variables(child)}
+  return bool(own)
+
+
+class LayerIndex:
+  """Every layer of a model's tree, by path and by Keras name.
+
+  Args:
+    model: a Keras model or layer.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> model = tf.keras.Sequential([tf.keras.layers.Dense(2, name="a")])
+    >>> index = LayerIndex(model)
+    >>> index.paths, index.find("a", "layer")
+    (('a',), 'a')
+  """
+
+  def __init__(self, model):
+    self._layers: Dict[str, Any] = {}
+    self._by_id: Dict[int, str] = {}
+    stack = [(c, c.name) for c in reversed(children(model))]
+    while stack:
+      layer, path = stack.pop()
+      if id(layer) in self._by_id:  # a layer shared by two parents
+        continue
+      self._by_id[id(layer)] = path
+      self._layers[path] = layer
+      stack += [(c, f"{path}/{c.name}") for c in reversed(children(layer))]
+
+  @property
+  def paths(self) -> Tuple[str, ...]:
+    """Every layer's path, parents before their children."""
+    return tuple(self._layers)
+
+  def __getitem__(self, path: str):
+    return self._layers[path]
+
+  def find(self, layer, arg: str) -> str:
+    """The path of ``layer`` (a name, a path or the layer itself).
+
+    Raises:
+      LayerNotFoundError: for a layer that is not in the model, or a name
+        that several nested layers share.
+    """
+    if not isinstance(layer, str):
+      if id(layer) in self._by_id:
+        return self._by_id[id(layer)]
+      raise _errors.LayerNotFoundError(
+          f"`{arg}` must be a layer name or a layer of the model; got "
+          f"{type(layer).__name__} {getattr(layer, 'name', layer)!r}, which "
+          f"is not in the model. Known layers: {', '.join(self.paths)}.")
+    if layer in self._layers:
+      return layer
+    matches = [p for p in self.paths if p.rsplit("/", 1)[-1] == layer]
+    if len(matches) == 1:
+      return matches[0]
+    if matches:
+      raise _errors.LayerNotFoundError(
+          f"`{arg}` {layer!r} names {len(matches)} nested layers: "
+          f"{', '.join(matches)}. Pass the path of the one you mean.")
+    raise _errors.LayerNotFoundError(
+        f"no layer named {layer!r} in the model; known layers: "
+        f"{', '.join(self.paths) or '(none)'}. Use the Keras name of one of "
+        f"them (layer.name), or its 'outer/inner' path.")

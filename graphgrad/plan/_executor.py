@@ -1,0 +1,328 @@
+"""The TF1 executor: builds a plan's declarations on its ``tf.Graph``.
+
+:func:`build` is the one entry point. It reads the
+:class:`~graphgrad.plan._declarations.Declarations` of a
+:class:`~graphgrad.GradientPlan` and
+
+* with no declaration that rewrites the backward pass, makes the single
+  ``tf.gradients`` call that ``Optimizer.minimize`` makes;
+* else turns each declaration into a hook of the segment engine
+  (:class:`~graphgrad.plan._engine.Segments`): upstream and edge transforms,
+  backward replacements, task combinations;
+* in both cases, makes every backward call through the plan's gradient
+  function: ``tf.gradients`` cut at the ops the plan overrides (see
+  ``_override``), or ``tf.gradients`` itself without overrides;
+
+then applies the parameter-gradient transforms, appends the extra
+``(gradient, variable)`` pairs of backward replacements, and gates the
+result. Every applied transform is recorded as a :class:`TraceRecord`, which
+``plan.summaries()`` reads.
+"""
+
+import dataclasses
+from typing import (
+  Any,
+  Callable,
+  Dict,
+  Iterator,
+  List,
+  Optional,
+  Sequence,
+  Tuple,
+)
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad._types import Gradient
+from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._no_gradient import ops_without_gradient
+from graphgrad.methods import _backward, _pcgrad
+from graphgrad.plan import _override
+from graphgrad.plan._declarations import Declaration, Declarations
+from graphgrad.plan._engine import Rewrite, Segments, aggregate
+from graphgrad.transforms import _checks
+from graphgrad.transforms._context import Resources, TransformContext
+from graphgrad.transforms._group import GroupTransform
+from graphgrad.transforms._transforms import Transform
+
+GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
+
+GradsAndVars = List[Tuple[Gradient, tf.Variable]]
+
+
+class TraceRecord:
+  """One transform applied while a plan was built: context, before, after.
+
+  It unpacks as ``(context, before, after)``. Where the engine weighted a
+  linear rewrite by its factor instead of calling it, ``after`` is built on
+  first read (``plan.summaries()``, a gradient report): a plan that never
+  reads it builds no ops for it.
+  """
+  __slots__ = ("context", "before", "_after", "_later")
+
+  def __init__(self, context: TransformContext, before: Gradient,
+               after: Gradient = None,
+               later: Optional[Callable[[], Gradient]] = None):
+    self.context, self.before = context, before
+    self._after, self._later = after, later
+
+  @property
+  def after(self) -> Gradient:
+    """The transform's result."""
+    if self._later is not None:
+      self._after, self._later = self._later(), None
+    return self._after
+
+  def __iter__(self) -> Iterator[Any]:
+    return iter((self.context, self.before, self.after))
+
+  def __repr__(self) -> str:
+    return (f"TraceRecord({self.context.role!r}, layer="
+            f"{self.context.layer!r}, before={self.before!r})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """How a plan differentiates, as for ``Optimizer.compute_gradients``.
+
+  Attributes:
+    gate_gradients: ``GATE_NONE``, ``GATE_OP`` or ``GATE_GRAPH``.
+    aggregation_method: passed to ``tf.gradients``.
+    colocate_gradients_with_ops: passed to ``tf.gradients``.
+    name: name scope of the ops the plan adds.
+    reduce_fn: the cross-replica reduction, or ``None``.
+  """
+  gate_gradients: int = GATE_OP
+  aggregation_method: Any = None
+  colocate_gradients_with_ops: bool = False
+  name: str = "graphgrad"
+  reduce_fn: Optional[Callable] = None
+
+  @property
+  def gradients_kwargs(self) -> dict:
+    """Keyword arguments of every ``tf.gradients`` call."""
+    return dict(gate_gradients=(self.gate_gradients == GATE_OP),
+                aggregation_method=self.aggregation_method,
+                colocate_gradients_with_ops=self.colocate_gradients_with_ops)
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+  """What building a plan gives."""
+  grads_and_vars: Tuple[Tuple[Gradient, tf.Variable], ...]
+  trace: Tuple[TraceRecord, ...]
+
+
+def build(loss: tf.Tensor, net: Callable[[], LayerGraph],
+          var_list: Sequence[tf.Variable], declarations: Declarations,
+          options: Options, resources: Resources) -> Built:
+  """Builds ``declarations`` on ``loss``'s graph.
+
+  Args:
+    loss: the plan's loss.
+    net: returns the plan's layer graph (analysed on first use: a plan that
+      declares nothing never analyses).
+    var_list: the variables to differentiate, in output order.
+    declarations: what to rewrite.
+    options: how to differentiate.
+    resources: the plan's store of what its transforms create.
+
+  Returns:
+    The ``(gradient, variable)`` pairs and the trace.
+
+  Raises:
+    GraphGradError: if the loss's backward path crosses ops with no
+      registered gradient and no override: the message lists every one,
+      with its layer, where ``tf.gradients`` stops at the first.
+  """
+  executor = _Executor(loss, net, var_list, declarations, options, resources)
+  try:
+    return executor.run()
+  except LookupError as e:  # a gradient tf.gradients could not find
+    missing = ops_without_gradient(loss, list(var_list))
+    if not missing:
+      raise
+    raise _override.no_gradient_error(loss, missing,
+                                      executor.layer_of) from e
+
+
+class _Executor:
+  """One build of one plan."""
+
+  def __init__(self, loss, net, var_list, declarations, options, resources):
+    self.loss, self._net = loss, net
+    self.var_list = list(var_list)
+    self.declarations = declarations
+    self.options = options
+    self.resources = resources
+    self.trace: List[TraceRecord] = []
+    self.extra: GradsAndVars = []
+    self.global_step = tf.compat.v1.train.get_global_step(loss.graph)
+
+  @property
+  def net(self) -> LayerGraph:
+    return self._net()
+
+  def layer_of(self, op: tf.Operation) -> Optional[str]:
+    """``op``'s layer, or ``None`` for glue or a graph that has no layers."""
+    try:
+      return self.net.layer_of(op)
+    except _errors.GraphGradError:
+      return None
+
+  def run(self) -> Built:
+    self.gradients_fn = _override.gradients_fn(
+        self.loss, self.var_list, self.declarations.overrides, self.layer_of)
+    with self.loss.graph.as_default(), tf.name_scope(self.options.name):
+      if not self.declarations.rewrites_backward:
+        # The very call Optimizer.compute_gradients makes; unreached
+        # variables get None from it.
+        by_name = self._whole(self.var_list)
+      else:
+        known = self.net.op_graph
+        by_name = self._segmented(
+            [v for v in self.var_list if v.op.name in known])
+      out = [(by_name.get(v.op.name), v) for v in self.var_list]
+      for layer, fns in self.declarations.gradients.items():
+        self._transform_parameters(layer, fns, out)
+      out += self.extra
+      if self.options.gate_gradients == GATE_GRAPH:
+        present = [(i, g) for i, (g, _) in enumerate(out) if g is not None]
+        gated = tf.tuple([g for _, g in present]) if present else []
+        for (i, _), g in zip(present, gated):
+          out[i] = (g, out[i][1])
+    return Built(tuple(out), tuple(self.trace))
+
+  # -- the segmented backward pass ------------------------------------------
+
+  def _segmented(self, reached) -> Dict[str, Gradient]:
+    d = self.declarations
+    backward = d.backward
+    segments = Segments(
+        self.net, reached,
+        {n: self._upstream_hook(n, fn) for n, fn in d.upstream.items()},
+        {k: self._edge_hook(k, fn) for k, fn in d.edges.items()},
+        self.options.gradients_kwargs,
+        backward={n: self._backward_hook(n, fn) for n, fn in backward.items()},
+        outputs_fn={n: self._tasks_hook(x) for n, x in d.tasks.items()},
+        cuts=[c for n, fn in backward.items()
+              for c in (fn.cuts(self.net, n) if hasattr(fn, "cuts") else [])],
+        gradients_fn=self.gradients_fn)
+    by_name = {v.op.name: v for v in reached}
+    reduce = None
+    if self.options.reduce_fn is not None:
+      reduce = lambda names, grads: self._reduce(  # noqa: E731
+          [by_name[n] for n in names], grads)
+    contributions = segments.build(tf.ones_like(self.loss, name="seed"),
+                                   reduce=reduce)
+    return {v.op.name: aggregate(contributions.get(v.op.name, ()), like=v)
+            for v in reached}
+
+  def _upstream_hook(self, layer: str, fn: Transform) -> Rewrite:
+    return self._rewrite(
+        fn, lambda t: self._context(layer, "upstream", tensor=t),
+        lambda t: f"transform_upstream({layer!r}) on {t.name}")
+
+  def _edge_hook(self, key: Tuple[str, str], fn: Transform) -> Rewrite:
+    return self._rewrite(
+        fn, lambda t: self._context(key[0], "edge", tensor=t, edge=key),
+        lambda t: f"transform_edge({key[0]!r}, {key[1]!r}) on {t.name}")
+
+  def _rewrite(self, fn: Transform, context: Callable, where: Callable
+               ) -> Rewrite:
+    """``fn`` as the engine takes it, with its linear factor if it has one.
+
+    The engine weights a linear rewrite by its factor instead of calling
+    ``fn``; ``observe`` then records it in the trace, with an ``after`` that
+    calls ``fn`` only when read.
+    """
+    def apply(g, t):
+      return self._apply(fn, g, context(t), where(t))
+
+    def observe(g, t):
+      ctx, at = context(t), where(t)
+      self.trace.append(TraceRecord(ctx, g, later=lambda: self._later(
+          fn, g, ctx, at)))
+
+    return Rewrite(apply, fn.linear_factor, observe)
+
+  def _backward_hook(self, layer: str, fn: Callable) -> Callable:
+    return _backward.engine_hook(self.net, layer, fn, self.resources,
+                                 self.extra)
+
+  def _tasks_hook(self, declared: Declaration) -> Callable:
+    return _pcgrad.output_rewrite(self.loss, declared.losses or (),
+                                  declared.method,
+                                  f"combine_tasks_{declared.layer}")
+
+  # -- parameter gradients ---------------------------------------------------
+
+  def _transform_parameters(self, layer: str, fns, out: GradsAndVars) -> None:
+    """Applies ``layer``'s parameter transforms to its entries of ``out``."""
+    idx = [i for i, (_, v) in enumerate(out)
+           if self.net.layer_of_variable(v) == layer]
+    for fn in fns:
+      if isinstance(fn, GroupTransform):
+        new = _checks.checked_group(
+            fn, [out[i] for i in idx], self._context(layer, "gradients"),
+            f"transform_gradients({layer!r}, {fn!r})")
+        for i, g in zip(idx, new):
+          where = f"transform_gradients({layer!r}, {fn!r}) on {out[i][1].name}"
+          out[i] = (_checks.check_result(out[i][0], g, where), out[i][1])
+        continue
+      for i in idx:
+        g, v = out[i]
+        if g is not None:
+          ctx = self._context(layer, "gradients", variable=v)
+          out[i] = (self._apply(fn, g, ctx,
+                                f"transform_gradients({layer!r}) on {v.name}"),
+                    v)
+
+  # -- one tf.gradients call, reduce_fn --------------------------------------
+
+  def _whole(self, variables) -> Dict[str, Gradient]:
+    """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
+    grads = self.gradients_fn(self.loss, variables,
+                              **self.options.gradients_kwargs)
+    found = [(v, g) for v, g in zip(variables, grads) if g is not None]
+    if self.options.reduce_fn is not None and found:
+      found = list(zip([v for v, _ in found],
+                       self._reduce([v for v, _ in found],
+                                    [g for _, g in found])))
+    return {v.op.name: g for v, g in found}
+
+  def _reduce(self, variables, grads) -> List[Gradient]:
+    """Calls reduce_fn on one segment's parameter gradients and checks it."""
+    with tf.name_scope("reduce"):
+      out = self.options.reduce_fn(list(zip(grads, variables)))
+    out = list(out) if isinstance(out, (list, tuple)) else out
+    if not isinstance(out, list) or len(out) != len(grads):
+      got = (f"{len(out)} gradients" if isinstance(out, list)
+             else type(out).__name__)
+      raise _errors.GraphGradError(
+          f"`reduce_fn` must return one reduced gradient per (gradient, "
+          f"variable) pair it receives, in order; it received {len(grads)} "
+          f"pairs ({', '.join(v.op.name for v in variables)}) and returned "
+          f"{got}.")
+    return [_checks.check_result(g, r, f"reduce_fn on {v.name}")
+            for g, r, v in zip(grads, out, variables)]
+
+  # -- helpers ---------------------------------------------------------------
+
+  def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
+             where: str) -> Gradient:
+    out = _checks.checked(fn, grad, ctx, where)
+    self.trace.append(TraceRecord(ctx, grad, out))
+    return out
+
+  def _later(self, fn: Transform, grad: Gradient, ctx: TransformContext,
+             where: str) -> Gradient:
+    """``fn(grad)`` built after the plan, for a trace entry read later."""
+    with self.loss.graph.as_default(), tf.name_scope(self.options.name):
+      return _checks.checked(fn, grad, ctx, where)
+
+  def _context(self, layer: str, role: str, **kw) -> TransformContext:
+    return TransformContext(layer=layer, role=role,
+                            global_step=self.global_step,
+                            resources=self.resources, **kw)

@@ -1,0 +1,158 @@
+"""Which optimizers can apply a plan's gradients in a tf.compat.v1 graph.
+
+``GradientPlan.apply_gradients`` and ``AfterAggregation`` hand
+``(gradient, variable)`` pairs to an optimizer and return its op as the
+train op, which must update the variables when a session runs it:
+
+* ``tf.compat.v1.train.Optimizer`` and its wrappers (``SyncReplicasOptimizer``,
+  Horovod's ``DistributedOptimizer``, ``gg.AfterAggregation``) build update
+  ops that the returned op depends on. They are called as they are.
+* tf-keras' legacy ``OptimizerV2`` (``tf_keras.optimizers.legacy.SGD``) does
+  too; it has no ``global_step`` argument, so the step is incremented after
+  the update here.
+* The newer Keras optimizers (tf-keras' ``tf.keras.optimizers.SGD`` and every
+  Keras 3 optimizer) rely on the automatic control dependencies of
+  ``tf.function``: called directly in a TF1 graph, their
+  ``apply_gradients`` returns the step counter, and running it changes no
+  weight. Here they run inside a ``tf.function`` called in the graph; its
+  call op is the train op. Their variables (slots, the step counter) are
+  created in the graph, so ``global_variables_initializer`` and ``Saver``
+  see them.
+* An optimizer class instead of an instance is refused, and so is an object
+  without ``apply_gradients``.
+"""
+
+from typing import Optional
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad._types import GradsAndVars
+
+_FIX = ("Pass an optimizer instance, e.g. "
+        "tf.compat.v1.train.AdamOptimizer(1e-3) or "
+        "tf.keras.optimizers.SGD(0.1).")
+
+V1, KERAS_V2, KERAS, OTHER = "v1", "keras_v2", "keras", "other"
+
+
+def _is_keras(cls) -> bool:
+  return any(c.__module__.split(".")[0] in ("keras", "tf_keras")
+             for c in cls.__mro__)
+
+
+def _is_v2(cls) -> bool:
+  return _is_keras(cls) and any(c.__name__ == "OptimizerV2"
+                                for c in cls.__mro__)
+
+
+def check_optimizer(optimizer) -> str:
+  """Refuses an optimizer that cannot take a step in a TF1 graph.
+
+  Args:
+    optimizer: what was passed as ``optimizer``.
+
+  Returns:
+    ``"v1"`` for a ``tf.compat.v1.train.Optimizer``, ``"keras_v2"`` for a
+    tf-keras legacy ``OptimizerV2``, ``"keras"`` for a newer tf-keras or
+    Keras 3 optimizer, ``"other"`` for another object with an
+    ``apply_gradients(grads_and_vars, global_step, name)`` method.
+
+  Raises:
+    GraphGradError: for a class, or an object without ``apply_gradients``.
+
+  Example:
+    >>> check_optimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    'v1'
+    >>> check_optimizer(tf.compat.v1.train.AdamOptimizer)
+    Traceback (most recent call last):
+    ...
+    graphgrad._errors.GraphGradError: `optimizer` must be an optimizer instance; got the class AdamOptimizer. Create one: AdamOptimizer(learning_rate=...).
+  """
+  if isinstance(optimizer, type):
+    raise _errors.GraphGradError(
+        f"`optimizer` must be an optimizer instance; got the class "
+        f"{optimizer.__name__}. Create one: "
+        f"{optimizer.__name__}(learning_rate=...).")
+  if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+    return V1
+  cls = type(optimizer)
+  if _is_v2(cls):
+    return KERAS_V2
+  if _is_keras(cls) and callable(getattr(optimizer, "apply_gradients", None)):
+    return KERAS
+  if not callable(getattr(optimizer, "apply_gradients", None)):
+    raise _errors.GraphGradError(
+        f"`optimizer` must have an apply_gradients(grads_and_vars, "
+        f"global_step, name) method, like tf.compat.v1.train.AdamOptimizer; "
+        f"got {cls.__name__}. {_FIX}")
+  return OTHER
+
+
+def apply(optimizer, grads_and_vars: GradsAndVars, global_step=None,
+          name: Optional[str] = None):
+  """Checks ``optimizer`` and builds its update of ``grads_and_vars``.
+
+  Args:
+    optimizer: as for :func:`check_optimizer`.
+    grads_and_vars: ``(gradient, variable)`` pairs.
+    global_step: optional variable incremented once per run, after the
+      update.
+    name: name of the returned op.
+
+  Returns:
+    The train op: running it updates the variables (and the step).
+
+  Raises:
+    GraphGradError: as :func:`check_optimizer`.
+
+  Example:
+    >>> with tf.Graph().as_default():
+    ...   w = tf.compat.v1.get_variable("w", initializer=[1.0, 2.0])
+    ...   op = apply(tf.compat.v1.train.GradientDescentOptimizer(0.5),
+    ...              [(tf.constant([1.0, 1.0]), w)])
+    ...   with tf.compat.v1.Session() as s:
+    ...     s.run(tf.compat.v1.global_variables_initializer())
+    ...     s.run(op)
+    ...     print(s.run(w).tolist())
+    [0.5, 1.5]
+  """
+  kind = check_optimizer(optimizer)
+  named = {"name": name} if name else {}
+  if kind in (V1, OTHER):
+    return optimizer.apply_gradients(grads_and_vars, global_step=global_step,
+                                     **named)
+  grads_and_vars = list(grads_and_vars)
+  if kind == KERAS_V2:
+    update = optimizer.apply_gradients(grads_and_vars)
+  else:
+    update = _in_function(optimizer, grads_and_vars)
+  if global_step is None:
+    return tf.group(update, name=name) if name else update
+  # As tf.compat.v1.train.Optimizer does: the step after the update.
+  with tf.control_dependencies([update]):
+    step = tf.compat.v1.assign_add(global_step, 1, name=name)
+  return step if isinstance(step, tf.Operation) else step.op
+
+
+def _in_function(optimizer, grads_and_vars) -> tf.Operation:
+  """A Keras optimizer's step, traced by tf.function, as one graph op."""
+  variables = [v for _, v in grads_and_vars]
+
+  def step(*grads):
+    optimizer.apply_gradients(zip(grads, variables))
+    return tf.constant(0)  # an output, so that the call op can be returned
+
+  # Gradients are arguments, not captures: tf.function takes IndexedSlices.
+  try:
+    return tf.function(step, autograph=False)(
+        *[g for g, _ in grads_and_vars]).op
+  except (RuntimeError, ValueError) as e:
+    cls = type(optimizer)
+    raise _errors.GraphGradError(
+        f"`optimizer` {cls.__module__}.{cls.__name__} could not update the "
+        f"variables in the tf.Graph of the gradients ({type(e).__name__}: "
+        f"{e}). A Keras optimizer made outside that graph, eagerly or in "
+        f"another tf.Graph, holds variables (its learning rate, step "
+        f"counter) the graph cannot use: create the optimizer inside "
+        f"`with loss.graph.as_default():`.") from e

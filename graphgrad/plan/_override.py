@@ -1,0 +1,349 @@
+"""Backward passes for ops inside one plan: override_gradient, straight_through.
+
+A plan's override gives an op a gradient function for this plan's backward
+pass only. Nothing global changes: TensorFlow's gradient registry, the op's
+``_gradient_op_type`` attribute and every other ``tf.gradients`` call on the
+same graph are untouched, which ``gradient_override_map`` cannot promise
+(it only reaches ops created inside its block, and rewrites their attribute
+for every later call). It reaches ops of imported graphs as well.
+
+Every backward call the plan makes (the single ``tf.gradients`` of a plan
+without cuts, or each segment of the segment engine) goes through
+:func:`gradients`, which cuts the call at the overridden ops it crosses: the
+gradient at an overridden op's outputs, summed over all its consumers, goes
+through ``fn`` to its inputs, and backpropagation continues below from there.
+The overridden ops are taken consumers first, so each one's output gradient
+is complete when ``fn`` sees it. Each cut costs one more ``tf.gradients``
+call; every forward op is still backpropagated once per segment.
+"""
+
+import collections
+import functools
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad.analysis import _graph_util
+from graphgrad.analysis._no_gradient import (
+  backpropagatable,
+  ops_on_path,
+  ops_without_gradient,
+)
+from graphgrad.plan._declarations import Declarations
+from graphgrad.plan._engine import aggregate
+
+GradFn = Callable[..., object]
+_P = TypeVar("_P", bound="Overriding")
+
+
+def straight_through(op: tf.Operation, *grads):
+  """The straight-through estimator: input ``i`` gets output ``i``'s gradient.
+
+  Inputs with no output of the same index, dtype and compatible shape (a
+  ``FakeQuant`` op's ``min``/``max``) get ``None``: the identity backward of
+  ``gradient_override_map({"Round": "Identity"})``.
+  """
+  out = []
+  for i, t in enumerate(op.inputs):
+    g = grads[i] if i < len(grads) else None
+    ok = (g is not None and t.dtype == op.outputs[i].dtype
+          and t.shape.is_compatible_with(op.outputs[i].shape))
+    out.append(g if ok else None)
+  return out
+
+
+def resolve_op(loss: tf.Tensor, sources, op, caller: str) -> Tuple[str, str]:
+  """``(match, key)`` of ``op`` (an Operation, an op name or an op type).
+
+  A string that is the type of an op on the loss's backward path is a type.
+
+  Raises:
+    GraphGradError: if ``op`` names nothing on the loss's backward path.
+    NotConnectedError: if ``op`` is not on the loss's backward path.
+  """
+  path = ops_on_path(loss, sources)
+  if isinstance(op, tf.Operation):
+    if op.graph is not loss.graph:
+      raise _errors.GraphGradError(
+          f"{caller}: the op {op.name} belongs to another tf.Graph than the "
+          f"loss {loss.name}. Pass an op of the loss's graph.")
+    if op not in path:
+      raise _not_on_path(caller, op.name, loss, path)
+    return "name", op.name
+  if not isinstance(op, str):
+    raise _errors.GraphGradError(
+        f"{caller}: `op` must be a tf.Operation, an op name or an op type "
+        f"(str); got {type(op).__name__}.")
+  if any(o.type == op for o in path):
+    return "type", op
+  try:
+    found = loss.graph.get_operation_by_name(op)
+  except (KeyError, ValueError):
+    found = None
+  if found is None:
+    types = sorted({o.type for o in path})
+    raise _errors.GraphGradError(
+        f"{caller}: {op!r} is neither an op name of the loss's graph nor "
+        f"the type of an op on the backward path of {loss.name}. Types on "
+        f"that path: {', '.join(types)}.")
+  if found not in path:
+    raise _not_on_path(caller, op, loss, path)
+  return "name", op
+
+
+def on_path(loss: tf.Tensor, sources, overrides: Dict[Tuple[str, str], GradFn],
+            layer_of: Callable[[tf.Operation], Optional[str]]
+            ) -> Dict[str, GradFn]:
+  """Maps each overridden op on the loss's path to its ``fn``.
+
+  Args:
+    loss: the plan's loss.
+    sources: the variables differentiated.
+    overrides: ``(match, key) -> fn``, ``match`` ``"name"`` or ``"type"``.
+    layer_of: the layer of an op, or ``None``, for the error message.
+
+  Raises:
+    GraphGradError: if an op without a gradient is left without one.
+    UnsupportedGraphError: for an overridden op inside a loop or cond.
+  """
+  by_name = {k: fn for (m, k), fn in overrides.items() if m == "name"}
+  by_type = {k: fn for (m, k), fn in overrides.items() if m == "type"}
+  found = {}
+  for op in ops_on_path(loss, sources):
+    fn = by_name.get(op.name, by_type.get(op.type))
+    if fn is None:
+      continue
+    if _graph_util.in_control_flow(op):
+      raise _errors.UnsupportedGraphError(
+          f"the overridden op {op.name} lies inside a tf.compat.v1 while "
+          f"loop or cond, where the backward pass cannot be cut. Override "
+          f"an op outside the loop.")
+    found[op.name] = fn
+  missing = [op for op in ops_without_gradient(loss, sources)
+             if op.name not in found]
+  if missing:
+    raise no_gradient_error(loss, missing, layer_of)
+  return found
+
+
+def gradients_fn(loss: tf.Tensor, sources,
+                 overrides: Dict[Tuple[str, str], GradFn],
+                 layer_of: Callable[[tf.Operation], Optional[str]]
+                 ) -> Callable:
+  """What a plan calls instead of ``tf.gradients``: :func:`gradients` with
+  the plan's overridden ops, or ``tf.gradients`` itself without any."""
+  if not overrides:
+    return tf.compat.v1.gradients
+  found = on_path(loss, sources, overrides, layer_of)
+  if not found:
+    return tf.compat.v1.gradients
+  return functools.partial(gradients, overrides=found)
+
+
+def _not_on_path(caller, name, loss, path) -> _errors.NotConnectedError:
+  return _errors.NotConnectedError(
+      f"{caller}: the op {name} is not on the backward path of {loss.name} "
+      f"(between the differentiated variables and the loss), so its gradient "
+      f"is never computed. Override an op the loss's gradient passes "
+      f"through; {len(path)} ops do.")
+
+
+def no_gradient_error(loss: tf.Tensor, ops: Sequence[tf.Operation],
+                      layer_of) -> _errors.GraphGradError:
+  """The build-time error listing every op without a gradient."""
+  listed = ", ".join(
+      f"{op.name} (type {op.type}, "
+      f"{'layer ' + repr(layer_of(op)) if layer_of(op) else 'glue'})"
+      for op in ops)
+  return _errors.GraphGradError(
+      f"the backward path of {loss.name} crosses {len(ops)} op"
+      f"{'s' if len(ops) != 1 else ''} with no registered gradient, where "
+      f"tf.gradients would stop with LookupError: {listed}. Give each one a "
+      f"backward pass in this plan: plan.straight_through(op) for the "
+      f"identity (the straight-through estimator), or "
+      f"plan.override_gradient(op, fn) with fn(op, *output_grads) -> input "
+      f"grads; `op` is the op, its name, or its type ({ops[0].type!r}).")
+
+
+def input_grads(op, fn: GradFn, grads) -> List:
+  """Calls ``fn`` and checks one gradient per input, of the input's shape.
+
+  ``op`` is a ``tf.Operation``, or anything with its ``name``, ``type``,
+  ``inputs`` and ``outputs`` (a KerasPlan's layer call).
+  """
+  with tf.name_scope(op.name.replace("/", "_") + "_override"):
+    out = fn(op, *grads)
+  if not isinstance(out, (list, tuple)):
+    out = [out]
+  name = "straight_through" if fn is straight_through else "override_gradient"
+  if len(out) != len(op.inputs):
+    raise _errors.IncompatibleGradientError(
+        f"{name}: fn returned {len(out)} gradient(s) for {op.name}, which has "
+        f"{len(op.inputs)} input(s). Return one gradient (or None) per "
+        f"input, in order.")
+  checked = []
+  for t, g in zip(op.inputs, out):
+    if g is not None:
+      dense = g.values if isinstance(g, tf.IndexedSlices) else g
+      dense = tf.convert_to_tensor(dense)
+      if dense.dtype != t.dtype or (not isinstance(g, tf.IndexedSlices)
+                                    and not dense.shape.is_compatible_with(
+                                        t.shape)):
+        raise _errors.IncompatibleGradientError(
+            f"{name}: the gradient fn returned for the input {_describe(t)} of "
+            f"{op.name} has shape {dense.shape} {dense.dtype.name}; the input "
+            f"has shape {t.shape} {t.dtype.name}. Return a gradient of each "
+            f"input's shape and dtype.")
+      g = dense if not isinstance(g, tf.IndexedSlices) else g
+    checked.append(g)
+  if fn is straight_through and not any(g is not None for g in checked):
+    raise _errors.GraphGradError(
+        f"straight_through: no input of {op.name} (type {op.type}) matches an "
+        f"output of the same index in dtype and shape, so the identity has "
+        f"nowhere to send the gradient. Use plan.override_gradient(op, fn).")
+  return checked
+
+
+def _describe(t) -> str:
+  return t.name if tf.is_symbolic_tensor(t) else "of shape " + str(t.shape)
+
+
+def gradients(ys, xs, grad_ys=None, stop_gradients=None, *,
+              overrides: Dict[str, GradFn], **options) -> List:
+  """``tf.gradients`` with the ops in ``overrides`` cut and sent through fn.
+
+  Args:
+    ys, xs, grad_ys, stop_gradients: as for ``tf.compat.v1.gradients``.
+    overrides: op name -> ``fn(op, *output_grads) -> input grads``.
+    **options: more keyword arguments for ``tf.compat.v1.gradients``.
+
+  Returns:
+    One gradient (or None) per ``xs``.
+  """
+  ys = list(ys) if isinstance(ys, (list, tuple)) else [ys]
+  xs = list(xs)
+  stops = list(stop_gradients or [])
+  floor = -1
+  if xs and not any(_graph_util.in_control_flow(x.op) for x in xs):
+    floor = min(x.op._id for x in xs)  # pylint: disable=protected-access
+  cut = [op for op in ops_on_path(ys, xs, stops, floor)
+         if op.name in overrides]
+  if not cut:
+    return tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys,
+                                  stop_gradients=stops, **options)
+  cut.sort(key=lambda o: -o._id)  # pylint: disable=protected-access
+  outs = {op.name: [t for t in op.outputs if backpropagatable(t)]
+          for op in cut}
+  stops += [t for op in cut for t in outs[op.name]]
+  acc: Dict[str, List] = collections.defaultdict(list)
+  x_grads: List[List] = [[] for _ in xs]
+
+  def run(ys_, grad_ys_, targets):
+    res = tf.compat.v1.gradients(ys_, xs + targets, grad_ys=grad_ys_,
+                                 stop_gradients=stops, **options)
+    for i, g in enumerate(res[:len(xs)]):
+      if g is not None:
+        x_grads[i].append(g)
+    for t, g in zip(targets, res[len(xs):]):
+      if g is not None:
+        acc[t.name].append(g)
+
+  run(ys, grad_ys, [t for op in cut for t in outs[op.name]])
+  for k, op in enumerate(cut):
+    grads = [aggregate(acc.get(t.name, ()), like=t) for t in op.outputs]
+    if all(g is None for g in grads):
+      continue
+    grads = [tf.zeros_like(t) if g is None and t.dtype.is_floating else g
+             for t, g in zip(op.outputs, grads)]
+    pairs = [(t, g) for t, g in zip(op.inputs, input_grads(
+        op, overrides[op.name], grads)) if g is not None]
+    if pairs:
+      run([t for t, _ in pairs],
+          [tf.convert_to_tensor(g) for _, g in pairs],
+          [t for below in cut[k + 1:] for t in outs[below.name]])
+  return [aggregate(gs, like=x) for gs, x in zip(x_grads, xs)]
+
+
+class Overriding:
+  """The override declarations of a GradientPlan.
+
+  The plan sets ``_loss``, ``_var_list`` and ``_declarations``.
+  """
+
+  _loss: tf.Tensor
+  _var_list: Tuple[tf.Variable, ...]
+  _declarations: Declarations
+
+  def override_gradient(self: _P, op, fn) -> _P:
+    """Gives ``op`` the backward pass ``fn`` inside this plan only.
+
+    The plan's backward pass is cut at the op: the gradient at its outputs
+    (summed over all consumers, after every rewrite above it) goes through
+    ``fn`` to its inputs, and backpropagation continues below. TensorFlow's
+    gradient registry and the op's attributes are not changed, so other
+    ``tf.gradients`` calls on the graph are unaffected; ops of imported
+    graphs work alike. Every other declaration composes with it.
+
+    Args:
+      op: a ``tf.Operation``, an op name, or an op type (``"Round"``): a
+        type applies to every op of that type on the loss's backward path.
+        A string that is the type of an op on that path is a type.
+      fn: ``fn(op, *output_grads) -> input grads``, the signature of a
+        function registered with ``tf.RegisterGradient``: one gradient (or
+        None) per input of ``op``.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      NotConnectedError: if ``op`` is not on the loss's backward path.
+      GraphGradError: if ``op`` names nothing there, already has an
+        override, ``fn`` is not callable, or the plan is built.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> with tf.Graph().as_default():
+      ...   with tf.compat.v1.variable_scope("l1"):
+      ...     w = tf.compat.v1.get_variable("w", initializer=[0.4, 1.6])
+      ...   with tf.compat.v1.variable_scope("l2"):
+      ...     y = tf.round(w) * tf.compat.v1.get_variable("v", initializer=3.0)
+      ...   plan = gg.GradientPlan(tf.reduce_sum(y))
+      ...   plan = plan.override_gradient("Round", lambda op, g: 0.5 * g)
+      ...   gv = plan.compute_gradients()
+      ...   with tf.compat.v1.Session() as s:
+      ...     s.run(tf.compat.v1.global_variables_initializer())
+      ...     print([s.run(g).tolist() for g, _ in gv])
+      [[1.5, 1.5], 2.0]
+    """
+    return self._override(op, fn, "override_gradient")
+
+  def straight_through(self: _P, op) -> _P:
+    """Gives ``op`` an identity backward pass (the straight-through estimator).
+
+    ``override_gradient(op, fn)`` with ``fn`` passing each output's gradient
+    to the input of the same index (``None`` to inputs without one, such as
+    a ``FakeQuant`` op's ``min`` and ``max``): what
+    ``gradient_override_map({"Round": "Identity"})`` gives, for this plan
+    only.
+
+    Args:
+      op: a ``tf.Operation``, an op name, or an op type (``"Round"``).
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      As :meth:`override_gradient`.
+    """
+    return self._override(op, straight_through, "straight_through")
+
+  def _override(self: _P, op, fn, caller: str) -> _P:
+    if self._declarations.frozen:
+      raise _errors.GraphGradError(
+          f"{caller}: this plan is already built (compute_gradients or "
+          f"apply_gradients was called); declare every override before "
+          f"building, or make a new GradientPlan.")
+    key = resolve_op(self._loss, self._var_list, op, caller)
+    self._declarations.add_override(key, fn, caller)
+    return self

@@ -1,0 +1,106 @@
+"""The declaration model and GradientPlan's read-only accessors."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphgrad as gg
+from graphgrad.plan._declarations import Declarations, Kind
+from helpers import dense, evaluate
+
+T = gg.transforms
+tf1 = tf.compat.v1
+
+
+def _two_layers():
+  x = tf.constant(np.random.default_rng(0).normal(size=(4, 3)), tf.float32)
+  h = tf.nn.relu(dense(x, 5, "l1"))
+  out = dense(h, 2, "l2")
+  return tf.reduce_sum(out ** 2), h
+
+
+def test_declarations_keep_order_and_chain_per_layer():
+  d = Declarations(resolve=lambda name, arg: name, owner="GradientPlan")
+  d.add_upstream("l2", T.scale(0.5))
+  d.add_gradients("l1", T.clip_by_global_norm(1.0))
+  d.add_upstream("l2", T.identity())
+  d.add_upstream("l1", T.identity())  # identity only: no rewrite at all
+  d.add_edge("l1", "l2", T.reverse(0.3))
+  assert [x.kind for x in d] == [Kind.UPSTREAM, Kind.GRADIENTS, Kind.UPSTREAM,
+                                 Kind.UPSTREAM, Kind.EDGE]
+  assert repr(d.upstream) == "{'l2': chain(scale(0.5), scale(1))}"
+  assert d.layers == ("l2", "l1") and d.rewrites_backward
+  assert not d.reads_global_step
+  d.add_gradients("l1", T.chain(T.scale(2.0), T.add_noise(eta=0.3)))
+  assert d.reads_global_step
+
+
+def test_a_refused_declaration_leaves_nothing_and_frozen_refuses_all():
+  d = Declarations(resolve=lambda name, arg: name, owner="GradientPlan")
+
+  def refuse():
+    raise gg.GraphGradError("no")
+  with pytest.raises(gg.GraphGradError, match="no"):
+    d.add_upstream("l1", T.scale(2.0), validate=refuse)
+  with pytest.raises(gg.GraphGradError, match=r"transform_edge: .* is a group"):
+    d.add_edge("l1", "l2", T.clip_by_global_norm(1.0))
+  assert len(d) == 0
+  d.freeze()
+  with pytest.raises(gg.GraphGradError, match=r"this GradientPlan is already built"):
+    d.resolve("l1")
+
+
+def test_overrides_are_declarations_of_their_own_kind():
+  d = Declarations(resolve=lambda name, arg: name, owner="KerasPlan")
+  half = lambda op, g: 0.5 * g  # noqa: E731
+  d.add_override(("type", "Round"), half, "override_gradient")
+  d.add_override(("layer", "quant"), half, "straight_through")
+  d.add_upstream("l2", T.scale(0.5))
+  assert [x.kind for x in d] == [Kind.OVERRIDE, Kind.OVERRIDE, Kind.UPSTREAM]
+  assert d.overrides == {("type", "Round"): half, ("layer", "quant"): half}
+  # Only a layer's override names a layer.
+  assert d.layers == ("quant", "l2")
+  assert "overrides=['Round', 'quant']" in d.summary()
+  with pytest.raises(gg.GraphGradError, match=r"override_gradient: an override "
+                                              r"matches an op by one of"):
+    d.add_override(("scope", "l1"), half, "override_gradient")
+  with pytest.raises(gg.GraphGradError, match=r"override_gradient: 'Round' "
+                                              r"already has a backward pass "
+                                              r"in this plan.*new KerasPlan"):
+    d.add_override(("type", "Round"), half, "override_gradient")
+  d.freeze()
+  with pytest.raises(gg.GraphGradError, match=r"straight_through: this "
+                                              r"KerasPlan is already built"):
+    d.add_override(("name", "Round"), half, "straight_through")
+
+
+def test_plan_accessors_and_trace(graph):
+  loss, h = _two_layers()
+  plan = gg.GradientPlan(loss, name="gg")
+  assert plan.loss is loss and plan.name == "gg" and not plan.built
+  assert plan.var_list == tuple(tf1.trainable_variables())
+  plan.transform_upstream("l2", T.scale(0.5)).transform_gradients(
+      "l1", T.scale(3.0))
+  assert plan.trace == () and len(plan.declarations) == 2
+  plan.compute_gradients()
+  assert plan.built
+  roles = [(r.context.role, r.context.layer) for r in plan.trace]
+  assert roles == [("upstream", "l2"), ("gradients", "l1"), ("gradients", "l1")]
+  pairs = evaluate([(r.before, r.after) for r in plan.trace])
+  for (before, after), c in zip(pairs, (0.5, 3.0, 3.0)):
+    np.testing.assert_allclose(after, c * before, rtol=1e-6)
+  with pytest.raises(AttributeError):
+    plan.loss = loss  # read-only
+
+
+def test_linear_factor_and_parts():
+  assert T.scale(0.5).linear_factor == 0.5
+  assert T.reverse(0.3).linear_factor == -0.3
+  assert T.zero().linear_factor == 0 and T.identity().linear_factor == 1
+  assert T.chain(T.scale(2.0), T.reverse(0.5)).linear_factor == -1.0
+  assert T.chain(T.scale(2.0), T.clip_by_norm(1.0)).linear_factor is None
+  assert T.as_transform(lambda g: 2 * g).linear_factor is None
+  assert T.scale(tf.constant(2.0)).linear_factor is None
+  inner = T.chain(T.scale(2.0), T.clip_by_norm(1.0))
+  assert [repr(p) for p in T.chain(inner, T.zero()).parts] == [
+      "scale(2.0)", "clip_by_norm(1.0)", "scale(0)"]

@@ -1,0 +1,200 @@
+"""Which optimizers GradientPlan.apply_gradients accepts, and what they do."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import graphgrad as gg
+from graphgrad.plan import _optimizer
+from helpers import dense
+
+tf1 = tf.compat.v1
+LR = 0.125
+
+
+def _net():
+  x = tf.constant(np.random.default_rng(3).normal(size=(5, 4)), tf.float32)
+  h = dense(x, 3, "l1", tf.nn.tanh)
+  loss = tf.reduce_sum(tf.square(dense(h, 2, "l2")))
+  return h, loss
+
+
+def _plan_and_reference():
+  """A plan halving l2's upstream, and the same gradients by tf.gradients."""
+  h, loss = _net()
+  variables = tf1.trainable_variables()
+  l1, l2 = variables[:2], variables[2:]
+  plan = gg.GradientPlan(loss).transform_upstream(
+      "l2", gg.transforms.scale(0.5))
+  g_h, = tf.gradients(loss, [h])
+  ref = tf.gradients(h, l1, grad_ys=0.5 * g_h) + tf.gradients(loss, l2)
+  return plan, variables, ref
+
+
+def _step(train, variables, ref, step=None):
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    w0, g = sess.run([variables, ref])
+    sess.run(train)
+    w1 = sess.run(variables)
+    return w0, g, w1, (sess.run(step) if step is not None else None)
+
+
+def _assert_sgd_step(w0, g, w1):
+  for a, b, grad in zip(w0, w1, g):
+    # LR is a power of two: lr * g is exact, so w0 - lr * g rounds once, in
+    # TensorFlow as in numpy.
+    np.testing.assert_array_equal(b, a - np.float32(LR) * grad)
+    assert not np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("make", [
+    lambda net: tf1.train.GradientDescentOptimizer(LR),
+    lambda net: tf_keras.optimizers.legacy.SGD(LR),
+    lambda net: tf_keras.optimizers.SGD(LR),
+    lambda net: keras.optimizers.SGD(LR),
+    lambda net: gg.AfterAggregation(tf_keras.optimizers.legacy.SGD(LR), net),
+    lambda net: gg.AfterAggregation(keras.optimizers.SGD(LR), net),
+], ids=["v1", "tf_keras_legacy", "tf_keras", "keras3",
+        "after_aggregation_of_legacy", "after_aggregation_of_keras3"])
+def test_accepted_optimizer_takes_the_sgd_step(graph, make):
+  plan, variables, ref = _plan_and_reference()
+  opt = make(plan.net)
+  step = tf1.train.get_or_create_global_step()
+  train = plan.apply_gradients(opt, global_step=step)
+  assert isinstance(train, tf.Operation), type(train)
+  w0, g, w1, n = _step(train, variables, ref, step)
+  _assert_sgd_step(w0, g, w1)
+  assert n == 1
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tf_keras.optimizers.legacy.SGD(LR),
+    lambda: tf_keras.optimizers.SGD(LR),
+    lambda: keras.optimizers.SGD(LR),
+], ids=["tf_keras_legacy", "tf_keras", "keras3"])
+def test_keras_optimizer_without_global_step_returns_a_named_op(graph, make):
+  plan, variables, ref = _plan_and_reference()
+  train = plan.apply_gradients(make(), name="train")
+  assert isinstance(train, tf.Operation)
+  assert train.name.startswith("train"), train.name
+  w0, g, w1, _ = _step(train, variables, ref)
+  _assert_sgd_step(w0, g, w1)
+
+
+@pytest.mark.parametrize("module", [tf_keras, keras],
+                         ids=["tf_keras", "keras3"])
+def test_keras_adam_takes_the_adam_step_once_per_run(graph, module):
+  plan, variables, ref = _plan_and_reference()
+  opt = module.optimizers.Adam(0.01)
+  train = plan.apply_gradients(opt)
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    w0, g = sess.run([variables, ref])
+    sess.run(train)
+    w1 = sess.run(variables)
+    step = opt.iterations
+    if not isinstance(step, tf.Variable):  # a Keras 3 variable
+      step = step.value
+    assert int(sess.run(step)) == 1
+  # Keras Adam, step 1 (Kingma & Ba, with Keras' epsilon placement).
+  b1, b2, eps = opt.beta_1, opt.beta_2, opt.epsilon
+  for a, b, grad in zip(w0, w1, g):
+    m, v = (1 - b1) * grad, (1 - b2) * np.square(grad.astype(np.float64))
+    alpha = 0.01 * np.sqrt(1 - b2) / (1 - b1)
+    np.testing.assert_allclose(b, a - alpha * m / (np.sqrt(v) + eps),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_an_object_with_apply_gradients_is_still_accepted(graph):
+  class Wrapper:
+    def __init__(self):
+      self.inner = tf1.train.GradientDescentOptimizer(LR)
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+      return self.inner.apply_gradients(grads_and_vars, global_step, name)
+
+  plan, variables, ref = _plan_and_reference()
+  w0, g, w1, _ = _step(plan.apply_gradients(Wrapper()), variables, ref)
+  _assert_sgd_step(w0, g, w1)
+
+
+def test_the_silent_no_op_of_newer_keras_optimizers_exists():
+  """Why they run in a tf.function: called directly, no weight changes."""
+  with tf.Graph().as_default():
+    w = tf1.get_variable("w", initializer=[1.0, 2.0])
+    opt = tf_keras.optimizers.SGD(LR)
+    op = opt.apply_gradients([(tf.constant([1.0, 1.0]), w)])
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      sess.run(op)
+      np.testing.assert_array_equal(sess.run(w), [1.0, 2.0])
+
+
+def test_an_optimizer_class_is_refused(graph):
+  _, loss = _net()
+  plan = gg.GradientPlan(loss)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"`optimizer` must be an optimizer instance; got "
+                     r"the class AdamOptimizer\. Create one: "
+                     r"AdamOptimizer\(learning_rate=\.\.\.\)"):
+    plan.apply_gradients(tf1.train.AdamOptimizer)
+  for cls in (keras.optimizers.SGD, tf_keras.optimizers.legacy.SGD):
+    with pytest.raises(gg.GraphGradError,
+                       match=r"got the class SGD\. Create one: "
+                       r"SGD\(learning_rate=\.\.\.\)"):
+      plan.apply_gradients(cls)
+  with pytest.raises(gg.GraphGradError, match=r"got the class SGD"):
+    gg.AfterAggregation(keras.optimizers.SGD, gg.analyze(loss))
+
+
+def test_plan_and_after_aggregation_share_one_check(graph):
+  _, loss = _net()
+  pattern = (r"`optimizer` must have an apply_gradients\(grads_and_vars, "
+             r"global_step, name\) method.*got object\. Pass an optimizer "
+             r"instance")
+  with pytest.raises(gg.GraphGradError, match=pattern):
+    gg.GradientPlan(loss).apply_gradients(object())
+  with pytest.raises(gg.GraphGradError, match=pattern):
+    gg.AfterAggregation(object(), gg.analyze(loss))
+  assert _optimizer.check_optimizer(
+      tf1.train.SyncReplicasOptimizer(tf1.train.AdamOptimizer(0.1), 2)) == "v1"
+  assert _optimizer.check_optimizer(
+      tf_keras.optimizers.legacy.Adam(0.1)) == "keras_v2"
+  assert _optimizer.check_optimizer(keras.optimizers.Adam(0.1)) == "keras"
+
+
+@pytest.mark.parametrize("module", [tf_keras, keras],
+                         ids=["tf_keras", "keras3"])
+def test_a_keras_optimizer_made_outside_the_graph_is_refused(module):
+  opt = module.optimizers.SGD(LR)  # eagerly: its variables are eager
+  with tf.Graph().as_default():
+    _, loss = _net()
+    with pytest.raises(gg.GraphGradError,
+                       match=r"`optimizer` .*SGD could not update the "
+                       r"variables in the tf.Graph of the gradients.*create "
+                       r"the optimizer inside `with loss.graph.as_default"):
+      gg.GradientPlan(loss).apply_gradients(opt)
+
+
+@pytest.mark.parametrize("module", [tf_keras, keras],
+                         ids=["tf_keras", "keras3"])
+def test_keras_optimizer_keeps_sparse_gradients_correct(graph, module):
+  with tf1.variable_scope("emb"):
+    table = tf1.get_variable(
+        "table", initializer=np.arange(8.0, dtype=np.float32).reshape(4, 2))
+  loss = tf.reduce_sum(tf.nn.embedding_lookup(table, [0, 2, 2]))
+  plan = gg.GradientPlan(loss).transform_gradients(
+      "emb", gg.transforms.scale(0.5))
+  assert isinstance(plan.compute_gradients()[0][0], tf.IndexedSlices)
+  train = plan.apply_gradients(module.optimizers.SGD(LR))
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    before = sess.run(table)
+    sess.run(train)
+    after = sess.run(table)
+  grad = np.zeros((4, 2), np.float32)
+  grad[0], grad[2] = 0.5, 1.0  # row 2 is looked up twice
+  np.testing.assert_array_equal(after, before - np.float32(LR) * grad)
