@@ -170,3 +170,48 @@ def test_lstm_rewrite_traces_one_backward_loop(fuse, loops, monkeypatch):
   calls = [n for n in graph_def.node if "f" in n.attr
            and "backward_cflow" in n.attr["f"].func.name]
   assert len(calls) == loops
+
+
+def _rounding_model(quant_call):
+  rng = np.random.default_rng(5)
+  inp = tf.keras.Input((3,))
+  h = tf.keras.layers.Dense(4, name="fc1", kernel_initializer=(
+      tf.keras.initializers.Constant(rng.normal(size=(3, 4)))))(inp)
+
+  class Quant(tf.keras.layers.Layer):
+    def call(self, x):  # noqa: D102
+      return quant_call(x)
+
+  q = Quant(name="quant")(h)
+  out = tf.keras.layers.Dense(2, name="fc2", kernel_initializer=(
+      tf.keras.initializers.Constant(rng.normal(size=(4, 2)))))(q)
+  return tf.keras.Model(inp, out)
+
+
+def _rounded(t):
+  return tf.round(t * 4.0) / 4.0
+
+
+@tf.custom_gradient
+def _rounded_half_straight_through(t):
+  return _rounded(t), lambda dy: 0.5 * dy
+
+
+def test_a_linear_rewrite_on_an_overridden_layer_keeps_the_override():
+  # The override is the layer's gradient function: it receives the rewritten
+  # gradient, so the one-VJP path (which would backpropagate through Round,
+  # whose gradient is None) must not be taken.
+  x = tf.constant(np.random.default_rng(2).normal(size=(5, 3)), tf.float32)
+  model = _rounding_model(_rounded)
+  plan = (gg.KerasPlan(model).transform_upstream("quant", T.scale(0.5))
+          .straight_through("quant"))
+  with plan.tape() as tape:
+    loss = _loss([model(x)])
+  got = tape.gradient(loss)
+  reference = _rounding_model(_rounded_half_straight_through)
+  with tf.GradientTape() as tape:
+    loss = _loss([reference(x)])
+  want = tape.gradient(loss, reference.trainable_variables)
+  assert all(g is not None and np.abs(g).max() > 0 for g in got)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

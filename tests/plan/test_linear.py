@@ -370,3 +370,18 @@ def test_an_override_inside_the_rewritten_layer(fuse, monkeypatch):
   assert all(g is not None and np.abs(g).max() > 0 for g in got)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_weighted_rewrite_builds_its_trace_entry_when_read():
+  with tf.Graph().as_default() as graph:
+    loss, feed = chain_model(Into())
+    plan = gg.GradientPlan(loss).transform_upstream("l2", T.scale(0.5))
+    plan.compute_gradients()
+    n = len(graph.get_operations())
+    record = plan.trace[0]
+    assert record.context.layer == "l2" and len(graph.get_operations()) == n
+    after = record.after
+    assert len(graph.get_operations()) > n and record.after is after
+    before, after = _run([record.before, after], feed)
+  np.testing.assert_allclose(after, 0.5 * before, rtol=1e-6)
+  assert np.abs(before).max() > 0
