@@ -275,8 +275,9 @@ def upstream_plans(spec: DagSpec, min_size: int = 1,
                    chains: Optional[st.SearchStrategy] = None
                    ) -> st.SearchStrategy:
   """Layer name -> tuple of upstream scales."""
-  return st.dictionaries(st.sampled_from(spec.names),
-                         chains or scale_chains(),
+  if chains is None:
+    chains = scale_chains()
+  return st.dictionaries(st.sampled_from(spec.names), chains,
                          min_size=min_size, max_size=len(spec.names))
 
 
@@ -287,7 +288,9 @@ def edge_plans(spec: DagSpec, min_size: int = 1,
   edges = sorted(spec.edges())
   if not edges:
     return st.just({})
-  return st.dictionaries(st.sampled_from(edges), chains or scale_chains(),
+  if chains is None:
+    chains = scale_chains()
+  return st.dictionaries(st.sampled_from(edges), chains,
                          min_size=min(min_size, len(edges)),
                          max_size=len(edges))
 
