@@ -156,6 +156,45 @@ def rnn(batch: int = 64, steps: int = 32, features: int = 32,
                [("rnn_in", proj), ("rnn_cell", last), ("head", logits)])
 
 
+def lstm(batch: int = 64, steps: int = 40, features: int = 32,
+         hidden: int = 128, classes: int = 10) -> Built:
+  """``dynamic_rnn`` with ``LSTMCell(hidden)`` between two dense layers.
+
+  The recurrent layer is scope ``rnn`` (analyse with ``layers=LSTM_LAYERS``
+  so that its ``While`` op belongs to it, not to glue).
+  """
+  rng = np.random.default_rng(7)
+  x = tf1.placeholder(tf.float32, [batch, steps, features], name="x")
+  y = tf1.placeholder(tf.float32, [batch, classes], name="y")
+  proj = tf.reshape(_dense(tf.reshape(x, [-1, features]), hidden, "rnn_in", 1),
+                    [batch, steps, hidden])
+  with tf1.variable_scope("rnn"):
+    cell = _lstm_cell_class()(
+        hidden, initializer=tf1.initializers.glorot_uniform(seed=7))
+    outputs, _ = tf1.nn.dynamic_rnn(cell, tf.nn.relu(proj), dtype=tf.float32)
+  logits = _dense(outputs[:, -1], classes, "head", 2)
+  feed = {x: rng.normal(size=(batch, steps, features)).astype(np.float32),
+          y: _onehot(rng, batch, classes)}
+  return Built(_xent(logits, y), feed,
+               [("rnn_in", proj), ("rnn", outputs), ("head", logits)])
+
+
+LSTM_LAYERS = {"rnn": "rnn"}
+
+
+def _lstm_cell_class():
+  """``tf.compat.v1.nn.rnn_cell.LSTMCell``, also when Keras 3 is the default.
+
+  That name resolves only under ``TF_USE_LEGACY_KERAS=1``; the TF2 suites of
+  this process use Keras 3, so the class is taken from tf-keras itself.
+  """
+  try:
+    return tf1.nn.rnn_cell.LSTMCell
+  except AttributeError:
+    from tf_keras.src.layers.rnn import legacy_cells  # pylint: disable=g-import-not-at-top
+    return legacy_cells.LSTMCell
+
+
 def embedding(batch: int = 128, length: int = 16, vocab: int = 20000,
               dims: int = 64, hidden: int = 256, classes: int = 10) -> Built:
   """Bag of embeddings: the embedding table gets a sparse gradient."""

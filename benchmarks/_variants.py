@@ -8,7 +8,7 @@ optimizer's default gating (``GATE_OP``) and run the graph's ``UPDATE_OPS``
 
 import logging
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -26,6 +26,11 @@ LABELS = {
     "gg_cut": "(d0) graphgrad, every layer cut, pass-through fn",
     "gg_edge": "(e) graphgrad, one edge transform",
 }
+
+
+# More variants, by name: (built, optimizer) -> (train op, notes). Suites
+# with variants of their own register them here.
+EXTRA: Dict[str, Callable] = {}
 
 
 class Skip(Exception):
@@ -79,6 +84,8 @@ def build(variant: str, built, optimizer) -> Tuple[tf.Operation, Dict]:
     Skip: when the variant cannot apply to this model.
   """
   info: Dict = {}
+  if variant in EXTRA:
+    return EXTRA[variant](built, optimizer)
   if variant == "minimize":
     return _with_updates(lambda: optimizer.minimize(built.loss)), info
   if variant == "naive":

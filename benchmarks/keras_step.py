@@ -125,10 +125,130 @@ def _table(times, ops) -> list:
   return rows
 
 
+# -- linear rewrites: one VJP ----------------------------------------------
+
+LINEAR_VARIANTS = {
+    "lstm": ("plain", "scale", "scale_cut", "clip_by_norm"),
+    "mlp": ("plain", "scale_all", "scale_all_cut", "scale_clip_all"),
+}
+
+
+def _linear_model(keras, kind: str, depth: int):
+  if kind == "lstm":  # 40 steps of 32 features, LSTM(128), batch 64
+    inp = keras.Input((40, 32))
+    h = keras.layers.Dense(128, activation="relu", name="rnn_in")(inp)
+    h = keras.layers.LSTM(128, name="rnn")(h)
+    return keras.Model(inp, keras.layers.Dense(10, name="head")(h))
+  return _model(keras, 256, depth - 1, 256)
+
+
+def _linear_plan(model, kind: str, variant: str):
+  if variant == "plain":
+    return None
+  plan = gg.KerasPlan(model)
+  if kind == "lstm":
+    fn = (gg.transforms.clip_by_norm(1.0) if variant == "clip_by_norm"
+          else gg.transforms.scale(0.5))
+    return plan.transform_upstream("rnn", fn)
+  for layer in model.layers[2:]:  # every boundary: all but the first Dense
+    plan.transform_upstream(layer.name, gg.transforms.chain(
+        gg.transforms.scale(0.5), gg.transforms.clip_by_value(-1.0, 1.0))
+        if variant == "scale_clip_all" else gg.transforms.scale(0.5))
+  return plan
+
+
+def make_linear_step(keras, kind: str, variant: str, depth: int = 0):
+  """A traced SGD step of the LSTM or MLP for one linear-rewrite variant."""
+  from graphgrad.keras import _linear  # pylint: disable=g-import-not-at-top
+  model = _linear_model(keras, kind, depth)
+  optimizer = keras.optimizers.SGD(0.001)
+  optimizer.build(model.trainable_variables)
+  plan = _linear_plan(model, kind, variant)
+  fuse = not variant.endswith("_cut")
+
+  def loss_of(x, y):
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=model(x)))
+
+  @tf.function
+  def step(x, y):
+    if plan is None:
+      with tf.GradientTape() as tape:
+        loss = loss_of(x, y)
+      grads = tape.gradient(loss, model.trainable_variables)
+    else:
+      old, _linear.FUSE_LINEAR = _linear.FUSE_LINEAR, fuse
+      try:
+        with plan.tape() as tape:
+          loss = loss_of(x, y)
+        grads = tape.gradient(loss)
+      finally:
+        _linear.FUSE_LINEAR = old
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+  return step
+
+
+def run_linear(kind: str, depth: int = 0, reps: int = 15,
+               target_s: float = 0.25):
+  """Paired CPU time per step of each variant; returns (stats, ops)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  batch = 64 if kind == "lstm" else 128
+  shape = (batch, 40, 32) if kind == "lstm" else (batch, 256)
+  x = tf.constant(rng.normal(size=shape).astype(np.float32))
+  y = tf.constant(rng.integers(0, 10, batch).astype(np.int32))
+  variants = LINEAR_VARIANTS[kind]
+  fns = {v: make_linear_step(keras, kind, v, depth) for v in variants}
+  for fn in fns.values():  # trace and warm up
+    for _ in range(2):
+      fn(x, y).numpy()
+  start = time.perf_counter()
+  fns["plain"](x, y).numpy()
+  k = max(1, int(target_s / max(time.perf_counter() - start, 1e-6)))
+  cpu = {v: [] for v in variants}
+  for r in range(reps):
+    for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+      c = time.process_time()
+      for _ in range(k):
+        loss = fns[v](x, y)
+      loss.numpy()
+      cpu[v].append((time.process_time() - c) / k)
+  stats = {}
+  for v in variants:
+    ratios = [a / b for a, b in zip(cpu[v], cpu["plain"])]
+    stats[v] = {"median": statistics.median(ratios), "min": min(ratios),
+                "max": max(ratios), "cpu_s": statistics.median(cpu[v])}
+  return stats, {v: op_count(fn, x, y) for v, fn in fns.items()}
+
+
+def _linear_rows(config) -> list:
+  rows = ["", "### KerasPlan: linear upstream rewrites, one VJP", "",
+          "Paired CPU time per `tf.function` step against the plain tape "
+          "step of the same repetition: median (min-max). `_cut`: the same "
+          "plan forced through the two-VJP path.", "",
+          "| model | variant | ms CPU/step | step x plain | ops traced |",
+          "| --- | --- | --- | --- | --- |"]
+  reps = max(config.reps, 9)
+  data = {}
+  for kind, depth, label in (("lstm", 0, "LSTM(128), 40 steps, batch 64"),
+                             ("mlp", 32, "MLP 32x256, batch 128"),
+                             ("mlp", 128, "MLP 128x256, batch 128")):
+    stats, ops = run_linear(kind, depth, reps)
+    data[label] = {"stats": stats, "ops": ops}
+    for v, s in stats.items():
+      rows.append(f"| {label} | {v} | {1000 * s['cpu_s']:.2f} | "
+                  f"{s['median']:.3f}x ({s['min']:.3f}-{s['max']:.3f}) | "
+                  f"{ops[v]} |")
+  return rows, data
+
+
 def _suite(config):
   """The TF2 step benchmark as a section of benchmarks/RESULTS.md."""
   reps = max(config.reps, 15)
   times, ops = run(reps=reps)
+  linear_rows, linear_data = _linear_rows(config)
   markdown = "\n".join([
       "## TF2: KerasPlan step against a plain tape.gradient step",
       "",
@@ -136,9 +256,9 @@ def _suite(config):
       f"a Keras 3 MLP 4x256, batch 256, {reps} alternating repetitions of 20 "
       f"steps; each ratio pairs a variant with the plain step of the same "
       f"repetition. Target: identity <= 1.05x.",
-      ""] + _table(times, ops) + [""])
+      ""] + _table(times, ops) + linear_rows + [""])
   return benchmarks.SuiteResult(markdown=markdown, data={
-      "times": times, "ops": ops})
+      "times": times, "ops": ops, "linear": linear_data})
 
 
 benchmarks.register("keras_step", _suite, order=80, in_tiny=False)

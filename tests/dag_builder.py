@@ -271,22 +271,48 @@ def scale_chains(max_size: int = 2) -> st.SearchStrategy:
   return st.lists(scales(), min_size=1, max_size=max_size).map(tuple)
 
 
-def upstream_plans(spec: DagSpec, min_size: int = 1) -> st.SearchStrategy:
+def upstream_plans(spec: DagSpec, min_size: int = 1,
+                   chains: Optional[st.SearchStrategy] = None
+                   ) -> st.SearchStrategy:
   """Layer name -> tuple of upstream scales."""
-  return st.dictionaries(st.sampled_from(spec.names), scale_chains(),
+  if chains is None:
+    chains = scale_chains()
+  return st.dictionaries(st.sampled_from(spec.names), chains,
                          min_size=min_size, max_size=len(spec.names))
 
 
-def edge_plans(spec: DagSpec, min_size: int = 1) -> st.SearchStrategy:
+def edge_plans(spec: DagSpec, min_size: int = 1,
+               chains: Optional[st.SearchStrategy] = None
+               ) -> st.SearchStrategy:
   """Edge -> tuple of edge scales, on the spec's existing edges."""
   edges = sorted(spec.edges())
   if not edges:
     return st.just({})
-  return st.dictionaries(st.sampled_from(edges), scale_chains(),
+  if chains is None:
+    chains = scale_chains()
+  return st.dictionaries(st.sampled_from(edges), chains,
                          min_size=min(min_size, len(edges)),
                          max_size=len(edges))
 
 
+# How a plan declares one scale c: as gg.transforms.scale(c) (linear, so the
+# engine weights one backward pass), as an undeclared callable ``c * g``, or
+# chained with a clip too wide to act (both nonlinear to the engine, so the
+# layer is cut). The reference is the same for all three.
+KINDS = ("linear", "opaque", "clip")
+
+
+def mixed_chains(max_size: int = 2) -> st.SearchStrategy:
+  """Scale chains whose entries are ``(c, kind)``, kind from ``KINDS``."""
+  entry = st.tuples(scales(), st.sampled_from(KINDS))
+  return st.lists(entry, min_size=1, max_size=max_size).map(tuple)
+
+
+def _scale_of(entry) -> float:
+  return entry[0] if isinstance(entry, tuple) else entry
+
+
 def product(chains: Mapping) -> Dict:
   """Collapses each chain of scales into the one scale it amounts to."""
-  return {k: float(np.prod(v, dtype=np.float64)) for k, v in chains.items()}
+  return {k: float(np.prod([_scale_of(c) for c in v], dtype=np.float64))
+          for k, v in chains.items()}

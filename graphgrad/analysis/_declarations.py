@@ -216,6 +216,7 @@ def layers_of(net, keys) -> List[str]:
   """Layer names of ``(kind, name)`` keys; an ``"op"`` key by its op's layer."""
   found = []
   for kind, name in keys:
+    kind = getattr(kind, "value", kind)  # the engine's Kind enum, or a str
     if kind == "op" and name in net.op_graph:
       name = net.op_graph.nodes[name]["layer"]
     if isinstance(name, str) and name in net:

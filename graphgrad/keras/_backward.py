@@ -14,6 +14,10 @@ the TF1 engine does:
    override (``override_gradient``, ``straight_through``) returns: an
    override is the call's gradient function, so task gradients use it too.
 
+A linear upstream transform ``fn(g) = c * g`` on a layer with neither a
+replacement nor an override takes steps 2 to 4 in one VJP of ``g``, whose
+share below is weighted by ``c`` (:mod:`graphgrad.keras._linear`).
+
 :func:`edge_grads` then hands the share of the inputs' gradient that reaches
 a lower layer's outputs through glue to the lower layer, rewritten by the
 edge transform.
@@ -24,6 +28,7 @@ from typing import Any, List, NamedTuple, Tuple
 
 import tensorflow as tf
 
+from graphgrad.keras import _linear
 from graphgrad.plan._override import input_grads
 from graphgrad.transforms import _checks
 
@@ -123,6 +128,10 @@ def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
     return _chain(run, path, inner, outs, xs, variables, g)
   own_refs = {v.ref() for v in plan.own_variables(path)}
   own = [i for i, v in enumerate(variables) if v.ref() in own_refs]
+  if (_linear.FUSE_LINEAR and replace is None and override is None
+      and fn is not None and fn.linear_factor is not None):
+    return _linear.backward(inner, outs, g, xs, variables, set(own),
+                            fn.linear_factor)
   other = [i for i in range(len(variables)) if i not in set(own)]
   dv = [None] * len(variables)
   for i, grad in zip(own, inner.gradient(

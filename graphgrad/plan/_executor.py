@@ -20,7 +20,16 @@ result. Every applied transform is recorded as a :class:`TraceRecord`, which
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import (
+  Any,
+  Callable,
+  Dict,
+  Iterator,
+  List,
+  Optional,
+  Sequence,
+  Tuple,
+)
 
 import tensorflow as tf
 
@@ -31,7 +40,7 @@ from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.methods import _backward, _pcgrad
 from graphgrad.plan import _override
 from graphgrad.plan._declarations import Declaration, Declarations
-from graphgrad.plan._engine import Segments, aggregate
+from graphgrad.plan._engine import Rewrite, Segments, aggregate
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources, TransformContext
 from graphgrad.transforms._group import GroupTransform
@@ -42,11 +51,35 @@ GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
 GradsAndVars = List[Tuple[Gradient, tf.Variable]]
 
 
-class TraceRecord(NamedTuple):
-  """One transform applied while a plan was built."""
-  context: TransformContext
-  before: Gradient
-  after: Gradient
+class TraceRecord:
+  """One transform applied while a plan was built: context, before, after.
+
+  It unpacks as ``(context, before, after)``. Where the engine weighted a
+  linear rewrite by its factor instead of calling it, ``after`` is built on
+  first read (``plan.summaries()``, a gradient report): a plan that never
+  reads it builds no ops for it.
+  """
+  __slots__ = ("context", "before", "_after", "_later")
+
+  def __init__(self, context: TransformContext, before: Gradient,
+               after: Gradient = None,
+               later: Optional[Callable[[], Gradient]] = None):
+    self.context, self.before = context, before
+    self._after, self._later = after, later
+
+  @property
+  def after(self) -> Gradient:
+    """The transform's result."""
+    if self._later is not None:
+      self._after, self._later = self._later(), None
+    return self._after
+
+  def __iter__(self) -> Iterator[Any]:
+    return iter((self.context, self.before, self.after))
+
+  def __repr__(self) -> str:
+    return (f"TraceRecord({self.context.role!r}, layer="
+            f"{self.context.layer!r}, before={self.before!r})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,15 +219,33 @@ class _Executor:
     return {v.op.name: aggregate(contributions.get(v.op.name, ()), like=v)
             for v in reached}
 
-  def _upstream_hook(self, layer: str, fn: Transform) -> Callable:
-    return lambda g, t: self._apply(
-        fn, g, self._context(layer, "upstream", tensor=t),
-        f"transform_upstream({layer!r}) on {t.name}")
+  def _upstream_hook(self, layer: str, fn: Transform) -> Rewrite:
+    return self._rewrite(
+        fn, lambda t: self._context(layer, "upstream", tensor=t),
+        lambda t: f"transform_upstream({layer!r}) on {t.name}")
 
-  def _edge_hook(self, key: Tuple[str, str], fn: Transform) -> Callable:
-    return lambda g, t: self._apply(
-        fn, g, self._context(key[0], "edge", tensor=t, edge=key),
-        f"transform_edge({key[0]!r}, {key[1]!r}) on {t.name}")
+  def _edge_hook(self, key: Tuple[str, str], fn: Transform) -> Rewrite:
+    return self._rewrite(
+        fn, lambda t: self._context(key[0], "edge", tensor=t, edge=key),
+        lambda t: f"transform_edge({key[0]!r}, {key[1]!r}) on {t.name}")
+
+  def _rewrite(self, fn: Transform, context: Callable, where: Callable
+               ) -> Rewrite:
+    """``fn`` as the engine takes it, with its linear factor if it has one.
+
+    The engine weights a linear rewrite by its factor instead of calling
+    ``fn``; ``observe`` then records it in the trace, with an ``after`` that
+    calls ``fn`` only when read.
+    """
+    def apply(g, t):
+      return self._apply(fn, g, context(t), where(t))
+
+    def observe(g, t):
+      ctx, at = context(t), where(t)
+      self.trace.append(TraceRecord(ctx, g, later=lambda: self._later(
+          fn, g, ctx, at)))
+
+    return Rewrite(apply, fn.linear_factor, observe)
 
   def _backward_hook(self, layer: str, fn: Callable) -> Callable:
     return _backward.engine_hook(self.net, layer, fn, self.resources,
@@ -265,6 +316,12 @@ class _Executor:
     out = _checks.checked(fn, grad, ctx, where)
     self.trace.append(TraceRecord(ctx, grad, out))
     return out
+
+  def _later(self, fn: Transform, grad: Gradient, ctx: TransformContext,
+             where: str) -> Gradient:
+    """``fn(grad)`` built after the plan, for a trace entry read later."""
+    with self.loss.graph.as_default(), tf.name_scope(self.options.name):
+      return _checks.checked(fn, grad, ctx, where)
 
   def _context(self, layer: str, role: str, **kw) -> TransformContext:
     return TransformContext(layer=layer, role=role,

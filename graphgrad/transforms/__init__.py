@@ -17,6 +17,7 @@ from graphgrad.transforms._numerics import (
                               check_numerics,
 )
 from graphgrad.transforms._context import Resources, TransformContext
+from graphgrad.transforms._linear import linear
 from graphgrad.transforms._noise import add_noise
 from graphgrad.transforms._transforms import (
                               Transform,
@@ -34,5 +35,6 @@ __all__ = [
     "ApplyIfFinite", "GroupTransform", "Resources", "Transform",
     "TransformContext", "add_noise", "apply_if_finite", "as_transform",
     "chain", "check_numerics", "clip_by_global_norm", "clip_by_norm",
-    "clip_by_value", "identity", "reverse", "scale", "trust_ratio", "zero",
+    "clip_by_value", "identity", "linear", "reverse", "scale", "trust_ratio",
+    "zero",
 ]

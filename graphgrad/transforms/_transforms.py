@@ -71,7 +71,15 @@ class Transform:
 
     ``scale(c)`` gives ``c``, ``reverse(lam)`` ``-lam``, ``zero()`` 0,
     ``identity()`` 1, a chain the product of its parts' factors; ``None``
-    for anything else (noise, clipping, a tensor factor, a user callable).
+    for anything else (noise, clipping, a tensor factor, a user callable
+    not declared with ``gg.transforms.linear``). A plan backpropagates a
+    layer with a linear upstream or edge rewrite once and weights what
+    passes through it by ``c``, instead of a second backward pass with
+    ``f(g)``.
+
+    Example:
+      >>> scale(0.5).linear_factor, clip_by_norm(1.0).linear_factor
+      (0.5, None)
     """
     return None
 

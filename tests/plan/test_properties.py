@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import graphgrad as gg
 import dag_builder as db
+from graphgrad.plan import _engine
 from helpers import densify
 
 tf1 = tf.compat.v1
@@ -30,6 +31,21 @@ _EXPLORE = int(os.environ.get("GRAPHGRAD_PROPERTY_EXAMPLES", "0"))
 PROPERTY = settings(max_examples=_EXPLORE or 30, derandomize=not _EXPLORE,
                     deadline=None, print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow])
+
+# The fused-against-cut properties build every plan twice.
+PROPERTY_HALF = settings(PROPERTY, max_examples=_EXPLORE or 15)
+
+
+def _transform(entry):
+  """The transform a plan declares for one drawn scale (see db.KINDS)."""
+  c, kind = entry if isinstance(entry, tuple) else (entry, "linear")
+  if kind == "linear":
+    return gg.transforms.scale(c)
+  if kind == "opaque":
+    return lambda g: c * g
+  return gg.transforms.chain(gg.transforms.scale(c),
+                             gg.transforms.clip_by_value(-1e30, 1e30))
+
 
 def _plan_gradients(spec, upstream=None, edges=None, declare=None):
   """Gradients of a plan on the plain network, and plain tf.gradients.
@@ -46,10 +62,10 @@ def _plan_gradients(spec, upstream=None, edges=None, declare=None):
     plan = gg.GradientPlan(model.loss, net)
     for name, chain in (upstream or {}).items():
       for c in chain:
-        plan.transform_upstream(name, gg.transforms.scale(c))
+        plan.transform_upstream(name, _transform(c))
     for (lower, upper), chain in (edges or {}).items():
       for c in chain:
-        plan.transform_edge(lower, upper, gg.transforms.scale(c))
+        plan.transform_edge(lower, upper, _transform(c))
     if declare is not None:
       declare(plan)
     gv = plan.compute_gradients()
@@ -155,6 +171,37 @@ def test_upstream_and_edge_scales_compose_like_reference(data):
   got, _ = _plan_gradients(spec, upstream=upstream, edges=edges)
   want = _reference_gradients(spec, upstream=upstream, edges=edges)
   _assert_same(got, want, spec)
+
+
+@PROPERTY_HALF
+@given(data=st.data())
+def test_mixed_linear_and_nonlinear_rewrites_match_reference(data):
+  # Linear rewrites weight one backward pass, nonlinear ones cut: layers of
+  # both kinds, stacked, side by side and on one layer, must compose.
+  spec = data.draw(db.dag_specs(dtypes=("float64", "float32")), label="spec")
+  chains = db.mixed_chains()
+  upstream = data.draw(db.upstream_plans(spec, min_size=0, chains=chains),
+                       label="upstream")
+  edges = data.draw(db.edge_plans(spec, min_size=0, chains=chains),
+                    label="edges")
+  got, _ = _plan_gradients(spec, upstream=upstream, edges=edges)
+  want = _reference_gradients(spec, upstream=upstream, edges=edges)
+  _assert_same(got, want, spec)
+
+
+@PROPERTY_HALF
+@given(data=st.data())
+def test_fused_linear_rewrites_equal_the_cut_path(data):
+  spec = data.draw(db.dag_specs(dtypes=("float64", "float32")), label="spec")
+  upstream = data.draw(db.upstream_plans(spec, min_size=0), label="upstream")
+  edges = data.draw(db.edge_plans(spec, min_size=0), label="edges")
+  fused, _ = _plan_gradients(spec, upstream=upstream, edges=edges)
+  _engine.FUSE_LINEAR = False
+  try:
+    cut, _ = _plan_gradients(spec, upstream=upstream, edges=edges)
+  finally:
+    _engine.FUSE_LINEAR = True
+  _assert_same(fused, cut, spec, none_is_zero=False)
 
 
 def test_scale_keeps_float64_precision():

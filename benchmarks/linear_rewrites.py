@@ -1,0 +1,198 @@
+"""Suite: linear rewrites cost one backward pass, nonlinear ones two.
+
+Models: an LSTM (``dynamic_rnn``, ``LSTMCell(128)``, 40 steps, batch 64)
+with an upstream rewrite on the recurrent layer, and MLPs of depth 32 and
+128 with an upstream rewrite on every boundary. Variants, side by side with
+``minimize()`` in one process:
+
+* ``scale`` / ``scale_all``: ``scale(0.5)``, linear: one pass, weighted;
+* ``scale_cut`` / ``scale_all_cut``: the same plan forced through the cut
+  path (the engine before linear rewrites were fused);
+* ``clip_by_norm``: nonlinear, so the recurrent layer is backpropagated
+  twice;
+* ``scale_clip_all``: ``chain(scale(0.5), clip_by_value(-1, 1))`` on every
+  boundary, nonlinear: every layer cut;
+* ``floor``: the same rewrite built by hand with the fewest ``tf.gradients``
+  calls it needs, each cut layer's gradient function emitted twice (once for
+  its parameters with ``g``, once for its input with ``f(g)``), then the glue
+  between layers once. Its build time is the floor for ``scale_clip_all``.
+"""
+
+import logging
+from typing import Dict
+
+import tensorflow as tf
+
+import benchmarks
+import graphgrad as gg
+from benchmarks import _measure, _models, _variants
+from graphgrad.plan import _engine, _reach
+
+tf1 = tf.compat.v1
+log = logging.getLogger("graphgrad.benchmarks")
+
+LABELS = {
+    "minimize": "minimize()",
+    "scale": "upstream scale(0.5) on the LSTM (fused)",
+    "scale_cut": "the same, forced through the cut path",
+    "clip_by_norm": "upstream clip_by_norm(1.0) on the LSTM (cut)",
+    "scale_all": "scale(0.5) on every boundary (fused)",
+    "scale_all_cut": "the same, forced through the cut path",
+    "scale_clip_all": "scale+clip_by_value on every boundary (cut)",
+    "floor": "hand-built floor of scale+clip: two emissions per layer",
+}
+LSTM_VARIANTS = ("minimize", "scale", "scale_cut", "clip_by_norm")
+MLP_VARIANTS = ("minimize", "scale_all", "scale_all_cut", "scale_clip_all",
+                "floor")
+
+
+def _scale_clip():
+  return gg.transforms.chain(gg.transforms.scale(0.5),
+                             gg.transforms.clip_by_value(-1.0, 1.0))
+
+
+def _plan_variant(layers, boundary, fn, fuse=True):
+  """A variant rewriting the upstream of ``boundary(net)``'s layers."""
+  def build(built, optimizer):
+    net = gg.analyze(built.loss, layers=layers)
+    plan = gg.GradientPlan(built.loss, net)
+    for name in boundary(net):
+      plan.transform_upstream(name, fn())
+    old, _engine.FUSE_LINEAR = _engine.FUSE_LINEAR, fuse
+    try:
+      return plan.apply_gradients(optimizer), {}
+    finally:
+      _engine.FUSE_LINEAR = old
+  return build
+
+
+def _below(net):
+  return [n for n in net.names if any(True for _ in net.graph.predecessors(n))]
+
+
+def _rnn(net):
+  return ["rnn"]
+
+
+def _grads(ys, xs, grad_ys):
+  # The engine's bounded reachability walk (graphgrad/plan/_reach.py), so
+  # that the floor pays for emitting gradient functions, not for TF's walk
+  # over everything above ``xs`` (quadratic in depth).
+  xs = xs if isinstance(xs, list) else [xs]
+  with _reach.bounded(_reach.behind([ys], xs)):
+    return tf1.gradients(ys, xs, grad_ys=grad_ys, gate_gradients=True)
+
+
+def floor(built, optimizer):
+  """scale+clip on every boundary by hand: two emissions per layer."""
+  f = _scale_clip()
+  outs = [out for _, out in built.layers]
+  scopes = [name for name, _ in built.layers]
+  gv = []
+  g = tf1.gradients(built.loss, outs[-1])[0]
+  for i in range(len(outs) - 1, -1, -1):
+    var_list = tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES,
+                                  scopes[i] + "/")
+    gv += list(zip(_grads(outs[i], var_list, g), var_list))
+    if i == 0:
+      break
+    relu = [c for c in outs[i - 1].consumers() if c.type == "Relu"][0]
+    g_in = _grads(outs[i], relu.outputs[0], f(g))[0]
+    g = _grads(relu.outputs[0], outs[i - 1], g_in)[0]
+  return optimizer.apply_gradients(gv), {}
+
+
+_variants.EXTRA.update({
+    "scale": _plan_variant(_models.LSTM_LAYERS, _rnn,
+                           lambda: gg.transforms.scale(0.5)),
+    "scale_cut": _plan_variant(_models.LSTM_LAYERS, _rnn,
+                               lambda: gg.transforms.scale(0.5), fuse=False),
+    "clip_by_norm": _plan_variant(_models.LSTM_LAYERS, _rnn,
+                                  lambda: gg.transforms.clip_by_norm(1.0)),
+    "scale_all": _plan_variant(None, _below,
+                               lambda: gg.transforms.scale(0.5)),
+    "scale_all_cut": _plan_variant(None, _below,
+                                   lambda: gg.transforms.scale(0.5),
+                                   fuse=False),
+    "scale_clip_all": _plan_variant(None, _below, _scale_clip),
+    "floor": floor,
+})
+
+
+def _cases(tiny: bool):
+  if tiny:
+    return [(_models.Model("lstm", lambda: _models.lstm(8, 4, 4, 8)),
+             LSTM_VARIANTS),
+            (_models.Model("mlp4", lambda: _models.mlp(4, 32, 16), 4),
+             MLP_VARIANTS)]
+  return [(_models.Model("lstm", _models.lstm, 0,
+                         "dynamic_rnn, LSTMCell(128), 40 steps, batch 64"),
+           LSTM_VARIANTS)] + [
+      (_models.Model(f"mlp{d}", lambda d=d: _models.mlp(d), d,
+                     f"MLP depth {d}, width 256, batch 128"), MLP_VARIANTS)
+      for d in (32, 128)]
+
+
+def run_case(config, model, variants) -> Dict:
+  reps = 2 if config.tiny else config.reps
+  insts, build_s, skipped = _measure.build_alternating(model, variants, reps)
+  steps, cpu, executed, k = _measure.step_alternating(
+      insts, 1 if config.tiny else 2 * reps + 1,
+      target_s=0.01 if config.tiny else 0.25)
+  paired_cpu = _measure.paired_ratios(cpu)
+  paired_wall = _measure.paired_ratios(steps)
+  base_build = build_s["minimize"]
+  out = {"model": model.name, "description": model.description,
+         "steps_per_sample": k, "skipped": skipped, "variants": {}}
+  for v, inst in insts.items():
+    out["variants"][v] = {
+        "build_s": _measure.stats(build_s[v]),
+        "build_ratio": _measure.stats(
+            [a / b for a, b in zip(build_s[v], base_build)]),
+        "ops_added": inst.ops_added,
+        "ops_ratio": inst.ops_added / insts["minimize"].ops_added,
+        "executed_ops": executed[v],
+        "step_cpu_s": _measure.stats(cpu[v]),
+        "step_cpu_ratio": paired_cpu.get(v),
+        "step_ratio": paired_wall.get(v),
+    }
+  return out
+
+
+def _r(s) -> str:
+  return f"{s['median']:.3f}x ({s['min']:.3f}-{s['max']:.3f})"
+
+
+def render(data: Dict, out_dir: str = ".") -> str:
+  lines = ["## Linear rewrites: one backward pass", "",
+           "Paired ratios to `minimize()` in the same repetition: median "
+           "(min-max). Build time is `gg.analyze` + plan + `apply_gradients`.",
+           ""]
+  for case in data["cases"]:
+    lines += [f"### {case['model']}: {case['description']}", "",
+              "| variant | build s | build x min() | ops added | ops x min() "
+              "| executed ops | step CPU x min() | step wall x min() |",
+              "|---|---|---|---|---|---|---|---|"]
+    for v in sorted(case["variants"], key=list(LABELS).index):
+      e, b = case["variants"][v], case["variants"][v]["build_s"]
+      lines.append(
+          f"| {LABELS[v]} | {b['median']:.3f} ({b['min']:.3f}-{b['max']:.3f}) "
+          f"| {_r(e['build_ratio'])} | {e['ops_added']} "
+          f"| {e['ops_ratio']:.3f}x | {e['executed_ops']} "
+          f"| {_r(e['step_cpu_ratio'])} | {_r(e['step_ratio'])} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def run(config: benchmarks.Config) -> benchmarks.SuiteResult:
+  cases = []
+  for model, variants in _cases(config.tiny):
+    if config.only and model.name not in config.only:
+      continue
+    log.info("linear rewrites: %s", model.name)
+    cases.append(run_case(config, model, variants))
+  data = {"cases": cases}
+  return benchmarks.SuiteResult(render(data), data)
+
+
+benchmarks.register("linear_rewrites", run, order=15, render=render)

@@ -1,0 +1,151 @@
+"""The accumulators of a segmented backward pass, and its segment calls.
+
+:class:`Backprop` holds, while the engine builds, the gradient contributions
+gathered at every cut tensor and every variable, makes each segment's
+``tf.gradients`` call, and weights what a linear rewrite scales.
+"""
+
+import collections
+from typing import Callable, Dict, List, Optional, Sequence, Set
+
+import tensorflow as tf
+
+from graphgrad.plan import _reach
+
+
+def aggregate(grads: Sequence, like: Optional[tf.Tensor] = None):
+  """Sums gradient contributions, keeping them sparse when all are sparse."""
+  grads = [g for g in grads if g is not None]
+  if not grads:
+    return None
+  if len(grads) == 1:
+    return grads[0]
+  sparse = [g for g in grads if isinstance(g, tf.IndexedSlices)]
+  if len(sparse) == len(grads):
+    return tf.IndexedSlices(
+        tf.concat([g.values for g in sparse], 0),
+        tf.concat([g.indices for g in sparse], 0),
+        sparse[0].dense_shape)
+  dense = [g for g in grads if not isinstance(g, tf.IndexedSlices)]
+  for g in sparse:
+    rows = (g.dense_shape[0] if g.dense_shape is not None
+            else tf.shape(like if like is not None else dense[0])[0])
+    dense.append(tf.math.unsorted_segment_sum(g.values, g.indices, rows))
+  return tf.add_n(dense)
+
+
+def is_zero(factor: Optional[float]) -> bool:
+  """True for a factor known, when building, to be 0."""
+  return (isinstance(factor, (int, float)) and not isinstance(factor, bool)
+          and factor == 0)
+
+
+def is_one(factor: Optional[float]) -> bool:
+  return (factor is None or (isinstance(factor, (int, float))
+                             and not isinstance(factor, bool) and factor == 1))
+
+
+class Backprop:
+  """Accumulators and segment calls of one build of the backward pass.
+
+  Args:
+    variables: variable op name -> differentiated variable.
+    options: keyword arguments for ``tf.gradients``.
+    bound: whether each call's reachability walk may be bounded.
+    reduce: optional ``(var_names, grads) -> grads`` applied to the
+      parameter gradients of each segment call.
+    gradients_fn: what each segment calls instead of ``tf.gradients``,
+      with the same arguments.
+  """
+
+  def __init__(self, variables: Dict[str, tf.Variable], options: dict,
+               bound: bool, reduce: Optional[Callable] = None,
+               gradients_fn: Optional[Callable] = None):
+    self.gradients_fn = gradients_fn or tf.compat.v1.gradients
+    self.variables = variables
+    self.options = options
+    self.bound = bound
+    self.reduce = reduce
+    self.acc: Dict[str, List] = collections.defaultdict(list)
+    self.var_grads: Dict[str, List] = collections.defaultdict(list)
+    self.shares: Dict[str, Dict[str, List]] = collections.defaultdict(
+        lambda: collections.defaultdict(list))
+    self.dropped: List[tf.Tensor] = []
+    self.dropped_vars: Set[str] = set()
+    self._consts: Dict = {}
+
+  def total(self, ts: Sequence[tf.Tensor], store=None) -> List:
+    store = self.acc if store is None else store
+    return [aggregate(store.get(t.name, ()), like=t) for t in ts]
+
+  def call(self, ys, grad_ys, targets, var_names, stops=None) -> List:
+    """One segment: ``gradients_fn`` from ``ys`` to targets and variables."""
+    pairs = [(y, gy) for y, gy in zip(ys, grad_ys) if gy is not None]
+    xs = list(targets) + [self.variables[n] for n in var_names]
+    if not pairs or not xs:
+      return [None] * len(xs)
+    stops = list(targets) if stops is None else list(stops)
+    ys = [y for y, _ in pairs]
+    allowed = _reach.behind(ys, xs) if self.bound else None
+    with _reach.bounded(allowed):
+      return self.gradients_fn(ys, xs, grad_ys=[gy for _, gy in pairs],
+                               stop_gradients=stops, **self.options)
+
+  def weigh(self, grad, factor: Optional[float]):
+    """``factor * grad``, sparse kept sparse; no op for a factor of 1."""
+    if grad is None or is_one(factor):
+      return grad
+    values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+    key = (factor, values.dtype)
+    if key not in self._consts:
+      # One constant per factor and dtype, shared by every weighted share.
+      self._consts[key] = tf.constant(factor, values.dtype)
+    scaled = values * self._consts[key]
+    if isinstance(grad, tf.IndexedSlices):
+      return tf.IndexedSlices(scaled, grad.indices, grad.dense_shape)
+    return scaled
+
+  def add(self, t: tf.Tensor, grad, store=None) -> None:
+    if grad is not None:
+      (self.acc if store is None else store)[t.name].append(grad)
+
+  def deposit(self, targets, var_names, results, store=None,
+              factor: Optional[float] = None, plain: Sequence[str] = ()):
+    """Adds one call's results; all but the ``plain`` variables weighted."""
+    n = len(targets)
+    for t, g in zip(targets, results[:n]):
+      self.add(t, self.weigh(g, factor), store)
+    unweighted = set(plain)
+    found = [(name, g if name in unweighted else self.weigh(g, factor))
+             for name, g in zip(var_names, results[n:]) if g is not None]
+    if self.reduce is not None and found:
+      found = list(zip([name for name, _ in found],
+                       self.reduce([name for name, _ in found],
+                                   [g for _, g in found])))
+    for name, g in found:
+      self.var_grads[name].append(g)
+
+  def drop(self, targets: Sequence[tf.Tensor],
+           var_names: Sequence[str] = ()) -> None:
+    """Records shares a zero factor removed; nothing is built for them."""
+    self.dropped += list(targets)
+    self.dropped_vars |= set(var_names)
+
+  def fill_zeros(self, below: Callable[[Sequence[tf.Tensor]], Set[str]]):
+    """Zero gradients for variables reached only through dropped shares.
+
+    Backpropagating a zero cotangent gives zeros, not ``None``: optimizers
+    with momentum or decay still step such a variable.
+    """
+    if not (self.dropped or self.dropped_vars):
+      return
+    empty = [n for n in self.variables if not self.var_grads.get(n)]
+    if not empty:
+      return
+    reached = below(self.dropped) if self.dropped else set()
+    for name in empty:
+      if name in self.dropped_vars or name in reached:
+        v = self.variables[name]
+        self.var_grads[name].append(
+            tf.zeros(v.shape, v.dtype.base_dtype) if v.shape.is_fully_defined()
+            else tf.zeros_like(v))

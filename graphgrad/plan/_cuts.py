@@ -1,0 +1,327 @@
+"""Where the segmented backward pass is cut, and its source groups in order.
+
+A *source group* is where one segment's ``tf.gradients`` call starts:
+
+* :attr:`Kind.LAYER`: the outputs of one cut layer;
+* :attr:`Kind.SHARE`: the inputs of a layer with an edge rewrite above, from
+  which its direct share is handed to the lower layers one by one;
+* :attr:`Kind.OP`: the outputs of one cut op that belongs to no cut layer
+  (the loss, a glue op at a boundary).
+
+Each group's region is the part of the forward op graph behind its sources
+up to the next cuts: its *targets* (cut tensors where the walk stopped) and
+the differentiated variables it reached.
+"""
+
+import collections
+import dataclasses
+import enum
+import logging
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set
+
+import networkx as nx
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad.analysis import _declarations, _graph_util
+from graphgrad.analysis._graph_util import differentiable
+from graphgrad.analysis._layers import LayerGraph
+
+log = logging.getLogger("graphgrad")
+
+
+class Kind(enum.Enum):
+  """The kinds of source group."""
+  LAYER = "layer"
+  SHARE = "share"
+  OP = "op"
+
+
+class Key(NamedTuple):
+  """Names one source group: its kind, and a layer or op name."""
+  kind: Kind
+  name: str
+
+  def __str__(self) -> str:
+    return f"{self.kind.value}:{self.name}"
+
+
+@dataclasses.dataclass
+class Group:
+  """One source group and its region.
+
+  Attributes:
+    key: the group's kind and name.
+    sources: the tensors the segment starts from (its ``ys``).
+    targets: cut tensors below, where the segment stops.
+    variables: names of the differentiated variables in the region.
+    direct: for a share group, the upper layer's inputs that a lower layer
+      produces itself.
+    glue: for a share group, the upper layer's inputs that glue produces.
+  """
+  key: Key
+  sources: List[tf.Tensor]
+  targets: List[tf.Tensor]
+  variables: List[str]
+  direct: List[tf.Tensor] = dataclasses.field(default_factory=list)
+  glue: List[tf.Tensor] = dataclasses.field(default_factory=list)
+
+
+class CutPlan:
+  """The cut tensors of a plan, and the source groups between them.
+
+  Args:
+    net: the analysed layer graph.
+    variables: variable op name -> differentiated variable.
+    cut_layers: the layers whose outputs and inputs are cut.
+    edge_uppers: the upper layers of edge rewrites; every boundary tensor
+      into them is cut too.
+    absorbing: cut layers whose segment also takes in the glue below them
+      that feeds nothing else (a linear rewrite weights what the segment
+      deposits, and glue is linear to backpropagate), so that the glue needs
+      no segment of its own.
+  """
+
+  def __init__(self, net: LayerGraph, variables: Dict[str, tf.Variable],
+               cut_layers: Set[str], edge_uppers: Set[str],
+               absorbing: Iterable[str] = ()):
+    self.net = net
+    self.variables = variables
+    self.cut_layers = cut_layers
+    self.edge_uppers = edge_uppers
+    self.absorbing = set(absorbing) & cut_layers
+    self.absorbed: Dict[str, Set[str]] = {}
+    self._dep = self._variable_dependent_ops()
+    cut_tensors = self._cut_tensors()
+    # Group cut tensors by the op that produces them: tf.gradients stops at
+    # ops, so every differentiable output of a cut op is a cut.
+    self.group_of: Dict[str, Key] = {}
+    producers = {t.op.name: name for name, ts in self.outputs.items()
+                 for t in ts}
+    self.cut_ops: Set[str] = {t.op.name for t in cut_tensors}
+    self.cut_ops.add(net.loss.op.name)
+    for op_name in self.cut_ops:
+      layer = producers.get(op_name)
+      self.group_of[op_name] = (Key(Kind.LAYER, layer) if layer
+                                else Key(Kind.OP, op_name))
+
+  def _variable_dependent_ops(self) -> Set[str]:
+    """Forward ops downstream of a differentiated variable."""
+    g = self.net.op_graph
+    loops = collections.defaultdict(list)
+    for src, dst in self.net.loop_edges:
+      loops[src].append(dst)
+    seen = {n for n in self.variables if n in g}
+    stack = list(seen)
+    while stack:
+      cur = stack.pop()
+      for nxt in list(g.successors(cur)) + loops.get(cur, []):
+        if nxt not in seen:
+          seen.add(nxt)
+          stack.append(nxt)
+    return seen
+
+  def _relevant(self, t: tf.Tensor) -> bool:
+    return differentiable(t) and t.op.name in self._dep
+
+  def _cut_tensors(self) -> List[tf.Tensor]:
+    net = self.net
+    self.outputs: Dict[str, List[tf.Tensor]] = {}
+    self.inputs: Dict[str, List[tf.Tensor]] = {}
+    cut_tensors: List[tf.Tensor] = []
+    for name in sorted(self.cut_layers):
+      layer = net[name]
+      self.outputs[name] = [t for t in layer.outputs if differentiable(t)]
+      cut_tensors += self.outputs[name]
+      if name not in self.absorbing:
+        self.inputs[name] = [t for t in layer.inputs if self._relevant(t)]
+        cut_tensors += self.inputs[name]
+    for up in self.edge_uppers:
+      for lo in net.graph.predecessors(up):
+        cut_tensors += [t for t in net.graph.edges[lo, up]["tensors"]
+                        if self._relevant(t)]
+    fixed = {t.name for t in cut_tensors}
+    for name in sorted(self.absorbing):
+      self.absorbed[name] = self._absorb(name, fixed)
+      self.inputs[name] = self._inputs_with_glue(name)
+      cut_tensors += self.inputs[name]
+    for t in cut_tensors:
+      if _graph_util.in_control_flow(t.op):
+        raise _errors.UnsupportedGraphError(
+            f"the boundary tensor {t.name} lies inside a tf.compat.v1 while "
+            f"loop or cond, where its gradient cannot be rewritten as a "
+            f"whole. Move the transform to a layer outside the loop, or "
+            f"group the loop into one layer (gg.analyze(loss, depth=...) or "
+            f"layers=...).")
+    return cut_tensors
+
+  def _inside(self, op: tf.Operation, name: str) -> bool:
+    return (self.net.layer_of(op) == name
+            or op.name in self.absorbed.get(name, ()))
+
+  def _absorb(self, name: str, fixed: Set[str]) -> Set[str]:
+    """Glue ops below ``name`` whose every consumer is the layer or absorbed."""
+    net, g = self.net, self.net.op_graph
+    absorbed: Set[str] = set()
+    stack = [t.op for t in net[name].inputs]
+    while stack:
+      p = stack.pop()
+      if (p.name in absorbed or p.name not in self._dep
+          or net.layer_of(p) is not None or p.name == net.loss.op.name
+          or _graph_util.in_control_flow(p)
+          or any(t.name in fixed for t in p.outputs)
+          # a TensorList's gradient is refused at the layer, as on the cut
+          # path; nor is a loop's TensorList taken in through its reader
+          or not all(differentiable(t) for t in p.outputs)
+          or any(t.dtype == tf.variant for t in p.inputs)
+          # its inputs would become cut tensors inside a v1 loop
+          or any(_graph_util.in_control_flow(t.op) for t in p.inputs)):
+        continue
+      if all(net.layer_of(g.nodes[c]["op"]) == name or c in absorbed
+             for c in g.successors(p.name)):
+        absorbed.add(p.name)
+        stack += [t.op for t in p.inputs]
+    return absorbed
+
+  def _inputs_with_glue(self, name: str) -> List[tf.Tensor]:
+    g = self.net.op_graph
+    ops = [g.nodes[n]["op"] for n in sorted(self.absorbed[name])]
+    entering: Dict[str, tf.Tensor] = {}
+    for t in [t for op in ops for t in op.inputs] + list(self.net[name].inputs):
+      if not self._inside(t.op, name) and self._relevant(t):
+        entering[t.name] = t
+    return list(entering.values())
+
+  # -- regions ---------------------------------------------------------------
+
+  def region(self, start_ops: Iterable[tf.Operation],
+             inside: Optional[str] = None, glue_only: bool = False):
+    """Walks back from ``start_ops`` to the next cuts.
+
+    Returns (targets, variable names): cut tensors where the walk stopped and
+    differentiated variables it reached. With ``inside``, the walk stays in
+    that layer and stops at every tensor entering it. With ``glue_only``, the
+    walk crosses glue ops, even cut ones, and stops at every layer's tensor.
+    """
+    targets: Dict[str, tf.Tensor] = {}
+    var_names: Dict[str, None] = {}
+    stack = list({op.name: op for op in start_ops}.values())
+    seen = {op.name for op in stack}
+    while stack:
+      for t in stack.pop().inputs:
+        if _graph_util.is_handle(t):
+          var = _graph_util.variable_of_handle(t)
+          if var in self.variables:
+            var_names[var] = None
+          continue
+        # Variant tensors (TensorLists of while_v2 loops) carry gradients
+        # too; they are walked through, never cut.
+        if t.op.name not in self._dep or not (differentiable(t)
+                                               or t.dtype == tf.variant):
+          continue
+        if self._stops(t, inside, glue_only):
+          targets[t.name] = t
+        elif t.op.name not in seen:
+          seen.add(t.op.name)
+          stack.append(t.op)
+    return list(targets.values()), list(var_names)
+
+  def _stops(self, t: tf.Tensor, inside: Optional[str],
+             glue_only: bool) -> bool:
+    """Whether a region walk stops at ``t``; refuses a gradient past a cut."""
+    net, p = self.net, t.op
+    if inside is not None:
+      if self._inside(p, inside):
+        return False
+      if not differentiable(t):
+        raise _errors.UnsupportedGraphError(
+            f"layer {inside!r} takes the {t.dtype.name} input {t.name}, "
+            f"through which its gradient would leave it past the "
+            f"transform. Group the op that produces {t.name} into the "
+            f"layer, or transform another layer.")
+      return True
+    if glue_only and net.layer_of(p) is None:
+      return False  # an edge's share crosses glue, cut or not
+    if not (glue_only or p.name in self.cut_ops
+            or net.layer_of(p) in self.cut_layers):
+      return False
+    if not differentiable(t) or p.name not in self.cut_ops:
+      # Only a non-float output of a rewritten layer gets here: the
+      # gradient would enter the layer past its transform.
+      raise _errors.UnsupportedGraphError(
+          f"gradient flows into layer {net.layer_of(p)!r} through its "
+          f"{t.dtype.name} output {t.name}, which a transform cannot "
+          f"act on. Transform a layer whose outputs are all "
+          f"floating-point tensors, or group the op that reads "
+          f"{t.name} into the same layer.")
+    return True
+
+  # -- groups ----------------------------------------------------------------
+
+  def layer_group(self, name: str) -> Group:
+    sources = self.outputs[name]
+    targets, var_names = self.region([t.op for t in sources], inside=name)
+    return Group(Key(Kind.LAYER, name), sources, targets, var_names)
+
+  def share_group(self, name: str) -> Group:
+    direct: List[tf.Tensor] = []
+    glue: List[tf.Tensor] = []
+    for t in self.inputs[name]:
+      (direct if self.net.layer_of(t.op) is not None else glue).append(t)
+    # The edge's share must reach the lower layers' boundary tensors whole,
+    # so that the edge rewrite applies to it; stopping at a glue op that is
+    # cut for another reason (a glue activation also read by another
+    # rewritten layer) would hand it on unrewritten.
+    targets, var_names = self.region([t.op for t in glue], glue_only=True)
+    return Group(Key(Kind.SHARE, name), self.inputs[name], targets, var_names,
+                 direct=direct, glue=glue)
+
+  def op_group(self, op_name: str) -> Group:
+    op = self.net.op_graph.nodes[op_name]["op"]
+    targets, var_names = self.region([op])
+    return Group(Key(Kind.OP, op_name),
+                 [t for t in op.outputs if differentiable(t)], targets,
+                 var_names)
+
+  def _downstream(self, group: Group) -> List[Key]:
+    """The groups that ``group`` adds to."""
+    if group.key.kind is Kind.LAYER and group.key.name in self.edge_uppers:
+      return [Key(Kind.SHARE, group.key.name)]
+    tensors = list(group.targets)
+    if group.key.kind is Kind.SHARE:
+      tensors += group.direct
+    return [self.group_of[t.op.name] for t in tensors]
+
+  def schedule(self) -> List[Group]:
+    """Returns the source groups in execution order, with their regions."""
+    groups = [self.layer_group(n) for n in sorted(self.cut_layers)]
+    groups += [self.share_group(n) for n in sorted(self.edge_uppers)]
+    groups += [self.op_group(op) for op, key in sorted(self.group_of.items())
+               if key.kind is Kind.OP]
+    by_key = {g.key: g for g in groups}
+    dag = nx.DiGraph()
+    dag.add_nodes_from(by_key)
+    dag.add_edges_from((g.key, k) for g in groups for k in self._downstream(g))
+    try:
+      order = list(nx.topological_sort(dag))
+    except nx.NetworkXUnfeasible:
+      keys = [k for k, _ in nx.find_cycle(dag)]
+      cycle = " -> ".join(map(str, keys))
+      raise _errors.UnsupportedGraphError(
+          f"the transformed layers feed back into themselves ({cycle}), so "
+          f"no order exists in which each rewritten gradient is complete "
+          f"before it is used. " + _declarations.cycle_advice(self.net, keys)
+      ) from None
+    log.debug("segmented backward: %d source groups", len(order))
+    return [by_key[k] for k in order]
+
+
+def ancestors(net: LayerGraph, tensors: Sequence[tf.Tensor]) -> Set[str]:
+  """Names of the forward ops that ``tensors`` depend on, theirs included."""
+  g = net.op_graph
+  out: Set[str] = set()
+  for t in tensors:
+    if t.op.name in g and t.op.name not in out:
+      out.add(t.op.name)
+      out |= nx.ancestors(g, t.op.name)
+  return out
