@@ -237,19 +237,22 @@ def _checked_result(method, out, like: tf.Tensor) -> tf.Tensor:
 
 
 def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor], method: Any,
-                   scope: str, resources: Resources, layer: str):
+                   scope: str, resources: Resources, layer: str,
+                   gradients: Callable = tf.compat.v1.gradients):
   """The TF1 engine's rewrite ``(grads, outputs) -> grads`` at a shared layer.
 
   ``g - sum_i g_i + method.combine([g_i])`` with ``g_i = dL/dL_i * dL_i/dT``,
   through :func:`combine_flat`. Each task loss is backpropagated once, from
   the loss to ``T`` only. A stateful method's state is made once, in the
   plan's ``resources`` under ``(layer, "combine_tasks/state")``.
+  ``gradients`` is the plan's ``tf.gradients`` (it applies the plan's
+  gradient overrides on the way from each task loss to ``T``).
   """
   def run(grads, outputs):
     name = scope.replace("/", "_")
     with tf.name_scope(name):
-      weights = tf.compat.v1.gradients(loss, list(losses))
-      per_task = [tf.compat.v1.gradients(l, list(outputs), grad_ys=w)
+      weights = gradients(loss, list(losses))
+      per_task = [gradients(l, list(outputs), grad_ys=w)
                   if w is not None else [None] * len(outputs)
                   for l, w in zip(losses, weights)]
       state = task_state(

@@ -255,7 +255,8 @@ class _Executor:
     return _pcgrad.output_rewrite(self.loss, declared.losses or (),
                                   declared.method,
                                   f"combine_tasks_{declared.layer}",
-                                  self.resources, declared.layer)
+                                  self.resources, declared.layer,
+                                  gradients=self.gradients_fn)
 
   # -- parameter gradients ---------------------------------------------------
 

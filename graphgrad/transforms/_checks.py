@@ -51,11 +51,20 @@ def checked_group(fn: GroupTransform,
   ``GraphGradError`` naming ``where``, chained to the original. The caller
   checks each new gradient with :func:`check_result`."""
   try:
-    return list(fn(grads_and_vars, ctx))
+    out = fn(grads_and_vars, ctx)
   except _errors.GraphGradError:
     raise
   except Exception as e:  # pylint: disable=broad-except
     raise raised_error(where, "group transform", fn, e) from e
+  out = list(out) if isinstance(out, (list, tuple)) else out
+  if not isinstance(out, list) or len(out) != len(grads_and_vars):
+    got = (f"{len(out)} gradients" if isinstance(out, list)
+           else type(out).__name__)
+    raise _errors.IncompatibleGradientError(
+        f"{where}: the group transform {fn!r} returned {got} for "
+        f"{len(grads_and_vars)} (gradient, variable) pairs. Return one "
+        f"gradient (or None) per pair, in order.")
+  return out
 
 
 def raised_error(where: str, kind: str, fn, e: Exception) -> Exception:

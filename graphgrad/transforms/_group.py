@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from graphgrad import _errors
 from graphgrad._types import Gradient, gradient_values
 from graphgrad.transforms import _validate
 from graphgrad.transforms._transforms import TransformContext
@@ -74,8 +75,13 @@ class GroupTransform:
     if not present:
       return out
     with tf.name_scope(self.name):
-      new = self.apply_group([grads_and_vars[i] for i in present],
-                             context or TransformContext(role="gradients"))
+      new = list(self.apply_group([grads_and_vars[i] for i in present],
+                                  context or TransformContext(role="gradients")))
+    if len(new) != len(present):
+      raise _errors.IncompatibleGradientError(
+          f"{self!r}: apply_group returned {len(new)} gradients for "
+          f"{len(present)} (gradient, variable) pairs with a gradient. "
+          f"Return one gradient per pair it receives, in order.")
     for i, g in zip(present, new):
       out[i] = g
     return out

@@ -265,3 +265,48 @@ def test_an_override_inside_a_v1_loop_is_refused():
   finally:
     if was_enabled:
       tf1.enable_control_flow_v2()
+
+
+def _two_task_model(reference):
+  """A trunk whose rounded output feeds two task heads."""
+  tf1.set_random_seed(0)
+  x = tf1.placeholder(tf.float32, [None, 4], name="x")
+  h = dense(x, 6, "trunk", tf.sigmoid)
+  with tf.name_scope("heads"):
+    q = _quantize(h, "heads", reference)
+  la = tf.reduce_sum(tf.square(dense(q, 3, "head_a")))
+  lb = tf.reduce_sum(dense(q, 2, "head_b"))
+  return x, la, lb
+
+
+def test_an_override_applies_to_the_task_gradients_of_combine_tasks():
+  """Round sits between the trunk and both task losses: the task gradients
+  at the trunk go through the override, as gradient_override_map's do."""
+  got, want = [], []
+  for reference, out in ((False, got), (True, want)):
+    with tf.Graph().as_default():
+      x, la, lb = _two_task_model(reference)
+      plan = gg.GradientPlan(la + lb).combine_tasks(
+          "trunk", [la, lb], gg.mtl.mean())
+      if not reference:
+        plan.straight_through("Round")
+      out += evaluate([g for g, _ in plan.compute_gradients()], {x: X})
+  trunk_w = got[0]
+  assert np.abs(trunk_w).max() > 0
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+
+
+def test_a_group_transform_returning_too_few_gradients_is_refused(graph):
+  class Short(gg.transforms.GroupTransform):
+    name = "short"
+
+    def apply_group(self, grads_and_vars, context):
+      return [g for g, _ in grads_and_vars][:1]
+
+  x = tf.constant(X)
+  loss = tf.reduce_sum(dense(dense(x, 3, "l1"), 2, "l2"))
+  plan = gg.GradientPlan(loss).transform_gradients("l2", Short())
+  with pytest.raises(gg.IncompatibleGradientError,
+                     match=r"returned 1 gradients for 2 \(gradient, variable"):
+    plan.compute_gradients()
