@@ -15,7 +15,11 @@ from graphgrad.methods._backward import (
                                  feedback_matrix_value,
 )
 from graphgrad.methods._dfa import direct_feedback_alignment
-from graphgrad.methods._synthetic import SyntheticModule, module_values, synthetic
+from graphgrad.methods._synthetic import (
+                                 SyntheticModule,
+                                 module_values,
+                                 synthetic,
+)
 
 __all__ = [
     "BackwardContext", "BackwardResult", "KerasBackwardContext",

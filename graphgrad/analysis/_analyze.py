@@ -7,7 +7,7 @@ defined in :mod:`graphgrad.analysis._layers`.
 import collections
 import logging
 import re
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import networkx as nx
 import tensorflow as tf
@@ -75,8 +75,7 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
   var_groups, scopes = _grouping.group_variables(connected, trainable, layers,
                                                  depth)
   op_graph, op_order, topo_index = _op_graph(fwd_ops)
-  loop_edges = [(t.op.name, op.name) for op in fwd_ops for t in op.inputs
-                if _graph_util.is_back_edge(t, op)]
+  loop_edges = _loop_edges(fwd_ops)
   consumers = _graph_util.forward_consumers(fwd_ops)
   op_layer = _op_layers(fwd_ops, var_groups, scopes, op_graph, op_order,
                         consumers, loss)
@@ -89,6 +88,12 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
   log.debug("analyzed %s: %d layers, %d forward ops, %d layer edges",
             loss.name, len(order), len(fwd_ops), lgraph.number_of_edges())
   return net
+
+
+def _loop_edges(fwd_ops) -> List[Tuple[str, str]]:
+  """The (producer, consumer) op names of each while-loop back edge."""
+  return [(t.op.name, op.name) for op in fwd_ops for t in op.inputs
+          if _graph_util.is_back_edge(t, op)]
 
 
 def _op_layers(fwd_ops, var_groups, scopes, op_graph, op_order, consumers,

@@ -26,8 +26,8 @@ from graphgrad import _errors
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.plan import _optimizer
 from graphgrad.transforms._checks import checked as _checked
-from graphgrad.transforms._context import Resources
 from graphgrad.transforms._checks import compose as _compose
+from graphgrad.transforms._context import Resources
 from graphgrad.transforms._transforms import (
   Transform,
   TransformContext,

@@ -301,3 +301,33 @@ def run(fn, ctx: KerasBackwardContext,
       grads, extra = _synthetic(fn, ctx)
   result = _backward.checked_result(fn, grads, ctx.inputs, where)
   return list(result.input_grads), extra
+
+
+def error_layer(fn, path: str, model, index) -> Optional[str]:
+  """The error layer of ``fn`` if it is DFA's replacement on ``path``.
+
+  DFA projects the gradient at ``fn.error_layer``'s output, by default the
+  last top-level layer that holds variables in ``model``'s ``index``.
+
+  Raises:
+    GraphGradError: if the default is ambiguous (several model outputs) or
+      unknown (the model is not built).
+  """
+  if method_of(fn) != "direct_feedback_alignment":
+    return None
+  if fn.error_layer is not None:
+    return index.find(fn.error_layer, "error_layer")
+  if len(getattr(model, "outputs", None) or ()) > 1:
+    raise _errors.GraphGradError(
+        f"direct_feedback_alignment on {path!r}: `error_layer` is needed, "
+        f"because the model has {len(model.outputs)} outputs. Pass "
+        f"error_layer='...', the layer whose output gradient (the error at "
+        f"the logits) is projected.")
+  tops = [p for p in index.paths if "/" not in p and index[p].weights]
+  if not tops:
+    raise _errors.GraphGradError(
+        f"direct_feedback_alignment on {path!r}: `error_layer` is needed, "
+        f"because the model's layers hold no variables yet (it is not "
+        f"built), so the top layer is unknown. Pass error_layer='...', or "
+        f"build the model first (call it once, or give it a keras.Input).")
+  return tops[-1]

@@ -191,6 +191,20 @@ def synthetic(hidden: Sequence[int] = (), labels: Optional[tf.Tensor] = None,
     >>> synthetic(hidden=(64,))
     synthetic(hidden=(64,), labels=None, loss_weight=1.0)
   """
+  hidden = _check_hidden(hidden)
+  if labels is not None and not isinstance(labels, tf.Tensor):
+    raise _errors.GraphGradError(
+        f"synthetic: `labels` must be a tensor of the tf.Graph, such as the "
+        f"one-hot label placeholder; got {type(labels).__name__}.")
+  _validate.number("synthetic", "loss_weight", loss_weight,
+                   what="non-negative", low=0.0, tensor=False,
+                   fix="Pass e.g. loss_weight=1.0.")
+  _validate.seed("synthetic", seed)
+  return _Synthetic(hidden, labels, loss_weight, seed)
+
+
+def _check_hidden(hidden) -> Tuple[int, ...]:
+  """``hidden`` as a tuple of positive ints; raises GraphGradError if not."""
   if not isinstance(hidden, (list, tuple, range)):
     raise _errors.GraphGradError(
         f"synthetic: `hidden` must hold positive layer sizes, as a tuple or "
@@ -202,12 +216,4 @@ def synthetic(hidden: Sequence[int] = (), labels: Optional[tf.Tensor] = None,
     raise _errors.GraphGradError(
         f"synthetic: `hidden` must hold positive layer sizes; got {hidden!r}. "
         f"Pass e.g. hidden=(64,), or () for a linear module.")
-  if labels is not None and not isinstance(labels, tf.Tensor):
-    raise _errors.GraphGradError(
-        f"synthetic: `labels` must be a tensor of the tf.Graph, such as the "
-        f"one-hot label placeholder; got {type(labels).__name__}.")
-  _validate.number("synthetic", "loss_weight", loss_weight,
-                   what="non-negative", low=0.0, tensor=False,
-                   fix="Pass e.g. loss_weight=1.0.")
-  _validate.seed("synthetic", seed)
-  return _Synthetic(hidden, labels, loss_weight, seed)
+  return hidden

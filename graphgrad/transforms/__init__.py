@@ -6,19 +6,19 @@ Example:
   chain(scale(0.5), clip_by_norm(1.0))
 """
 
+from graphgrad.transforms._context import Resources, TransformContext
 from graphgrad.transforms._group import (
                               GroupTransform,
                               clip_by_global_norm,
                               trust_ratio,
 )
+from graphgrad.transforms._linear import linear
+from graphgrad.transforms._noise import add_noise
 from graphgrad.transforms._numerics import (
                               ApplyIfFinite,
                               apply_if_finite,
                               check_numerics,
 )
-from graphgrad.transforms._context import Resources, TransformContext
-from graphgrad.transforms._linear import linear
-from graphgrad.transforms._noise import add_noise
 from graphgrad.transforms._transforms import (
                               Transform,
                               as_transform,
