@@ -130,7 +130,7 @@ def _uses(graph_def) -> Dict[str, List[tuple]]:
 
 
 def is_weight(node, uses: Sequence[tuple]) -> bool:
-  """The default selection: a float Const of rank >= 1 that feeds a weight op."""
+  """The default selection: a float Const of rank >= 1 feeding a weight op."""
   if node.op != "Const" or not _dtype(node).is_floating:
     return False
   shape = _shape(node)
@@ -272,7 +272,8 @@ def thaw(graph_def_or_path, select: Select = None,
     ...   y = g.get_tensor_by_name("y:0")
     ...   with tf.compat.v1.Session() as s:
     ...     s.run(tf.compat.v1.global_variables_initializer())
-    ...     print([v.op.name for v in variables], s.run(y, {"x:0": [[1.0, 1.0]]}))
+    ...     print([v.op.name for v in variables],
+    ...           s.run(y, {"x:0": [[1.0, 1.0]]}))
     ['dense/kernel'] [3.]
   """
   graph_def = load_graph_def(graph_def_or_path)

@@ -89,7 +89,8 @@ def _demo(args) -> int:
       _plot_curves(args.plot, {k: r["curve"] for k, r in runs.items()},
                    f"seed network, Adam lr={args.lr}, batch {args.batch_size}")
     except OSError as e:
-      raise CommandError(f"--plot {args.plot!r}: cannot write it: {e}") from None
+      raise CommandError(
+          f"--plot {args.plot!r}: cannot write it: {e}") from None
     print(f"\nwrote the loss curves to {args.plot}")
   return 0
 

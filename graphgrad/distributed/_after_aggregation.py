@@ -112,7 +112,8 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
         fns = self._transforms.get(layer)
         if fns and g is not None:
           ctx = TransformContext(layer=layer, role="gradients", variable=v,
-                                 global_step=global_step, resources=self._resources)
+                                 global_step=global_step,
+                                 resources=self._resources)
           g = _checked(_compose(fns), g, ctx,
                        f"AfterAggregation.transform_gradients({layer!r}) on "
                        f"{v.name}")

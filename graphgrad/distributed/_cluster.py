@@ -199,7 +199,8 @@ class LocalCluster:
     if self.isolate and self._holder is None:
       self._make_namespace()
     for i in range(len(self.spec["ps"])):
-      self.launch("ps", i, [sys.executable, "-m", "graphgrad.distributed._cluster",
+      self.launch("ps", i, [sys.executable, "-m",
+                            "graphgrad.distributed._cluster",
                             "--cluster", json.dumps(self.spec),
                             "--job", "ps", "--task", str(i)])
     return self

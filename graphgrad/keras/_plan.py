@@ -202,7 +202,8 @@ class KerasPlan(tf.Module, Overriding):
     """
     path = self._index.find(layer, "layer")
     _methods.check(fn, self.layer(path), path)
-    self._error_layer(fn, path)  # refuses an ambiguous default now
+    # refuses an ambiguous default now
+    _methods.error_layer(fn, path, self._model, self._index)
 
     def no_override():
       if ("layer", path) in self._declarations.overrides:

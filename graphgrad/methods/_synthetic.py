@@ -118,21 +118,10 @@ class _Synthetic(Replacement):
     return BackwardResult(out, extra)
 
   def _module(self, context, i, x, target) -> SyntheticModule:
-    n = static_features(x, f"synthetic on {context.layer.name!r}")
-    feats = [tf.reshape(tf.stop_gradient(x), [-1, n])]
-    if self.labels is not None:
-      n_labels = static_features(self.labels, "synthetic `labels`")
-      labels = tf.cast(tf.stop_gradient(self.labels), x.dtype)
-      feats.append(tf.reshape(labels, [-1, n_labels]))
-    z = tf.concat(feats, 1) if len(feats) > 1 else feats[0]
+    z, n = module_input(x, self.labels, context.layer.name)
     variables = self._variables(context, i, [int(z.shape[-1]), *self.hidden, n],
                                 x.dtype)
-    h = z
-    for j in range(0, len(variables), 2):
-      h = tf.matmul(h, variables[j]) + variables[j + 1]
-      if j + 2 < len(variables):
-        h = tf.nn.relu(h)
-    prediction = tf.reshape(h, tf.shape(x), name="prediction")
+    prediction = tf.reshape(mlp(z, variables), tf.shape(x), name="prediction")
     target = tf.stop_gradient(tf.convert_to_tensor(target), name="target")
     loss = tf.multiply(tf.cast(self.loss_weight, x.dtype),
                        tf.reduce_sum(tf.square(prediction - target)),
@@ -217,3 +206,34 @@ def _check_hidden(hidden) -> Tuple[int, ...]:
         f"synthetic: `hidden` must hold positive layer sizes; got {hidden!r}. "
         f"Pass e.g. hidden=(64,), or () for a linear module.")
   return hidden
+
+
+def module_input(x: tf.Tensor, labels: Optional[tf.Tensor], layer: str,
+                 fix: Optional[str] = None) -> Tuple[tf.Tensor, int]:
+  """A synthetic module's input at ``x`` of ``layer``, and ``x``'s features.
+
+  ``[stop_gradient(x), labels]``, each flattened to ``[batch, n]``; both
+  plans build it so.
+
+  Raises:
+    UnsupportedGraphError: if ``x`` or ``labels`` has an unknown non-batch
+      dimension; ``fix`` (if given) ends the message.
+  """
+  more = {} if fix is None else {"fix": fix}
+  n = static_features(x, f"synthetic on {layer!r}", **more)
+  feats = [tf.reshape(tf.stop_gradient(x), [-1, n])]
+  if labels is not None:
+    n_labels = static_features(labels, "synthetic `labels`", **more)
+    cast = tf.cast(tf.stop_gradient(labels), x.dtype)
+    feats.append(tf.reshape(cast, [-1, n_labels]))
+  return (tf.concat(feats, 1) if len(feats) > 1 else feats[0]), n
+
+
+def mlp(z: tf.Tensor, variables: Sequence[tf.Variable]) -> tf.Tensor:
+  """The module's forward pass: ``(kernel, bias)`` pairs, ReLU between."""
+  h = z
+  for j in range(0, len(variables), 2):
+    h = tf.matmul(h, variables[j]) + variables[j + 1]
+    if j + 2 < len(variables):
+      h = tf.nn.relu(h)
+  return h

@@ -2,7 +2,8 @@
 
 Example:
   >>> import graphgrad as gg
-  >>> gg.transforms.chain(gg.transforms.scale(0.5), gg.transforms.clip_by_norm(1.0))
+  >>> gg.transforms.chain(gg.transforms.scale(0.5),
+  ...                     gg.transforms.clip_by_norm(1.0))
   chain(scale(0.5), clip_by_norm(1.0))
 """
 
