@@ -40,7 +40,7 @@ with _startup.quiet_when_command_line():  # TF's start-up lines, see _startup
   import tensorflow as _tf  # noqa: F401
 del _tf
 
-from graphgrad import _compat, backward, cluster, demo, mtl, transforms  # noqa: E402
+from graphgrad import _compat, backward, cluster, demo, mtl, transforms
 from graphgrad._errors import (
                                GraphGradError,
                                IncompatibleGradientError,

@@ -66,7 +66,8 @@ class KerasPlan(tf.Module, Overriding):
     ...                           name="l1"),
     ...     tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="ones",
     ...                           name="l2")])
-    >>> plan = gg.KerasPlan(model).transform_upstream("l2", gg.transforms.scale(0.5))
+    >>> plan = gg.KerasPlan(model).transform_upstream(
+    ...     "l2", gg.transforms.scale(0.5))
     >>> with plan.tape() as tape:
     ...   loss = tf.reduce_sum(model(tf.constant([[2.0]])))
     >>> [g.numpy().tolist() for g in tape.gradient(loss)]

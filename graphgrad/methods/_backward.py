@@ -164,7 +164,9 @@ def checked_result(fn: Callable, out: Any, inputs: Sequence[tf.Tensor],
     >>> checked_result("r", tf.ones([2, 3]), [x], "here")
     Traceback (most recent call last):
     ...
-    graphgrad._errors.IncompatibleGradientError: here: 'r' returned one tensor, not a list, for 1 input tensors (the input of shape (2, 3) float32). Return one gradient (or None) per context.inputs tensor, in order.
+    graphgrad._errors.IncompatibleGradientError: here: 'r' returned one tensor,
+    not a list, for 1 input tensors (the input of shape (2, 3) float32). Return
+    one gradient (or None) per context.inputs tensor, in order.
   """
   if isinstance(out, BackwardResult):
     grads, extra = out.input_grads, tuple(out.extra_grads_and_vars)
@@ -251,7 +253,7 @@ def feedback_matrix_value(seed: Optional[int], name: str, layer: str, shape,
 
 def feedback_matrix(context: BackwardContext, key: str,
                     value: Callable[[], tf.Tensor]) -> tf.Variable:
-  """A fixed matrix with initial ``value()``, made once per plan as a variable."""
+  """A fixed matrix with initial ``value()``, one variable per plan."""
   return context.resources.get_or_create(
       context.layer.name, f"{key}/B",
       lambda: tf.compat.v1.Variable(value(), trainable=False, name="B"))

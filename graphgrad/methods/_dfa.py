@@ -1,4 +1,4 @@
-"""Direct feedback alignment: each layer gets its own projection of the top error."""
+"""Direct feedback alignment: each layer gets a projection of the top error."""
 
 from typing import Optional
 

@@ -1,4 +1,4 @@
-"""Synthetic gradients: a trained module predicts the gradient at a layer's inputs."""
+"""Synthetic gradients: a trained module predicts a layer's input gradient."""
 
 import dataclasses
 import zlib
