@@ -30,10 +30,10 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from graphgrad import _errors
 from graphgrad.keras import _methods
 from graphgrad.keras._backward import backward_of_call, edge_grads, is_float
 from graphgrad.keras._layers import holds_variables
+from graphgrad.methods._backward import completed_upstream
 from graphgrad.transforms._context import TransformContext
 
 log = logging.getLogger("graphgrad")
@@ -209,12 +209,8 @@ class Interceptor:
             for dy, d in zip(dys, deltas[call])]
 
   def upstream_of(self, path: str) -> list:
-    if path not in self.done:
-      raise _errors.UnsupportedGraphError(
-          f"the gradient at layer {path!r}'s outputs is needed before it is "
-          f"complete: {path!r} is not a layer above the one being processed. "
-          f"Read the gradient of a layer nearer the loss.")
-    return self.done[path]
+    """The complete gradient at a rewritten layer's outputs above this one."""
+    return completed_upstream(self.done, path)
 
   def replace(self, path, fn, xs, outs, upstream, chain_rule) -> list:
     plan = self.plan
