@@ -13,11 +13,13 @@ The whole public API::
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
   plan.summaries(), plan.declarations, plan.resources, plan.trace
 
-  opt = gg.AfterAggregation(optimizer, net)  # transforms after a cross-replica sum
+  # transforms after a cross-replica sum:
+  opt = gg.AfterAggregation(optimizer, net)
 
 and the same plans for TF2 Keras models, eagerly or in tf.function::
 
-  plan = gg.KerasPlan(model).transform_upstream("l2_dense", gg.transforms.scale(0.8))
+  plan = gg.KerasPlan(model).transform_upstream("l2_dense",
+                                                gg.transforms.scale(0.8))
   with plan.tape() as tape:
     loss = loss_fn(y, model(x))
   optimizer.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
@@ -38,7 +40,7 @@ with _startup.quiet_when_command_line():  # TF's start-up lines, see _startup
   import tensorflow as _tf  # noqa: F401
 del _tf
 
-from graphgrad import _compat, backward, cluster, demo, mtl, transforms  # noqa: E402
+from graphgrad import _compat, backward, cluster, demo, mtl, transforms
 from graphgrad._errors import (
                                GraphGradError,
                                IncompatibleGradientError,

@@ -38,7 +38,7 @@ when a TensorFlow release drops or changes one:
 import inspect
 import logging
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
@@ -113,7 +113,7 @@ PRIVATE_APIS = (
     "keras 3 Variable._value",
 )
 
-_warned = set()
+_warned: Set[str] = set()
 
 
 def warn_fallback(api: str, fallback: str) -> None:

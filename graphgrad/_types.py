@@ -1,4 +1,7 @@
-"""Type aliases shared by graphgrad's public signatures, and two helpers on gradient values."""
+"""Type aliases shared by graphgrad's public signatures.
+
+And two helpers on gradient values.
+"""
 
 from typing import Callable, Mapping, Sequence, Tuple, Union
 
@@ -11,7 +14,8 @@ Variable = tf.Variable
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
 GradientFn = Callable[[Gradient], Gradient]
 GradsAndVars = Sequence[Tuple[Gradient, tf.Variable]]
-# `layers=` of gg.analyze: a layer name mapped to a scope prefix or to variables.
+# `layers=` of gg.analyze: a layer name mapped to a scope prefix or to
+# variables.
 LayerSpec = Mapping[str, Union[str, Sequence[tf.Variable]]]
 
 

@@ -11,11 +11,15 @@ from graphgrad.methods._backward import (
                                  BackwardContext,
                                  BackwardResult,
                                  Replacement,
-                                 feedback_alignment,
                                  feedback_matrix_value,
 )
 from graphgrad.methods._dfa import direct_feedback_alignment
-from graphgrad.methods._synthetic import SyntheticModule, module_values, synthetic
+from graphgrad.methods._fa import feedback_alignment
+from graphgrad.methods._synthetic import (
+                                 SyntheticModule,
+                                 module_values,
+                                 synthetic,
+)
 
 __all__ = [
     "BackwardContext", "BackwardResult", "KerasBackwardContext",

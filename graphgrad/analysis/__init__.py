@@ -1,1 +1,3 @@
-"""tf.Graph -> LayerGraph: the analyser, layers, graph utilities, MetaGraph loading, pictures."""
+"""tf.Graph -> LayerGraph: the analyser, layers, graph utilities.
+
+Also MetaGraph loading and pictures."""

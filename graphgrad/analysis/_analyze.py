@@ -7,7 +7,7 @@ defined in :mod:`graphgrad.analysis._layers`.
 import collections
 import logging
 import re
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import networkx as nx
 import tensorflow as tf
@@ -75,8 +75,7 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
   var_groups, scopes = _grouping.group_variables(connected, trainable, layers,
                                                  depth)
   op_graph, op_order, topo_index = _op_graph(fwd_ops)
-  loop_edges = [(t.op.name, op.name) for op in fwd_ops for t in op.inputs
-                if _graph_util.is_back_edge(t, op)]
+  loop_edges = _loop_edges(fwd_ops)
   consumers = _graph_util.forward_consumers(fwd_ops)
   op_layer = _op_layers(fwd_ops, var_groups, scopes, op_graph, op_order,
                         consumers, loss)
@@ -89,6 +88,12 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
   log.debug("analyzed %s: %d layers, %d forward ops, %d layer edges",
             loss.name, len(order), len(fwd_ops), lgraph.number_of_edges())
   return net
+
+
+def _loop_edges(fwd_ops) -> List[Tuple[str, str]]:
+  """The (producer, consumer) op names of each while-loop back edge."""
+  return [(t.op.name, op.name) for op in fwd_ops for t in op.inputs
+          if _graph_util.is_back_edge(t, op)]
 
 
 def _op_layers(fwd_ops, var_groups, scopes, op_graph, op_order, consumers,
@@ -105,8 +110,8 @@ def _op_layers(fwd_ops, var_groups, scopes, op_graph, op_order, consumers,
 
 
 def _check_depth(depth) -> None:
-  if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool)
-                            or depth < 1):
+  if depth is not None and (not isinstance(depth, int)
+                            or isinstance(depth, bool) or depth < 1):
     raise _errors.GraphGradError(
         f"`depth` must be a positive int (how many scope levels form a "
         f"layer name); got {depth!r}. Use depth=1 for top-level scopes, or "
@@ -330,15 +335,16 @@ def _layer_graph(layers: Dict[str, Layer], op_layer, loss) -> nx.DiGraph:
   for name, layer in layers.items():
     g.add_node(name, layer=layer, to_loss=False)
   for upper, layer in layers.items():
-    found = collections.defaultdict(dict)  # lower -> {tensor name: tensor}
+    # lower -> {tensor name: tensor}
+    found: Dict[str, Dict[str, tf.Tensor]] = collections.defaultdict(dict)
     _glue_sources(layer.inputs, op_layer, found)
     for lower, ts in found.items():
       g.add_edge(lower, upper,
                  tensors=tuple(sorted(ts.values(), key=lambda t: t.name)))
   # which layers reach the loss through glue only
-  found = collections.defaultdict(dict)
-  _glue_sources([loss], op_layer, found, include_self=True)
-  for lower in found:
+  to_loss: Dict[str, Dict[str, tf.Tensor]] = collections.defaultdict(dict)
+  _glue_sources([loss], op_layer, to_loss, include_self=True)
+  for lower in to_loss:
     g.nodes[lower]["to_loss"] = True
   return g
 

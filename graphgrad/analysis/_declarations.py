@@ -17,7 +17,7 @@ graph:
 """
 
 import logging
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import networkx as nx
 import tensorflow as tf
@@ -111,7 +111,8 @@ def _path_through(net, name: str) -> bool:
   produced = {t.op.name for t in layer.outputs}
   stack = [c for t in layer.inputs if _graph_util.is_float(t)
            for c in net.op_graph.successors(t.op.name) if c in members]
-  back = {}  # tf.compat.v1 loops: NextIteration -> Merge, outside op_graph
+  # tf.compat.v1 loops: NextIteration -> Merge, outside op_graph
+  back: Dict[str, List[str]] = {}
   for a, b in net.loop_edges:
     back.setdefault(a, []).append(b)
   seen = set()
@@ -246,7 +247,8 @@ def depth_hint(names) -> str:
 
   Example:
     >>> depth_hint(["net/block1/conv1", "net/block1/conv1/BatchNorm"])
-    " Analysing with gg.analyze(loss, depth=3) makes 'net/block1/conv1' one layer of 'net/block1/conv1', 'net/block1/conv1/BatchNorm'."
+    " Analysing with gg.analyze(loss, depth=3) makes 'net/block1/conv1' one
+    layer of 'net/block1/conv1', 'net/block1/conv1/BatchNorm'."
     >>> depth_hint(["a", "b"])
     ''
   """

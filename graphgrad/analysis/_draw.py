@@ -64,9 +64,10 @@ def _check_plan(net, plan) -> None:
   if plan is None:
     return
   if getattr(plan, "net", None) is not net:
+    other = " on another LayerGraph" if hasattr(plan, "net") else ""
     raise _errors.GraphGradError(
         f"`plan` must be a gg.GradientPlan built on this LayerGraph; got "
-        f"{type(plan).__name__}{' on another LayerGraph' if hasattr(plan, 'net') else ''}. "
+        f"{type(plan).__name__}{other}. "
         f"Pass the plan made by gg.GradientPlan(loss, net) for this net, or "
         f"plan=None.")
 
@@ -104,7 +105,8 @@ def elements(net, plan=None):
   for name in net.names:
     if net.reaches_loss_directly(name):
       outs = [t for t in net[name].outputs]
-      edges[(name, _LOSS)] = (", ".join(_graph_util.shape_text(t.shape) for t in outs), None)
+      shapes = ", ".join(_graph_util.shape_text(t.shape) for t in outs)
+      edges[(name, _LOSS)] = (shapes, None)
   return nodes, edges
 
 
@@ -125,7 +127,8 @@ def to_dot(net, plan=None) -> str:
   for (a, b), (label, mark) in edges.items():
     attrs = [f"label={_quote(label)}"]
     if mark == "edge":
-      attrs.append(f'color="{_EDGE_HOT}", fontcolor="{_EDGE_HOT}", penwidth=2.5')
+      attrs.append(f'color="{_EDGE_HOT}", fontcolor="{_EDGE_HOT}", '
+                   f'penwidth=2.5')
     elif mark == "upstream":
       attrs.append(f'color="{_EDGE_HOT}", style=dashed, penwidth=1.5')
     lines.append(f"  {_quote(a)} -> {_quote(b)} [{', '.join(attrs)}];")
@@ -147,6 +150,8 @@ def _graphviz_render(dot: str, path: str, fmt: str) -> bool:
   try:
     import pydot  # pylint: disable=g-import-not-at-top
     graphs = pydot.graph_from_dot_data(dot)
+    if not graphs:
+      raise ValueError("pydot parsed no graph from the DOT text")
     graphs[0].write(path, format=fmt)
     return True
   except Exception as e:  # pylint: disable=broad-except

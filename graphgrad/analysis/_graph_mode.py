@@ -41,7 +41,11 @@ def check_graph_mode(what: str, loss: Any, adds_ops: bool = True) -> None:
     ...   check_graph_mode("gg.GradientPlan", loss)
     Traceback (most recent call last):
     ...
-    graphgrad._errors.GraphGradError: gg.GradientPlan: the tf.Graph of the loss Const:0 is finalized (graph.finalize() was called, e.g. by tf.compat.v1.train.MonitoredTrainingSession), so no op can be added to it. Build the plan, up to compute_gradients() or apply_gradients(), before finalize().
+    graphgrad._errors.GraphGradError: gg.GradientPlan: the tf.Graph of the loss
+    Const:0 is finalized (graph.finalize() was called, e.g. by
+    tf.compat.v1.train.MonitoredTrainingSession), so no op can be added to it.
+    Build the plan, up to compute_gradients() or apply_gradients(), before
+    finalize().
   """
   if not tf.is_tensor(loss) or isinstance(loss, tf.Variable):
     return

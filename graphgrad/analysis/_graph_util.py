@@ -1,7 +1,10 @@
-"""Small helpers on tf.Graph structure (ops, tensors, variables) shared by analysis and plan."""
+"""Small helpers on tf.Graph structure (ops, tensors, variables).
+
+Shared by analysis and plan.
+"""
 
 import collections
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Callable, Dict, Iterable, List, Optional, Set
 
 import tensorflow as tf
 
@@ -127,3 +130,22 @@ def in_control_flow(op: tf.Operation) -> bool:
   if ctx is not None and op.type in ("Exit", "RefExit"):
     ctx = ctx.outer_context
   return ctx is not None
+
+
+def ops_behind(start: Iterable[tf.Operation], floor: int,
+               follow: Optional[Callable[[tf.Tensor], bool]] = None
+               ) -> Set[tf.Operation]:
+  """The ops ``start`` depends on through inputs ``follow`` accepts.
+
+  Ops created before op id ``floor`` (see ``_compat.op_id``) are not
+  entered. ``follow=None`` follows every input.
+  """
+  seen: Set[tf.Operation] = set()
+  stack = list(start)
+  while stack:
+    op = stack.pop()
+    if op in seen or _compat.op_id(op) < floor:
+      continue
+    seen.add(op)
+    stack.extend(t.op for t in op.inputs if follow is None or follow(t))
+  return seen

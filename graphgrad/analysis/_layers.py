@@ -277,7 +277,8 @@ class LayerGraph:
     lines.append("")
     lines.append("boundaries (lower -> upper: tensors)")
     for lo, up, data in self.graph.edges(data=True):
-      ts = ", ".join(f"{t.name} {_graph_util.shape_text(t.shape)}" for t in data["tensors"])
+      ts = ", ".join(f"{t.name} {_graph_util.shape_text(t.shape)}"
+                     for t in data["tensors"])
       lines.append(f"  {lo} -> {up}: {ts}")
     if not self.graph.number_of_edges():
       lines.append("  (none)")

@@ -46,16 +46,9 @@ def ops_on_path(tensor, sources: Optional[Iterable] = None,
   if sources is None:
     sources = _graph_util.trainable_variables(tensors[0].graph)
   stop_names = {t.name for t in stops}
-  behind: Set[tf.Operation] = set()
-  stack = [t.op for t in tensors]
-  while stack:
-    op = stack.pop()
-    if op in behind or _compat.op_id(op) < floor:
-      continue
-    behind.add(op)
-    for t in op.inputs:
-      if t.name not in stop_names and backpropagatable(t):
-        stack.append(t.op)
+  behind = _graph_util.ops_behind(
+      [t.op for t in tensors], floor,
+      lambda t: t.name not in stop_names and backpropagatable(t))
   reached: Set[tf.Operation] = set()
   # A source tensor may be a stop itself (a cut the caller differentiates
   # against): the path starts at its consumers.

@@ -130,7 +130,7 @@ def _uses(graph_def) -> Dict[str, List[tuple]]:
 
 
 def is_weight(node, uses: Sequence[tuple]) -> bool:
-  """The default selection: a float Const of rank >= 1 that feeds a weight op."""
+  """The default selection: a float Const of rank >= 1 feeding a weight op."""
   if node.op != "Const" or not _dtype(node).is_floating:
     return False
   shape = _shape(node)
@@ -152,6 +152,18 @@ def is_statistic(node, uses: Sequence[tuple]) -> bool:
 def select_constants(graph_def, select: Select) -> List[tf.compat.v1.NodeDef]:
   """The Const nodes ``select`` picks, in GraphDef order.
 
+  Args:
+    graph_def: the frozen ``tf.compat.v1.GraphDef``.
+    select: ``None`` picks the weights: floating-point Consts of rank >= 1
+      that feed, directly or through ``Identity``, a ``MatMul``,
+      ``BatchMatMul``, ``Einsum``, a convolution's filter, ``BiasAdd``,
+      ``Add``/``AddV2``/``Sub``/``Mul``, a ``FusedBatchNorm*`` scale, offset,
+      mean or variance, or a ``Gather``'s table. Shape constants, axes and
+      indices (integers) and scalars (epsilons, scales, clip bounds) stay
+      constants. A ``str`` is a regex searched in each Const's name
+      (``re.search``); a list holds Const names; a callable is called with
+      each Const ``NodeDef`` and returns True for the ones to thaw.
+
   Raises:
     ThawError: if ``select`` is malformed, picks nothing, or picks a
       non-floating-point constant or a node that is not a Const.
@@ -160,7 +172,8 @@ def select_constants(graph_def, select: Select) -> List[tf.compat.v1.NodeDef]:
   consts = [n for n in graph_def.node if n.op == "Const"]
   if select is None:
     chosen = [n for n in consts if is_weight(n, uses[n.name])]
-    what = "the default selection (float Consts of rank >= 1 feeding MatMul, Conv, BiasAdd, Add, Mul, BatchNorm or Gather)"
+    what = ("the default selection (float Consts of rank >= 1 feeding "
+            "MatMul, Conv, BiasAdd, Add, Mul, BatchNorm or Gather)")
   elif isinstance(select, str):
     try:
       pattern = re.compile(select)
@@ -234,16 +247,9 @@ def thaw(graph_def_or_path, select: Select = None,
   Args:
     graph_def_or_path: a ``tf.compat.v1.GraphDef`` or the path of a binary
       ``.pb`` file.
-    select: which constants to thaw. ``None`` (default) picks the weights:
-      floating-point Consts of rank >= 1 that feed, directly or through
-      ``Identity``, a ``MatMul``, ``BatchMatMul``, ``Einsum``, a convolution's
-      filter, ``BiasAdd``, ``Add``/``AddV2``/``Sub``/``Mul``, a
-      ``FusedBatchNorm*`` scale, offset, mean or variance, or a ``Gather``'s
-      table. Shape constants, axes and indices (integers) and scalars
-      (epsilons, scales, clip bounds) stay constants. A ``str`` is a regex
-      searched in each Const's name (``re.search``); a list holds Const
-      names; a callable is called with each Const ``NodeDef`` and returns
-      True for the ones to thaw.
+    select: which constants to thaw: ``None`` (default) for the weights, a
+      regex ``str``, a list of Const names or a predicate on ``NodeDef``; see
+      :func:`select_constants` for what each picks.
     name: the import prefix, as in ``import_graph_def`` (``""`` imports the
       names unchanged; ``"net"`` gives ``net/dense/kernel``).
 
@@ -266,15 +272,32 @@ def thaw(graph_def_or_path, select: Select = None,
     ...   y = g.get_tensor_by_name("y:0")
     ...   with tf.compat.v1.Session() as s:
     ...     s.run(tf.compat.v1.global_variables_initializer())
-    ...     print([v.op.name for v in variables], s.run(y, {"x:0": [[1.0, 1.0]]}))
+    ...     print([v.op.name for v in variables],
+    ...           s.run(y, {"x:0": [[1.0, 1.0]]}))
     ['dense/kernel'] [3.]
   """
   graph_def = load_graph_def(graph_def_or_path)
   chosen = select_constants(graph_def, select)
+  variables = _import_as_variables(graph_def, chosen, name)
+  trainable = sum(1 for v in variables if v.trainable)
+  log.info("thawed %d constants into variables (%d trainable, %d batch-norm "
+           "statistics)", len(variables), trainable, len(variables) - trainable)
+  return variables
+
+
+def _import_as_variables(graph_def, chosen, name: str) -> List[tf.Variable]:
+  """Creates a variable per chosen Const and imports the rest of the graph.
+
+  ``input_map`` feeds every consumer of a chosen constant (and every control
+  dependency on it) from its variable's read.
+
+  Raises:
+    ThawError: if a variable's name is already taken in the default graph.
+  """
   uses = _uses(graph_def)
-  graph = tf.compat.v1.get_default_graph()
   controlled = {i[1:] for n in graph_def.node for i in n.input
                 if i.startswith("^")}
+  graph = tf.compat.v1.get_default_graph()
   with tf.compat.v1.name_scope(name, "import") as scope:
     scope = scope or ""
     taken = [scope + n.name for n in chosen
@@ -297,9 +320,6 @@ def thaw(graph_def_or_path, select: Select = None,
         input_map["^" + node.name] = read
     tf.compat.v1.import_graph_def(_without(graph_def, chosen),
                                   input_map=input_map, name=scope or "")
-  trainable = sum(1 for v in variables if v.trainable)
-  log.info("thawed %d constants into variables (%d trainable, %d batch-norm "
-           "statistics)", len(variables), trainable, len(variables) - trainable)
   return variables
 
 

@@ -50,6 +50,14 @@ def _number(text: str, kind, what: str):
   return value
 
 
+def _bounded(text: str, kind, what: str, bound: str, ok):
+  """``text`` as a ``kind`` for which ``ok`` holds, else ArgumentTypeError."""
+  value = _number(text, kind, what)
+  if not ok(value):
+    raise argparse.ArgumentTypeError(f"expected {what} ({bound}); got {text!r}")
+  return value
+
+
 def positive_int(text: str) -> int:
   """An int of at least 1, for ``--steps`` and ``--batch-size``.
 
@@ -57,20 +65,14 @@ def positive_int(text: str) -> int:
     >>> positive_int("3")
     3
   """
-  value = _number(text, int, "a positive integer")
-  if value < 1:
-    raise argparse.ArgumentTypeError(
-        f"expected a positive integer (1 or more); got {text!r}")
-  return value
+  return _bounded(text, int, "a positive integer", "1 or more",
+                  lambda v: v >= 1)
 
 
 def non_negative_int(text: str) -> int:
   """An int of at least 0, for ``--seed``."""
-  value = _number(text, int, "a non-negative integer")
-  if value < 0:
-    raise argparse.ArgumentTypeError(
-        f"expected a non-negative integer (0 or more); got {text!r}")
-  return value
+  return _bounded(text, int, "a non-negative integer", "0 or more",
+                  lambda v: v >= 0)
 
 
 def positive_float(text: str) -> float:
@@ -80,20 +82,14 @@ def positive_float(text: str) -> float:
     >>> positive_float("1e-3")
     0.001
   """
-  value = _number(text, float, "a positive finite number")
-  if value <= 0:
-    raise argparse.ArgumentTypeError(
-        f"expected a positive finite number (above 0); got {text!r}")
-  return value
+  return _bounded(text, float, "a positive finite number", "above 0",
+                  lambda v: v > 0)
 
 
 def non_negative_float(text: str) -> float:
   """A finite float of at least 0, for ``--noise``."""
-  value = _number(text, float, "a non-negative finite number")
-  if value < 0:
-    raise argparse.ArgumentTypeError(
-        f"expected a non-negative finite number (0 or more); got {text!r}")
-  return value
+  return _bounded(text, float, "a non-negative finite number", "0 or more",
+                  lambda v: v >= 0)
 
 
 def check_output(flag: str, path: str) -> None:

@@ -9,7 +9,6 @@ picture and its numbers.
 
 import argparse
 import os
-import sys
 from typing import Dict, Optional
 
 _PICTURES = (".png", ".svg", ".pdf")
@@ -41,13 +40,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                  help="seed of the random inputs (default 0)")
   p.add_argument("--png", metavar="OUT.png", help="write the picture")
   p.add_argument("--json", metavar="OUT.json", help="write the numbers")
-
-  def one_line_error(message):
-    print(f"graphgrad grads: error: {' '.join(message.split())}",
-          file=sys.stderr)
-    sys.exit(2)
-
-  p.error = one_line_error  # argparse's own errors: one line, exit 2
+  # ``sub`` makes a cli._args.Parser: its errors are one line, exit code 2.
   p.set_defaults(func=run)
   return p
 

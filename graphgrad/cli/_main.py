@@ -89,7 +89,8 @@ def _demo(args) -> int:
       _plot_curves(args.plot, {k: r["curve"] for k, r in runs.items()},
                    f"seed network, Adam lr={args.lr}, batch {args.batch_size}")
     except OSError as e:
-      raise CommandError(f"--plot {args.plot!r}: cannot write it: {e}") from None
+      raise CommandError(
+          f"--plot {args.plot!r}: cannot write it: {e}") from None
     print(f"\nwrote the loss curves to {args.plot}")
   return 0
 
@@ -246,10 +247,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="show TensorFlow's start-up and deprecation logs")
   sub = parser.add_subparsers(dest="command", metavar="command")
   # Also accepted after the command; SUPPRESS keeps a --verbose given before.
-  common = argparse.ArgumentParser(add_help=False)
+  common = _args.Parser(add_help=False)
   common.add_argument("--verbose", action="store_true",
                       default=argparse.SUPPRESS,
                       help="show TensorFlow's start-up and deprecation logs")
+  _add_demo(sub, common)
+  _add_inspect(sub, common)
+  from graphgrad.cli import _grads  # pylint: disable=g-import-not-at-top
+  _grads.add_parser(sub)
+  return parser
+
+
+def _add_demo(sub, common: argparse.ArgumentParser) -> None:
+  """Registers ``graphgrad demo`` on ``sub``, with the ``common`` flags."""
   demo = sub.add_parser(
       "demo", parents=[common],
       help="train the seed network plainly and with a gradient plan",
@@ -270,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the loss curves of both runs to FILE "
                          "(.png, .svg or .pdf)")
   demo.set_defaults(func=_demo)
+
+
+def _add_inspect(sub, common: argparse.ArgumentParser) -> None:
+  """Registers ``graphgrad inspect`` on ``sub``, with the ``common`` flags."""
   inspect = sub.add_parser(
       "inspect", parents=[common],
       help="print the layer table of a saved graph (.meta, SavedModel "
@@ -298,9 +312,6 @@ def build_parser() -> argparse.ArgumentParser:
   inspect.add_argument("--png", metavar="FILE",
                        help="also draw the layer graph to a PNG file")
   inspect.set_defaults(func=_inspect)
-  from graphgrad.cli import _grads  # pylint: disable=g-import-not-at-top
-  _grads.add_parser(sub)
-  return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -4,7 +4,8 @@ TensorFlow's libraries write ``absl::InitializeLog``, oneDNN and CUDA lines
 straight to file descriptor 2 while they load, before
 ``TF_CPP_MIN_LOG_LEVEL`` is read. ``import graphgrad`` loads TensorFlow, and
 the ``graphgrad`` command imports the package before its ``main`` runs, so
-``graphgrad/__init__.py`` loads TensorFlow inside :func:`quiet_when_command_line`:
+``graphgrad/__init__.py`` loads TensorFlow inside
+:func:`quiet_when_command_line`:
 in the command line without ``--verbose`` the descriptor goes to a
 temporary file for the import; in any other program (a notebook, a training
 script) nothing changes. This module imports no TensorFlow.

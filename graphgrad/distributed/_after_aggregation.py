@@ -26,8 +26,8 @@ from graphgrad import _errors
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.plan import _optimizer
 from graphgrad.transforms._checks import checked as _checked
-from graphgrad.transforms._context import Resources
 from graphgrad.transforms._checks import compose as _compose
+from graphgrad.transforms._context import Resources
 from graphgrad.transforms._transforms import (
   Transform,
   TransformContext,
@@ -112,7 +112,8 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
         fns = self._transforms.get(layer)
         if fns and g is not None:
           ctx = TransformContext(layer=layer, role="gradients", variable=v,
-                                 global_step=global_step, resources=self._resources)
+                                 global_step=global_step,
+                                 resources=self._resources)
           g = _checked(_compose(fns), g, ctx,
                        f"AfterAggregation.transform_gradients({layer!r}) on "
                        f"{v.name}")

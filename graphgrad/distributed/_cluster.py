@@ -15,12 +15,11 @@ and ``nsenter``; ``isolate=False`` runs without it.
 
 The module is also the parameter-server program::
 
-  python -m graphgrad.distributed._cluster --cluster '{"ps": [...], "worker": [...]}' \\
-      --job ps --task 0
+  python -m graphgrad.distributed._cluster \\
+      --cluster '{"ps": [...], "worker": [...]}' --job ps --task 0
 """
 
 import argparse
-import ctypes
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from graphgrad import _errors
+from graphgrad.distributed._process import die_with_parent, killpg
 
 log = logging.getLogger("graphgrad")
 
@@ -199,7 +199,8 @@ class LocalCluster:
     if self.isolate and self._holder is None:
       self._make_namespace()
     for i in range(len(self.spec["ps"])):
-      self.launch("ps", i, [sys.executable, "-m", "graphgrad.distributed._cluster",
+      self.launch("ps", i, [sys.executable, "-m",
+                            "graphgrad.distributed._cluster",
                             "--cluster", json.dumps(self.spec),
                             "--job", "ps", "--task", str(i)])
     return self
@@ -210,7 +211,7 @@ class LocalCluster:
     if self._holder is not None:
       procs.append(self._holder)
     for p in procs:
-      _killpg(p, signal.SIGKILL)
+      killpg(p, signal.SIGKILL)
     deadline = time.monotonic() + timeout
     stuck = []
     for p in procs:
@@ -261,7 +262,7 @@ class LocalCluster:
       proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                               stderr=subprocess.STDOUT, env=self.env,
                               start_new_session=True,
-                              preexec_fn=_die_with_parent)
+                              preexec_fn=die_with_parent)
     self.procs[key] = proc
     log.info("started %s:%d (pid %d)", job, task, proc.pid)
     return proc
@@ -274,7 +275,7 @@ class LocalCluster:
     exit code; for other signals (SIGSTOP, SIGCONT) returns ``None``.
     """
     proc = self.procs[self._key(job, task)]
-    _killpg(proc, sig)
+    killpg(proc, sig)
     if sig in (signal.SIGKILL, signal.SIGTERM):
       return self.wait(job, task, timeout)
     return None
@@ -333,15 +334,16 @@ class LocalCluster:
     holder = subprocess.Popen(
         _UNSHARE, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=_die_with_parent)
+        preexec_fn=die_with_parent)
     self._holder = holder
     mine = os.readlink("/proc/self/ns/net")
     deadline = time.monotonic() + 10
     while not _in_other_namespace(holder.pid, mine):
       if holder.poll() is not None or time.monotonic() > deadline:
-        _killpg(holder, signal.SIGKILL)
+        killpg(holder, signal.SIGKILL)
         holder.wait(timeout=10)
-        err = holder.stderr.read().decode(errors="replace").strip()
+        raw = holder.stderr.read() if holder.stderr else b""
+        err = raw.decode(errors="replace").strip()
         self._holder = None
         raise ClusterError(
             f"could not create a private network namespace "
@@ -372,28 +374,6 @@ req = struct.pack("16sH22x", b"lo", 0)
 flags = struct.unpack("16sH22x", fcntl.ioctl(s, 0x8913, req))[1]  # SIOCGIFFLAGS
 fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | 1))  # IFF_UP
 """
-
-
-def _die_with_parent() -> None:
-  """In the child: be killed when the process that started it dies.
-
-  So a launcher killed without a chance to clean up (SIGKILL, a crash)
-  leaves no task behind.
-  """
-  try:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-  except (OSError, AttributeError):  # not Linux: stop() still ends them
-    pass
-
-
-def _killpg(proc: subprocess.Popen, sig: int) -> None:
-  if proc.poll() is not None:
-    return
-  try:
-    os.killpg(proc.pid, sig)
-  except ProcessLookupError:
-    pass
 
 
 def _main(argv: Optional[Sequence[str]] = None) -> None:

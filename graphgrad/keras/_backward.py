@@ -133,10 +133,7 @@ def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
     return _linear.backward(inner, outs, g, xs, variables, set(own),
                             fn.linear_factor)
   other = [i for i in range(len(variables)) if i not in set(own)]
-  dv = [None] * len(variables)
-  for i, grad in zip(own, inner.gradient(
-      outs, [variables[i] for i in own], output_gradients=g) if own else []):
-    dv[i] = grad
+  dv = _own_grads(inner, outs, g, variables, own)
   if fn is not None:
     g = [_checks.checked(fn, dy, run.context(path, "upstream", tensor=o),
                          f"transform_upstream({path!r}) on {describe(o)}")
@@ -153,6 +150,19 @@ def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
   dx = run.replace(path, replace, xs, outs, g,
                    lambda: list(inner.gradient(outs, xs, output_gradients=g)))
   return dx, dv
+
+
+def _own_grads(inner, outs, g, variables, own) -> list:
+  """True gradients of ``variables[i]`` for ``i`` in ``own``; None elsewhere.
+
+  A layer's own parameters take the chain rule from the gradient at its
+  outputs before any upstream transform or replacement.
+  """
+  dv = [None] * len(variables)
+  for i, grad in zip(own, inner.gradient(
+      outs, [variables[i] for i in own], output_gradients=g) if own else []):
+    dv[i] = grad
+  return dv
 
 
 def edge_grads(run, entries, xs, dx) -> List:

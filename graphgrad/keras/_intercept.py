@@ -7,10 +7,11 @@ restores it. The wrapper
 * counts the layer's calls, so that a layer that never ran is reported;
 * for a layer whose backward pass the plan rewrites (an upstream transform,
   an incoming edge, a backward replacement, a task combination, an
-  override, or the error layer a replacement reads), runs the original ``call`` inside
-  ``tf.custom_gradient``, under an inner tape. The custom gradient receives
-  ``dy``, the gradient at the layer's outputs already summed over all
-  consumers, and hands it to :func:`~graphgrad.keras._backward.backward_of_call`.
+  override, or the error layer a replacement reads), runs the original
+  ``call`` inside ``tf.custom_gradient``, under an inner tape. The custom
+  gradient receives ``dy``, the gradient at the layer's outputs already
+  summed over all consumers, and hands it to
+  :func:`~graphgrad.keras._backward.backward_of_call`.
   Bypass paths never pass through the custom op, so they stay unchanged;
 * for the lower layer of an edge, starts a *glue tape* on the layer's
   outputs once it has run. Layers that hold variables pause glue tapes while
@@ -29,10 +30,10 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from graphgrad import _errors
 from graphgrad.keras import _methods
 from graphgrad.keras._backward import backward_of_call, edge_grads, is_float
 from graphgrad.keras._layers import holds_variables
+from graphgrad.methods._backward import completed_upstream
 from graphgrad.transforms._context import TransformContext
 
 log = logging.getLogger("graphgrad")
@@ -138,8 +139,9 @@ class Interceptor:
     finally:
       self._pause_depth -= 1
       if self._pause_depth == 0:
-        self._paused.close()
-        self._paused = None
+        paused, self._paused = self._paused, None
+        if paused is not None:
+          paused.close()
 
   def _start_glue(self, path: str, out) -> None:
     outs = [t for t in tf.nest.flatten(out) if is_float(t)]
@@ -207,12 +209,8 @@ class Interceptor:
             for dy, d in zip(dys, deltas[call])]
 
   def upstream_of(self, path: str) -> list:
-    if path not in self.done:
-      raise _errors.UnsupportedGraphError(
-          f"the gradient at layer {path!r}'s outputs is needed before it is "
-          f"complete: {path!r} is not a layer above the one being processed. "
-          f"Read the gradient of a layer nearer the loss.")
-    return self.done[path]
+    """The complete gradient at a rewritten layer's outputs above this one."""
+    return completed_upstream(self.done, path)
 
   def replace(self, path, fn, xs, outs, upstream, chain_rule) -> list:
     plan = self.plan

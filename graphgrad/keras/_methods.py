@@ -27,6 +27,7 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.keras._layers import tf_variable
 from graphgrad.methods import _backward
+from graphgrad.methods import _synthetic as _synthetic_lib
 
 GradsAndVars = List[Tuple[Gradient, tf.Variable]]
 
@@ -115,14 +116,11 @@ class KerasBackwardContext:
   labels: Optional[tf.Tensor] = None
 
 
+_FIX = "Give the model's input a static shape (keras.Input(shape=...))."
+
+
 def _features(t, what: str) -> int:
-  dims = t.shape.as_list()[1:] if t.shape.rank else None
-  if not dims or any(d is None for d in dims):
-    raise _errors.UnsupportedGraphError(
-        f"{what}: a tensor has shape {t.shape}; a fixed random projection "
-        f"needs a batch dimension followed by known dimensions. Give the "
-        f"model's input a static shape (keras.Input(shape=...)).")
-  return int(np.prod(dims))
+  return _backward.static_features(t, what, _FIX)
 
 
 def feedback_matrix(ctx: KerasBackwardContext, key: str, shape, stddev,
@@ -205,48 +203,37 @@ def _direct_feedback_alignment(r, ctx: KerasBackwardContext, error_layer):
 
 def _module(r, ctx, i, sizes, dtype) -> List[tf.Variable]:
   """The synthetic module at input ``i``: the TF1 plan's initial values."""
-  key = (ctx.name, i)
-  seed = 0 if r.seed is None else r.seed
+  prefix = f"synthetic/{ctx.name}/{i}"
+  values: List[tf.Tensor] = []  # module_values, made on the first init
+
+  def value(k):
+    if not values:
+      values.extend(_synthetic_lib.module_values(r.seed, ctx.name, i, sizes,
+                                                 dtype))
+    return values[k]
   made = []
-  for j, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-    def kernel(j=j, n_in=n_in, n_out=n_out):
-      if j == len(sizes) - 2:  # zero: the first predictions are zero
-        return tf.zeros([n_in, n_out], dtype)
-      derived = zlib.crc32(f"{key}/{j}".encode())
-      return tf.random.stateless_normal([n_in, n_out], seed=[seed, derived],
-                                        stddev=np.sqrt(2.0 / n_in),
-                                        dtype=dtype)
-    prefix = f"synthetic/{ctx.name}/{i}"
-    made.append(ctx.variables.get(f"{prefix}/kernel_{j}", kernel, True,
+  for j in range(len(sizes) - 1):
+    made.append(ctx.variables.get(f"{prefix}/kernel_{j}",
+                                  lambda k=2 * j: value(k), True,
                                   f"kernel_{j}"))
-    made.append(ctx.variables.get(
-        f"{prefix}/bias_{j}", lambda n=n_out: tf.zeros([n], dtype), True,
-        f"bias_{j}"))
+    made.append(ctx.variables.get(f"{prefix}/bias_{j}",
+                                  lambda k=2 * j + 1: value(k), True,
+                                  f"bias_{j}"))
   return made
 
 
 def _synthetic(r, ctx: KerasBackwardContext):
   true = ctx.chain_rule()
-  out, extra = [], []
+  out: List[Gradient] = []
+  extra: GradsAndVars = []
   for i, (x, target) in enumerate(zip(ctx.inputs, true)):
     if target is None:
       out.append(None)
       continue
-    n = _features(x, f"synthetic on {ctx.name!r}")
-    feats = [tf.reshape(tf.stop_gradient(x), [-1, n])]
-    if ctx.labels is not None:
-      n_labels = _features(ctx.labels, "synthetic `labels`")
-      labels = tf.cast(tf.stop_gradient(ctx.labels), x.dtype)
-      feats.append(tf.reshape(labels, [-1, n_labels]))
-    z = tf.concat(feats, 1) if len(feats) > 1 else feats[0]
+    z, n = _synthetic_lib.module_input(x, ctx.labels, ctx.name, _FIX)
     variables = _module(r, ctx, i, [int(z.shape[-1]), *r.hidden, n], x.dtype)
     with tf.GradientTape() as tape:
-      h = z
-      for j in range(0, len(variables), 2):
-        h = tf.matmul(h, variables[j]) + variables[j + 1]
-        if j + 2 < len(variables):
-          h = tf.nn.relu(h)
-      prediction = tf.reshape(h, tf.shape(x))
+      prediction = tf.reshape(_synthetic_lib.mlp(z, variables), tf.shape(x))
       target = tf.stop_gradient(tf.convert_to_tensor(target))
       loss = tf.cast(r.loss_weight, x.dtype) * tf.reduce_sum(
           tf.square(prediction - target))
@@ -301,3 +288,33 @@ def run(fn, ctx: KerasBackwardContext,
       grads, extra = _synthetic(fn, ctx)
   result = _backward.checked_result(fn, grads, ctx.inputs, where)
   return list(result.input_grads), extra
+
+
+def error_layer(fn, path: str, model, index) -> Optional[str]:
+  """The error layer of ``fn`` if it is DFA's replacement on ``path``.
+
+  DFA projects the gradient at ``fn.error_layer``'s output, by default the
+  last top-level layer that holds variables in ``model``'s ``index``.
+
+  Raises:
+    GraphGradError: if the default is ambiguous (several model outputs) or
+      unknown (the model is not built).
+  """
+  if method_of(fn) != "direct_feedback_alignment":
+    return None
+  if fn.error_layer is not None:
+    return index.find(fn.error_layer, "error_layer")
+  if len(getattr(model, "outputs", None) or ()) > 1:
+    raise _errors.GraphGradError(
+        f"direct_feedback_alignment on {path!r}: `error_layer` is needed, "
+        f"because the model has {len(model.outputs)} outputs. Pass "
+        f"error_layer='...', the layer whose output gradient (the error at "
+        f"the logits) is projected.")
+  tops = [p for p in index.paths if "/" not in p and index[p].weights]
+  if not tops:
+    raise _errors.GraphGradError(
+        f"direct_feedback_alignment on {path!r}: `error_layer` is needed, "
+        f"because the model's layers hold no variables yet (it is not "
+        f"built), so the top layer is unknown. Pass error_layer='...', or "
+        f"build the model first (call it once, or give it a keras.Input).")
+  return tops[-1]

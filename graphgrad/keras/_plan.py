@@ -21,12 +21,16 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.keras import _methods
-from graphgrad.methods import _pcgrad
-from graphgrad.keras._layers import (LayerIndex, check_parameters,
-                                     is_keras_layer, layer_variables,
-                                     tf_variable)
+from graphgrad.keras._layers import (
+  LayerIndex,
+  check_parameters,
+  is_keras_layer,
+  layer_variables,
+  tf_variable,
+)
 from graphgrad.keras._override import Overriding
 from graphgrad.keras._tape import PlanTape
+from graphgrad.methods import _pcgrad
 from graphgrad.plan._declarations import Declarations
 from graphgrad.transforms._context import Resources
 
@@ -62,7 +66,8 @@ class KerasPlan(tf.Module, Overriding):
     ...                           name="l1"),
     ...     tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="ones",
     ...                           name="l2")])
-    >>> plan = gg.KerasPlan(model).transform_upstream("l2", gg.transforms.scale(0.5))
+    >>> plan = gg.KerasPlan(model).transform_upstream(
+    ...     "l2", gg.transforms.scale(0.5))
     >>> with plan.tape() as tape:
     ...   loss = tf.reduce_sum(model(tf.constant([[2.0]])))
     >>> [g.numpy().tolist() for g in tape.gradient(loss)]
@@ -198,7 +203,8 @@ class KerasPlan(tf.Module, Overriding):
     """
     path = self._index.find(layer, "layer")
     _methods.check(fn, self.layer(path), path)
-    self._error_layer(fn, path)  # refuses an ambiguous default now
+    # refuses an ambiguous default now
+    _methods.error_layer(fn, path, self._model, self._index)
 
     def no_override():
       if ("layer", path) in self._declarations.overrides:
@@ -374,28 +380,8 @@ class KerasPlan(tf.Module, Overriding):
 
   def error_layer(self, path: str) -> Optional[str]:
     """The error layer of the DFA replacement on ``path``, else ``None``."""
-    return self._error_layer(self._declarations.backward.get(path), path)
-
-  def _error_layer(self, fn, path: str) -> Optional[str]:
-    if _methods.method_of(fn) != "direct_feedback_alignment":
-      return None
-    if fn.error_layer is not None:
-      return self._index.find(fn.error_layer, "error_layer")
-    if len(getattr(self._model, "outputs", None) or ()) > 1:
-      raise _errors.GraphGradError(
-          f"direct_feedback_alignment on {path!r}: `error_layer` is needed, "
-          f"because the model has {len(self._model.outputs)} outputs. Pass "
-          f"error_layer='...', the layer whose output gradient (the error at "
-          f"the logits) is projected.")
-    tops = [p for p in self._index.paths
-            if "/" not in p and self._index[p].weights]
-    if not tops:
-      raise _errors.GraphGradError(
-          f"direct_feedback_alignment on {path!r}: `error_layer` is needed, "
-          f"because the model's layers hold no variables yet (it is not "
-          f"built), so the top layer is unknown. Pass error_layer='...', or "
-          f"build the model first (call it once, or give it a keras.Input).")
-    return tops[-1]
+    return _methods.error_layer(self._declarations.backward.get(path), path,
+                                self._model, self._index)
 
   @property
   def trainable_variables(self):

@@ -10,7 +10,7 @@ variables the plan's training methods own.
 """
 
 import logging
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import tensorflow as tf
 
@@ -151,21 +151,21 @@ class PlanTape:
 
   def _transform_layer(self, path, fn, flat_s, flat_g) -> None:
     own = {v.ref() for v in self._plan.own_variables(path)}
-    idx = [i for i, s in enumerate(flat_s)
-           if (v := tf_variable(s)) is not None and v.ref() in own]
+    # position in the flat sources -> the layer's own tf.Variable there
+    mine: Dict[int, tf.Variable] = {
+        i: v for i, s in enumerate(flat_s)
+        if (v := tf_variable(s)) is not None and v.ref() in own}
     if isinstance(fn, GroupTransform):
-      pairs = [(flat_g[i], tf_variable(flat_s[i])) for i in idx]
+      pairs = [(flat_g[i], v) for i, v in mine.items()]
       new = _checks.checked_group(fn, pairs,
                                   self._run.context(path, "gradients"),
                                   f"transform_gradients({path!r}, {fn!r})")
-      for i, g in zip(idx, new):
-        where = (f"transform_gradients({path!r}, {fn!r}) on "
-                 f"{tf_variable(flat_s[i]).name}")
+      for (i, v), g in zip(mine.items(), new):
+        where = f"transform_gradients({path!r}, {fn!r}) on {v.name}"
         flat_g[i] = _checks.check_result(flat_g[i], g, where)
       return
-    for i in idx:
+    for i, var in mine.items():
       if flat_g[i] is not None:
-        var = tf_variable(flat_s[i])
         flat_g[i] = _checks.checked(
             fn, flat_g[i],
             self._run.context(path, "gradients", variable=var),

@@ -19,16 +19,24 @@ and the like, deterministic functions of a seed that every executor calls.
 
 import dataclasses
 import zlib
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import (
+  Any,
+  Callable,
+  List,
+  Mapping,
+  Optional,
+  Sequence,
+  Tuple,
+  Union,
+)
 
 import numpy as np
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad._types import Gradient, gradient_values, sum_gradients
-from graphgrad.analysis import _graph_util
+from graphgrad._types import Gradient, gradient_values
 from graphgrad.analysis._layers import Layer, LayerGraph
-from graphgrad.transforms import _checks, _validate
+from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources
 
 
@@ -165,7 +173,9 @@ def checked_result(fn: Callable, out: Any, inputs: Sequence[tf.Tensor],
     >>> checked_result("r", tf.ones([2, 3]), [x], "here")
     Traceback (most recent call last):
     ...
-    graphgrad._errors.IncompatibleGradientError: here: 'r' returned one tensor, not a list, for 1 input tensors (the input of shape (2, 3) float32). Return one gradient (or None) per context.inputs tensor, in order.
+    graphgrad._errors.IncompatibleGradientError: here: 'r' returned one tensor,
+    not a list, for 1 input tensors (the input of shape (2, 3) float32). Return
+    one gradient (or None) per context.inputs tensor, in order.
   """
   if isinstance(out, BackwardResult):
     grads, extra = out.input_grads, tuple(out.extra_grads_and_vars)
@@ -207,6 +217,24 @@ def _check_gradient(fn, g, t, where: str) -> None:
         f"{where}: {fn!r} returned a gradient of shape {values.shape} "
         f"{values.dtype.name} for the input {_tensor_text(t)} of shape "
         f"{t.shape} {t.dtype.name}. Return a gradient shaped like the input.")
+
+
+def completed_upstream(done: Mapping[str, List[Gradient]],
+                       layer: str) -> List[Gradient]:
+  """``context.upstream_of(layer)``: ``done[layer]``, once it is complete.
+
+  ``done`` maps each rewritten layer whose backward pass already ran to the
+  gradient at its outputs; both plans fill it from the loss downwards.
+
+  Raises:
+    UnsupportedGraphError: if ``layer``'s gradient is not complete yet.
+  """
+  if layer not in done:
+    raise _errors.UnsupportedGraphError(
+        f"the gradient at layer {layer!r}'s outputs is needed before it "
+        f"is complete: {layer!r} is not a rewritten layer above the one "
+        f"being processed. Read the gradient of a layer nearer the loss.")
+  return list(done[layer])
 
 
 def engine_hook(net: LayerGraph, name: str, fn: Callable,
@@ -252,144 +280,25 @@ def feedback_matrix_value(seed: Optional[int], name: str, layer: str, shape,
 
 def feedback_matrix(context: BackwardContext, key: str,
                     value: Callable[[], tf.Tensor]) -> tf.Variable:
-  """A fixed matrix with initial ``value()``, made once per plan as a variable."""
+  """A fixed matrix with initial ``value()``, one variable per plan."""
   return context.resources.get_or_create(
       context.layer.name, f"{key}/B",
       lambda: tf.compat.v1.Variable(value(), trainable=False, name="B"))
 
 
-def static_features(t: tf.Tensor, what: str) -> int:
-  dims = t.shape.as_list()[1:] if t.shape.rank else None
-  if dims is None or not dims or any(d is None for d in dims):
-    raise _errors.UnsupportedGraphError(
-        f"{what}: the tensor {t.name} has shape {t.shape}; a fixed random "
-        f"projection needs a batch dimension followed by known dimensions. "
-        f"Give the input a static shape (tf.ensure_shape or set_shape).")
-  return int(np.prod(dims))
-
-
-# -- feedback alignment --------------------------------------------------------
-
-def _kernel_matmul(net: LayerGraph, layer: str):
-  """(op, kernel operand index) of the layer's one MatMul with a kernel."""
-  owned = {v.op.name for v in net[layer].variables}
-  found, types = [], sorted({op.type for op in net[layer].ops})
-  for op in net[layer].ops:
-    if op.type != "MatMul":
-      continue
-    for i, t in enumerate(op.inputs):
-      src = t.op
-      while src.type in ("Identity", "Cast") and src.inputs and (
-          _graph_util.read_variable_source(src) is None):
-        src = src.inputs[0].op
-      if _graph_util.read_variable_source(src) in owned:
-        found.append((op, i))
-  if len(found) != 1:
-    raise _errors.UnsupportedGraphError(
-        f"feedback_alignment: layer {layer!r} must be a dense layer, with "
-        f"exactly one MatMul against one of its own 2-D variables; found "
-        f"{len(found)} such MatMul ops among its op types "
-        f"({', '.join(types)}). Use direct_feedback_alignment() or "
-        f"synthetic() for other layer types, or group the layer so that it "
-        f"holds one dense kernel.")
-  return found[0]
-
-
-class _FeedbackAlignment(Replacement):
-  name = "feedback_alignment"
-
-  def __init__(self, seed, stddev):
-    self.seed, self.stddev = seed, stddev
-
-  def check(self, net, layer):
-    _kernel_matmul(net, layer)
-
-  def matrix_value(self, layer: str, shape, fan_out: int,
-                   dtype=tf.float32) -> tf.Tensor:
-    """The initial ``B`` of ``layer``'s kernel, as every executor makes it.
-
-    Args:
-      layer: the layer's name.
-      shape: the kernel's shape.
-      fan_out: the MatMul's output features (the kernel's last dimension
-        for ``x @ W``), which set the default standard deviation.
-      dtype: of the value.
-    """
-    stddev = self.stddev if self.stddev is not None else 1.0 / np.sqrt(fan_out)
-    return feedback_matrix_value(self.seed, self.name, layer, shape, stddev,
-                                 dtype)
-
-  def backward(self, context):
-    mm, k = _kernel_matmul(context.net, context.layer.name)
-    kernel, data = mm.inputs[k], mm.inputs[1 - k]
-    out = mm.outputs[0]
-    fan = int(out.shape[-1]) if k == 1 else int(out.shape[0])
-    b = feedback_matrix(context, self.name, lambda: self.matrix_value(
-        context.layer.name, kernel.shape, fan))
-    ys = [y for y, g in zip(context.outputs, context.upstream) if g is not None]
-    gys = [g for g in context.upstream if g is not None]
-    inputs = list(context.inputs)
-    if not ys or not inputs:
-      return [None] * len(inputs)
-    # delta: the gradient at the MatMul's output, through the layer's ops
-    # above it (bias, an activation inside the layer).
-    delta, = tf.compat.v1.gradients(ys, [out], grad_ys=gys,
-                                    stop_gradients=inputs)
-    # Paths from the inputs to the outputs that bypass the MatMul.
-    bypass = tf.compat.v1.gradients(ys, inputs, grad_ys=gys,
-                                    stop_gradients=inputs + [out])
-    if delta is None:
-      return bypass
-    # d(data) with B in place of the kernel: the MatMul's own gradient rule.
-    operands = [None, None]
-    operands[k], operands[1 - k] = tf.cast(b, kernel.dtype), data
-    swapped = tf.matmul(operands[0], operands[1],
-                        transpose_a=mm.get_attr("transpose_a"),
-                        transpose_b=mm.get_attr("transpose_b"))
-    d_data, = tf.compat.v1.gradients(swapped, [data], grad_ys=[delta])
-    through = tf.compat.v1.gradients([data], inputs, grad_ys=[d_data],
-                                     stop_gradients=inputs)
-    return [sum_gradients([a, c]) for a, c in zip(bypass, through)]
-
-  def __repr__(self):
-    return f"feedback_alignment(seed={self.seed!r})"
-
-
-def feedback_alignment(seed: Optional[int] = None,
-                       stddev: Optional[float] = None) -> Replacement:
-  """Feedback alignment (Lillicrap et al., 2016, "Random synaptic feedback
-  weights support error backpropagation for deep learning").
-
-  For a dense layer ``y = f(x W + b)`` the chain rule sends
-  ``dx = delta W^T`` below, with ``delta = dL/d(x W)``. Feedback alignment
-  sends
-
-      dx = delta B^T,
-
-  with ``B`` a fixed random matrix of ``W``'s shape, ``B_ij ~ N(0, s^2)``,
-  ``s = stddev`` or ``1 / sqrt(fan_out)`` by default. ``W`` and ``b`` still get
-  their true gradients ``x^T delta`` and ``sum(delta)``. Ops of the layer
-  above the MatMul (bias, an activation inside the layer) are backpropagated
-  exactly, and so are ops between the layer's inputs and the MatMul.
-
-  Args:
-    seed: with a seed, ``B`` is drawn by a stateless generator from ``seed``
-      and the layer name, so it is the same in every session; without one,
-      from the tf.Graph's random seed.
-    stddev: standard deviation of ``B``'s entries.
-
-  Returns:
-    A replacement for ``plan.replace_backward(layer, r)``.
+def static_features(t: tf.Tensor, what: str, fix: str = (
+    "Give the input a static shape (tf.ensure_shape or set_shape).")) -> int:
+  """The number of features per example of ``t``: its non-batch dims' size.
 
   Raises:
-    GraphGradError: if ``seed`` is not an int, or ``stddev`` is not a
-      positive finite number.
-    UnsupportedGraphError: at ``replace_backward``, for a layer that is not
-      dense (no MatMul against its own kernel, e.g. a convolution).
-
-  Example:
-    >>> feedback_alignment(seed=0)
-    feedback_alignment(seed=0)
+    UnsupportedGraphError: if a non-batch dimension is unknown; ``fix``
+      ends the message.
   """
-  _validate.random_matrix("feedback_alignment", seed, stddev)
-  return _FeedbackAlignment(seed, stddev)
+  dims = t.shape.as_list()[1:] if t.shape.rank else None
+  if dims is None or not dims or any(d is None for d in dims):
+    name = getattr(t, "name", None)  # an eager tensor has none
+    raise _errors.UnsupportedGraphError(
+        f"{what}: {'the tensor ' + name if name else 'a tensor'} has shape "
+        f"{t.shape}; a fixed random projection needs a batch dimension "
+        f"followed by known dimensions. {fix}")
+  return int(np.prod(dims))

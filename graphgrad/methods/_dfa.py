@@ -1,4 +1,4 @@
-"""Direct feedback alignment: each layer gets its own projection of the top error."""
+"""Direct feedback alignment: each layer gets a projection of the top error."""
 
 from typing import Optional
 
@@ -8,9 +8,12 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layers import LayerGraph
-from graphgrad.methods._backward import (Replacement, feedback_matrix,
-                                         feedback_matrix_value,
-                                         static_features)
+from graphgrad.methods._backward import (
+  Replacement,
+  feedback_matrix,
+  feedback_matrix_value,
+  static_features,
+)
 from graphgrad.transforms import _validate
 
 

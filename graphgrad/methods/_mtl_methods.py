@@ -86,6 +86,13 @@ class _DualCone(GramMethod):
             f"reg_eps={self.reg_eps}")
 
 
+def _dual_cone(name: str, pref_vector, norm_eps, reg_eps) -> TaskMethod:
+  """``name``'s dual-cone method, its arguments checked."""
+  return _DualCone(name, check_pref(name, pref_vector),
+                   check_number(name, "norm_eps", norm_eps, low=0),
+                   check_number(name, "reg_eps", reg_eps, low=0))
+
+
 def upgrad(pref_vector: Sequence[float] | None = None,
            norm_eps: float = 1e-4, reg_eps: float = 1e-4) -> TaskMethod:
   """UPGrad (Quinton & Rey, 2024, "Jacobian Descent for Multi-Objective
@@ -112,9 +119,7 @@ def upgrad(pref_vector: Sequence[float] | None = None,
     >>> gg.mtl.upgrad().combine(g).numpy().round(3)
     array([0.25, 0.75], dtype=float32)
   """
-  return _DualCone("upgrad", check_pref("upgrad", pref_vector),
-                   check_number("upgrad", "norm_eps", norm_eps, low=0),
-                   check_number("upgrad", "reg_eps", reg_eps, low=0))
+  return _dual_cone("upgrad", pref_vector, norm_eps, reg_eps)
 
 
 def dualproj(pref_vector: Sequence[float] | None = None,
@@ -137,9 +142,7 @@ def dualproj(pref_vector: Sequence[float] | None = None,
     >>> gg.mtl.dualproj().combine(g).numpy().round(4)
     array([0. , 0.5], dtype=float32)
   """
-  return _DualCone("dualproj", check_pref("dualproj", pref_vector),
-                   check_number("dualproj", "norm_eps", norm_eps, low=0),
-                   check_number("dualproj", "reg_eps", reg_eps, low=0))
+  return _dual_cone("dualproj", pref_vector, norm_eps, reg_eps)
 
 
 class _CAGrad(GramMethod):

@@ -274,7 +274,7 @@ def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor], method: Any,
 
 def check_losses(net: LayerGraph, layer: str, losses,
                  method: str = "combine_tasks") -> List[tf.Tensor]:
-  """Validates task ``losses`` of a plan's ``method``; returns them as a list."""
+  """Checks the task ``losses`` of a plan's ``method``; returns a list."""
   if isinstance(losses, tf.Tensor) or not isinstance(losses, (list, tuple)):
     raise _errors.GraphGradError(
         f"{method}: `losses` must be a list of at least two scalar "

@@ -1,4 +1,4 @@
-"""Synthetic gradients: a trained module predicts the gradient at a layer's inputs."""
+"""Synthetic gradients: a trained module predicts a layer's input gradient."""
 
 import dataclasses
 import zlib
@@ -118,21 +118,10 @@ class _Synthetic(Replacement):
     return BackwardResult(out, extra)
 
   def _module(self, context, i, x, target) -> SyntheticModule:
-    n = static_features(x, f"synthetic on {context.layer.name!r}")
-    feats = [tf.reshape(tf.stop_gradient(x), [-1, n])]
-    if self.labels is not None:
-      n_labels = static_features(self.labels, "synthetic `labels`")
-      labels = tf.cast(tf.stop_gradient(self.labels), x.dtype)
-      feats.append(tf.reshape(labels, [-1, n_labels]))
-    z = tf.concat(feats, 1) if len(feats) > 1 else feats[0]
+    z, n = module_input(x, self.labels, context.layer.name)
     variables = self._variables(context, i, [int(z.shape[-1]), *self.hidden, n],
                                 x.dtype)
-    h = z
-    for j in range(0, len(variables), 2):
-      h = tf.matmul(h, variables[j]) + variables[j + 1]
-      if j + 2 < len(variables):
-        h = tf.nn.relu(h)
-    prediction = tf.reshape(h, tf.shape(x), name="prediction")
+    prediction = tf.reshape(mlp(z, variables), tf.shape(x), name="prediction")
     target = tf.stop_gradient(tf.convert_to_tensor(target), name="target")
     loss = tf.multiply(tf.cast(self.loss_weight, x.dtype),
                        tf.reduce_sum(tf.square(prediction - target)),
@@ -191,6 +180,20 @@ def synthetic(hidden: Sequence[int] = (), labels: Optional[tf.Tensor] = None,
     >>> synthetic(hidden=(64,))
     synthetic(hidden=(64,), labels=None, loss_weight=1.0)
   """
+  hidden = _check_hidden(hidden)
+  if labels is not None and not isinstance(labels, tf.Tensor):
+    raise _errors.GraphGradError(
+        f"synthetic: `labels` must be a tensor of the tf.Graph, such as the "
+        f"one-hot label placeholder; got {type(labels).__name__}.")
+  _validate.number("synthetic", "loss_weight", loss_weight,
+                   what="non-negative", low=0.0, tensor=False,
+                   fix="Pass e.g. loss_weight=1.0.")
+  _validate.seed("synthetic", seed)
+  return _Synthetic(hidden, labels, loss_weight, seed)
+
+
+def _check_hidden(hidden) -> Tuple[int, ...]:
+  """``hidden`` as a tuple of positive ints; raises GraphGradError if not."""
   if not isinstance(hidden, (list, tuple, range)):
     raise _errors.GraphGradError(
         f"synthetic: `hidden` must hold positive layer sizes, as a tuple or "
@@ -202,12 +205,35 @@ def synthetic(hidden: Sequence[int] = (), labels: Optional[tf.Tensor] = None,
     raise _errors.GraphGradError(
         f"synthetic: `hidden` must hold positive layer sizes; got {hidden!r}. "
         f"Pass e.g. hidden=(64,), or () for a linear module.")
-  if labels is not None and not isinstance(labels, tf.Tensor):
-    raise _errors.GraphGradError(
-        f"synthetic: `labels` must be a tensor of the tf.Graph, such as the "
-        f"one-hot label placeholder; got {type(labels).__name__}.")
-  _validate.number("synthetic", "loss_weight", loss_weight,
-                   what="non-negative", low=0.0, tensor=False,
-                   fix="Pass e.g. loss_weight=1.0.")
-  _validate.seed("synthetic", seed)
-  return _Synthetic(hidden, labels, loss_weight, seed)
+  return hidden
+
+
+def module_input(x: tf.Tensor, labels: Optional[tf.Tensor], layer: str,
+                 fix: Optional[str] = None) -> Tuple[tf.Tensor, int]:
+  """A synthetic module's input at ``x`` of ``layer``, and ``x``'s features.
+
+  ``[stop_gradient(x), labels]``, each flattened to ``[batch, n]``; both
+  plans build it so.
+
+  Raises:
+    UnsupportedGraphError: if ``x`` or ``labels`` has an unknown non-batch
+      dimension; ``fix`` (if given) ends the message.
+  """
+  more = {} if fix is None else {"fix": fix}
+  n = static_features(x, f"synthetic on {layer!r}", **more)
+  feats = [tf.reshape(tf.stop_gradient(x), [-1, n])]
+  if labels is not None:
+    n_labels = static_features(labels, "synthetic `labels`", **more)
+    cast = tf.cast(tf.stop_gradient(labels), x.dtype)
+    feats.append(tf.reshape(cast, [-1, n_labels]))
+  return (tf.concat(feats, 1) if len(feats) > 1 else feats[0]), n
+
+
+def mlp(z: tf.Tensor, variables: Sequence[tf.Variable]) -> tf.Tensor:
+  """The module's forward pass: ``(kernel, bias)`` pairs, ReLU between."""
+  h = z
+  for j in range(0, len(variables), 2):
+    h = tf.matmul(h, variables[j]) + variables[j + 1]
+    if j + 2 < len(variables):
+      h = tf.nn.relu(h)
+  return h

@@ -1,4 +1,4 @@
-"""The declarations of a plan, GradientPlan, and the TF1 segment engine that executes them.
+"""The declarations of a plan, GradientPlan, and its TF1 segment engine.
 
 ``_declarations`` holds what a plan declares (shared with KerasPlan);
 ``_plan`` is GradientPlan's declaring front and ``_training`` its building

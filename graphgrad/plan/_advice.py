@@ -55,7 +55,8 @@ def warn_if_scale_cancels(plan, optimizer) -> bool:
     for key, fns in table.items():
       factor = pure_scale(fns if isinstance(fns, tuple) else (fns,))
       if factor is not None:
-        where = ", ".join(map(repr, key)) if isinstance(key, tuple) else repr(key)
+        where = (", ".join(map(repr, key)) if isinstance(key, tuple)
+                 else repr(key))
         found.append(f"{kind}({where}) scales by {factor:g}")
   if not found:
     return False

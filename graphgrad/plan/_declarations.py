@@ -27,13 +27,25 @@ Example:
 
 import dataclasses
 import enum
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import (
+  Any,
+  Callable,
+  Dict,
+  Iterator,
+  List,
+  Optional,
+  Sequence,
+  Tuple,
+)
 
 from graphgrad import _errors
 from graphgrad.transforms._checks import compose, not_group
 from graphgrad.transforms._group import GroupTransform
-from graphgrad.transforms._transforms import (Transform, as_transform,
-                                              is_identity)
+from graphgrad.transforms._transforms import (
+  Transform,
+  as_transform,
+  is_identity,
+)
 
 # resolve(name_or_layer, argument name) -> canonical layer name, or raises.
 Resolver = Callable[[Any, str], str]

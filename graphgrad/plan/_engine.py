@@ -41,8 +41,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
-from graphgrad import _errors
 from graphgrad.analysis._layers import LayerGraph
+from graphgrad.methods._backward import completed_upstream
 from graphgrad.plan import _reach
 from graphgrad.plan._backprop import Backprop, aggregate, is_zero
 from graphgrad.plan._cuts import CutPlan, Group, Kind, ancestors
@@ -254,12 +254,7 @@ class Segments:
       bp.deposit([], other, bp.call(ys, modified, [], other, stops=targets))
 
   def _upstream_of(self, layer: str) -> List:
-    if layer not in self._done:
-      raise _errors.UnsupportedGraphError(
-          f"the gradient at layer {layer!r}'s outputs is needed before it "
-          f"is complete: {layer!r} is not a rewritten layer above the one "
-          f"being processed. Read the gradient of a layer nearer the loss.")
-    return self._done[layer]
+    return completed_upstream(self._done, layer)
 
   def _run_share(self, group: Group, bp: Backprop) -> None:
     """Hands an upper layer's direct share to each lower layer, rewritten."""

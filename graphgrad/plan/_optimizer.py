@@ -67,7 +67,8 @@ def check_optimizer(optimizer) -> str:
     >>> check_optimizer(tf.compat.v1.train.AdamOptimizer)
     Traceback (most recent call last):
     ...
-    graphgrad._errors.GraphGradError: `optimizer` must be an optimizer instance; got the class AdamOptimizer. Create one: AdamOptimizer(learning_rate=...).
+    graphgrad._errors.GraphGradError: `optimizer` must be an optimizer instance;
+    got the class AdamOptimizer. Create one: AdamOptimizer(learning_rate=...).
   """
   if isinstance(optimizer, type):
     raise _errors.GraphGradError(

@@ -73,7 +73,8 @@ class GradientPlan(Training, Overriding):
     ...   with tf.compat.v1.variable_scope("l2"):
     ...     y = h * tf.compat.v1.get_variable("w", initializer=3.0)
     ...   plan = gg.GradientPlan(tf.reduce_sum(y))
-    ...   gv = plan.transform_upstream("l2", gg.transforms.scale(0.5)).compute_gradients()
+    ...   plan = plan.transform_upstream("l2", gg.transforms.scale(0.5))
+    ...   gv = plan.compute_gradients()
     ...   with tf.compat.v1.Session() as s:
     ...     s.run(tf.compat.v1.global_variables_initializer())
     ...     print([s.run(g).tolist() for g, _ in gv])
@@ -369,4 +370,5 @@ class GradientPlan(Training, Overriding):
     return _arguments.resolve_layer(self.net, name, arg)
 
   def __repr__(self):
-    return f"GradientPlan(loss={self._loss.name}, {self._declarations.summary()})"
+    return (f"GradientPlan(loss={self._loss.name}, "
+            f"{self._declarations.summary()})")

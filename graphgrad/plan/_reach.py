@@ -35,6 +35,7 @@ from typing import Iterable, Optional, Set
 import tensorflow as tf
 
 from graphgrad import _compat
+from graphgrad.analysis import _graph_util
 
 try:
   from tensorflow.python.ops import gradients_util  # pylint: disable=g-direct-tensorflow-import
@@ -105,15 +106,7 @@ def behind(ys: Iterable[tf.Tensor], xs: Iterable) -> Set[tf.Operation]:
   ``xs`` holds tensors or variables (whose op is the variable's own).
   """
   floor = min(_compat.op_id(x.op) for x in xs)
-  seen: Set[tf.Operation] = set()
-  stack = [y.op for y in ys]
-  while stack:
-    op = stack.pop()
-    if op in seen or _compat.op_id(op) < floor:
-      continue
-    seen.add(op)
-    stack.extend(t.op for t in op.inputs)
-  return seen
+  return _graph_util.ops_behind([y.op for y in ys], floor)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,6 @@
-"""Building and training of a GradientPlan: compute_gradients, apply_gradients, summaries.
+"""Building and training of a GradientPlan.
+
+compute_gradients, apply_gradients, summaries.
 
 :class:`Training` is the half of :class:`~graphgrad.GradientPlan` that runs
 the TF1 executor (:func:`graphgrad.plan._executor.build`) on the plan's
@@ -152,7 +154,8 @@ class Training:
       >>> import tensorflow as tf, graphgrad as gg
       >>> with tf.Graph().as_default():
       ...   plan = gg.GradientPlan(gg.demo.two_layer_loss())
-      ...   op = plan.transform_upstream("l2", gg.transforms.scale(0.5)).summaries()
+      ...   plan = plan.transform_upstream("l2", gg.transforms.scale(0.5))
+      ...   op = plan.summaries()
       ...   with tf.compat.v1.Session() as s:
       ...     s.run(tf.compat.v1.global_variables_initializer())
       ...     summary = tf.compat.v1.Summary.FromString(s.run(op))

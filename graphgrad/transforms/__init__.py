@@ -2,23 +2,24 @@
 
 Example:
   >>> import graphgrad as gg
-  >>> gg.transforms.chain(gg.transforms.scale(0.5), gg.transforms.clip_by_norm(1.0))
+  >>> gg.transforms.chain(gg.transforms.scale(0.5),
+  ...                     gg.transforms.clip_by_norm(1.0))
   chain(scale(0.5), clip_by_norm(1.0))
 """
 
+from graphgrad.transforms._context import Resources, TransformContext
 from graphgrad.transforms._group import (
                               GroupTransform,
                               clip_by_global_norm,
                               trust_ratio,
 )
+from graphgrad.transforms._linear import linear
+from graphgrad.transforms._noise import add_noise
 from graphgrad.transforms._numerics import (
                               ApplyIfFinite,
                               apply_if_finite,
                               check_numerics,
 )
-from graphgrad.transforms._context import Resources, TransformContext
-from graphgrad.transforms._linear import linear
-from graphgrad.transforms._noise import add_noise
 from graphgrad.transforms._transforms import (
                               Transform,
                               as_transform,

@@ -44,7 +44,7 @@ class Resources:
 
   def get_or_create(self, layer: Optional[str], name: str,
                     create: Callable[[], T]) -> T:
-    """The value under ``(layer, name)``, made by ``create()`` the first time."""
+    """The value under ``(layer, name)``, made by ``create()`` at first."""
     key = (layer, name)
     if key not in self._values:
       self._values[key] = create()

@@ -163,7 +163,8 @@ def trust_ratio(eta, epsilon: float = 1e-9) -> GroupTransform:
   Convolutional Networks").
 
   With ``||w||`` the global norm of the layer's variables that have a
-  gradient and ``||g||`` that of their gradients, every gradient of the layer becomes
+  gradient and ``||g||`` that of their gradients, every gradient of the layer
+  becomes
 
       g_i * eta * ||w|| / (||g|| + epsilon),
 

@@ -35,7 +35,8 @@ class _AddNoise(Transform):
           f"`step = tf.compat.v1.train.get_or_create_global_step()`; the "
           f"plan's apply_gradients then increments it.")
     t = tf.cast(step, grad.dtype)
-    variance = cast_like(self.eta, grad) / tf.pow(1 + t, cast_like(self.gamma, grad))
+    variance = cast_like(self.eta, grad) / tf.pow(
+        1 + t, cast_like(self.gamma, grad))
     return tf.sqrt(variance, name="stddev")
 
   def apply_dense(self, grad, context):

@@ -48,7 +48,8 @@ class Transform:
     ...     return 0.5 * grad
     >>> Halve()(tf.constant([2.0, -4.0])).numpy().tolist()
     [1.0, -2.0]
-    >>> sparse = Halve()(tf.IndexedSlices(tf.constant([[2.0]]), tf.constant([1])))
+    >>> sparse = Halve()(tf.IndexedSlices(tf.constant([[2.0]]),
+    ...                                   tf.constant([1])))
     >>> sparse.values.numpy().tolist(), Halve()(None)
     ([[1.0]], None)
   """
@@ -211,7 +212,8 @@ class _ClipByValue(Transform):
     self.lo, self.hi = lo, hi
 
   def apply_dense(self, grad, context):
-    return tf.clip_by_value(grad, cast_like(self.lo, grad), cast_like(self.hi, grad))
+    return tf.clip_by_value(grad, cast_like(self.lo, grad),
+                            cast_like(self.hi, grad))
 
   def __repr__(self):
     return f"clip_by_value({self.lo!r}, {self.hi!r})"

@@ -69,7 +69,8 @@ def number(factory: str, arg: str, value: Any, *, what: str = "a number",
     ...        low_open=True)
     Traceback (most recent call last):
     ...
-    graphgrad._errors.GraphGradError: clip_by_norm: `c` must be positive; got -1.0.
+    graphgrad._errors.GraphGradError: clip_by_norm: `c` must be positive; got
+    -1.0.
   """
   if isinstance(value, (numbers.Real, np.number)) and not isinstance(
       value, (bool, np.bool_)) and not isinstance(value, np.complexfloating):
@@ -119,7 +120,8 @@ def random_matrix(factory: str, random_seed: Any, stddev: Any) -> None:
     >>> random_matrix("feedback_alignment", 0, -1.0)
     Traceback (most recent call last):
     ...
-    graphgrad._errors.GraphGradError: feedback_alignment: `stddev` must be positive; got -1.0. Pass e.g. stddev=0.1, or None for the default.
+    graphgrad._errors.GraphGradError: feedback_alignment: `stddev` must be
+    positive; got -1.0. Pass e.g. stddev=0.1, or None for the default.
   """
   seed(factory, random_seed)
   if stddev is not None:
