@@ -10,7 +10,15 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import add, assert_grads_close, dense, evaluate, feed, grads_of, trainable
+from helpers import (
+  add,
+  assert_grads_close,
+  dense,
+  evaluate,
+  feed,
+  grads_of,
+  trainable,
+)
 
 tf1 = tf.compat.v1
 
