@@ -1,4 +1,4 @@
-"""Notebook 04 (TF1 to TF2 migration) runs top to bottom and is committed run."""
+"""Notebook 04 (TF1 to TF2 migration) runs top to bottom, committed run."""
 
 import os
 import pathlib

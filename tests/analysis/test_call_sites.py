@@ -40,7 +40,7 @@ def test_towers_sharing_a_scope_are_two_call_sites(graph):
 
 
 def _conv_bn_relu():
-  """tf-slim's pattern: conv, a BatchNorm sub-scope, the relu in conv's scope."""
+  """tf-slim's pattern: conv, a BatchNorm sub-scope, relu in conv's scope."""
   x = tf1.placeholder(tf.float32, [None, 3])
   with tf1.variable_scope("block/conv") as scope:
     w = tf1.get_variable("weights", initializer=np.eye(3, dtype=np.float32))

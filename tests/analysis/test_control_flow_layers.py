@@ -47,7 +47,8 @@ def _lstm_net():
         "w", initializer=np.random.default_rng(1).normal(size=(3, 3)).astype(
             np.float32))
   with tf1.variable_scope("rnn"):
-    cell = tf1.nn.rnn_cell.LSTMCell(4, initializer=tf1.glorot_uniform_initializer(seed=0))
+    cell = tf1.nn.rnn_cell.LSTMCell(
+        4, initializer=tf1.glorot_uniform_initializer(seed=0))
     outputs, _ = tf1.nn.dynamic_rnn(cell, xe, dtype=tf.float32)
   top = dense(outputs[:, -1], 2, "top")
   return x, outputs, tf.reduce_sum(tf.square(top))
