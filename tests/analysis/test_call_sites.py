@@ -8,13 +8,9 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import assert_grads_close, dense, evaluate
+from helpers import assert_grads_close, dense, evaluate, feed
 
 tf1 = tf.compat.v1
-
-
-def _feed(x):
-  return {x: np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)}
 
 
 def test_in_scope_regulariser_is_not_a_call_site(graph):
@@ -84,7 +80,7 @@ def test_layers_feeding_each_other_suggest_depth(graph):
   variables = list(net["block/conv"].variables)
   want = tf.gradients(loss, variables)
   actual, expected = evaluate([[got[v.name] for v in variables], want],
-                              _feed(x))
+                              feed(x, rows=4))
   assert_grads_close(actual, expected)  # nothing below: its own gradients
 
 
