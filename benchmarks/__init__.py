@@ -1,4 +1,6 @@
-"""graphgrad's benchmark suite: ``python -m benchmarks`` (see docs/performance.md).
+"""graphgrad's benchmark suite: ``python -m benchmarks``.
+
+See docs/performance.md.
 
 Not part of the installed package. Each benchmark *suite* is a module of this
 package that registers itself with :func:`register`; ``python -m benchmarks``

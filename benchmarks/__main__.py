@@ -33,8 +33,8 @@ METHOD = """\
 - Builds alternate between variants on every repetition (the order rotates);
   `gc.collect()` and `gc.freeze()` run before every build (and every timed
   `gg.analyze` or `tf.gradients` below), so a build pays for collecting its
-  own garbage only, not for scanning the graphs built before it. The table gives the median and (min-max);
-  "x min()" is the ratio of medians.
+  own garbage only, not for scanning the graphs built before it. The table
+  gives the median and (min-max); "x min()" is the ratio of medians.
 - Step time: one `Session` per variant (one intra- and one inter-op thread,
   see below), all alive in the same process; two warm-up steps; then every
   repetition times each variant in turn (rotating order) over the same
@@ -88,8 +88,10 @@ def _noise(data) -> str:
         rows.append((m["model"], what, r))
   if not rows:
     return "(not measured in this run)."
-  lines = ["", "| model | clock | median | min | max |", "|---|---|---|---|---|"]
-  lines += [f"| {m} | {w} | {r['median']:.3f} | {r['min']:.3f} | {r['max']:.3f} |"
+  lines = ["", "| model | clock | median | min | max |",
+           "|---|---|---|---|---|"]
+  lines += [f"| {m} | {w} | {r['median']:.3f} | {r['min']:.3f} "
+            f"| {r['max']:.3f} |"
             for m, w, r in rows]
   return "\n".join(lines)
 
@@ -174,7 +176,8 @@ def main(argv=None) -> int:
                                   "data": result.data}
   data["wall_s"] = time.perf_counter() - start + (
       previous.get("wall_s", 0) if data.get("rerun") else 0)
-  data["date"] = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
+  now = datetime.datetime.now(datetime.timezone.utc)
+  data["date"] = f"{now:%Y-%m-%d %H:%M}"
   with open(os.path.join(out_dir, "results.json"), "w") as f:
     json.dump(data, f, indent=1, default=str)
   _write(out_dir, data)

@@ -42,8 +42,9 @@ def session_config(grappler: bool = True) -> tf1.ConfigProto:
   if not grappler:
     config.graph_options.rewrite_options.disable_meta_optimizer = True
     config.graph_options.optimizer_options.opt_level = tf1.OptimizerOptions.L0
-    config.graph_options.optimizer_options.do_constant_folding = False
-    config.graph_options.optimizer_options.do_common_subexpression_elimination = False
+    opts = config.graph_options.optimizer_options
+    opts.do_constant_folding = False
+    opts.do_common_subexpression_elimination = False
   return config
 
 

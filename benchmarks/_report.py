@@ -55,6 +55,8 @@ def model_table(r: Dict) -> str:
       continue
     q = ratios(e, base) if base else {}
     rss = e.get("rss")
+    ratio = e.get("step_ratio")
+    cpu_ratio = e.get("step_cpu_ratio")
     rss_s = (f"+{rss['build_peak_mb'] - rss['base_mb']:.0f} / "
              f"{rss['peak_mb']:.0f} (+{rss['peak_mb'] - rss['base_mb']:.0f})"
              if rss else "-")
@@ -62,9 +64,9 @@ def model_table(r: Dict) -> str:
         f"| {_variants.LABELS[v]} | {_spread(e['build_s'])} "
         f"| {_f(q.get('build'))} | {e['ops_added']} | {_f(q.get('ops'))} "
         f"| {e['executed_ops']} | {_spread(e['step_s'], 1e3)} "
-        f"| {_spread(e['step_ratio'], fmt='{:.3f}') if e.get('step_ratio') else '-'} "
+        f"| {_spread(ratio, fmt='{:.3f}') if ratio else '-'} "
         f"| {_spread(e['step_cpu_s'], 1e3) if e.get('step_cpu_s') else '-'} "
-        f"| {_spread(e['step_cpu_ratio'], fmt='{:.3f}') if e.get('step_cpu_ratio') else '-'} "
+        f"| {_spread(cpu_ratio, fmt='{:.3f}') if cpu_ratio else '-'} "
         f"| {_f(e.get('analyze_s'), '{:.3f}')} | {rss_s} |")
   return "\n".join(lines)
 
@@ -84,8 +86,8 @@ def verdicts(results: List[Dict]) -> List[str]:
 
 
 def fits_table(fits: Dict) -> str:
-  lines = ["| variant | depths | build s = a + b*depth (R^2) | ops = a + b*depth "
-           "(R^2) | quadratic term of ops (a2*depth^2) |",
+  lines = ["| variant | depths | build s = a + b*depth (R^2) "
+           "| ops = a + b*depth (R^2) | quadratic term of ops (a2*depth^2) |",
            "|---|---|---|---|---|"]
   for v, f in fits.items():
     b, o = f["build_s"], f["ops_added"]
@@ -108,14 +110,16 @@ def grappler_table(results: List[Dict]) -> str:
       if "step_s_grappler_off" not in e:
         continue
       on, off = e["step_s"]["median"], e["step_s_grappler_off"]["median"]
+      cpu_on = (e.get("step_cpu_ratio") or {}).get("median")
+      cpu_off = (e.get("step_cpu_ratio_grappler_off") or {}).get("median")
       lines.append(
           f"| {r['model']} | {_variants.LABELS[v]} "
           f"| {e['executed_ops']} / {e['executed_ops_grappler_off']} "
           f"| {on * 1e3:.3g} | {off * 1e3:.3g} "
           f"| {e['step_ratio']['median']:.3f} / "
-          f"{_f((e.get('step_cpu_ratio') or {}).get('median'), '{:.3f}')} "
+          f"{_f(cpu_on, '{:.3f}')} "
           f"| {e['step_ratio_grappler_off']['median']:.3f} / "
-          f"{_f((e.get('step_cpu_ratio_grappler_off') or {}).get('median'), '{:.3f}')} |")
+          f"{_f(cpu_off, '{:.3f}')} |")
   return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -131,8 +135,9 @@ def plans_markdown(results: List[Dict], fits: Dict, figures: List[str]) -> str:
   out += ["### Per model", ""]
   for r in results:
     k = r["steps_per_sample"]
-    extra = "; ".join(f"{v}: {', '.join(f'{a}={b}' for a, b in e['info'].items())}"
-                      for v, e in r["variants"].items() if e["info"])
+    extra = "; ".join(
+        f"{v}: {', '.join(f'{a}={b}' for a, b in e['info'].items())}"
+        for v, e in r["variants"].items() if e["info"])
     out += [f"#### {r['model']}: {r['description']}", "",
             f"Step samples: mean of {k} steps each, "
             f"{r['variants']['minimize']['step_s']['n']} samples per variant."
@@ -178,9 +183,10 @@ def analyze_markdown(rows: List[Dict]) -> str:
             f"({grow_ops:.2f}x; edges {grow_edges:.2f}x), gg.analyze wall time "
             f"grew {grow_t:.2f}x")
     if cpu(first, "analyze_cpu_s") and cpu(last, "analyze_cpu_s"):
-      line += (f", CPU time {cpu(last, 'analyze_cpu_s') / cpu(first, 'analyze_cpu_s'):.2f}x"
-               f" (tf.gradients CPU time "
-               f"{cpu(last, 'gradients_cpu_s') / cpu(first, 'gradients_cpu_s'):.2f}x)")
+      analyze = cpu(last, "analyze_cpu_s") / cpu(first, "analyze_cpu_s")
+      grads = cpu(last, "gradients_cpu_s") / cpu(first, "gradients_cpu_s")
+      line += (f", CPU time {analyze:.2f}x"
+               f" (tf.gradients CPU time {grads:.2f}x)")
     out += ["", line + f"; linear would be {grow_ops:.2f}x."]
   if rows:
     last = rows[-1]

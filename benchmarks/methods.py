@@ -229,7 +229,8 @@ def main(argv=None) -> Dict[str, np.ndarray]:
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--epochs", type=int, default=40)
   parser.add_argument("--methods", nargs="*", default=list(METHODS))
-  parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)),
+  parser.add_argument("--out",
+                      default=os.path.dirname(os.path.abspath(__file__)),
                       help="directory for METHODS.md and methods.png")
   parser.add_argument("--no-write", action="store_true",
                       help="print the table only")

@@ -140,8 +140,8 @@ def override_differences(x_value):
     with tf.Graph().as_default() as g:
       variables = [v for v in gg.thaw(frozen) if v.trainable]
       loss = _loss(g.get_tensor_by_name("logits:0"))
-      grads = [gr for gr, _ in _declare(gg.GradientPlan(loss, var_list=variables),
-                                        quant).compute_gradients()]
+      plan = _declare(gg.GradientPlan(loss, var_list=variables), quant)
+      grads = [gr for gr, _ in plan.compute_gradients()]
       with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         values = sess.run(grads, {"x:0": x_value})
@@ -253,7 +253,8 @@ def main(argv=None):
   print(f"round trip, max |logits difference|: {out_diff:.3g}")
   print(f"round trip, max |gradient difference| vs the unfrozen graph: "
         f"{grad_diff:.3g}")
-  print(f"\n{'step':<18} {'median ms':>10} {'min':>8} {'max':>8}  (n={args.reps})")
+  print(f"\n{'step':<18} {'median ms':>10} {'min':>8} {'max':>8}  "
+        f"(n={args.reps})")
   for label, xs in samples.items():
     print(f"{label:<18} {1e3 * statistics.median(xs):>10.1f} "
           f"{1e3 * min(xs):>8.1f} {1e3 * max(xs):>8.1f}")

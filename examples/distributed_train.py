@@ -71,6 +71,7 @@ def worker(args):
   """One worker task: builds the graph under replica_device_setter, trains."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
 

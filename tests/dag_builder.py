@@ -173,12 +173,12 @@ def build(spec: DagSpec,
       c = edges.get((layer_name(s), name)) if s != X else None
       operands.append(t if c is None else scaled_identity(t, c))
 
-    def merge(ts):
+    def merge(ts, l=l):
       if len(ts) == 1:
         return ts[0]
       return tf.add_n(ts) if l.merge == "add" else tf.concat(ts, axis=1)
 
-    def upstream_identity(t):
+    def upstream_identity(t, up=up):
       return t if up is None else scaled_identity(t, up)
 
     merge_head = l.merge_head and len(l.sources) > 1

@@ -57,7 +57,8 @@ def test_tiny_benchmark_run_writes_a_well_formed_report(tmp_path):
     assert (m["variants"]["gg_identity"]["ops_added"]
             == m["variants"]["minimize"]["ops_added"])
   seed = plans["models"][0]["variants"]
-  assert seed["gg_all"]["rss"]["peak_mb"] >= seed["gg_all"]["rss"]["base_mb"] > 0
+  rss = seed["gg_all"]["rss"]
+  assert rss["peak_mb"] >= rss["base_mb"] > 0
   assert set(plans["fits"]) >= {"minimize", "gg_identity", "gg_all"}
   sizes = data["suites"]["analyze_scale"]["data"]["sizes"]
   assert len(sizes) == 2 and all(r["layers"] == r["blocks"] for r in sizes)

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import assert_grads_close, dense, evaluate
+from helpers import assert_grads_close, dense, evaluate, grads_of, trainable
 
 tf1 = tf.compat.v1
 HAS_TENSORPACK = importlib.util.find_spec("tensorpack") is not None
@@ -33,14 +33,6 @@ def _chain():
   return tf.reduce_sum(tf.square(a3)), (a1, a2, a3)
 
 
-def _vars(scope):
-  return tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, scope + "/")
-
-
-def _plan_grads(plan):
-  return [g for g, _ in plan.compute_gradients()]
-
-
 # -- the seed's hand recipe -------------------------------------------------
 
 def test_hand_recipe_is_a_plan():
@@ -52,10 +44,10 @@ def test_hand_recipe_is_a_plan():
     loss = tf.reduce_mean(tf.square(l2))
     # The seed's recipe: l2's own gradients, then f(g) pushed through l2.
     g = tf.gradients(loss, l2)[0]
-    hand = (tf.gradients(l2, _vars("l1_dense"), grad_ys=f(g))
-            + tf.gradients(loss, _vars("l2_dense")))
+    hand = (tf.gradients(l2, trainable("l1_dense"), grad_ys=f(g))
+            + tf.gradients(loss, trainable("l2_dense")))
     plan = gg.GradientPlan(loss).transform_upstream("l2_dense", f)
-    assert_grads_close(*evaluate([_plan_grads(plan), hand]))
+    assert_grads_close(*evaluate([grads_of(plan), hand]))
 
 
 # -- gradient_override_map on an activation ---------------------------------
@@ -78,7 +70,7 @@ def test_gradient_override_map_is_an_edge_transform():
         h = tf.nn.relu(b1)
       b2 = dense(h, 5, "l2")
       b3 = dense(tf.nn.relu(b2), 2, "l3")
-    guided = tf.gradients(tf.reduce_sum(tf.square(b3)), _vars("guided/l1"))
+    guided = tf.gradients(tf.reduce_sum(tf.square(b3)), trainable("guided/l1"))
     # The gradient at l1's output is relu'(a1) * dy; guided keeps it where
     # dy > 0, which is relu() of it.
     plan = gg.GradientPlan(loss_plain).transform_edge("l1", "l2", tf.nn.relu)
@@ -112,7 +104,7 @@ def test_custom_gradient_reversal_is_an_edge_reverse():
   with tf.Graph().as_default():
     plan = gg.GradientPlan(_two_heads()).transform_edge(
         "features", "domain_head", gg.transforms.reverse(0.3))
-    assert_grads_close(evaluate(_plan_grads(plan)), hand)
+    assert_grads_close(evaluate(grads_of(plan)), hand)
 
 
 # -- tensorpack gradprocs ----------------------------------------------------
@@ -150,7 +142,7 @@ def test_tensorpack_gradprocs(source):
     # GlobalNormClip clips over every variable: no declaration, one line.
     plain = gg.GradientPlan(loss, net).compute_gradients()
     clipped, _ = tf.clip_by_global_norm([g for g, _ in plain], 1.0)
-    ours = [_plan_grads(scale), _plan_grads(mapped), clipped]
+    ours = [grads_of(scale), grads_of(mapped), clipped]
     got, want = evaluate([ours, [[g for g, _ in r] for r in refs]])
   for a, b in zip(got, want):
     assert_grads_close(a, b)
@@ -172,7 +164,7 @@ def test_check_gradient_is_check_numerics():
     plan = gg.GradientPlan(loss)
     for name in ("l1", "l2"):
       plan.transform_gradients(name, gg.transforms.check_numerics())
-    ours = _plan_grads(plan)
+    ours = grads_of(plan)
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
       good = {x: np.full((2, 4), 0.3, np.float32)}
@@ -198,7 +190,7 @@ def test_check_numerics_on_an_upstream_names_the_tensor():
       with pytest.raises(tf.errors.InvalidArgumentError,
                          match=r"layer l2, upstream, tensor l2/BiasAdd:0 "
                                r"\(after the head\)"):
-        sess.run(_plan_grads(plan), {x: BAD})
+        sess.run(grads_of(plan), {x: BAD})
   with pytest.raises(gg.GraphGradError, match="`message` must be a string"):
     gg.transforms.check_numerics(3)
 
@@ -256,8 +248,9 @@ def test_tf_slim_create_train_op(monkeypatch):
   create_train_op = learning.create_train_op
 
   def slim(loss, opt):
-    return create_train_op(loss, opt, clip_gradient_norm=1.0,
-                           gradient_multipliers={v: 0.5 for v in _vars("l1")})
+    return create_train_op(
+        loss, opt, clip_gradient_norm=1.0,
+        gradient_multipliers={v: 0.5 for v in trainable("l1")})
 
   def plan(loss, opt):
     p = gg.GradientPlan(loss).transform_gradients(
@@ -291,7 +284,7 @@ def test_sonnet_scale_gradient_is_an_edge_scale():
     loss = tf.reduce_sum(tf.square(dense(h, 2, "l2")))
     plan = gg.GradientPlan(loss).transform_edge("l1", "l2",
                                                 gg.transforms.scale(0.25))
-    assert_grads_close(evaluate(_plan_grads(plan)), hand)
+    assert_grads_close(evaluate(grads_of(plan)), hand)
 
 
 # -- Keras clipnorm, and PyTorch's backward pre-hook (TF2) -------------------

@@ -1,4 +1,4 @@
-"""Notebook 04 (TF1 to TF2 migration) runs top to bottom and is committed run."""
+"""Notebook 04 (TF1 to TF2 migration) runs top to bottom, committed run."""
 
 import os
 import pathlib
@@ -6,9 +6,9 @@ import pathlib
 import nbclient
 import nbformat
 import pytest
+from test_notebooks import LEGACY_MODES, set_keras_mode
 
 from graphgrad import _compat
-from test_notebooks import LEGACY_MODES, set_keras_mode
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "04_tf2_migration.ipynb"

@@ -15,7 +15,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Notebook 04 (TF2, Keras 3) has its own test: test_notebook_tf2.py.
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
                    if not p.name.startswith("04_"))
-PRIVATE = re.compile(r"\b(gg|graphgrad|demo)\._(?!_)|from graphgrad\._|import graphgrad\._")
+PRIVATE = re.compile(r"\b(gg|graphgrad|demo)\._(?!_)"
+                     r"|from graphgrad\._|import graphgrad\._")
 
 
 def _code(nb):

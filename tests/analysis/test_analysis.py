@@ -55,8 +55,9 @@ def test_no_edge_through_another_layer(graph):
   h = dense(dense(dense(x, 3, "a"), 3, "b"), 2, "c")
   net = gg.analyze(tf.reduce_sum(h))
   assert set(net.graph.edges) == {("a", "b"), ("b", "c")}
-  with pytest.raises(gg.GraphGradError,
-                     match=r"no edge 'a' -> 'c'.*'a' feeds: b; 'c' is fed by: b"):
+  with pytest.raises(
+      gg.GraphGradError,
+      match=r"no edge 'a' -> 'c'.*'a' feeds: b; 'c' is fed by: b"):
     net.boundary("a", "c")
 
 
@@ -166,15 +167,19 @@ def test_unknown_layer_lists_known_names(graph):
 def test_loss_must_be_a_float_graph_tensor(graph):
   x = tf1.placeholder(tf.float32, [None, 4])
   dense(x, 2, "a")
-  with pytest.raises(gg.GraphGradError, match=r"must be a floating-point tensor; got .* int32"):
+  with pytest.raises(
+      gg.GraphGradError,
+      match=r"must be a floating-point tensor; got .* int32"):
     gg.analyze(tf.constant(3))
   with pytest.raises(gg.GraphGradError, match=r"got the variable a/kernel"):
     gg.analyze(tf1.trainable_variables()[0])
   with pytest.raises(gg.GraphGradError, match=r"got float. Build the model"):
     gg.analyze(1.0)
-  with pytest.raises(gg.NotConnectedError, match=r"depends on no trainable variable"):
+  with pytest.raises(
+      gg.NotConnectedError, match=r"depends on no trainable variable"):
     gg.analyze(tf.reduce_sum(x))
-  with pytest.raises(gg.GraphGradError, match=r"`depth` must be a positive int"):
+  with pytest.raises(
+      gg.GraphGradError, match=r"`depth` must be a positive int"):
     gg.analyze(tf.reduce_sum(dense(x, 2, "b")), depth=0)
 
 
@@ -197,7 +202,8 @@ def test_bad_layer_mappings(graph):
     gg.analyze(loss, layers={"z": "zz"})
   with pytest.raises(gg.GraphGradError, match=r"empty list of variables"):
     gg.analyze(loss, layers={"z": []})
-  with pytest.raises(gg.GraphGradError, match=r"must be a scope prefix .* got int"):
+  with pytest.raises(
+      gg.GraphGradError, match=r"must be a scope prefix .* got int"):
     gg.analyze(loss, layers={"z": 3})
   with pytest.raises(gg.GraphGradError, match=r"not a trainable variable"):
     gg.analyze(loss, layers={"z": [x]})

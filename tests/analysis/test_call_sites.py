@@ -8,13 +8,9 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import assert_grads_close, dense, evaluate
+from helpers import assert_grads_close, dense, evaluate, feed
 
 tf1 = tf.compat.v1
-
-
-def _feed(x):
-  return {x: np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)}
 
 
 def test_in_scope_regulariser_is_not_a_call_site(graph):
@@ -40,7 +36,7 @@ def test_towers_sharing_a_scope_are_two_call_sites(graph):
 
 
 def _conv_bn_relu():
-  """tf-slim's pattern: conv, a BatchNorm sub-scope, the relu in conv's scope."""
+  """tf-slim's pattern: conv, a BatchNorm sub-scope, relu in conv's scope."""
   x = tf1.placeholder(tf.float32, [None, 3])
   with tf1.variable_scope("block/conv") as scope:
     w = tf1.get_variable("weights", initializer=np.eye(3, dtype=np.float32))
@@ -84,7 +80,7 @@ def test_layers_feeding_each_other_suggest_depth(graph):
   variables = list(net["block/conv"].variables)
   want = tf.gradients(loss, variables)
   actual, expected = evaluate([[got[v.name] for v in variables], want],
-                              _feed(x))
+                              feed(x, rows=4))
   assert_grads_close(actual, expected)  # nothing below: its own gradients
 
 

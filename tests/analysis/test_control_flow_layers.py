@@ -8,7 +8,7 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
 import graphgrad as gg
-from helpers import assert_grads_close, dense, evaluate
+from helpers import assert_grads_close, dense, evaluate, feed, trainable
 
 tf1 = tf.compat.v1
 
@@ -31,15 +31,6 @@ def control_flow(request):
       tf1.disable_control_flow_v2()
 
 
-def _vars(scope):
-  return tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, scope + "/")
-
-
-def _feed(x, seed=0):
-  return {x: np.random.default_rng(seed).normal(
-      size=(4,) + tuple(x.shape[1:])).astype(np.float32)}
-
-
 def _lstm_net():
   x = tf1.placeholder(tf.float32, [None, 5, 3])
   with tf1.variable_scope("emb"):
@@ -47,7 +38,8 @@ def _lstm_net():
         "w", initializer=np.random.default_rng(1).normal(size=(3, 3)).astype(
             np.float32))
   with tf1.variable_scope("rnn"):
-    cell = tf1.nn.rnn_cell.LSTMCell(4, initializer=tf1.glorot_uniform_initializer(seed=0))
+    cell = tf1.nn.rnn_cell.LSTMCell(
+        4, initializer=tf1.glorot_uniform_initializer(seed=0))
     outputs, _ = tf1.nn.dynamic_rnn(cell, xe, dtype=tf.float32)
   top = dense(outputs[:, -1], 2, "top")
   return x, outputs, tf.reduce_sum(tf.square(top))
@@ -76,14 +68,14 @@ def test_transform_upstream_on_the_rnn_changes_the_gradient_below(control_flow):
   plan = gg.GradientPlan(loss).transform_upstream(
       "rnn/rnn/lstm_cell", gg.transforms.scale(0.5))
   got = {v.name: g for g, v in plan.compute_gradients()}
-  emb, rnn, top = _vars("emb"), _vars("rnn"), _vars("top")
+  emb, rnn, top = trainable("emb"), trainable("rnn"), trainable("top")
   g_out = tf.gradients(loss, outputs)[0]
   want_emb = tf.gradients(outputs, emb, grad_ys=0.5 * g_out)
   want_rest = tf.gradients(loss, rnn + top)  # the layer and above: unchanged
   plain_emb = tf.gradients(loss, emb)
   actual, expected, plain = evaluate(
       [[got[v.name] for v in emb + rnn + top], want_emb + want_rest,
-       plain_emb], _feed(x))
+       plain_emb], feed(x, rows=4))
   assert_grads_close(actual, expected)
   assert np.abs(actual[0] - plain[0]).max() > 1e-4  # it did change below
 
@@ -102,11 +94,11 @@ def test_cond_reading_one_layer_belongs_to_it(control_flow):
   plan = gg.GradientPlan(loss, net).transform_upstream(
       "gate", gg.transforms.scale(-3.0))
   got = {v.name: g for g, v in plan.compute_gradients()}
-  stem = _vars("stem")
+  stem = trainable("stem")
   want = tf.gradients(h, stem, grad_ys=-3.0 * tf.gradients(loss, h)[0])
   for value in (True, False):
-    feed = {**_feed(x), flag: value}
-    actual, expected = evaluate([[got[v.name] for v in stem], want], feed)
+    batch = {**feed(x, rows=4), flag: value}
+    actual, expected = evaluate([[got[v.name] for v in stem], want], batch)
     assert_grads_close(actual, expected)
 
 
@@ -144,16 +136,17 @@ def test_boundary_inside_a_v2_cond_names_the_cond(graph):
 
 def test_the_cond_as_one_layer_can_be_transformed(graph):
   x, loss = _two_layer_cond()
-  net = gg.analyze(loss, layers={"gate_cond": _vars("a") + _vars("b")})
+  net = gg.analyze(loss, layers={"gate_cond": trainable("a") + trainable("b")})
   assert "gate_cond" in net and set(net.graph.edges) == {
       ("stem", "gate_cond"), ("gate_cond", "top")}
   plan = gg.GradientPlan(loss, net).transform_upstream(
       "gate_cond", gg.transforms.scale(0.25))
   got = {v.name: g for g, v in plan.compute_gradients()}
-  stem = _vars("stem")
+  stem = trainable("stem")
   (h,) = net["gate_cond"].outputs
   want = tf.gradients(h, stem, grad_ys=0.25 * tf.gradients(loss, h)[0])
-  actual, expected = evaluate([[got[v.name] for v in stem], want], _feed(x))
+  actual, expected = evaluate([[got[v.name] for v in stem], want],
+                              feed(x, rows=4))
   assert_grads_close(actual, expected)
 
 

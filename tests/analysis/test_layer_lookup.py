@@ -26,7 +26,8 @@ def _net_with_frozen_and_unused():
 @pytest.mark.parametrize("declare", [
     lambda plan, n: plan.transform_upstream(n, gg.transforms.scale(2.0)),
     lambda plan, n: plan.transform_gradients(n, gg.transforms.scale(2.0)),
-    lambda plan, n: plan.replace_backward(n, gg.backward.feedback_alignment(seed=0)),
+    lambda plan, n: plan.replace_backward(
+        n, gg.backward.feedback_alignment(seed=0)),
 ])
 def test_layer_of_non_trainable_variables(graph, declare):
   loss = _net_with_frozen_and_unused()
@@ -35,8 +36,8 @@ def test_layer_of_non_trainable_variables(graph, declare):
                      match=r"`layer` 'frozen' holds only non-trainable "
                            r"variables \(frozen/w:0\), which get no gradient, "
                            r"so it is not a layer of the plan\. Make them "
-                           r"trainable \(trainable=True\) to transform them, or "
-                           r"transform one of the layers with trainable "
+                           r"trainable \(trainable=True\) to transform them, "
+                           r"or transform one of the layers with trainable "
                            r"variables: stem, top"):
     declare(plan, "frozen")
 

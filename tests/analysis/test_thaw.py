@@ -177,7 +177,8 @@ def test_a_meta_graph_file_is_not_a_graph_def(tmp_path):
     tf1.Variable(1.0, name="v")
     tf1.train.export_meta_graph(str(tmp_path / "m.meta"))
   with tf.Graph().as_default():
-    with pytest.raises(gg.GraphGradError, match=r"a \.meta file is a MetaGraph"):
+    with pytest.raises(
+        gg.GraphGradError, match=r"a \.meta file is a MetaGraph"):
       gg.thaw(str(tmp_path / "m.meta"))
 
 
@@ -219,8 +220,9 @@ def test_names_already_taken():
   frozen, _ = _frozen()
   with tf.Graph().as_default():
     gg.thaw(frozen)
-    with pytest.raises(gg.GraphGradError,
-                       match=r"already has ops named conv1/kernel.*name=\.\.\."):
+    with pytest.raises(
+        gg.GraphGradError,
+        match=r"already has ops named conv1/kernel.*name=\.\.\."):
       gg.thaw(frozen)
     assert gg.thaw(frozen, name="copy")[0].op.name == "copy/conv1/kernel"
 

@@ -1,4 +1,4 @@
-"""Every bad argument of the command line: exit code 2, one line, no traceback."""
+"""Every bad command-line argument: exit code 2, one line, no traceback."""
 
 import os
 import re
@@ -15,7 +15,8 @@ from graphgrad.cli._demo import seed_problem
 from helpers import dense
 
 tf1 = tf.compat.v1
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _error_line(capsys, argv):
@@ -32,7 +33,8 @@ def _error_line(capsys, argv):
     ("--steps", "ten", "expected a positive integer; got 'ten'"),
     ("--steps", "2.5", "expected a positive integer; got '2.5'"),
     ("--batch-size", "0", "expected a positive integer (1 or more); got '0'"),
-    ("--batch-size", "-64", "expected a positive integer (1 or more); got '-64'"),
+    ("--batch-size", "-64",
+     "expected a positive integer (1 or more); got '-64'"),
     ("--batch-size", "x", "expected a positive integer; got 'x'"),
     ("--seed", "-1", "expected a non-negative integer (0 or more); got '-1'"),
     ("--seed", "s", "expected a non-negative integer; got 's'"),
@@ -40,7 +42,8 @@ def _error_line(capsys, argv):
     ("--lr", "-0.1", "expected a positive finite number (above 0); got '-0.1'"),
     ("--lr", "nan", "expected a positive finite number; got 'nan'"),
     ("--lr", "fast", "expected a positive finite number; got 'fast'"),
-    ("--noise", "-1", "expected a non-negative finite number (0 or more); got '-1'"),
+    ("--noise", "-1",
+     "expected a non-negative finite number (0 or more); got '-1'"),
     ("--noise", "inf", "expected a non-negative finite number; got 'inf'"),
     ("--noise", "loud", "expected a non-negative finite number; got 'loud'"),
 ])
@@ -70,9 +73,11 @@ def test_problem_batches_refuses_a_batch_that_never_fills():
 
 def test_unknown_option_and_command_are_one_line(capsys):
   line = _error_line(capsys, ["demo", "--steps"])
-  assert line == "graphgrad demo: error: argument --steps: expected one argument"
+  assert line == ("graphgrad demo: error: argument --steps: "
+                  "expected one argument")
   line = _error_line(capsys, ["train"])
-  assert line.startswith("graphgrad: error: argument command: invalid choice: 'train'")
+  assert line.startswith(
+      "graphgrad: error: argument command: invalid choice: 'train'")
   line = _error_line(capsys, ["demo", "--epochs", "3"])
   assert line == "graphgrad: error: unrecognized arguments: --epochs 3"
   line = _error_line(capsys, ["inspect"])

@@ -7,14 +7,20 @@ is killed by the cluster's teardown, also when a test fails.
 import os
 import socket
 
+import cluster_worker as cw
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import cluster_worker as cw
 import graphgrad as gg
-from cluster_util import (TIMEOUT, checkpoint_step, events, launch_worker,
-                          print_tails, wait_event)
+from cluster_util import (
+  TIMEOUT,
+  checkpoint_step,
+  events,
+  launch_worker,
+  print_tails,
+  wait_event,
+)
 
 tf1 = tf.compat.v1
 

@@ -20,8 +20,15 @@ import signal
 import time
 
 import graphgrad as gg
-from cluster_util import (TIMEOUT, checkpoint_step, events, launch_worker,
-                          print_tails, wait_checkpoint, wait_event)
+from cluster_util import (
+  TIMEOUT,
+  checkpoint_step,
+  events,
+  launch_worker,
+  print_tails,
+  wait_checkpoint,
+  wait_event,
+)
 
 LAST_STEP = 160
 SAVE_STEPS = 25

@@ -36,8 +36,9 @@ def test_ambiguous_nested_name_asks_for_the_path(K):
     return K.Model(inp, K.layers.Dense(3, name="dense")(inp), name=name)
   inp = K.Input((3,))
   model = K.Model(inp, block("b2")(block("b1")(inp)))
-  with pytest.raises(gg.LayerNotFoundError,
-                     match=r"'dense' names 2 nested layers: b1/dense, b2/dense"):
+  with pytest.raises(
+      gg.LayerNotFoundError,
+      match=r"'dense' names 2 nested layers: b1/dense, b2/dense"):
     gg.KerasPlan(model).transform_gradients("dense", gg.transforms.scale(2.0))
   gg.KerasPlan(model).transform_gradients("b2/dense", gg.transforms.scale(2.0))
 
@@ -82,7 +83,8 @@ def _sum_step(plan, model, mode):
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_layer_that_never_ran(mode):
   model = _WithSpare()
-  plan = gg.KerasPlan(model).transform_upstream("spare", gg.transforms.scale(2.0))
+  plan = gg.KerasPlan(model).transform_upstream(
+      "spare", gg.transforms.scale(2.0))
 
   step = _sum_step(plan, model, mode)
   with pytest.raises(gg.NotConnectedError,
@@ -132,7 +134,8 @@ def test_transform_that_changes_the_shape(K, kind, mode):
 def test_plan_is_fixed_once_a_tape_opened(K):
   plan = gg.KerasPlan(_chain(K))
   plan.tape()
-  with pytest.raises(gg.GraphGradError, match="already built .*a tape was opened"):
+  with pytest.raises(
+      gg.GraphGradError, match="already built .*a tape was opened"):
     plan.transform_upstream("l2", gg.transforms.scale(2.0))
 
 

@@ -165,7 +165,7 @@ def test_replacement_that_breaks_the_contract(bad, match):
     _grads(plan, model, _x())
 
 
-# -- errors ----------------------------------------------------------------------
+# -- errors --------------------------------------------------------------------
 
 
 def test_synthetic_labels_go_to_the_tape(K):

@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from graphgrad import _compat
 import keras_cases
+from graphgrad import _compat
 from helpers import evaluate
 
 tf1 = tf.compat.v1

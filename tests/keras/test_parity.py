@@ -1,10 +1,13 @@
-"""Parity: every declaration gives equal gradients on GradientPlan and KerasPlan.
+"""Parity: every declaration gives equal gradients in both plans.
+
+GradientPlan and KerasPlan are compared.
 
 Each declaration runs on a chain, a skip connection and two heads, built once
 as a Keras functional model (tf-keras eagerly, Keras 3 eagerly and in a
 ``tf.function``) and once as the equivalent tf.compat.v1 graph from
-``get_variable`` with the Keras model's initial weights (run in a Session). Both plans get the same batch and
-must give the same gradients, to ``rtol=1e-5, atol=1e-6``: the model's, and
+``get_variable`` with the Keras model's initial weights (run in a Session).
+Both plans get the same batch and must give the same gradients, to
+``rtol=1e-5, atol=1e-6``: the model's, and
 the synthetic-gradient modules' too. Feedback matrices and synthetic modules
 are made on each side from the same seed (the first run checks that they
 are equal); then every such variable is set to equal random values on both

@@ -228,7 +228,7 @@ def test_dfa_needs_static_feature_sizes(graph):
     plan.compute_gradients()
 
 
-# -- synthetic gradients ---------------------------------------------------------
+# -- synthetic gradients -------------------------------------------------------
 
 def test_synthetic_gradient_is_used_below_and_its_module_regresses(graph):
   loss, logits, (h,) = _mlp(2)
@@ -290,7 +290,7 @@ def test_synthetic_arguments():
     B.synthetic(labels=[1, 2])
 
 
-# -- replace_backward ------------------------------------------------------------
+# -- replace_backward ----------------------------------------------------------
 
 def test_replace_backward_with_a_callable_and_upstream_of(graph):
   loss, logits, (h1, h2) = _mlp(3)
@@ -367,13 +367,14 @@ def test_feedback_alignment_on_tf_layers_dense(graph):
       "d2", B.feedback_alignment(seed=0)).compute_gradients()
   b = _feedback("d2")
   g = tf1.gradients(loss, out)[0] * tf.cast(out > 0, tf.float32)  # relu'
-  ref = tf1.gradients(h, trainable("d1"), grad_ys=tf.matmul(g, b, transpose_b=True))
+  ref = tf1.gradients(h, trainable("d1"),
+                      grad_ys=tf.matmul(g, b, transpose_b=True))
   got, ref = evaluate([grads_of(gv, "d1"), ref])
   for a, r in zip(got, ref):
     np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-7)
 
 
-# -- per-plan resources ------------------------------------------------------------
+# -- per-plan resources --------------------------------------------------------
 
 def test_one_synthetic_value_gives_each_plan_and_layer_its_own_module():
   sg = B.synthetic(hidden=(3,), seed=0)

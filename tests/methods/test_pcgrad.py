@@ -121,8 +121,8 @@ def test_plan_projects_at_the_shared_layer(graph, rng, weights, extra, third):
   names = [v.op.name for _, v in gv]
   for i, v in enumerate(names):
     if v.startswith("trunk/"):
-      np.testing.assert_allclose(got[i], rt[[t.op.name for t in trunk].index(v)],
-                                 rtol=1e-4, atol=1e-5)
+      want = rt[[t.op.name for t in trunk].index(v)]
+      np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-5)
     else:
       k = [b.op.name for b in base_vars].index(v)
       np.testing.assert_allclose(got[i], rb[k] + bp[k], rtol=1e-4, atol=1e-5)
@@ -168,7 +168,8 @@ def test_project_conflicts_errors(graph, rng):
                      match=r"depends on loss_a:0.*not partial sums"):
     plan.project_conflicts("trunk", [losses[0], loss])
   plan.project_conflicts("trunk", losses)
-  with pytest.raises(gg.GraphGradError, match=r"already combines task gradients"):
+  with pytest.raises(
+      gg.GraphGradError, match=r"already combines task gradients"):
     plan.project_conflicts("trunk", losses)
 
 

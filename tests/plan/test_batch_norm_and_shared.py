@@ -17,7 +17,8 @@ def test_batch_norm_statistics_update_and_gamma_beta_gradients(graph):
   h = tf1.layers.batch_normalization(h, training=True, name="bn")
   top = dense(tf.nn.relu(h), 2, "l2")
   loss = tf.reduce_sum(tf.square(top))
-  plan = gg.GradientPlan(loss).transform_upstream("l2", gg.transforms.scale(0.25))
+  plan = gg.GradientPlan(loss).transform_upstream(
+      "l2", gg.transforms.scale(0.25))
   assert "bn" in plan.net.names
   got = dict((v.name, g) for g, v in plan.compute_gradients())
   below = trainable("l1") + trainable("bn")
@@ -57,8 +58,10 @@ def test_shared_tower_is_summed_over_call_sites(graph):
   g1, g2 = tf.gradients(loss, [t1, t2])
   # Each call site's boundary tensor gets its own upstream transform; the
   # tower's own parameters get the plain gradient summed over both sites.
-  want = (tf.gradients(t1, trainable("stem_a"), grad_ys=tf.clip_by_norm(g1, 0.05))
-          + tf.gradients(t2, trainable("stem_b"), grad_ys=tf.clip_by_norm(g2, 0.05))
+  want = (tf.gradients(t1, trainable("stem_a"),
+                      grad_ys=tf.clip_by_norm(g1, 0.05))
+          + tf.gradients(t2, trainable("stem_b"),
+                         grad_ys=tf.clip_by_norm(g2, 0.05))
           + [0.5 * g for g in tf.gradients(loss, trainable("tower"))])
   order = trainable("stem_a") + trainable("stem_b") + trainable("tower")
   batch = feed(x1, x2)
@@ -72,7 +75,8 @@ def test_layer_reused_in_series_around_another_layer_is_refused(graph):
   h = dense(h, 4, "between", tf.tanh)
   h = tf1.layers.dense(h, 4, name="cell", activation=tf.tanh, reuse=True)
   loss = tf.reduce_sum(dense(h, 1, "head"))
-  plan = gg.GradientPlan(loss).transform_upstream("cell", gg.transforms.scale(2.0))
+  plan = gg.GradientPlan(loss).transform_upstream(
+      "cell", gg.transforms.scale(2.0))
   with pytest.raises(gg.UnsupportedGraphError,
                      match=r"feed back into themselves.*reused in series"):
     plan.compute_gradients()
@@ -111,7 +115,8 @@ def test_layer_reused_in_series_inside_its_scope_is_one_block(graph):
   h = tf1.layers.dense(s, 4, name="cell", activation=tf.tanh)
   h = tf1.layers.dense(h, 4, name="cell", activation=tf.tanh, reuse=True)
   loss = tf.reduce_sum(tf.square(dense(h, 1, "head")))
-  plan = gg.GradientPlan(loss).transform_upstream("cell", gg.transforms.scale(-2.0))
+  plan = gg.GradientPlan(loss).transform_upstream(
+      "cell", gg.transforms.scale(-2.0))
   got = dict((v.name, g) for g, v in plan.compute_gradients())
   g_h = tf.gradients(loss, h)[0]
   want = (tf.gradients(h, trainable("stem"), grad_ys=-2.0 * g_h)
@@ -126,8 +131,9 @@ def test_unconnected_variables_get_none_and_cannot_be_transformed(graph):
   loss = tf.reduce_sum(tf.square(dense(dense(x, 3, "a"), 2, "b")))
   dense(x, 2, "orphan")  # trainable, but not on the way to the loss
   plan = gg.GradientPlan(loss)
-  with pytest.raises(gg.NotConnectedError,
-                     match=r"'orphan' names variables .* does not reach the loss"):
+  with pytest.raises(
+      gg.NotConnectedError,
+      match=r"'orphan' names variables .* does not reach the loss"):
     plan.transform_upstream("orphan", gg.transforms.scale(2.0))
   gv = plan.compute_gradients()
   assert [g is None for g, v in gv] == [False] * 4 + [True] * 2

@@ -10,7 +10,15 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import add, assert_grads_close, dense, evaluate, feed, grads_of, trainable
+from helpers import (
+  add,
+  assert_grads_close,
+  dense,
+  evaluate,
+  feed,
+  grads_of,
+  trainable,
+)
 
 tf1 = tf.compat.v1
 
@@ -92,7 +100,8 @@ def test_upstream_on_a_residual_block_scales_its_skip_too(graph):
 @pytest.mark.parametrize("add_in", ["l2", "l3", "glue"])
 def test_upstream_on_the_merging_layer_scales_both_paths(graph, add_in):
   x, _, _, _, loss = _residual_net(add_in)
-  plan = gg.GradientPlan(loss).transform_upstream("l3", gg.transforms.scale(3.0))
+  plan = gg.GradientPlan(loss).transform_upstream(
+      "l3", gg.transforms.scale(3.0))
   below = trainable("l1") + trainable("l2")
   actual, plain, own, plain_own = evaluate(
       [grads_of(plan, below), tf.gradients(loss, below),
@@ -120,7 +129,7 @@ def test_edge_transform_on_a_skip_scales_only_the_skip(graph, add_in):
   assert not np.allclose(actual[0], plain[0])
 
 
-# -- regularizers that read variables directly ----------------------------------
+# -- regularizers that read variables directly ---------------------------------
 
 
 def test_regularizers_reading_variables_are_bypasses(graph):
@@ -168,7 +177,7 @@ def test_regularizer_on_the_transformed_layer_stays_plain(graph):
   assert_grads_close(actual[2:], plain_l2)
 
 
-# -- several losses summed ------------------------------------------------------
+# -- several losses summed -----------------------------------------------------
 
 
 def test_several_losses_summed_compose_per_path(graph):
@@ -222,7 +231,8 @@ def _two_consumer_net():
 
 def test_output_read_by_a_layer_and_the_loss_upstream(graph):
   x, _, h1, _, loss = _two_consumer_net()
-  plan = gg.GradientPlan(loss).transform_upstream("l1", gg.transforms.scale(0.5))
+  plan = gg.GradientPlan(loss).transform_upstream(
+      "l1", gg.transforms.scale(0.5))
   l0, l1 = trainable("l0"), trainable("l1")
   # l1's upstream gradient is the sum over both readers of its output.
   actual, plain = evaluate(
@@ -245,7 +255,8 @@ def test_output_read_by_a_layer_and_the_loss_composes_in_order(graph):
   expected = (tf.gradients(h1, l0, grad_ys=0.25 * g_h1)
               + tf.gradients(h1, l1, grad_ys=g_h1)
               + tf.gradients(loss, l2))
-  actual, want = evaluate([grads_of(plan, l0 + l1 + l2), expected], feed(x, rows=6))
+  actual, want = evaluate([grads_of(plan, l0 + l1 + l2), expected],
+                          feed(x, rows=6))
   assert_grads_close(actual, want)
 
 

@@ -46,7 +46,8 @@ def test_a_refused_declaration_leaves_nothing_and_frozen_refuses_all():
     d.add_edge("l1", "l2", T.clip_by_global_norm(1.0))
   assert len(d) == 0
   d.freeze()
-  with pytest.raises(gg.GraphGradError, match=r"this GradientPlan is already built"):
+  with pytest.raises(
+      gg.GraphGradError, match=r"this GradientPlan is already built"):
     d.resolve("l1")
 
 

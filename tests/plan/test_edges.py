@@ -94,7 +94,9 @@ def test_edge_leaves_paths_through_other_layers_alone():
       "a", "c", gg.transforms.scale(c)))
   # Reference graph: the direct a -> c path scaled by an identity wired by
   # hand; the path through b untouched.
-  scaled = lambda t: tf.stop_gradient(t) + c * (t - tf.stop_gradient(t))
+  def scaled(t):
+    return tf.stop_gradient(t) + c * (t - tf.stop_gradient(t))
+
   expected = _run_model(lambda: _skip_model(scaled))
   assert_grads_close(actual, expected)
   plain = _run_model(_skip_model)
@@ -105,7 +107,8 @@ def test_unknown_edges_are_errors(graph):
   x, loss = _skip_model()
   plan = gg.GradientPlan(loss)
   with pytest.raises(gg.GraphGradError,
-                     match=r"no edge 'b' -> 'a'.*'b' feeds: c; 'a' is fed by: \(nothing\)"):
+                     match=r"no edge 'b' -> 'a'.*'b' feeds: c; "
+                           r"'a' is fed by: \(nothing\)"):
     plan.transform_edge("b", "a", gg.transforms.zero())
   with pytest.raises(gg.GraphGradError, match=r"both 'a'.*transform_upstream"):
     plan.transform_edge("a", "a", gg.transforms.zero())

@@ -35,7 +35,8 @@ def test_keras_functional_model_in_a_tf1_graph_with_a_plan(graph):
   inp = keras.Input((6,))
   h = keras.layers.Dense(5, activation="tanh", name="hidden")(inp)
   h2 = keras.layers.Dense(4, activation="tanh", name="middle")(h)
-  out = keras.layers.Dense(2, name="logits")(keras.layers.Concatenate()([h, h2]))
+  out = keras.layers.Dense(2, name="logits")(
+      keras.layers.Concatenate()([h, h2]))
   model = keras.Model(inp, out)
   loss = tf.reduce_sum(tf.square(model.output))
   net = gg.analyze(loss)

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import graphgrad as gg
 from graphgrad.plan import _engine
-from helpers import dense, densify
+from helpers import dense, densify, feed
 
 tf1 = tf.compat.v1
 T = gg.transforms
@@ -59,18 +59,12 @@ def _shared(x, units, name, reuse):
                           bias_initializer=tf1.constant_initializer(0.1))
 
 
-def _feed(*xs):
-  rng = np.random.default_rng(0)
-  return {x: rng.normal(size=[6] + x.shape.as_list()[1:]).astype(np.float32)
-          for x in xs}
-
-
 def chain_model(into):
   x = tf1.placeholder(tf.float32, [None, 4])
   h1 = dense(x, 5, "l1", tf.tanh)
   h2 = dense(into("l2", "l1", h1), 5, "l2", tf.tanh)
   out = dense(into("l3", "l2", h2), 3, "l3")
-  return tf.reduce_sum(tf.square(out)), _feed(x)
+  return tf.reduce_sum(tf.square(out)), feed(x, rows=6)
 
 
 def skip_model(into):
@@ -78,7 +72,7 @@ def skip_model(into):
   h1 = dense(x, 5, "l1", tf.tanh)
   h2 = dense(into("l2", "l1", h1), 5, "l2", tf.tanh)
   s = tf.nn.relu(into("l3", "l2", h2) + into("l3", "l1", h1))
-  return tf.reduce_sum(tf.square(dense(s, 3, "l3"))), _feed(x)
+  return tf.reduce_sum(tf.square(dense(s, 3, "l3"))), feed(x, rows=6)
 
 
 def heads_model(into):
@@ -86,7 +80,8 @@ def heads_model(into):
   t = dense(dense(x, 5, "l0", tf.tanh), 5, "l1", tf.tanh)
   a = dense(into("ha", "l1", t), 2, "ha")
   b = dense(into("hb", "l1", t), 3, "hb")
-  return (tf.reduce_sum(tf.square(a)) + tf.reduce_sum(tf.sin(b)), _feed(x))
+  return (tf.reduce_sum(tf.square(a)) + tf.reduce_sum(tf.sin(b)),
+          feed(x, rows=6))
 
 
 def siamese_model(into):
@@ -98,7 +93,7 @@ def siamese_model(into):
   e2 = _shared(into("enc", "pre", p2), 3, "enc", True)
   out = dense(tf.concat([into("head", "enc", e1), into("head", "enc", e2)], 1),
               2, "head")
-  return tf.reduce_sum(tf.square(out)), _feed(x1, x2)
+  return tf.reduce_sum(tf.square(out)), feed(x1, x2, rows=6)
 
 
 def lstm_model(into):
@@ -110,7 +105,7 @@ def lstm_model(into):
     outputs, _ = tf1.nn.dynamic_rnn(cell, into("rnn", "inp", h),
                                     dtype=tf.float32)
   top = dense(into("top", "rnn", outputs[:, -1]), 2, "top")
-  return tf.reduce_sum(tf.square(top)), _feed(x)
+  return tf.reduce_sum(tf.square(top)), feed(x, rows=6)
 
 
 def embedding_model(into):
@@ -349,7 +344,7 @@ def rounded_model(into, override_map=False):
   with tf.name_scope("l2/quant/"), identity:
     h2 = tf.round(h2 * 255.0) / 255.0
   out = dense(into("l3", "l2", h2), 3, "l3")
-  return tf.reduce_sum(tf.square(out)), _feed(x)
+  return tf.reduce_sum(tf.square(out)), feed(x, rows=6)
 
 
 @pytest.mark.parametrize("fuse", [True, False])

@@ -158,10 +158,12 @@ def test_imported_graph_without_gradients(tmp_path):
         match=r"crosses 2 ops with no registered gradient, where tf.gradients "
               r"would stop with LookupError: enc/quantize \(type Identity, "
               r"layer 'enc'\), requantize \(type Identity, glue\)\. .*"
-              r"plan\.straight_through\(op\) .*plan\.override_gradient\(op, fn\)"):
+              r"plan\.straight_through\(op\) "
+              r".*plan\.override_gradient\(op, fn\)"):
       gg.GradientPlan(loss).compute_gradients()
-    with pytest.raises(gg.GraphGradError, match=r"crosses 1 op with no "
-                                                r"registered gradient.*requantize"):
+    with pytest.raises(gg.GraphGradError,
+                       match=r"crosses 1 op with no "
+                             r"registered gradient.*requantize"):
       gg.GradientPlan(loss).straight_through("enc/quantize").compute_gradients()
     plan = (gg.GradientPlan(loss)
             .override_gradient("enc/quantize", lambda op, dy: 3.0 * dy)
@@ -198,8 +200,9 @@ def test_override_errors(graph):
   with pytest.raises(gg.GraphGradError, match=r"`fn` must be a callable "
                                               r"fn\(op, \*output_grads\)"):
     plan.override_gradient("Round", 3)
-  with pytest.raises(gg.GraphGradError, match=r"'Quantize' is neither an op "
-                                              r"name .* Types on that path: .*Round"):
+  with pytest.raises(gg.GraphGradError,
+                     match=r"'Quantize' is neither an op "
+                           r"name .* Types on that path: .*Round"):
     plan.straight_through("Quantize")
   with pytest.raises(gg.NotConnectedError, match=r"the op mul_1 is not on the "
                                                  r"backward path of"):

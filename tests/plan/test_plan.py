@@ -5,7 +5,15 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import add, assert_grads_close, dense, evaluate, feed, grads_of, trainable
+from helpers import (
+  add,
+  assert_grads_close,
+  dense,
+  evaluate,
+  feed,
+  grads_of,
+  trainable,
+)
 
 tf1 = tf.compat.v1
 
@@ -76,7 +84,8 @@ def test_skip_connection_around_a_transformed_layer(graph, merge_in_scope):
   else:
     merged = h2 + h1
   loss = tf.reduce_sum(tf.square(dense(merged, 2, "l3")))
-  plan = gg.GradientPlan(loss).transform_upstream("l2", gg.transforms.scale(-0.5))
+  plan = gg.GradientPlan(loss).transform_upstream(
+      "l2", gg.transforms.scale(-0.5))
   l1 = trainable("l1")
   g_h2 = tf.gradients(loss, h2)[0]
   through_l2 = tf.gradients(h2, l1, grad_ys=-0.5 * g_h2)
@@ -94,7 +103,8 @@ def test_regularizer_on_a_lower_layer_is_a_bypass(graph):
   h2 = dense(h1, 3, "l2")
   l1 = trainable("l1")
   loss = tf.reduce_sum(tf.square(h2)) + 0.3 * tf.nn.l2_loss(l1[0])
-  plan = gg.GradientPlan(loss).transform_upstream("l2", gg.transforms.scale(4.0))
+  plan = gg.GradientPlan(loss).transform_upstream(
+      "l2", gg.transforms.scale(4.0))
   g_h2 = tf.gradients(loss, h2)[0]
   expected = add(tf.gradients(h2, l1, grad_ys=4.0 * g_h2),
                  tf.gradients(loss, l1, stop_gradients=[h2]))

@@ -21,7 +21,8 @@ def test_shape_changing_transform_names_layer_and_shapes(loss):
       "l2", lambda g: tf.reduce_sum(g, 0))
   with pytest.raises(gg.IncompatibleGradientError,
                      match=r"transform_upstream\('l2'\) on l2/BiasAdd:0: .* "
-                           r"from shape \(None, 2\) float32 to shape \(2,\) float32"):
+                           r"from shape \(None, 2\) float32 "
+                           r"to shape \(2,\) float32"):
     plan.compute_gradients()
 
 
@@ -66,11 +67,13 @@ def test_constructor_arguments(loss):
   with pytest.raises(gg.GraphGradError, match=r"`net` must be a gg.LayerGraph"):
     gg.GradientPlan(loss, net="l1")
   other = tf.identity(loss)
-  with pytest.raises(gg.GraphGradError, match=r"`net` was analysed for the loss"):
+  with pytest.raises(
+      gg.GraphGradError, match=r"`net` was analysed for the loss"):
     gg.GradientPlan(other, net=gg.analyze(loss))
   with pytest.raises(gg.GraphGradError, match=r"`gate_gradients` must be"):
     gg.GradientPlan(loss, gate_gradients=5)
-  with pytest.raises(gg.GraphGradError, match=r"`var_list` must hold tf.Variable"):
+  with pytest.raises(
+      gg.GraphGradError, match=r"`var_list` must hold tf.Variable"):
     gg.GradientPlan(loss, var_list=[loss])
   with pytest.raises(gg.GraphGradError, match=r"`var_list` is empty"):
     gg.GradientPlan(loss, var_list=[])
@@ -92,7 +95,8 @@ def test_declaring_after_build_and_bad_fns(loss):
 
 
 def test_optimizer_must_apply_gradients(loss):
-  with pytest.raises(gg.GraphGradError, match=r"`optimizer` must have an apply_gradients"):
+  with pytest.raises(
+      gg.GraphGradError, match=r"`optimizer` must have an apply_gradients"):
     gg.GradientPlan(loss).apply_gradients(object())
 
 
@@ -110,7 +114,8 @@ def test_cut_op_with_a_variant_output_is_refused(graph):
                              (tf.constant(0), x, ta))
   stacked = ta.stack()  # glue: reads the loop's TensorList output
   loss = tf.reduce_sum(dense(h, 2, "top")) + tf.reduce_sum(stacked)
-  plan = gg.GradientPlan(loss).transform_upstream("loop", gg.transforms.scale(2.0))
+  plan = gg.GradientPlan(loss).transform_upstream(
+      "loop", gg.transforms.scale(2.0))
   with pytest.raises(gg.UnsupportedGraphError,
                      match=r"into layer 'loop' through its variant output"):
     plan.compute_gradients()
@@ -124,7 +129,8 @@ def test_variant_input_of_a_rewritten_layer_is_refused(graph):
     w = tf1.get_variable("w", initializer=np.ones((4, 2), np.float32))
     out = tf.matmul(ta.stack(), w)  # reads the TensorList inside the layer
   loss = tf.reduce_sum(out)
-  plan = gg.GradientPlan(loss).transform_upstream("reader", gg.transforms.scale(2.0))
+  plan = gg.GradientPlan(loss).transform_upstream(
+      "reader", gg.transforms.scale(2.0))
   with pytest.raises(gg.UnsupportedGraphError,
                      match=r"layer 'reader' takes the variant input"):
     plan.compute_gradients()

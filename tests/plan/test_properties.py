@@ -14,8 +14,8 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-import graphgrad as gg
 import dag_builder as db
+import graphgrad as gg
 from graphgrad.plan import _engine
 from helpers import densify
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import dense
+from helpers import dense, trainable
 
 tf1 = tf.compat.v1
 
@@ -22,10 +22,6 @@ def _net():
   a3 = dense(tf.nn.relu(a2) + h1, 1, "l3")
   loss = tf.reduce_mean(tf.square(a3))
   return x, loss, {"l1": a1, "l2": a2, "l3": a3}
-
-
-def _vars(scope):
-  return tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, scope + "/")
 
 
 def _norm(arrays):
@@ -42,14 +38,14 @@ def test_plain_figures_equal_tf_gradients():
     x, loss, outs = _net()
     net = gg.analyze(loss)
     names = ["l1", "l2", "l3"]
-    param_grads = {n: tf.gradients(loss, _vars(n)) for n in names}
+    param_grads = {n: tf.gradients(loss, trainable(n)) for n in names}
     upstream = {n: tf.gradients(loss, outs[n])[0] for n in names}
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
       feed = {x: _batch(0)}
       report = gg.gradient_report(sess, net, feed)
       g, u, w = sess.run([param_grads, upstream,
-                          {n: _vars(n) for n in names}], feed)
+                          {n: trainable(n) for n in names}], feed)
   assert [r["name"] for r in report.layers] == names
   for n in names:
     row = report[n]
@@ -69,7 +65,7 @@ def test_batches_average_the_per_batch_figures():
   with tf.Graph().as_default():
     x, loss, _ = _net()
     net = gg.analyze(loss)
-    grads = tf.gradients(loss, _vars("l2"))
+    grads = tf.gradients(loss, trainable("l2"))
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
       feeds = [{x: _batch(i)} for i in range(3)]
@@ -92,9 +88,9 @@ def test_plan_figures_after_the_rewrites():
     # into l3 keeps its plain gradient.
     g_a2 = tf.gradients(loss, outs["l2"])[0]
     l1_ref = [a + b for a, b in zip(
-        tf.gradients(outs["l2"], _vars("l1"), grad_ys=0.1 * g_a2),
-        tf.gradients(loss, _vars("l1"), stop_gradients=[outs["l2"]]))]
-    l3_ref = [2.0 * g for g in tf.gradients(loss, _vars("l3"))]
+        tf.gradients(outs["l2"], trainable("l1"), grad_ys=0.1 * g_a2),
+        tf.gradients(loss, trainable("l1"), stop_gradients=[outs["l2"]]))]
+    l3_ref = [2.0 * g for g in tf.gradients(loss, trainable("l3"))]
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
       feed = {x: _batch(1)}

@@ -34,7 +34,8 @@ def test_embedding_below_a_transformed_boundary_stays_sparse(graph):
   table, emb, h, loss, feed = _model()
   with warnings.catch_warnings(record=True) as record:
     warnings.simplefilter("always")
-    plan = gg.GradientPlan(loss).transform_upstream("l1", gg.transforms.scale(2.0))
+    plan = gg.GradientPlan(loss).transform_upstream(
+        "l1", gg.transforms.scale(2.0))
     grad = dict((v.name, g) for g, v in plan.compute_gradients())[table.name]
   _check_no_dense_warning(record)
   assert isinstance(grad, tf.IndexedSlices)
@@ -50,7 +51,8 @@ def test_sparse_contributions_from_two_paths_are_summed_sparse(graph):
   table, emb, h, loss, feed = _model(bypass=True)
   with warnings.catch_warnings(record=True) as record:
     warnings.simplefilter("always")
-    plan = gg.GradientPlan(loss).transform_upstream("l1", gg.transforms.scale(-3.0))
+    plan = gg.GradientPlan(loss).transform_upstream(
+        "l1", gg.transforms.scale(-3.0))
     grad = dict((v.name, g) for g, v in plan.compute_gradients())[table.name]
   _check_no_dense_warning(record)
   assert isinstance(grad, tf.IndexedSlices)

@@ -129,7 +129,8 @@ def test_scale_under_adam_warns_once(graph, caplog):
   records = _records(caplog)
   assert len(records) == 1
   message = records[0].getMessage()
-  assert "transform_gradients('l2') scales by 0.8 under AdamOptimizer" in message
+  assert ("transform_gradients('l2') scales by 0.8 under AdamOptimizer"
+          in message)
   assert "GradientDescentOptimizer" in message and "learning rate" in message
   assert "l3" not in message  # a reversal is not cancelled
 
