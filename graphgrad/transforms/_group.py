@@ -75,8 +75,9 @@ class GroupTransform:
     if not present:
       return out
     with tf.name_scope(self.name):
+      context = context or TransformContext(role="gradients")
       new = list(self.apply_group([grads_and_vars[i] for i in present],
-                                  context or TransformContext(role="gradients")))
+                                  context))
     if len(new) != len(present):
       raise _errors.IncompatibleGradientError(
           f"{self!r}: apply_group returned {len(new)} gradients for "
