@@ -298,15 +298,12 @@ class _Executor:
     """Calls reduce_fn on one segment's parameter gradients and checks it."""
     with tf.name_scope("reduce"):
       out = self.options.reduce_fn(list(zip(grads, variables)))
-    out = list(out) if isinstance(out, (list, tuple)) else out
-    if not isinstance(out, list) or len(out) != len(grads):
-      got = (f"{len(out)} gradients" if isinstance(out, list)
-             else type(out).__name__)
-      raise _errors.GraphGradError(
-          f"`reduce_fn` must return one reduced gradient per (gradient, "
-          f"variable) pair it receives, in order; it received {len(grads)} "
-          f"pairs ({', '.join(v.op.name for v in variables)}) and returned "
-          f"{got}.")
+    out = _checks.one_per_pair(out, len(grads), lambda got: (
+        _errors.GraphGradError(
+            f"`reduce_fn` must return one reduced gradient per (gradient, "
+            f"variable) pair it receives, in order; it received "
+            f"{len(grads)} pairs ({', '.join(v.op.name for v in variables)}) "
+            f"and returned {got}.")))
     return [_checks.check_result(g, r, f"reduce_fn on {v.name}")
             for g, r, v in zip(grads, out, variables)]
 

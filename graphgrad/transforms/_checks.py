@@ -35,13 +35,19 @@ def checked(fn: Transform, grad: Gradient, ctx: TransformContext,
   An exception the transform raises becomes a ``GraphGradError`` that names
   ``where`` (the declaration and the layer), chained to the original.
   """
+  return check_result(grad, _call(fn, (grad, ctx), where, "transform"),
+                      where)
+
+
+def _call(fn, args, where: str, kind: str):
+  """``fn(*args)``; an exception other than a ``GraphGradError`` becomes one
+  naming ``where``, chained to the original."""
   try:
-    out = fn(grad, ctx)
+    return fn(*args)
   except _errors.GraphGradError:
     raise
   except Exception as e:  # pylint: disable=broad-except
-    raise raised_error(where, "transform", fn, e) from e
-  return check_result(grad, out, where)
+    raise raised_error(where, kind, fn, e) from e
 
 
 def checked_group(fn: GroupTransform,
@@ -50,20 +56,21 @@ def checked_group(fn: GroupTransform,
   """Applies group transform ``fn``; an exception it raises becomes a
   ``GraphGradError`` naming ``where``, chained to the original. The caller
   checks each new gradient with :func:`check_result`."""
-  try:
-    out = fn(grads_and_vars, ctx)
-  except _errors.GraphGradError:
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    raise raised_error(where, "group transform", fn, e) from e
+  out = _call(fn, (grads_and_vars, ctx), where, "group transform")
+  return one_per_pair(out, len(grads_and_vars), lambda got: (
+      _errors.IncompatibleGradientError(
+          f"{where}: the group transform {fn!r} returned {got} for "
+          f"{len(grads_and_vars)} (gradient, variable) pairs. Return one "
+          f"gradient (or None) per pair, in order.")))
+
+
+def one_per_pair(out, n: int, error) -> List[Gradient]:
+  """``out`` as a list of ``n`` gradients, or raises ``error(got)``, where
+  ``got`` describes what came instead."""
   out = list(out) if isinstance(out, (list, tuple)) else out
-  if not isinstance(out, list) or len(out) != len(grads_and_vars):
-    got = (f"{len(out)} gradients" if isinstance(out, list)
-           else type(out).__name__)
-    raise _errors.IncompatibleGradientError(
-        f"{where}: the group transform {fn!r} returned {got} for "
-        f"{len(grads_and_vars)} (gradient, variable) pairs. Return one "
-        f"gradient (or None) per pair, in order.")
+  if not isinstance(out, list) or len(out) != n:
+    raise error(f"{len(out)} gradients" if isinstance(out, list)
+                else type(out).__name__)
   return out
 
 
