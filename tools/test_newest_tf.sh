@@ -28,6 +28,8 @@ python -m pip install --quiet --no-deps .
 # graphgrad's own requirements besides tensorflow, and the [test] tools.
 python -m pip install --quiet "numpy>=1.23" "networkx>=2.8" "pytest>=7" "hypothesis>=6" \
   "matplotlib>=3.5" "pydot>=1.4" "nbclient>=0.7" "nbformat>=5.7" "ipykernel>=6" "scikit-learn>=1.2"
+# tf-slim 1.1.0 declares no usable requirements for TF 2.x: install it alone.
+python -m pip install --quiet --no-deps "tf-slim==1.1.0"
 python - <<'PY'
 import importlib.metadata as md
 
