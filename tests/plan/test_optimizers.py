@@ -1,14 +1,16 @@
 """Which optimizers GradientPlan.apply_gradients accepts, and what they do."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-import tf_keras
 
 import graphgrad as gg
 from graphgrad.plan import _optimizer
 from helpers import dense
+
+# tf-keras and Keras 3 side by side: TensorFlow 2.16+ (2.15 bundles Keras 2).
+tf_keras = pytest.importorskip("tf_keras")
+keras = pytest.importorskip("keras")
 
 tf1 = tf.compat.v1
 LR = 0.125
