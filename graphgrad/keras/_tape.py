@@ -152,9 +152,11 @@ class PlanTape:
   def _transform_layer(self, path, fn, flat_s, flat_g) -> None:
     own = {v.ref() for v in self._plan.own_variables(path)}
     # position in the flat sources -> the layer's own tf.Variable there
-    mine: Dict[int, tf.Variable] = {
-        i: v for i, s in enumerate(flat_s)
-        if (v := tf_variable(s)) is not None and v.ref() in own}
+    mine: Dict[int, tf.Variable] = {}
+    for i, s in enumerate(flat_s):
+      v = tf_variable(s)
+      if v is not None and v.ref() in own:
+        mine[i] = v
     if isinstance(fn, GroupTransform):
       pairs = [(flat_g[i], v) for i, v in mine.items()]
       new = _checks.checked_group(fn, pairs,

@@ -87,6 +87,8 @@ def test_layers_feeding_each_other_suggest_depth(graph):
 def test_tf_slim_resnet_blocks_are_called_once(graph, monkeypatch):
   if importlib.util.find_spec("tf_slim") is None:
     pytest.skip("tf_slim is not installed")
+  if importlib.util.find_spec("tf_keras") is None:
+    pytest.skip("tf_slim 1.1 on TensorFlow 2.16+ needs tf-keras")
   # tf_slim 1.1 imports tf_keras.legacy_tf_layers, which tf-keras 2.16+
   # keeps under tf_keras.src.
   legacy = importlib.import_module("tf_keras.src.legacy_tf_layers")

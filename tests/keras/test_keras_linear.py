@@ -143,8 +143,8 @@ def test_one_vjp_equals_two_and_the_reference(kind, transform, monkeypatch):
   want = tape.gradient(loss, model.trainable_variables)
   for v, a, b, r in zip(model.trainable_variables, fused, cut, want):
     a, b, r = _value(a, v), _value(b, v), _value(r, v)
-    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=v.path)
-    np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6, err_msg=v.path)
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=v.name)
+    np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6, err_msg=v.name)
 
 
 def _count(graph, types):
