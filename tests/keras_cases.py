@@ -8,10 +8,15 @@ model's weights, so that the TF1 plan and the TF2 plan see equal numbers.
 
 import zlib
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 tf1 = tf.compat.v1
+
+# The two Keras flavours every KerasPlan test runs on: tf-keras (tf.keras
+# under TF_USE_LEGACY_KERAS=1) and Keras 3.
+FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
 
 _ACT = {None: None, "tanh": tf.tanh, "relu": tf.nn.relu}
 

@@ -3,7 +3,6 @@ raises, or a malformed result, is a GraphGradError naming the layer; a
 BackwardResult's extra pairs reach grads_and_vars. A group transform's
 exception names its declaration on both plans."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -13,12 +12,7 @@ from graphgrad.transforms import GroupTransform
 from helpers import dense
 
 tf1 = tf.compat.v1
-FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
 
-
-@pytest.fixture(params=sorted(FLAVOURS))
-def K(request):
-  return FLAVOURS[request.param]
 
 
 def _model(K):

@@ -1,18 +1,10 @@
 """KerasPlan declarations that could only be no-ops are refused by name."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-
-FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
-
-
-@pytest.fixture(params=sorted(FLAVOURS))
-def K(request):
-  return FLAVOURS[request.param]
 
 
 def _x():

@@ -1,19 +1,11 @@
 """KerasPlan errors: each names the problem and the fix."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import graphgrad as gg
 import keras_cases
-
-FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
-
-
-@pytest.fixture(params=sorted(FLAVOURS))
-def K(request):
-  return FLAVOURS[request.param]
 
 
 def _chain(K):

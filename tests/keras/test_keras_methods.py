@@ -8,13 +8,8 @@ import tensorflow as tf
 import graphgrad as gg
 import keras_cases
 
-FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
 RTOL, ATOL = 1e-5, 1e-6
 
-
-@pytest.fixture(params=sorted(FLAVOURS))
-def K(request):
-  return FLAVOURS[request.param]
 
 
 def _chain(K):

@@ -7,16 +7,15 @@ graph built from the same weights (rtol=1e-6). Each runs on tf-keras and
 Keras 3, eagerly and inside ``tf.function``.
 """
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import graphgrad as gg
 from helpers import evaluate
+from keras_cases import FLAVOURS
 
 tf1 = tf.compat.v1
-FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
 RUNS = [(f, traced) for f in FLAVOURS for traced in (False, True)]
 IDS = [f"{f}-{'traced' if t else 'eager'}" for f, t in RUNS]
 RTOL = 1e-6

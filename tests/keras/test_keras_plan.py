@@ -16,13 +16,8 @@ from helpers import evaluate
 
 tf1 = tf.compat.v1
 
-FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
 RTOL, ATOL = 1e-5, 1e-6  # float32, same weights and batch
 
-
-@pytest.fixture(params=sorted(FLAVOURS))
-def K(request):
-  return FLAVOURS[request.param]
 
 
 @pytest.mark.skipif(_compat.TF_VERSION < (2, 16),

@@ -1,20 +1,14 @@
 """One KerasPlan tape open at a time; tapes one after another keep working."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import graphgrad as gg
 
-FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
 NESTED = (r"a tape of this KerasPlan is already open.*apply every transform "
           r"twice")
 
-
-@pytest.fixture(params=sorted(FLAVOURS))
-def K(request):
-  return FLAVOURS[request.param]
 
 
 def _model(K):

@@ -24,16 +24,15 @@ import json
 import os
 import re
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import graphgrad as gg
 import keras_cases
+from keras_cases import FLAVOURS
 
 tf1 = tf.compat.v1
-FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
 RTOL, ATOL = 1e-5, 1e-6
 MATRIX = {}
 
