@@ -15,21 +15,29 @@ TIMEOUT = 120.0  # seconds for any one thing to happen; never reached when green
 def launch_worker(cluster, task, mode, ckpt, last_step, **flags):
   argv = [sys.executable, WORKER, "--cluster", json.dumps(cluster.spec),
           "--task", str(task), "--mode", mode, "--ckpt", str(ckpt),
-          "--last-step", str(last_step)]
+          "--last-step", str(last_step), "--events", events_path(cluster, task)]
   for k, v in flags.items():
     argv += ["--" + k.replace("_", "-"), str(v)]
   return cluster.launch("worker", task, argv)
 
 
+def events_path(cluster, task):
+  return os.path.join(cluster.log_dir, f"worker{task}.events")
+
+
 def events(cluster, task, kind=None):
-  """The EVENT lines worker ``task`` printed, across restarts, in order."""
+  """The events worker ``task`` reported, across restarts, in order."""
+  try:
+    with open(events_path(cluster, task), encoding="utf-8") as f:
+      text = f.read()
+  except FileNotFoundError:
+    return []
   out = []
   # Complete lines only: the worker may be writing the last one right now.
-  for line in cluster.output("worker", task).split("\n")[:-1]:
-    if line.startswith("EVENT "):
-      e, _ = json.JSONDecoder().raw_decode(line[len("EVENT "):])
-      if kind is None or e["kind"] == kind:
-        out.append(e)
+  for line in text.split("\n")[:-1]:
+    e = json.loads(line)
+    if kind is None or e["kind"] == kind:
+      out.append(e)
   return out
 
 

@@ -1,7 +1,8 @@
 """A worker task of the cluster tests: a graphgrad plan under TF1 replication.
 
 Run by tests/test_cluster.py through gg.cluster.LocalCluster, once per worker
-process. It prints one ``EVENT {json}`` line per thing the tests check.
+process. It appends one JSON line per thing the tests check to its events
+file (``--events``), which nothing else writes to.
 The model and plan builder is also imported by the tests, to compute the
 single-process reference of a synchronous step.
 
@@ -73,11 +74,18 @@ def build_plan():
   return x, y, loss, plan
 
 
+_EVENTS = None
+
+
 def emit(kind, **data):
-  # One write per line: TF's threads write to the same file (stderr), and
-  # print() may split a line around their output.
-  line = "EVENT " + json.dumps(dict(kind=kind, **data)) + "\n"
-  os.write(sys.stdout.fileno(), line.encode())
+  # One write per line, to a file of its own: TF and gRPC write to stdout and
+  # stderr from other threads, sometimes a line in several pieces.
+  line = json.dumps(dict(kind=kind, **data)) + "\n"
+  fd = os.open(_EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    os.write(fd, line.encode())
+  finally:
+    os.close(fd)
 
 
 class _Restored(tf1.train.SessionRunHook):
@@ -118,11 +126,14 @@ def main():
   parser.add_argument("--task", type=int, required=True)
   parser.add_argument("--mode", choices=["sync", "async"], required=True)
   parser.add_argument("--ckpt", required=True)
+  parser.add_argument("--events", required=True)
   parser.add_argument("--last-step", type=int, required=True)
   parser.add_argument("--save-steps", type=int, default=10)
   parser.add_argument("--limit-file")
   parser.add_argument("--pace", type=float, default=0.0)
   args = parser.parse_args()
+  global _EVENTS
+  _EVENTS = args.events
 
   spec = json.loads(args.cluster)
   server = gg.cluster.start_server(spec, "worker", args.task)
