@@ -27,7 +27,13 @@ when a TensorFlow release drops or changes one:
 * ``tensorflow.python.framework.ops.get_gradient_function`` (does an op
   have a registered gradient; :func:`has_gradient_function`): falls back to
   taking every op to have one, so ``graphgrad inspect`` lists no op without
-  a gradient and ``tf.gradients`` reports a missing one itself.
+  a gradient and ``tf.gradients`` reports a missing one itself. The plan's
+  engine also looks gradient functions up through it, and replaces it for
+  the length of one of its own ``tf.gradients`` calls, on its own thread
+  (``graphgrad.plan._hooks``: a chain of linearly rewritten layers in one
+  call). Without it the engine makes one call per rewritten layer, which
+  gives the same gradients with one more op per boundary, and logs that
+  once.
 * Keras ``Layer._flatten_layers`` (direct sublayers; :func:`sublayers`):
   falls back to ``model.layers``, then to the layers held in the object's
   attributes.

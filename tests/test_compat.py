@@ -14,7 +14,7 @@ import graphgrad as gg
 from graphgrad import _compat
 from graphgrad.analysis import _graph_util
 from graphgrad.keras._layers import LayerIndex
-from graphgrad.plan import _reach
+from graphgrad.plan import _hooks, _reach
 from helpers import dense
 
 tf1 = tf.compat.v1
@@ -225,3 +225,37 @@ def test_gradient_function_fallback(graph, monkeypatch, caplog,
     assert _compat.has_gradient_function(y.op)
     assert _compat.has_gradient_function(y.op)
   assert len(_fallback_logs(caplog, "get_gradient_function")) == 1
+
+
+def _chain_plan_values():
+  with tf.Graph().as_default() as g:
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    h = dense(dense(x, 4, "l1", tf.tanh), 4, "l2", tf.tanh)
+    loss = tf.reduce_sum(tf.square(dense(h, 2, "l3")))
+    plan = gg.GradientPlan(loss)
+    for name in ("l2", "l3"):
+      plan.transform_upstream(name, gg.transforms.scale(0.5))
+    before = len(g.get_operations())
+    grads = [grad for grad, _ in plan.compute_gradients()]
+    added = len(g.get_operations()) - before
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      values = sess.run(grads, {x: np.arange(6.0).reshape(2, 3) / 6})
+  return values, added
+
+
+def test_chained_layers_fall_back_to_one_call_per_layer(monkeypatch, caplog,
+                                                        fresh_warnings):
+  hooked, hooked_ops = _chain_plan_values()
+  # A TensorFlow without the function: nothing was ever replaced.
+  monkeypatch.setattr(_hooks._tf_ops, "get_gradient_function",  # pylint: disable=protected-access
+                      _hooks._ORIGINAL)  # pylint: disable=protected-access
+  monkeypatch.setattr(_hooks, "_ORIGINAL", None)
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    assert not _hooks.available()
+    cut, cut_ops = _chain_plan_values()
+  assert len(_fallback_logs(caplog, "ops.get_gradient_function")) == 1
+  # One tf.gradients call per layer: an Identity on each call's grad_ys.
+  assert cut_ops == hooked_ops + 2
+  for a, b in zip(hooked, cut):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -155,7 +155,8 @@ class CutPlan:
             f"layers=...).")
     return cut_tensors
 
-  def _inside(self, op: tf.Operation, name: str) -> bool:
+  def inside(self, op: tf.Operation, name: str) -> bool:
+    """Whether ``op`` is in layer ``name``'s segment (or glue it took in)."""
     return (self.net.layer_of(op) == name
             or op.name in self.absorbed.get(name, ()))
 
@@ -188,7 +189,7 @@ class CutPlan:
     ops = [g.nodes[n]["op"] for n in sorted(self.absorbed[name])]
     entering: Dict[str, tf.Tensor] = {}
     for t in [t for op in ops for t in op.inputs] + list(self.net[name].inputs):
-      if not self._inside(t.op, name) and self._relevant(t):
+      if not self.inside(t.op, name) and self._relevant(t):
         entering[t.name] = t
     return list(entering.values())
 
@@ -231,7 +232,7 @@ class CutPlan:
     """Whether a region walk stops at ``t``; refuses a gradient past a cut."""
     net, p = self.net, t.op
     if inside is not None:
-      if self._inside(p, inside):
+      if self.inside(p, inside):
         return False
       if not differentiable(t):
         raise _errors.UnsupportedGraphError(
@@ -283,7 +284,7 @@ class CutPlan:
                  [t for t in op.outputs if differentiable(t)], targets,
                  var_names)
 
-  def _downstream(self, group: Group) -> List[Key]:
+  def downstream(self, group: Group) -> List[Key]:
     """The groups that ``group`` adds to."""
     if group.key.kind is Kind.LAYER and group.key.name in self.edge_uppers:
       return [Key(Kind.SHARE, group.key.name)]
@@ -301,7 +302,7 @@ class CutPlan:
     by_key = {g.key: g for g in groups}
     dag = nx.DiGraph()
     dag.add_nodes_from(by_key)
-    dag.add_edges_from((g.key, k) for g in groups for k in self._downstream(g))
+    dag.add_edges_from((g.key, k) for g in groups for k in self.downstream(g))
     try:
       order = list(nx.topological_sort(dag))
     except nx.NetworkXUnfeasible:

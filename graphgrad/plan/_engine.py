@@ -26,8 +26,16 @@ variables of other layers it reads) is weighted by ``c``; a factor of 0
 builds nothing below. Such a layer's segment also takes in the glue that
 feeds only it (an activation between two layers), which then needs no
 segment of its own. A linear edge rewrite weights the edge's share instead
-of rewriting it. Where the order of a linear rewrite and another one on the
-same layer matters (a backward replacement, which sees the rewritten
+of rewriting it.
+
+A run of such layers, each fed by the one above alone (``scale`` on every
+boundary of an MLP), needs no call per layer: one call covers the run, from
+the loss down, and inside it each layer's ops weight the gradient they hand
+below the layer (``_hooks``). What the plan adds to ``minimize()`` is then
+one ``Mul`` per boundary.
+
+Where the order of a linear rewrite and another one on the same layer
+matters (a backward replacement, which sees the rewritten
 gradient itself), the engine calls ``fn`` as for a nonlinear rewrite.
 
 Every segment calls ``gradients_fn`` (the plan's ``tf.gradients`` cut at the
@@ -36,16 +44,18 @@ no cuts at all the caller makes a single call instead, which is exactly what
 ``Optimizer.minimize`` builds.
 """
 
+import collections
 import dataclasses
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
+from graphgrad import _compat
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.methods._backward import completed_upstream
-from graphgrad.plan import _reach
-from graphgrad.plan._backprop import Backprop, aggregate, is_zero
-from graphgrad.plan._cuts import CutPlan, Group, Kind, ancestors
+from graphgrad.plan import _hooks, _reach
+from graphgrad.plan._backprop import Backprop, aggregate, is_one, is_zero
+from graphgrad.plan._cuts import CutPlan, Group, Key, Kind, ancestors
 
 __all__ = ["Rewrite", "Segments", "aggregate"]
 
@@ -131,15 +141,19 @@ class Segments:
     # A layer whose only rewrite is linear also backpropagates the glue
     # that feeds it alone: one segment per layer, not one more per glue op.
     special = self.edge_uppers | set(self.backward) | set(self.outputs_fn)
+    self._special = special | set(cuts)
     absorbing = [n for n, rw in self.upstream.items()
-                 if rw.factor is not None and n not in special
-                 and n not in set(cuts)]
+                 if rw.factor is not None and n not in self._special]
     self.cuts = CutPlan(net, self.variables, cut_layers, self.edge_uppers,
                         absorbing)
     # Each segment call walks only the ops behind its ys (see _reach).
     self._bound = _reach.can_bound(
         d["op"] for _, d in net.op_graph.nodes(data=True))
     self._done: Dict[str, List] = {}
+    # Chains of linear layers run as one call only with TF's own
+    # tf.gradients (an override splits calls at its ops, past any hook).
+    self._chaining = (fuse and _hooks.available()
+                      and self.gradients_fn is tf.compat.v1.gradients)
 
   @property
   def cut_layers(self):
@@ -165,10 +179,124 @@ class Segments:
     self._done = {}
     run = {Kind.LAYER: self._run_layer, Kind.SHARE: self._run_share,
            Kind.OP: self._run_op}
-    for group in self.schedule():
-      run[group.key.kind](group, bp)
+    order = self.schedule()
+    chains = self.chains(order)
+    covered = {g.key for chain in chains.values() for g in chain[1:]}
+    for group in order:
+      if group.key in chains:
+        self._run_chain(chains[group.key], bp)
+      elif group.key not in covered:
+        run[group.key.kind](group, bp)
     bp.fill_zeros(lambda ts: ancestors(self.net, ts))
     return bp.var_grads
+
+  # -- chains of linear layers -------------------------------------------------
+
+  def chains(self, order: Sequence[Group]) -> Dict[Key, List[Group]]:
+    """Runs of linearly rewritten layers that one call covers, by first key.
+
+    A layer joins the run above it when that run's last layer adds to it
+    and nothing else does: its outputs' gradient is then complete as soon
+    as the layer above has been backpropagated, inside the same call.
+    Every layer of a run has a nonzero linear upstream rewrite, no other
+    declaration, and no other layer's variables in its segment; the run may
+    start at an op group (the loss) that feeds only its first layer.
+    """
+    if not self._chaining:
+      return {}
+    by_key = {g.key: g for g in order}
+    feeders: Dict[Key, set] = collections.defaultdict(set)
+    for g in order:
+      for k in self.cuts.downstream(g):
+        feeders[k].add(g.key)
+    chains: Dict[Key, List[Group]] = {}
+    taken: set = set()
+    for g in order:
+      if g.key in taken or not self._linkable(g, head=True):
+        continue
+      chain = [g]
+      while True:
+        below = set(self.cuts.downstream(chain[-1]))
+        nxt = by_key.get(below.pop()) if len(below) == 1 else None
+        if (nxt is None or nxt.key in taken
+            or feeders[nxt.key] != {chain[-1].key}
+            or not self._linkable(nxt)):
+          break
+        chain.append(nxt)
+      if len(chain) > 1:
+        chains[g.key] = chain
+        taken.update(x.key for x in chain)
+    return chains
+
+  def _linkable(self, group: Group, head: bool = False) -> bool:
+    name = group.key.name
+    if group.key.kind is Kind.OP:
+      # The loss, or a glue op above the first layer: nothing to weight.
+      return head
+    rw = self.upstream.get(name)
+    if (group.key.kind is not Kind.LAYER or rw is None or rw.factor is None
+        or is_zero(rw.factor) or name in self._special):
+      return False
+    if any(self.net.layer_of_variable(self.variables[n]) != name
+           for n in group.variables):
+      return False
+    # The hooked ops: those reading the tensors below, and the producers of
+    # the outputs. Each needs a registered gradient function, and none may
+    # sit in a tf.compat.v1 loop or cond (an Enter, a Switch, an Exit),
+    # whose gradients TF builds in the loop's own context.
+    ops = [op for op, _ in self._entries(group)] + [t.op for t in group.sources]
+    return all(_hooks.registered(op) is not None
+               and _compat.control_flow_context(op) is None for op in ops)
+
+  def _entries(self, group: Group) -> List[Tuple[tf.Operation, int]]:
+    """(op, input index) where the layer's segment reads a tensor below."""
+    known = self.net.op_graph
+    out = []
+    for t in group.targets:
+      for op in t.consumers():
+        if op.name in known and self.cuts.inside(op, group.key.name):
+          out += [(op, j) for j, x in enumerate(op.inputs) if x is t]
+    return out
+
+  def _run_chain(self, chain: List[Group], bp: Backprop) -> None:
+    """One call from the first layer's outputs to the last one's inputs.
+
+    Inside it, each layer's ops weight by the layer's factor the gradient
+    they hand to the tensors below the layer, and the gradient at each
+    later layer's outputs is read for the plan's trace (see ``_hooks``).
+    """
+    head, last = chain[0], chain[-1]
+    g = bp.total(head.sources)
+    if head.key.kind is Kind.LAYER:
+      self._observe(head.key.name, head.sources, g)
+    hooks: Dict[tf.Operation, _hooks.Hook] = collections.defaultdict(
+        _hooks.Hook)
+    for group in chain:
+      rw = self.upstream.get(group.key.name)
+      factor = None if group.key.kind is Kind.OP or rw is None else rw.factor
+      if not is_one(factor):
+        for op, j in self._entries(group):
+          hooks[op].scale.append((j, lambda gr, f=factor: bp.weigh(gr, f)))
+    seen: Dict[str, object] = {}
+    for group in chain[1:]:
+      for t in group.sources:
+        hooks[t.op].read.append((t.value_index,
+                                 lambda gr, n=t.name: seen.setdefault(n, gr)))
+    variables = list(dict.fromkeys(n for x in chain for n in x.variables))
+    with _hooks.hooked(dict(hooks)):
+      res = bp.call(head.sources, g, last.targets, variables,
+                    stops=last.targets)
+    bp.deposit(last.targets, variables, res)
+    for group in chain[1:]:
+      self._observe(group.key.name, group.sources,
+                    [seen.get(t.name) for t in group.sources])
+
+  def _observe(self, name: str, ys: Sequence[tf.Tensor], g: List) -> None:
+    self._done[name] = g
+    rw = self.upstream.get(name)
+    if rw is not None and rw.observe is not None:
+      for y, gy in zip(ys, g):
+        rw.observe(gy, y)
 
   # -- one method per kind of source group -----------------------------------
 

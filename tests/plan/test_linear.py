@@ -67,6 +67,15 @@ def chain_model(into):
   return tf.reduce_sum(tf.square(out)), feed(x, rows=6)
 
 
+def deep_model(into):
+  x = tf1.placeholder(tf.float32, [None, 4])
+  h = dense(x, 5, "l1", tf.tanh)
+  for i in range(2, 6):
+    h = dense(into(f"l{i}", f"l{i - 1}", h), 5, f"l{i}",
+              tf.tanh if i < 5 else None)
+  return tf.reduce_sum(tf.square(h)), feed(x, rows=6)
+
+
 def skip_model(into):
   x = tf1.placeholder(tf.float32, [None, 4])
   h1 = dense(x, 5, "l1", tf.tanh)
@@ -127,7 +136,11 @@ CASES = {
     "chain": (chain_model, ["l2"], [], [("l2", "l1")]),
     "chain_two_layers": (chain_model, ["l2", "l3"], [],
                          [("l2", "l1"), ("l3", "l2")]),
+    "deep_every_layer": (deep_model, ["l2", "l3", "l4", "l5"], [],
+                         [(f"l{i}", f"l{i - 1}") for i in range(2, 6)]),
     "skip": (skip_model, ["l2"], [], [("l2", "l1")]),
+    "skip_two_layers": (skip_model, ["l2", "l3"], [],
+                        [("l2", "l1"), ("l3", "l2"), ("l3", "l1")]),
     "skip_top": (skip_model, ["l3"], [], [("l3", "l2"), ("l3", "l1")]),
     "heads_edge": (heads_model, [], [("l1", "ha")], [("ha", "l1")]),
     "siamese": (siamese_model, ["enc"], [], [("enc", "pre")]),
@@ -380,3 +393,106 @@ def test_a_weighted_rewrite_builds_its_trace_entry_when_read():
     before, after = _run([record.before, after], feed)
   np.testing.assert_allclose(after, 0.5 * before, rtol=1e-6)
   assert np.abs(before).max() > 0
+
+
+def _mlp(depth):
+  x = tf1.placeholder(tf.float32, [None, 4])
+  h = x
+  for i in range(depth):
+    h = dense(h, 4, f"l{i}", tf.nn.relu if i < depth - 1 else None)
+  return tf.reduce_sum(tf.square(h)), feed(x, rows=6)
+
+
+def _op_types(ops):
+  counts = {}
+  for op in ops:
+    counts[op.type] = counts.get(op.type, 0) + 1
+  return counts
+
+
+def test_a_chain_of_scaled_layers_is_one_call_and_one_mul_per_boundary(
+    monkeypatch):
+  depth = 6
+  calls = []
+  run_chain = _engine.Segments._run_chain
+  monkeypatch.setattr(_engine.Segments, "_run_chain", lambda self, chain, bp: (
+      calls.append([g.key.name for g in chain]), run_chain(self, chain, bp)))
+  with tf.Graph().as_default() as graph:
+    loss, feed = _mlp(depth)
+    gg.analyze(loss)
+    variables = tf1.trainable_variables()
+    sgd = tf1.train.GradientDescentOptimizer(0.1)
+    plain = _new_ops(graph, lambda: sgd.compute_gradients(loss))
+    plan = gg.GradientPlan(loss)
+    for i in range(depth):
+      plan.transform_upstream(f"l{i}", T.scale(0.5))
+    out = []
+    fused = _new_ops(graph, lambda: out.extend(plan.compute_gradients()))
+    got = _run([g for g, _ in out], feed)
+  assert calls == [[loss.op.name] + [f"l{i}" for i in reversed(range(depth))]]
+  # What the plan adds to minimize()'s ops: one Mul by 0.5 at each of the
+  # depth - 1 boundaries below a variable, and the one constant they share.
+  # Its seed (ones_like(loss), and the Identity tf.gradients puts around any
+  # grad_ys) is one op fewer than minimize()'s (Shape, Fill and its value).
+  assert len(fused) == len(plain) + (depth - 1) + 1 - 1
+  got_types, want_types = _op_types(fused), _op_types(plain)
+  assert got_types["Mul"] == want_types["Mul"] + depth - 1
+  seed_ops = {"Mul", "Const", "Identity", "Fill", "Shape"}
+  assert ({k: v for k, v in got_types.items() if k not in seed_ops}
+          == {k: v for k, v in want_types.items() if k not in seed_ops})
+  # Layer i's parameters see 0.5 ** (layers above it) of the plain gradient
+  # in the network where each boundary scales by 0.5 (the reference).
+  names = [v.op.name for v in variables]
+  with tf.Graph().as_default():
+    x = tf1.placeholder(tf.float32, [None, 4])
+    h = x
+    for i in range(depth):
+      h = dense(_scaled(h, 0.5) if i else h, 4, f"l{i}",
+                tf.nn.relu if i < depth - 1 else None)
+    ref_vars = tf1.trainable_variables()
+    ref = _run(tf.gradients(tf.reduce_sum(tf.square(h)), ref_vars),
+               {x: next(iter(feed.values()))})
+  assert [v.op.name for v in ref_vars] == names
+  for name, g, r in zip(names, got, ref):
+    np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-7, err_msg=name)
+  assert np.abs(got[0]).max() > 0
+
+
+def test_a_chain_leaves_tf_gradients_as_it_was():
+  with tf.Graph().as_default():
+    loss, feed = _mlp(4)
+    variables = tf1.trainable_variables()
+    before = tf.gradients(loss, variables)
+    plan = gg.GradientPlan(loss)
+    for i in range(4):
+      plan.transform_upstream(f"l{i}", T.scale(0.5))
+    fused = [g for g, _ in plan.compute_gradients()]
+    after = tf.gradients(loss, variables)
+    values = _run(before + after + fused, feed)
+  n = len(variables)
+  b, a, f = values[:n], values[n:2 * n], values[2 * n:]
+  for x, y in zip(b, a):
+    np.testing.assert_array_equal(x, y)
+  assert not all(np.allclose(x, z) for x, z in zip(b, f))
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_a_chain_records_each_layers_upstream_gradient(fuse, monkeypatch):
+  monkeypatch.setattr(_engine, "FUSE_LINEAR", fuse)
+  with tf.Graph().as_default():
+    loss, feed = deep_model(Into())
+    net = gg.analyze(loss)
+    plan = gg.GradientPlan(loss)
+    for i in range(2, 6):
+      plan.transform_upstream(f"l{i}", T.scale(0.5))
+    plan.compute_gradients()
+    records = {r.context.layer: r for r in plan.trace}
+    assert sorted(records) == ["l2", "l3", "l4", "l5"]
+    # The gradient at layer i's output is 0.5 per layer above it.
+    plain = tf.gradients(loss, [net[f"l{i}"].outputs[0] for i in range(2, 6)])
+    values = _run([records[f"l{i}"].before for i in range(2, 6)]
+                  + [records["l3"].after] + plain, feed)
+  for i, (got, ref) in enumerate(zip(values[:4], values[5:])):
+    np.testing.assert_allclose(got, 0.5 ** (3 - i) * ref, rtol=1e-6,
+                               atol=1e-7)
+  np.testing.assert_allclose(values[4], 0.5 * values[1], rtol=1e-6)
