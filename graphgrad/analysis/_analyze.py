@@ -319,15 +319,26 @@ def _count_call_sites(op_graph, ops, inputs) -> int:
   """
   reads = {op.name for op in ops if _graph_util.read_variable_source(op)
            or _graph_util.is_variable_op(op)}
-  body = [op.name for op in ops if op.name not in reads]
+  body = {op.name for op in ops if op.name not in reads}
   fed = {c for t in inputs for c in op_graph.successors(t.op.name)}
-  count = 0
-  for piece in nx.weakly_connected_components(op_graph.subgraph(body)):
-    uses_params = any(p in reads for o in piece
-                      for p in op_graph.predecessors(o))
-    if uses_params and piece & fed:
-      count += 1
-  return max(1, count)
+  # The weakly connected pieces of the body, by union-find over its edges.
+  parent = {n: n for n in body}
+
+  def root(n):
+    while parent[n] != n:
+      parent[n] = parent[parent[n]]
+      n = parent[n]
+    return n
+
+  uses_params = set()
+  for n in body:
+    for p in op_graph.predecessors(n):
+      if p in body:
+        parent[root(p)] = root(n)
+      elif p in reads:
+        uses_params.add(n)
+  with_params = {root(n) for n in uses_params}
+  return max(1, len({root(n) for n in fed & body} & with_params))
 
 
 def _layer_graph(layers: Dict[str, Layer], op_layer, loss) -> nx.DiGraph:

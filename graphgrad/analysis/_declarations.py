@@ -147,7 +147,7 @@ def no_gradient_reason(net, method: str, name: str,
   if method not in ("transform_upstream", "replace_backward"):
     return None  # combine_tasks: the layer's own parameters see the result
   layer = net[name]
-  below = bool(nx.ancestors(net.graph, name))
+  below = any(p != name for p in net.graph.predecessors(name))
   if not layer.inputs:
     return ("it has no input: it holds only its variables' reads (its "
             "computation is glue), so no gradient passes through it")

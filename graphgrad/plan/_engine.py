@@ -150,6 +150,7 @@ class Segments:
     self._bound = _reach.can_bound(
         d["op"] for _, d in net.op_graph.nodes(data=True))
     self._done: Dict[str, List] = {}
+    self._entry_cache: Dict[Key, List[Tuple[tf.Operation, int]]] = {}
     # Chains of linear layers run as one call only with TF's own
     # tf.gradients (an override splits calls at its ops, past any hook).
     self._chaining = (fuse and _hooks.available()
@@ -250,12 +251,15 @@ class Segments:
 
   def _entries(self, group: Group) -> List[Tuple[tf.Operation, int]]:
     """(op, input index) where the layer's segment reads a tensor below."""
+    if group.key in self._entry_cache:
+      return self._entry_cache[group.key]
     known = self.net.op_graph
     out = []
     for t in group.targets:
       for op in t.consumers():
         if op.name in known and self.cuts.inside(op, group.key.name):
           out += [(op, j) for j, x in enumerate(op.inputs) if x is t]
+    self._entry_cache[group.key] = out
     return out
 
   def _run_chain(self, chain: List[Group], bp: Backprop) -> None:
