@@ -293,16 +293,15 @@ def _layer_io(ops, name, op_layer, consumers, loss):
   seen_in, seen_out = set(), set()
   for op in ops:
     for t in op.inputs:
-      if op_layer.get(t.op.name) != name and not _graph_util.is_handle(t):
-        if t.name not in seen_in:
-          seen_in.add(t.name)
-          inputs.append(t)
+      if (op_layer.get(t.op.name) != name and t.name not in seen_in
+          and not _graph_util.is_handle(t)):
+        seen_in.add(t.name)
+        inputs.append(t)
     for t in op.outputs:
-      if t.name in seen_out or _graph_util.is_handle(t):
-        continue
       outside = t is loss or t.name == loss.name or any(
           op_layer.get(c.name) != name for c in consumers.get(t.name, ()))
-      if outside:
+      if (outside and t.name not in seen_out
+          and not _graph_util.is_handle(t)):
         seen_out.add(t.name)
         outputs.append(t)
   return inputs, outputs

@@ -206,10 +206,11 @@ class Segments:
     if not self._chaining:
       return {}
     by_key = {g.key: g for g in order}
+    below_of = {g.key: set(self.cuts.downstream(g)) for g in order}
     feeders: Dict[Key, set] = collections.defaultdict(set)
-    for g in order:
-      for k in self.cuts.downstream(g):
-        feeders[k].add(g.key)
+    for key, below in below_of.items():
+      for k in below:
+        feeders[k].add(key)
     chains: Dict[Key, List[Group]] = {}
     taken: set = set()
     for g in order:
@@ -217,7 +218,7 @@ class Segments:
         continue
       chain = [g]
       while True:
-        below = set(self.cuts.downstream(chain[-1]))
+        below = set(below_of[chain[-1].key])
         nxt = by_key.get(below.pop()) if len(below) == 1 else None
         if (nxt is None or nxt.key in taken
             or feeders[nxt.key] != {chain[-1].key}
