@@ -30,7 +30,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from graphgrad.keras import _methods
+from graphgrad.keras import _linear, _methods
 from graphgrad.keras._backward import backward_of_call, edge_grads, is_float
 from graphgrad.keras._layers import holds_variables
 from graphgrad.methods._backward import completed_upstream
@@ -51,6 +51,14 @@ class Interceptor:
                    | set(decl.backward) | set(decl.tasks)
                    | set(plan.cut_layers)
                    | {k for m, k in decl.overrides if m == "layer"})
+    # Layers whose one declaration is a linear upstream rewrite: they may
+    # run uninterrupted on inputs scaled in the backward pass (_linear).
+    special = ({up for _, up in self.edges} | set(decl.backward)
+               | set(decl.tasks) | set(plan.cut_layers)
+               | {k for m, k in decl.overrides if m == "layer"})
+    self.light = {p: fn.linear_factor for p, fn in decl.upstream.items()
+                  if _linear.FUSE_LINEAR and fn.linear_factor is not None
+                  and p not in special}
     self.calls: collections.Counter = collections.Counter()
     self.outputs: Dict[str, List[list]] = collections.defaultdict(list)
     self.plain = False  # True while task gradients are computed
@@ -114,7 +122,10 @@ class Interceptor:
       pause = (bool(self.edges) and path not in self._no_pause
                and holds_variables(layer))
       with self._pausing(pause):
-        if custom:
+        if path in self.light and _linear.reads_only_own(
+            layer, call, args, kwargs, self.plan.own_variables(path)):
+          out = self._scaled_call(path, call, args, kwargs)
+        elif custom:
           out = self._custom_call(path, call, args, kwargs)
         else:
           out = call(*args, **kwargs)
@@ -152,6 +163,16 @@ class Interceptor:
       self._paused.enter_context(glue.stop_recording())
     self._glue.append(glue)
     self._lower_outputs[path].append((outs, glue))
+
+  def _scaled_call(self, path: str, call, args, kwargs):
+    """The layer as it is, on inputs whose gradient the factor weights."""
+    factor = self.light[path]
+    flat = [_linear.scaled_input(a, factor, lambda: self.plain)
+            if is_float(a) else a for a in tf.nest.flatten((args, kwargs))]
+    args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat)
+    out = call(*args_in, **kwargs_in)
+    self.outputs[path].append(tf.nest.flatten(out))
+    return out
 
   def _custom_call(self, path: str, call, args, kwargs):
     flat = tf.nest.flatten((args, kwargs))

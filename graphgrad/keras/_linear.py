@@ -1,15 +1,34 @@
 """One VJP for a layer whose upstream rewrite is linear, in the TF2 tape.
 
-A linear rewrite ``f(dy) = c * dy`` commutes with the layer's VJP, so the
-layer's custom gradient computes one VJP of ``dy`` and weights by ``c`` what
-it sends below, instead of a second VJP of ``f(dy)``.
+A linear rewrite ``f(dy) = c * dy`` commutes with the layer's VJP. Two ways
+use that:
+
+* :func:`scaled_input`: when the layer's only declaration is the linear
+  upstream rewrite and its call reads no variable but its own, the layer
+  runs as it is, under the user's tape, on inputs that pass through an
+  identity whose gradient is ``c`` times what reaches it. The layer's own
+  variables then get the plain gradient, and everything below that is
+  reached through the layer gets ``c`` times its share: the rewrite, with no
+  interception of the layer at all. Bypass paths never pass the identity.
+* :func:`backward`: inside the layer's ``tf.custom_gradient`` (where other
+  declarations need it), one VJP of ``dy``, with what it sends below
+  weighted by ``c``, instead of a second VJP of ``f(dy)``.
 """
 
+import logging
+import weakref
+from typing import Callable
+
 import tensorflow as tf
+
+log = logging.getLogger("graphgrad")
 
 # False: a linear upstream rewrite takes the general path (a second VJP with
 # ``fn(dy)``), as a nonlinear one does. Exactness tests compare both paths.
 FUSE_LINEAR = True
+
+# layer -> whether its call reads only the layer's own variables.
+_READS_OWN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _weigh(g, factor):
@@ -21,6 +40,49 @@ def _weigh(g, factor):
   return g * tf.cast(factor, g.dtype)
 
 
+def _is_zero(factor) -> bool:
+  return isinstance(factor, (int, float)) and factor == 0
+
+
+def reads_only_own(layer, call: Callable, args, kwargs, own) -> bool:
+  """Whether ``call(*args, **kwargs)`` reads no variable but ``own``.
+
+  Traced once per layer, the first time it is asked, in a graph of its own
+  (``tf.function(call).get_concrete_function``): nothing runs, and the graph
+  being built is untouched. A call that cannot be traced alone counts as
+  reading others, so the layer takes the general path.
+  """
+  known = _READS_OWN.get(layer)
+  if known is None:
+    mine = {v.ref() for v in own}
+    try:
+      traced = tf.function(call).get_concrete_function(*args, **kwargs)
+      known = all(v.ref() in mine for v in traced.variables)
+    except Exception as e:  # pylint: disable=broad-except
+      log.debug("graphgrad: %s cannot be traced alone (%s); it takes the "
+                "general path", getattr(layer, "name", layer), e)
+      known = False
+    _READS_OWN[layer] = known
+  return known
+
+
+def scaled_input(t: tf.Tensor, factor, plain: Callable[[], bool]):
+  """``t``, whose gradient is ``factor`` times what reaches it.
+
+  ``plain()`` is read when the gradient is built: while a plan computes
+  task gradients (plain backpropagation) the identity passes them as they
+  are. A factor of 0 sends nothing below.
+  """
+  @tf.custom_gradient
+  def scaled(x):
+    def grad(dy):
+      if plain():
+        return dy
+      return None if _is_zero(factor) else _weigh(dy, factor)
+    return tf.identity(x), grad
+  return scaled(t)
+
+
 def backward(inner, outs, dys, xs, variables, own, factor):
   """One VJP for a linear upstream rewrite ``factor * dy``.
 
@@ -30,7 +92,7 @@ def backward(inner, outs, dys, xs, variables, own, factor):
   sends nothing below.
   """
   n = len(xs)
-  if isinstance(factor, (int, float)) and factor == 0:
+  if _is_zero(factor):
     mine = [variables[i] for i in sorted(own)]
     grads = dict(zip(sorted(own), inner.gradient(
         outs, mine, output_gradients=dys))) if mine else {}
