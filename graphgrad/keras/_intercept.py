@@ -5,6 +5,11 @@ replaced, on that layer instance only, by a wrapper; closing the tape
 restores it. The wrapper
 
 * counts the layer's calls, so that a layer that never ran is reported;
+* for a layer whose one declaration is a linear upstream rewrite ``c * dy``
+  and whose call reads only its own variables, runs the original ``call``
+  on inputs whose gradient is weighted by ``c`` (see ``_linear``): the
+  layer's own variables get the plain gradient, and nothing else is
+  intercepted;
 * for a layer whose backward pass the plan rewrites (an upstream transform,
   an incoming edge, a backward replacement, a task combination, an
   override, or the error layer a replacement reads), runs the original
