@@ -31,8 +31,8 @@ of rewriting it.
 A run of such layers, each fed by the one above alone (``scale`` on every
 boundary of an MLP), needs no call per layer: one call covers the run, from
 the loss down, and inside it each layer's ops weight the gradient they hand
-below the layer (``_hooks``). What the plan adds to ``minimize()`` is then
-one ``Mul`` per boundary.
+below the layer (``_chains``, ``_hooks``). What the plan adds to
+``minimize()`` is then one ``Mul`` per boundary.
 
 Where the order of a linear rewrite and another one on the same layer
 matters (a backward replacement, which sees the rewritten
@@ -44,18 +44,17 @@ no cuts at all the caller makes a single call instead, which is exactly what
 ``Optimizer.minimize`` builds.
 """
 
-import collections
 import dataclasses
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
-from graphgrad import _compat
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.methods._backward import completed_upstream
 from graphgrad.plan import _hooks, _reach
-from graphgrad.plan._backprop import Backprop, aggregate, is_one, is_zero
-from graphgrad.plan._cuts import CutPlan, Group, Key, Kind, ancestors
+from graphgrad.plan._backprop import Backprop, aggregate, is_zero
+from graphgrad.plan._chains import Chains
+from graphgrad.plan._cuts import CutPlan, Group, Kind, ancestors
 
 __all__ = ["Rewrite", "Segments", "aggregate"]
 
@@ -150,11 +149,14 @@ class Segments:
     self._bound = _reach.can_bound(
         d["op"] for _, d in net.op_graph.nodes(data=True))
     self._done: Dict[str, List] = {}
-    self._entry_cache: Dict[Key, List[Tuple[tf.Operation, int]]] = {}
     # Chains of linear layers run as one call only with TF's own
     # tf.gradients (an override splits calls at its ops, past any hook).
-    self._chaining = (fuse and _hooks.available()
-                      and self.gradients_fn is tf.compat.v1.gradients)
+    self._chains = Chains(
+        net, self.cuts, self.variables,
+        {n: rw.factor for n, rw in self.upstream.items()
+         if rw.factor is not None}, self._special,
+        enabled=(fuse and self.gradients_fn is tf.compat.v1.gradients
+                 and _hooks.available()))
 
   @property
   def cut_layers(self):
@@ -181,7 +183,7 @@ class Segments:
     run = {Kind.LAYER: self._run_layer, Kind.SHARE: self._run_share,
            Kind.OP: self._run_op}
     order = self.schedule()
-    chains = self.chains(order)
+    chains = self._chains.find(order)
     covered = {g.key for chain in chains.values() for g in chain[1:]}
     for group in order:
       if group.key in chains:
@@ -191,104 +193,18 @@ class Segments:
     bp.fill_zeros(lambda ts: ancestors(self.net, ts))
     return bp.var_grads
 
-  # -- chains of linear layers -------------------------------------------------
-
-  def chains(self, order: Sequence[Group]) -> Dict[Key, List[Group]]:
-    """Runs of linearly rewritten layers that one call covers, by first key.
-
-    A layer joins the run above it when that run's last layer adds to it
-    and nothing else does: its outputs' gradient is then complete as soon
-    as the layer above has been backpropagated, inside the same call.
-    Every layer of a run has a nonzero linear upstream rewrite, no other
-    declaration, and no other layer's variables in its segment; the run may
-    start at an op group (the loss) that feeds only its first layer.
-    """
-    if not self._chaining:
-      return {}
-    by_key = {g.key: g for g in order}
-    below_of = {g.key: set(self.cuts.downstream(g)) for g in order}
-    feeders: Dict[Key, set] = collections.defaultdict(set)
-    for key, below in below_of.items():
-      for k in below:
-        feeders[k].add(key)
-    chains: Dict[Key, List[Group]] = {}
-    taken: set = set()
-    for g in order:
-      if g.key in taken or not self._linkable(g, head=True):
-        continue
-      chain = [g]
-      while True:
-        below = set(below_of[chain[-1].key])
-        nxt = by_key.get(below.pop()) if len(below) == 1 else None
-        if (nxt is None or nxt.key in taken
-            or feeders[nxt.key] != {chain[-1].key}
-            or not self._linkable(nxt)):
-          break
-        chain.append(nxt)
-      if len(chain) > 1:
-        chains[g.key] = chain
-        taken.update(x.key for x in chain)
-    return chains
-
-  def _linkable(self, group: Group, head: bool = False) -> bool:
-    name = group.key.name
-    if group.key.kind is Kind.OP:
-      # The loss, or a glue op above the first layer: nothing to weight.
-      return head
-    rw = self.upstream.get(name)
-    if (group.key.kind is not Kind.LAYER or rw is None or rw.factor is None
-        or is_zero(rw.factor) or name in self._special):
-      return False
-    if any(self.net.layer_of_variable(self.variables[n]) != name
-           for n in group.variables):
-      return False
-    # The hooked ops: those reading the tensors below, and the producers of
-    # the outputs. Each needs a registered gradient function, and none may
-    # sit in a tf.compat.v1 loop or cond (an Enter, a Switch, an Exit),
-    # whose gradients TF builds in the loop's own context.
-    ops = [op for op, _ in self._entries(group)] + [t.op for t in group.sources]
-    return all(_hooks.registered(op) is not None
-               and _compat.control_flow_context(op) is None for op in ops)
-
-  def _entries(self, group: Group) -> List[Tuple[tf.Operation, int]]:
-    """(op, input index) where the layer's segment reads a tensor below."""
-    if group.key in self._entry_cache:
-      return self._entry_cache[group.key]
-    known = self.net.op_graph
-    out = []
-    for t in group.targets:
-      for op in t.consumers():
-        if op.name in known and self.cuts.inside(op, group.key.name):
-          out += [(op, j) for j, x in enumerate(op.inputs) if x is t]
-    self._entry_cache[group.key] = out
-    return out
+  # -- chains of linear layers (see _chains) ---------------------------------
 
   def _run_chain(self, chain: List[Group], bp: Backprop) -> None:
-    """One call from the first layer's outputs to the last one's inputs.
-
-    Inside it, each layer's ops weight by the layer's factor the gradient
-    they hand to the tensors below the layer, and the gradient at each
-    later layer's outputs is read for the plan's trace (see ``_hooks``).
-    """
+    """One call from the first group's sources to the last one's targets."""
     head, last = chain[0], chain[-1]
     g = bp.total(head.sources)
     if head.key.kind is Kind.LAYER:
       self._observe(head.key.name, head.sources, g)
-    hooks: Dict[tf.Operation, _hooks.Hook] = collections.defaultdict(
-        _hooks.Hook)
-    for group in chain:
-      rw = self.upstream.get(group.key.name)
-      factor = None if group.key.kind is Kind.OP or rw is None else rw.factor
-      if not is_one(factor):
-        for op, j in self._entries(group):
-          hooks[op].scale.append((j, lambda gr, f=factor: bp.weigh(gr, f)))
     seen: Dict[str, object] = {}
-    for group in chain[1:]:
-      for t in group.sources:
-        hooks[t.op].read.append((t.value_index,
-                                 lambda gr, n=t.name: seen.setdefault(n, gr)))
+    hooks = self._chains.hooks(chain, bp.weigh, seen.setdefault)
     variables = list(dict.fromkeys(n for x in chain for n in x.variables))
-    with _hooks.hooked(dict(hooks)):
+    with _hooks.hooked(hooks):
       res = bp.call(head.sources, g, last.targets, variables,
                     stops=last.targets)
     bp.deposit(last.targets, variables, res)
