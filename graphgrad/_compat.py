@@ -28,12 +28,13 @@ when a TensorFlow release drops or changes one:
   have a registered gradient; :func:`has_gradient_function`): falls back to
   taking every op to have one, so ``graphgrad inspect`` lists no op without
   a gradient and ``tf.gradients`` reports a missing one itself. The plan's
-  engine also looks gradient functions up through it, and replaces it for
-  the length of one of its own ``tf.gradients`` calls, on its own thread
-  (``graphgrad.plan._hooks``: a chain of linearly rewritten layers in one
-  call). Without it the engine makes one call per rewritten layer, which
-  gives the same gradients with one more op per boundary, and logs that
-  once.
+  engine replaces it, on first use, with a lookup that returns TensorFlow's
+  own function everywhere except inside one of the engine's own
+  ``tf.gradients`` calls, on that call's thread, where it wraps the
+  functions of a few ops (``graphgrad.plan._hooks``: a chain of linearly
+  rewritten layers in one call). Without it the engine makes one call per
+  rewritten layer, which gives the same gradients with one more op per
+  boundary, and logs that once.
 * Keras ``Layer._flatten_layers`` (direct sublayers; :func:`sublayers`):
   falls back to ``model.layers``, then to the layers held in the object's
   attributes.

@@ -13,8 +13,10 @@ returns, for the hooked ops only, the registered function followed by
 * ``read``: recording the gradient of chosen outputs (the complete gradient
   at a layer's outputs, which the plan's trace keeps).
 
-Nothing is registered and no op is changed: other calls, other threads and
-ops outside the block see TensorFlow's own functions. When a TensorFlow
+Nothing is registered and no op is changed. The module's function is
+replaced once, on first use, by one that returns TensorFlow's own function
+unless this thread is inside :func:`hooked`: other calls, other threads and
+ops without a hook see exactly what they saw before. When a TensorFlow
 release drops ``ops.get_gradient_function``, :func:`available` is False and
 the engine cuts the chain at every layer instead (same gradients, one call
 per layer).
