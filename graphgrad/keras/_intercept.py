@@ -52,15 +52,13 @@ class Interceptor:
     self.labels = labels
     decl = plan.declarations
     self.edges = decl.edges
-    self.custom = (set(decl.upstream) | {up for _, up in self.edges}
-                   | set(decl.backward) | set(decl.tasks)
-                   | set(plan.cut_layers)
-                   | {k for m, k in decl.overrides if m == "layer"})
-    # Layers whose one declaration is a linear upstream rewrite: they may
-    # run uninterrupted on inputs scaled in the backward pass (_linear).
+    # Layers whose backward pass needs more than an upstream transform.
     special = ({up for _, up in self.edges} | set(decl.backward)
                | set(decl.tasks) | set(plan.cut_layers)
                | {k for m, k in decl.overrides if m == "layer"})
+    self.custom = set(decl.upstream) | special
+    # Layers whose one declaration is a linear upstream rewrite: they may
+    # run uninterrupted on inputs scaled in the backward pass (_linear).
     self.light = {p: fn.linear_factor for p, fn in decl.upstream.items()
                   if _linear.FUSE_LINEAR and fn.linear_factor is not None
                   and p not in special}
