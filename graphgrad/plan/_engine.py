@@ -35,8 +35,8 @@ below the layer (``_chains``, ``_hooks``). What the plan adds to
 ``minimize()`` is then one ``Mul`` per boundary.
 
 Where the order of a linear rewrite and another one on the same layer
-matters (a backward replacement, which sees the rewritten
-gradient itself), the engine calls ``fn`` as for a nonlinear rewrite.
+matters (a backward replacement, which sees the rewritten gradient itself),
+the engine calls ``fn`` as for a nonlinear rewrite.
 
 Every segment calls ``gradients_fn`` (the plan's ``tf.gradients`` cut at the
 ops it overrides, see ``_override``) instead of ``tf.gradients`` itself. With
