@@ -48,9 +48,12 @@ def reads_only_own(layer, call: Callable, args, kwargs, own) -> bool:
   """Whether ``call(*args, **kwargs)`` reads no variable but ``own``.
 
   Traced once per layer, the first time it is asked, in a graph of its own
-  (``tf.function(call).get_concrete_function``): nothing runs, and the graph
-  being built is untouched. A call that cannot be traced alone counts as
-  reading others, so the layer takes the general path.
+  (``tf.function(call).get_concrete_function``): no op runs, and the graph
+  being built is untouched, but Python side effects in ``call`` happen once
+  more. The answer is kept per layer object: a layer that starts reading
+  another layer's variable after that is not traced again. A call that
+  cannot be traced alone counts as reading others, so the layer takes the
+  general path.
   """
   known = _READS_OWN.get(layer)
   if known is None:
