@@ -42,9 +42,11 @@ when a TensorFlow release drops or changes one:
   public ``Variable.value`` is tried first.
 """
 
+import contextlib
 import inspect
 import logging
 import re
+import threading
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
@@ -109,6 +111,46 @@ def has_module(name: str) -> bool:
 # --------------------------------------------------------------------------
 # Private TensorFlow and Keras APIs, each with its fallback
 # --------------------------------------------------------------------------
+
+
+class ThreadPatch:
+  """A module function replaced for good, acting only for threads that ask.
+
+  :meth:`active` puts ``replacement`` in place of ``module.<name>`` the first
+  time it is entered, and never puts the original back: another thread may
+  be inside its own block at that moment. Within the block, :meth:`value` on
+  this thread returns the value given; everywhere else it returns ``None``,
+  and the replacement must then behave as the original.
+
+  Example:
+    >>> import types
+    >>> mod = types.SimpleNamespace(f=lambda: "original")
+    >>> patch = ThreadPatch("f", lambda: patch.value() or "original")
+    >>> with patch.active(mod, "patched"):
+    ...   inside = mod.f()
+    >>> inside, mod.f()
+    ('patched', 'original')
+  """
+
+  def __init__(self, name: str, replacement):
+    self.name = name
+    self.replacement = replacement
+    self._local = threading.local()
+
+  def value(self) -> Any:
+    return getattr(self._local, "value", None)
+
+  @contextlib.contextmanager
+  def active(self, module, value):
+    if getattr(module, self.name, None) is not self.replacement:
+      setattr(module, self.name, self.replacement)
+    previous = self.value()
+    self._local.value = value
+    try:
+      yield
+    finally:
+      self._local.value = previous
+
 
 PRIVATE_APIS = (
     "tf.Operation._id",

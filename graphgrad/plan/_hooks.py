@@ -24,7 +24,6 @@ per layer).
 
 import contextlib
 import dataclasses
-import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
@@ -37,7 +36,6 @@ except ImportError:  # a TensorFlow that moved it: no hooks
   _tf_ops = None
 
 _ORIGINAL = getattr(_tf_ops, "get_gradient_function", None)
-_LOCAL = threading.local()
 
 
 @dataclasses.dataclass
@@ -78,12 +76,16 @@ def registered(op: tf.Operation) -> Optional[Callable]:
 
 
 def _lookup(op):
-  hooks = getattr(_LOCAL, "hooks", None)
+  hooks = _PATCH.value()
   hook = hooks.get(op) if hooks else None
   fn = _ORIGINAL(op)  # type: ignore[misc]
   if hook is None or fn is None:
     return fn
   return _wrap(fn, hook)
+
+
+# Installed by hooked(); hooks the lookups of this thread's calls only.
+_PATCH = _compat.ThreadPatch("get_gradient_function", _lookup)
 
 
 def _wrap(fn: Callable, hook: Hook) -> Callable:
@@ -119,11 +121,5 @@ def hooked(hooks: Dict[tf.Operation, Hook]):
     return
   if not available():
     raise RuntimeError("gradient hooks need ops.get_gradient_function")
-  if _tf_ops.get_gradient_function is not _lookup:  # type: ignore[union-attr]
-    _tf_ops.get_gradient_function = _lookup  # type: ignore[union-attr]
-  previous = getattr(_LOCAL, "hooks", None)
-  _LOCAL.hooks = hooks
-  try:
+  with _PATCH.active(_tf_ops, hooks):
     yield
-  finally:
-    _LOCAL.hooks = previous

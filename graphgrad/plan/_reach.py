@@ -29,7 +29,6 @@ that once.
 
 import collections
 import contextlib
-import threading
 from typing import Iterable, Optional, Set
 
 import tensorflow as tf
@@ -43,7 +42,6 @@ except ImportError:  # a TensorFlow that moved it: keep TF's walk
   gradients_util = None
 
 _AT_IMPORT = getattr(gradients_util, "_MarkReachedOps", None)
-_LOCAL = threading.local()
 # TF's walk and IsTrainable, looked up on first use; (None, None) when this
 # TensorFlow lacks them.
 _RESOLVED: Optional[tuple] = None
@@ -63,12 +61,14 @@ def _tf_walk():
                             "TensorFlow's unbounded walk")
     _RESOLVED = (fn, trainable) if callable(trainable) else (None, None)
   return _RESOLVED
+
+
 _LOOP_OPS = frozenset({"NextIteration", "RefNextIteration"})
 
 
 def _mark_reached_ops(from_ops, reached_ops, func_graphs):
   original, is_trainable = _tf_walk()
-  allowed = getattr(_LOCAL, "allowed", None)
+  allowed = _PATCH.value()
   if allowed is None or func_graphs:
     return original(from_ops, reached_ops, func_graphs)
   # TF's walk, restricted to ``allowed`` (``from_ops`` are always marked).
@@ -81,6 +81,10 @@ def _mark_reached_ops(from_ops, reached_ops, func_graphs):
         if is_trainable(output):
           queue.extend(c for c in output.consumers() if c in allowed)
   return None
+
+
+# Installed by bounded(); bounds the walk of this thread's calls only.
+_PATCH = _compat.ThreadPatch("_MarkReachedOps", _mark_reached_ops)
 
 
 def available() -> bool:
@@ -123,11 +127,5 @@ def bounded(allowed: Optional[Set[tf.Operation]]):
   if allowed is None or not available():
     yield
     return
-  if gradients_util._MarkReachedOps is not _mark_reached_ops:  # pylint: disable=protected-access
-    gradients_util._MarkReachedOps = _mark_reached_ops  # pylint: disable=protected-access
-  previous = getattr(_LOCAL, "allowed", None)
-  _LOCAL.allowed = allowed
-  try:
+  with _PATCH.active(gradients_util, allowed):
     yield
-  finally:
-    _LOCAL.allowed = previous

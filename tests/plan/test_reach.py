@@ -63,17 +63,17 @@ def test_bounded_walk_is_used_and_is_local_to_the_call(graph, monkeypatch):
   original = _reach._mark_reached_ops
 
   def spy(from_ops, reached_ops, func_graphs):
-    seen.append(getattr(_reach._LOCAL, "allowed", None) is not None)
+    seen.append(_reach._PATCH.value() is not None)
     return original(from_ops, reached_ops, func_graphs)
 
   monkeypatch.setattr(_reach.gradients_util, "_MarkReachedOps", spy)
-  monkeypatch.setattr(_reach, "_mark_reached_ops", spy)
+  monkeypatch.setattr(_reach._PATCH, "replacement", spy)
   _plan(loss).compute_gradients()
   assert seen and all(seen)
   seen.clear()
   plain = tf.gradients(loss, tf1.trainable_variables())  # outside any plan
   assert seen == [False]
-  assert getattr(_reach._LOCAL, "allowed", None) is None
+  assert _reach._PATCH.value() is None
   evaluate(plain, {x: np.ones((2, 6), np.float32)})
 
 
