@@ -221,10 +221,7 @@ def _print_ops_without_gradient(net) -> None:
     print(f"gradients: {len(zero)} op(s) on the backward path send no "
           f"gradient below them (their registered gradient is None or zero; "
           f"plan.straight_through(op) gives them an identity backward):")
-    for op in zero:
-      layer = net.layer_of(op)
-      print(f"  {op.name}  type {op.type}  "
-            f"{'layer ' + layer if layer else 'glue'}")
+    _print_ops(net, zero)
   if not missing:
     print(f"gradients: every op on the backward path of {net.loss.name} has "
           f"a registered gradient")
@@ -233,7 +230,11 @@ def _print_ops_without_gradient(net) -> None:
         f"{net.loss.name} have no registered gradient (tf.gradients stops "
         f"there with LookupError; a plan needs plan.straight_through(op) or "
         f"plan.override_gradient(op, fn) for each):")
-  for op in missing:
+  _print_ops(net, missing)
+
+
+def _print_ops(net, ops) -> None:
+  for op in ops:
     layer = net.layer_of(op)
     print(f"  {op.name}  type {op.type}  "
           f"{'layer ' + layer if layer else 'glue'}")
