@@ -185,3 +185,17 @@ def batch(case, rows=16, seed=0):
 def layer_weights(model):
   return {l.name: [np.asarray(w) for w in l.get_weights()]
           for l in model.layers if l.weights}
+
+
+def two_dense(K, seed):
+  """``l1`` (3 -> 4) and ``l2`` (4 -> 2), Dense, normal initial weights."""
+  init = K.initializers.RandomNormal(stddev=0.5, seed=seed)
+  return K.Sequential([K.Input((3,)),
+                       K.layers.Dense(4, name="l1", kernel_initializer=init),
+                       K.layers.Dense(2, name="l2", kernel_initializer=init)])
+
+
+def normal_rows(seed, shape=(5, 3)):
+  """A float32 constant of standard normal values."""
+  return tf.constant(np.random.default_rng(seed).normal(size=shape),
+                     tf.float32)

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
+import keras_cases
 from graphgrad.transforms import GroupTransform
 from helpers import dense
 
@@ -16,14 +17,11 @@ tf1 = tf.compat.v1
 
 
 def _model(K):
-  init = K.initializers.RandomNormal(stddev=0.5, seed=3)
-  return K.Sequential([K.Input((3,)),
-                       K.layers.Dense(4, name="l1", kernel_initializer=init),
-                       K.layers.Dense(2, name="l2", kernel_initializer=init)])
+  return keras_cases.two_dense(K, seed=3)
 
 
 def _x():
-  return tf.constant(np.random.default_rng(1).normal(size=(5, 3)), tf.float32)
+  return keras_cases.normal_rows(1)
 
 
 def _foreign(shape, dtype):

@@ -22,6 +22,17 @@ def _model(K, frozen: bool = True):
   return model
 
 
+def _plan_and_plain_gradients(plan, model):
+  """The plan's gradients, and a plain GradientTape's, of the same loss."""
+  x = _x()
+  with plan.tape() as tape:
+    loss = tf.reduce_sum(tf.square(model(x, training=False)))
+  got = tape.gradient(loss)
+  with tf.GradientTape() as ref:
+    loss = tf.reduce_sum(tf.square(model(x, training=False)))
+  return got, ref.gradient(loss, model.trainable_variables)
+
+
 def test_transform_gradients_on_a_frozen_layer_says_so(K):
   plan = gg.KerasPlan(_model(K))
   with pytest.raises(
@@ -50,13 +61,7 @@ def test_unbuilt_and_unfrozen_layers_are_accepted(K):
   model = _model(K, frozen=False)
   plan = gg.KerasPlan(model).transform_gradients("frozen",
                                                  gg.transforms.scale(2.0))
-  x = _x()
-  with plan.tape() as tape:
-    loss = tf.reduce_sum(tf.square(model(x, training=False)))
-  got = tape.gradient(loss)
-  with tf.GradientTape() as ref:
-    loss = tf.reduce_sum(tf.square(model(x, training=False)))
-  want = ref.gradient(loss, model.trainable_variables)
+  got, want = _plan_and_plain_gradients(plan, model)
   own = [id(v) for v in model.get_layer("frozen").trainable_weights]
   for v, g, w in zip(model.trainable_variables, got, want):
     scale = 2.0 if id(v) in own else 1.0
@@ -68,13 +73,7 @@ def test_upstream_through_a_frozen_layer_rewrites_below(K):
   model = _model(K)
   plan = gg.KerasPlan(model).transform_upstream("frozen",
                                                 gg.transforms.scale(0.5))
-  x = _x()
-  with plan.tape() as tape:
-    loss = tf.reduce_sum(tf.square(model(x, training=False)))
-  got = tape.gradient(loss)
-  with tf.GradientTape() as ref:
-    loss = tf.reduce_sum(tf.square(model(x, training=False)))
-  want = ref.gradient(loss, model.trainable_variables)
+  got, want = _plan_and_plain_gradients(plan, model)
   stem = [id(v) for v in model.get_layer("stem").trainable_weights]
   assert len(got) == 4  # stem and head; the frozen layer has none
   for v, g, w in zip(model.trainable_variables, got, want):

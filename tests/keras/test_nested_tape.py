@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
+import keras_cases
 
 NESTED = (r"a tape of this KerasPlan is already open.*apply every transform "
           r"twice")
@@ -12,14 +13,11 @@ NESTED = (r"a tape of this KerasPlan is already open.*apply every transform "
 
 
 def _model(K):
-  init = K.initializers.RandomNormal(stddev=0.5, seed=1)
-  return K.Sequential([K.Input((3,)),
-                       K.layers.Dense(4, name="l1", kernel_initializer=init),
-                       K.layers.Dense(2, name="l2", kernel_initializer=init)])
+  return keras_cases.two_dense(K, seed=1)
 
 
 def _x():
-  return tf.constant(np.random.default_rng(0).normal(size=(5, 3)), tf.float32)
+  return keras_cases.normal_rows(0)
 
 
 def _reference(model, x):
