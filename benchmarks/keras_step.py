@@ -24,6 +24,7 @@ import argparse
 import os
 import statistics
 import time
+from typing import Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -60,12 +61,13 @@ def _plan(model, variant: str):
   return plan
 
 
-def make_step(keras, variant: str, width: int, depth: int, inputs: int):
-  """A traced training step for one variant, on its own model copy."""
-  model = _model(keras, width, depth, inputs)
-  optimizer = keras.optimizers.SGD(0.001)
-  optimizer.build(model.trainable_variables)
-  plan = None if variant == "plain" else _plan(model, variant)
+def _traced_step(model, optimizer, plan, fuse: Optional[bool] = None):
+  """A traced SGD step: a plain tape without ``plan``, else the plan's tape.
+
+  ``fuse`` sets ``FUSE_LINEAR`` while the step is traced (``None`` leaves
+  it as it is).
+  """
+  from graphgrad.keras import _linear  # pylint: disable=g-import-not-at-top
 
   def loss_of(x, y):
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -78,13 +80,27 @@ def make_step(keras, variant: str, width: int, depth: int, inputs: int):
         loss = loss_of(x, y)
       grads = tape.gradient(loss, model.trainable_variables)
     else:
-      with plan.tape() as tape:
-        loss = loss_of(x, y)
-      grads = tape.gradient(loss)
+      old = _linear.FUSE_LINEAR
+      _linear.FUSE_LINEAR = old if fuse is None else fuse
+      try:
+        with plan.tape() as tape:
+          loss = loss_of(x, y)
+        grads = tape.gradient(loss)
+      finally:
+        _linear.FUSE_LINEAR = old
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
   return step
+
+
+def make_step(keras, variant: str, width: int, depth: int, inputs: int):
+  """A traced training step for one variant, on its own model copy."""
+  model = _model(keras, width, depth, inputs)
+  optimizer = keras.optimizers.SGD(0.001)
+  optimizer.build(model.trainable_variables)
+  plan = None if variant == "plain" else _plan(model, variant)
+  return _traced_step(model, optimizer, plan)
 
 
 def op_count(step, x, y) -> int:
@@ -159,35 +175,12 @@ def _linear_plan(model, kind: str, variant: str):
 
 def make_linear_step(keras, kind: str, variant: str, depth: int = 0):
   """A traced SGD step of the LSTM or MLP for one linear-rewrite variant."""
-  from graphgrad.keras import _linear  # pylint: disable=g-import-not-at-top
   model = _linear_model(keras, kind, depth)
   optimizer = keras.optimizers.SGD(0.001)
   optimizer.build(model.trainable_variables)
   plan = _linear_plan(model, kind, variant)
-  fuse = not variant.endswith("_cut")
-
-  def loss_of(x, y):
-    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=y, logits=model(x)))
-
-  @tf.function
-  def step(x, y):
-    if plan is None:
-      with tf.GradientTape() as tape:
-        loss = loss_of(x, y)
-      grads = tape.gradient(loss, model.trainable_variables)
-    else:
-      old, _linear.FUSE_LINEAR = _linear.FUSE_LINEAR, fuse
-      try:
-        with plan.tape() as tape:
-          loss = loss_of(x, y)
-        grads = tape.gradient(loss)
-      finally:
-        _linear.FUSE_LINEAR = old
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
-
-  return step
+  return _traced_step(model, optimizer, plan,
+                      fuse=not variant.endswith("_cut"))
 
 
 def run_linear(kind: str, depth: int = 0, reps: int = 15,
