@@ -13,16 +13,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV="${VENV:-.venv-tf-nightly}"
-PY="${PYTHON:-python3.11}"
+# shellcheck source=tools/_venv.sh
+. tools/_venv.sh
+
 TF_NIGHTLY="${TF_NIGHTLY:-2.23.0.dev20261026}"
 TF_KERAS_NIGHTLY="${TF_KERAS_NIGHTLY:-2.23.0.dev2026102618}"
-command -v "$PY" >/dev/null 2>&1 || PY=python3
-rm -rf "$VENV"
-"$PY" -m venv "$VENV"
-# shellcheck disable=SC1091
-. "$VENV/bin/activate"
-python -m pip install --quiet --upgrade pip
+fresh_venv "${VENV:-.venv-tf-nightly}"
 python -m pip install --quiet "tf-nightly==$TF_NIGHTLY" "tf-keras-nightly==$TF_KERAS_NIGHTLY"
 python -m pip install --quiet --no-deps .
 # graphgrad's own requirements besides tensorflow, and the [test] tools.
@@ -45,12 +41,4 @@ print("tensorflow", tf.__version__, "| tf-nightly", version("tf-nightly"),
       version("keras-nightly"))
 PY
 
-set +e
-python -m pytest "$@"
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then
-  echo "pytest collected no tests: failing the run" >&2
-  exit 1
-fi
-exit "$rc"
+run_pytest "$@"

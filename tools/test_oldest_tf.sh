@@ -8,14 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV="${VENV:-.venv-tf215}"
-PY="${PYTHON:-python3.11}"
-command -v "$PY" >/dev/null 2>&1 || PY=python3
-rm -rf "$VENV"
-"$PY" -m venv "$VENV"
-# shellcheck disable=SC1091
-. "$VENV/bin/activate"
-python -m pip install --quiet --upgrade pip
+# shellcheck source=tools/_venv.sh
+. tools/_venv.sh
+
+fresh_venv "${VENV:-.venv-tf215}"
 python -m pip install --quiet "tensorflow==2.15.*" ".[test-base]"
 python - <<'PY'
 import importlib.metadata as md, importlib.util
@@ -23,12 +19,4 @@ print("tensorflow", md.version("tensorflow"), "| keras", md.version("keras"),
       "| tf-keras installed:", importlib.util.find_spec("tf_keras") is not None)
 PY
 
-set +e
-python -m pytest "$@"
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then
-  echo "pytest collected no tests: failing the run" >&2
-  exit 1
-fi
-exit "$rc"
+run_pytest "$@"
