@@ -259,3 +259,14 @@ def test_chained_layers_fall_back_to_one_call_per_layer(monkeypatch, caplog,
   assert cut_ops == hooked_ops + 2
   for a, b in zip(hooked, cut):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_gradient_hooks_refuse_to_run_without_the_lookup(monkeypatch,
+                                                        fresh_warnings):
+  with tf.Graph().as_default():
+    op = tf.square(tf.constant(2.0)).op
+  monkeypatch.setattr(_hooks, "_ORIGINAL", None)
+  with pytest.raises(RuntimeError,
+                     match="gradient hooks need ops.get_gradient_function"):
+    with _hooks.hooked({op: _hooks.Hook()}):
+      pass
