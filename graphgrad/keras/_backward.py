@@ -28,24 +28,9 @@ from typing import Any, List, NamedTuple, Tuple
 
 import tensorflow as tf
 
+from graphgrad.core._gradients import add_dense, dense, input_grads, is_float
 from graphgrad.keras import _linear
-from graphgrad.plan._override import input_grads
 from graphgrad.transforms import _checks
-
-
-def is_float(t) -> bool:
-  return tf.is_tensor(t) and (t.dtype.is_floating or t.dtype.is_complex)
-
-
-def dense(g):
-  return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-
-
-def add(parts):
-  parts = [dense(p) for p in parts if p is not None]
-  if not parts:
-    return None
-  return parts[0] if len(parts) == 1 else tf.add_n(parts)
 
 
 def describe(t) -> str:
@@ -189,7 +174,7 @@ def edge_grads(run, entries, xs, dx) -> List:
               if glued else [None] * len(outs))
     for j, t in enumerate(outs):
       via_glue = shares[j]
-      total = add([dx[i] for i in direct[j]] + [via_glue])
+      total = add_dense([dx[i] for i in direct[j]] + [via_glue])
       if total is None:
         extra.append(None)
         continue

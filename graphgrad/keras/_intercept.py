@@ -35,10 +35,10 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
+from graphgrad.core._gradients import completed_upstream, is_float
 from graphgrad.keras import _linear, _methods
-from graphgrad.keras._backward import backward_of_call, edge_grads, is_float
+from graphgrad.keras._backward import backward_of_call, edge_grads
 from graphgrad.keras._layers import holds_variables
-from graphgrad.methods._backward import completed_upstream
 from graphgrad.transforms._context import TransformContext
 
 log = logging.getLogger("graphgrad")

@@ -20,8 +20,8 @@ op of a type would have to change that registry for every other tape.
 from typing import Any, TypeVar
 
 from graphgrad import _errors
-from graphgrad.plan._declarations import Declarations
-from graphgrad.plan._override import straight_through as identity
+from graphgrad.core._declaration_model import Declarations
+from graphgrad.core._gradients import straight_through as identity
 
 _P = TypeVar("_P", bound="Overriding")
 

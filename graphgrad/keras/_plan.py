@@ -3,7 +3,7 @@
 TF2 code has no graph to analyse before it runs: a Keras model's layer
 outputs exist only while the model is called. A :class:`KerasPlan` therefore
 finds layers by their Keras name in the model's layer tree, holds its
-declarations in the shared :class:`~graphgrad.plan._declarations.Declarations`
+declarations in the shared ``Declarations`` of ``graphgrad.core``
 (checked as ``GradientPlan``'s are), and executes them while the forward
 pass runs under :meth:`KerasPlan.tape` (see ``_tape`` and ``_intercept``).
 The model's code is not changed, and everything is restored when the tape
@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad.core._declaration_model import Declarations
 from graphgrad.keras import _methods
 from graphgrad.keras._layers import (
   LayerIndex,
@@ -31,7 +32,6 @@ from graphgrad.keras._layers import (
 from graphgrad.keras._override import Overriding
 from graphgrad.keras._tape import PlanTape
 from graphgrad.methods import _pcgrad
-from graphgrad.plan._declarations import Declarations
 from graphgrad.transforms._context import Resources
 
 log = logging.getLogger("graphgrad")

@@ -15,7 +15,7 @@ from typing import List
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.keras._backward import is_float
+from graphgrad.core._gradients import is_float
 from graphgrad.keras._methods import MethodVariables
 from graphgrad.methods import _pcgrad
 

@@ -23,7 +23,6 @@ from typing import (
   Any,
   Callable,
   List,
-  Mapping,
   Optional,
   Sequence,
   Tuple,
@@ -217,24 +216,6 @@ def _check_gradient(fn, g, t, where: str) -> None:
         f"{where}: {fn!r} returned a gradient of shape {values.shape} "
         f"{values.dtype.name} for the input {_tensor_text(t)} of shape "
         f"{t.shape} {t.dtype.name}. Return a gradient shaped like the input.")
-
-
-def completed_upstream(done: Mapping[str, List[Gradient]],
-                       layer: str) -> List[Gradient]:
-  """``context.upstream_of(layer)``: ``done[layer]``, once it is complete.
-
-  ``done`` maps each rewritten layer whose backward pass already ran to the
-  gradient at its outputs; both plans fill it from the loss downwards.
-
-  Raises:
-    UnsupportedGraphError: if ``layer``'s gradient is not complete yet.
-  """
-  if layer not in done:
-    raise _errors.UnsupportedGraphError(
-        f"the gradient at layer {layer!r}'s outputs is needed before it "
-        f"is complete: {layer!r} is not a rewritten layer above the one "
-        f"being processed. Read the gradient of a layer nearer the loss.")
-  return list(done[layer])
 
 
 def engine_hook(net: LayerGraph, name: str, fn: Callable,

@@ -10,39 +10,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Set
 
 import tensorflow as tf
 
+from graphgrad.core._gradients import aggregate, weigh
 from graphgrad.plan import _reach
-
-
-def aggregate(grads: Sequence, like: Optional[tf.Tensor] = None):
-  """Sums gradient contributions, keeping them sparse when all are sparse."""
-  grads = [g for g in grads if g is not None]
-  if not grads:
-    return None
-  if len(grads) == 1:
-    return grads[0]
-  sparse = [g for g in grads if isinstance(g, tf.IndexedSlices)]
-  if len(sparse) == len(grads):
-    return tf.IndexedSlices(
-        tf.concat([g.values for g in sparse], 0),
-        tf.concat([g.indices for g in sparse], 0),
-        sparse[0].dense_shape)
-  dense = [g for g in grads if not isinstance(g, tf.IndexedSlices)]
-  for g in sparse:
-    rows = (g.dense_shape[0] if g.dense_shape is not None
-            else tf.shape(like if like is not None else dense[0])[0])
-    dense.append(tf.math.unsorted_segment_sum(g.values, g.indices, rows))
-  return tf.add_n(dense)
-
-
-def is_zero(factor: Optional[float]) -> bool:
-  """True for a factor known, when building, to be 0."""
-  return (isinstance(factor, (int, float)) and not isinstance(factor, bool)
-          and factor == 0)
-
-
-def is_one(factor: Optional[float]) -> bool:
-  return (factor is None or (isinstance(factor, (int, float))
-                             and not isinstance(factor, bool) and factor == 1))
 
 
 class Backprop:
@@ -93,17 +62,13 @@ class Backprop:
 
   def weigh(self, grad, factor: Optional[float]):
     """``factor * grad``, sparse kept sparse; no op for a factor of 1."""
-    if grad is None or is_one(factor):
-      return grad
-    values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-    key = (factor, values.dtype)
-    if key not in self._consts:
-      # One constant per factor and dtype, shared by every weighted share.
-      self._consts[key] = tf.constant(factor, values.dtype)
-    scaled = values * self._consts[key]
-    if isinstance(grad, tf.IndexedSlices):
-      return tf.IndexedSlices(scaled, grad.indices, grad.dense_shape)
-    return scaled
+    return weigh(grad, factor, self._constant)
+
+  def _constant(self, factor, dtype) -> tf.Tensor:
+    # One constant per factor and dtype, shared by every weighted gradient.
+    if (factor, dtype) not in self._consts:
+      self._consts[factor, dtype] = tf.constant(factor, dtype)
+    return self._consts[factor, dtype]
 
   def add(self, t: tf.Tensor, grad, store=None) -> None:
     if grad is not None:

@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from graphgrad import _compat
 from graphgrad.analysis._layers import LayerGraph
+from graphgrad.core._gradients import is_one, is_zero
 from graphgrad.plan import _hooks
-from graphgrad.plan._backprop import is_one, is_zero
 from graphgrad.plan._cuts import CutPlan, Group, Key, Kind
 
 Entry = Tuple[tf.Operation, int]

@@ -50,13 +50,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from graphgrad.analysis._layers import LayerGraph
-from graphgrad.methods._backward import completed_upstream
+from graphgrad.core._gradients import aggregate, completed_upstream, is_zero
 from graphgrad.plan import _hooks, _reach
-from graphgrad.plan._backprop import Backprop, aggregate, is_zero
+from graphgrad.plan._backprop import Backprop
 from graphgrad.plan._chains import Chains
 from graphgrad.plan._cuts import CutPlan, Group, Kind, ancestors
 
-__all__ = ["Rewrite", "Segments", "aggregate"]
+__all__ = ["Rewrite", "Segments"]
 
 # False: every linear rewrite takes the general path (a second backward pass
 # with ``fn``), as a nonlinear one does. Exactness tests compare both paths.

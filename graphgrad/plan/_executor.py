@@ -1,7 +1,7 @@
 """The TF1 executor: builds a plan's declarations on its ``tf.Graph``.
 
 :func:`build` is the one entry point. It reads the
-:class:`~graphgrad.plan._declarations.Declarations` of a
+:class:`~graphgrad.core._declaration_model.Declarations` of a
 :class:`~graphgrad.GradientPlan` and
 
 * with no declaration that rewrites the backward pass, makes the single
@@ -37,10 +37,11 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
+from graphgrad.core._declaration_model import Declaration, Declarations
+from graphgrad.core._gradients import aggregate
 from graphgrad.methods import _backward, _pcgrad
 from graphgrad.plan import _override
-from graphgrad.plan._declarations import Declaration, Declarations
-from graphgrad.plan._engine import Rewrite, Segments, aggregate
+from graphgrad.plan._engine import Rewrite, Segments
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources, TransformContext
 from graphgrad.transforms._group import GroupTransform

@@ -30,27 +30,11 @@ from graphgrad.analysis._no_gradient import (
   ops_on_path,
   ops_without_gradient,
 )
-from graphgrad.plan._declarations import Declarations
-from graphgrad.plan._engine import aggregate
+from graphgrad.core._declaration_model import Declarations
+from graphgrad.core._gradients import aggregate, input_grads, straight_through
 
 GradFn = Callable[..., object]
 _P = TypeVar("_P", bound="Overriding")
-
-
-def straight_through(op: tf.Operation, *grads):
-  """The straight-through estimator: input ``i`` gets output ``i``'s gradient.
-
-  Inputs with no output of the same index, dtype and compatible shape (a
-  ``FakeQuant`` op's ``min``/``max``) get ``None``: the identity backward of
-  ``gradient_override_map({"Round": "Identity"})``.
-  """
-  out = []
-  for i, t in enumerate(op.inputs):
-    g = grads[i] if i < len(grads) else None
-    ok = (g is not None and t.dtype == op.outputs[i].dtype
-          and t.shape.is_compatible_with(op.outputs[i].shape))
-    out.append(g if ok else None)
-  return out
 
 
 def resolve_op(loss: tf.Tensor, sources, op, caller: str) -> Tuple[str, str]:
@@ -164,49 +148,6 @@ def no_gradient_error(loss: tf.Tensor, ops: Sequence[tf.Operation],
       f"identity (the straight-through estimator), or "
       f"plan.override_gradient(op, fn) with fn(op, *output_grads) -> input "
       f"grads; `op` is the op, its name, or its type ({ops[0].type!r}).")
-
-
-def input_grads(op, fn: GradFn, grads) -> List:
-  """Calls ``fn`` and checks one gradient per input, of the input's shape.
-
-  ``op`` is a ``tf.Operation``, or anything with its ``name``, ``type``,
-  ``inputs`` and ``outputs`` (a KerasPlan's layer call).
-  """
-  with tf.name_scope(op.name.replace("/", "_") + "_override"):
-    out = fn(op, *grads)
-  if not isinstance(out, (list, tuple)):
-    out = [out]
-  name = "straight_through" if fn is straight_through else "override_gradient"
-  if len(out) != len(op.inputs):
-    raise _errors.IncompatibleGradientError(
-        f"{name}: fn returned {len(out)} gradient(s) for {op.name}, which has "
-        f"{len(op.inputs)} input(s). Return one gradient (or None) per "
-        f"input, in order.")
-  checked = []
-  for t, g in zip(op.inputs, out):
-    if g is not None:
-      dense = g.values if isinstance(g, tf.IndexedSlices) else g
-      dense = tf.convert_to_tensor(dense)
-      if dense.dtype != t.dtype or (not isinstance(g, tf.IndexedSlices)
-                                    and not dense.shape.is_compatible_with(
-                                        t.shape)):
-        raise _errors.IncompatibleGradientError(
-            f"{name}: the gradient fn returned for the input {_describe(t)} of "
-            f"{op.name} has shape {dense.shape} {dense.dtype.name}; the input "
-            f"has shape {t.shape} {t.dtype.name}. Return a gradient of each "
-            f"input's shape and dtype.")
-      g = dense if not isinstance(g, tf.IndexedSlices) else g
-    checked.append(g)
-  if fn is straight_through and not any(g is not None for g in checked):
-    raise _errors.GraphGradError(
-        f"straight_through: no input of {op.name} (type {op.type}) matches an "
-        f"output of the same index in dtype and shape, so the identity has "
-        f"nowhere to send the gradient. Use plan.override_gradient(op, fn).")
-  return checked
-
-
-def _describe(t) -> str:
-  return t.name if tf.is_symbolic_tensor(t) else "of shape " + str(t.shape)
 
 
 def gradients(ys, xs, grad_ys=None, stop_gradients=None, *,

@@ -3,7 +3,7 @@
 A thin front: each declaring method checks what only a ``tf.Graph`` plan can
 check (the layer has a floating-point output, the layer-graph edge exists,
 the replacement can handle the layer, the task losses) and records the
-declaration in the plan's :class:`~graphgrad.plan._declarations.Declarations`;
+declaration in the plan's ``Declarations`` (``graphgrad.core``);
 :func:`graphgrad.plan._executor.build` builds them.
 """
 
@@ -16,9 +16,9 @@ from graphgrad.analysis import _graph_util
 from graphgrad.analysis._analyze import analyze
 from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layers import LayerGraph
+from graphgrad.core._declaration_model import Declarations
 from graphgrad.methods import _pcgrad
 from graphgrad.plan import _arguments, _executor
-from graphgrad.plan._declarations import Declarations
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
 from graphgrad.plan._override import Overriding
 from graphgrad.plan._training import Training

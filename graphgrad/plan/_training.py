@@ -16,8 +16,8 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layers import LayerGraph
+from graphgrad.core._declaration_model import Declarations
 from graphgrad.plan import _advice, _executor, _optimizer
-from graphgrad.plan._declarations import Declarations
 from graphgrad.transforms._context import Resources
 
 log = logging.getLogger("graphgrad")

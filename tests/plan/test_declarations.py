@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from graphgrad.plan._declarations import Declarations, Kind
+from graphgrad.core._declaration_model import DeclarationKind, Declarations
 from helpers import dense, evaluate
 
 T = gg.transforms
@@ -26,8 +26,9 @@ def test_declarations_keep_order_and_chain_per_layer():
   d.add_upstream("l2", T.identity())
   d.add_upstream("l1", T.identity())  # identity only: no rewrite at all
   d.add_edge("l1", "l2", T.reverse(0.3))
-  assert [x.kind for x in d] == [Kind.UPSTREAM, Kind.GRADIENTS, Kind.UPSTREAM,
-                                 Kind.UPSTREAM, Kind.EDGE]
+  K = DeclarationKind
+  assert [x.kind for x in d] == [K.UPSTREAM, K.GRADIENTS, K.UPSTREAM,
+                                 K.UPSTREAM, K.EDGE]
   assert repr(d.upstream) == "{'l2': chain(scale(0.5), scale(1))}"
   assert d.layers == ("l2", "l1") and d.rewrites_backward
   assert not d.reads_global_step
@@ -57,7 +58,8 @@ def test_overrides_are_declarations_of_their_own_kind():
   d.add_override(("type", "Round"), half, "override_gradient")
   d.add_override(("layer", "quant"), half, "straight_through")
   d.add_upstream("l2", T.scale(0.5))
-  assert [x.kind for x in d] == [Kind.OVERRIDE, Kind.OVERRIDE, Kind.UPSTREAM]
+  K = DeclarationKind
+  assert [x.kind for x in d] == [K.OVERRIDE, K.OVERRIDE, K.UPSTREAM]
   assert d.overrides == {("type", "Round"): half, ("layer", "quant"): half}
   # Only a layer's override names a layer.
   assert d.layers == ("quant", "l2")

@@ -15,7 +15,7 @@ tape. Both read them through the read-only accessors below.
 
 Example:
   >>> import graphgrad as gg
-  >>> from graphgrad.plan._declarations import Declarations
+  >>> from graphgrad.core._declaration_model import Declarations
   >>> d = Declarations(resolve=lambda name, arg: name, owner="GradientPlan")
   >>> d.add_upstream("l2", gg.transforms.scale(0.5))
   >>> d.add_gradients("l2", gg.transforms.clip_by_global_norm(1.0))
@@ -54,7 +54,7 @@ Resolver = Callable[[Any, str], str]
 Validate = Optional[Callable[[], Any]]
 
 
-class Kind(enum.Enum):
+class DeclarationKind(enum.Enum):
   """The kinds of declaration."""
   UPSTREAM = "upstream"
   GRADIENTS = "gradients"
@@ -62,6 +62,9 @@ class Kind(enum.Enum):
   BACKWARD = "backward"
   TASKS = "tasks"
   OVERRIDE = "override"
+
+_TRANSFORMS = (DeclarationKind.UPSTREAM, DeclarationKind.GRADIENTS,
+               DeclarationKind.EDGE)
 
 # How an override names what it overrides: an op's name, every op of a type,
 # or (KerasPlan) the call of a layer.
@@ -85,7 +88,7 @@ class Declaration:
     op: what an override matches: ``(match, key)``, ``match`` one of
       ``"name"``, ``"type"``, ``"layer"``; else ``None``.
   """
-  kind: Kind
+  kind: DeclarationKind
   layer: str
   fn: Any = None
   upper: Optional[str] = None
@@ -125,13 +128,13 @@ class Declarations:
   def add_upstream(self, layer, fn, validate: Validate = None) -> None:
     name = self._layer(layer, "layer")
     fn = self._per_tensor(fn, "transform_upstream")
-    self._add(Declaration(Kind.UPSTREAM, name, fn), validate)
+    self._add(Declaration(DeclarationKind.UPSTREAM, name, fn), validate)
 
   def add_gradients(self, layer, fn, validate: Validate = None) -> None:
     name = self._layer(layer, "layer")
     if not isinstance(fn, GroupTransform):
       fn = as_transform(fn)
-    self._add(Declaration(Kind.GRADIENTS, name, fn), validate)
+    self._add(Declaration(DeclarationKind.GRADIENTS, name, fn), validate)
 
   def add_edge(self, lower, upper, fn, validate: Validate = None) -> None:
     lo = self._layer(lower, "lower")
@@ -141,7 +144,7 @@ class Declarations:
           f"transform_edge: `lower` and `upper` are both {lo!r}; an edge "
           f"joins two layers. Use transform_upstream({lo!r}, fn) instead.")
     fn = self._per_tensor(fn, "transform_edge")
-    self._add(Declaration(Kind.EDGE, lo, fn, upper=up), validate)
+    self._add(Declaration(DeclarationKind.EDGE, lo, fn, upper=up), validate)
 
   def add_backward(self, layer, fn, validate: Validate = None) -> None:
     name = self._layer(layer, "layer")
@@ -156,7 +159,7 @@ class Declarations:
           f"replace_backward: layer {name!r} already has the replacement "
           f"{self.backward[name]!r}; a layer's backward pass is replaced "
           f"once. Make a new {self._owner} to try another.")
-    self._add(Declaration(Kind.BACKWARD, name, fn), validate)
+    self._add(Declaration(DeclarationKind.BACKWARD, name, fn), validate)
 
   def add_tasks(self, layer, losses: Optional[Sequence[Any]],
                 method, validate: Validate = None) -> None:
@@ -172,8 +175,9 @@ class Declarations:
           f"with {self.tasks[name].method!r}; declare it once, with every "
           f"task loss.")
     self._add(Declaration(
-        Kind.TASKS, name, losses=None if losses is None else tuple(losses),
-        method=method), validate)
+        DeclarationKind.TASKS, name,
+        losses=None if losses is None else tuple(losses), method=method),
+        validate)
 
   def add_override(self, op: Tuple[str, str], fn, caller: str,
                    validate: Validate = None) -> None:
@@ -202,8 +206,9 @@ class Declarations:
           f"{caller}: {key!r} already has a backward pass in this plan; an "
           f"op's gradient is overridden once. Make a new {self._owner} to "
           f"try another.")
-    self._add(Declaration(Kind.OVERRIDE, key if match == "layer" else "", fn,
-                          op=op), validate)
+    self._add(Declaration(DeclarationKind.OVERRIDE,
+                          key if match == "layer" else "", fn, op=op),
+              validate)
 
   def freeze(self) -> None:
     """Refuses further declarations: the plan is being built."""
@@ -221,7 +226,7 @@ class Declarations:
   def __len__(self) -> int:
     return len(self._items)
 
-  def of_kind(self, kind: Kind) -> Tuple[Declaration, ...]:
+  def of_kind(self, kind: DeclarationKind) -> Tuple[Declaration, ...]:
     return tuple(d for d in self._items if d.kind is kind)
 
   @property
@@ -231,37 +236,38 @@ class Declarations:
     Layers whose transforms compose to the identity are left out: they need
     no rewrite at all.
     """
-    out = _chained(((d.layer, d.fn) for d in self.of_kind(Kind.UPSTREAM)))
+    out = _chained((d.layer, d.fn)
+                   for d in self.of_kind(DeclarationKind.UPSTREAM))
     return {k: fn for k, fn in out.items() if not is_identity(fn)}
 
   @property
   def edges(self) -> Dict[Tuple[str, str], Transform]:
     """``(lower, upper)`` -> the edge's transforms chained in order."""
     return _chained(((d.layer, d.upper), d.fn)
-                    for d in self.of_kind(Kind.EDGE))
+                    for d in self.of_kind(DeclarationKind.EDGE))
 
   @property
   def gradients(self) -> Dict[str, Tuple[Any, ...]]:
     """Layer -> its parameter transforms (group ones included), in order."""
     out: Dict[str, Tuple[Any, ...]] = {}
-    for d in self.of_kind(Kind.GRADIENTS):
+    for d in self.of_kind(DeclarationKind.GRADIENTS):
       out[d.layer] = out.get(d.layer, ()) + (d.fn,)
     return out
 
   @property
   def backward(self) -> Dict[str, Any]:
     """Layer -> its backward replacement."""
-    return {d.layer: d.fn for d in self.of_kind(Kind.BACKWARD)}
+    return {d.layer: d.fn for d in self.of_kind(DeclarationKind.BACKWARD)}
 
   @property
   def tasks(self) -> Dict[str, Declaration]:
     """Layer -> its task-combination declaration."""
-    return {d.layer: d for d in self.of_kind(Kind.TASKS)}
+    return {d.layer: d for d in self.of_kind(DeclarationKind.TASKS)}
 
   @property
   def overrides(self) -> Dict[Tuple[str, str], Any]:
     """``(match, key)`` -> the override's gradient function."""
-    return {d.op: d.fn for d in self.of_kind(Kind.OVERRIDE) if d.op}
+    return {d.op: d.fn for d in self.of_kind(DeclarationKind.OVERRIDE) if d.op}
 
   @property
   def layers(self) -> Tuple[str, ...]:
@@ -276,7 +282,7 @@ class Declarations:
     """True when a declared transform reads the global step (annealed noise):
     the executor then advances it."""
     return any(getattr(d.fn, "reads_global_step", False) for d in self._items
-               if d.kind in (Kind.UPSTREAM, Kind.GRADIENTS, Kind.EDGE))
+               if d.kind in _TRANSFORMS)
 
   @property
   def rewrites_backward(self) -> bool:
