@@ -2,23 +2,12 @@
 
 :func:`backward_of_call` is what a rewritten layer's ``tf.custom_gradient``
 runs: it receives ``dy``, the gradient at the call's outputs summed over all
-consumers, and applies the plan's declarations for that layer in the order
-the TF1 engine does:
+consumers, and applies the layer's declarations through the per-layer
+policy (:func:`graphgrad.core._layer_policy.layer_backward`), with the
+call's inner tape as the VJP provider. An override is the call's gradient
+function, so task gradients (plain backpropagation) use it too.
 
-1. a task combination rewrites ``dy`` (the layer's parameters and
-   everything below see the result);
-2. the layer's own variables get their gradients from that ``g``;
-3. the upstream transform maps ``g`` to ``fn(g)``;
-4. the inputs get what backpropagating ``fn(g)`` through the call gives, or
-   what the backward replacement returns instead, or what the layer's
-   override (``override_gradient``, ``straight_through``) returns: an
-   override is the call's gradient function, so task gradients use it too.
-
-A linear upstream transform ``fn(g) = c * g`` on a layer with neither a
-replacement nor an override takes steps 2 to 4 in one VJP of ``g``, whose
-share below is weighted by ``c`` (:mod:`graphgrad.keras._linear`).
-
-:func:`edge_grads` then hands the share of the inputs' gradient that reaches
+:func:`edge_grads` then hands the part of the inputs' gradient that reaches
 a lower layer's outputs through glue to the lower layer, rewritten by the
 edge transform.
 """
@@ -28,8 +17,14 @@ from typing import Any, List, NamedTuple, Tuple
 
 import tensorflow as tf
 
-from graphgrad.core._gradients import add_dense, dense, input_grads, is_float
-from graphgrad.keras import _linear
+from graphgrad.core._gradients import (
+  add_dense,
+  dense,
+  input_grads,
+  is_float,
+  weigh,
+)
+from graphgrad.core._layer_policy import LayerRules, layer_backward
 from graphgrad.transforms import _checks
 
 
@@ -58,22 +53,31 @@ class LayerCall(NamedTuple):
   layer: Any
 
 
-def _chain(run, path, inner, outs, xs, variables, g):
-  """Plain backpropagation through the call, or its override's for xs."""
-  n = len(xs)
-  override = run.plan.declarations.overrides.get(("layer", path))
-  if override is None:
-    res = inner.gradient(outs, xs + variables, output_gradients=g)
-    return list(res[:n]), list(res[n:])
-  dv = inner.gradient(outs, variables, output_gradients=g) if variables else []
-  return overridden(run, path, override, xs, outs, g), list(dv)
-
-
 def overridden(run, path: str, fn, xs, outs, g) -> list:
   """The gradients ``fn`` gives the inputs of one call of layer ``path``."""
   layer = run.plan.layer(path)
   call = LayerCall(path, type(layer).__name__, tuple(xs), tuple(outs), layer)
   return list(input_grads(call, fn, list(g)))
+
+
+class _TapeVJP:
+  """The VJP provider of one layer call: its inner tape's ``gradient``."""
+
+  def __init__(self, inner, outs, xs, variables, own):
+    self.inner, self.outs, self.xs = inner, outs, xs
+    self.own = [variables[i] for i in own]
+    self.other = [v for i, v in enumerate(variables) if i not in set(own)]
+
+  def __call__(self, grads, inputs: bool, own: bool, other: bool):
+    xs = list(self.xs) if inputs else []
+    vs = (self.own if own else []) + (self.other if other else [])
+    res = (self.inner.gradient(self.outs, xs + vs, output_gradients=grads)
+           if xs or vs else [])
+    n, m = len(xs), len(self.own) if own else 0
+    return list(res[:n]), list(res[n:n + m]), list(res[n + m:])
+
+  def weigh(self, grad, factor):
+    return weigh(grad, factor)
 
 
 def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
@@ -93,7 +97,7 @@ def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
   Returns:
     ``(gradients for xs, gradients for variables)``.
   """
-  if not run.plain:  # task gradients are plain backpropagation
+  if not run.plain:
     dys = run.combine_tasks(path, call, dys)
   pairs = [(o, dy) for o, dy in zip(tf.nest.flatten(out), dys)
            if is_float(o) and dy is not None]
@@ -103,51 +107,43 @@ def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
   if not outs:
     return [None] * n, [None] * len(variables)
   plan = run.plan
-  if run.plain:
-    return _chain(run, path, inner, outs, xs, variables, g)
-  run.done[path] = g
-  fn = plan.declarations.upstream.get(path)
-  replace = plan.declarations.backward.get(path)
-  override = plan.declarations.overrides.get(("layer", path))
-  if fn is None and replace is None:
-    return _chain(run, path, inner, outs, xs, variables, g)
-  own_refs = {v.ref() for v in plan.own_variables(path)}
-  own = [i for i, v in enumerate(variables) if v.ref() in own_refs]
-  if (_linear.FUSE_LINEAR and replace is None and override is None
-      and fn is not None and fn.linear_factor is not None):
-    return _linear.backward(inner, outs, g, xs, variables, set(own),
-                            fn.linear_factor)
-  other = [i for i in range(len(variables)) if i not in set(own)]
-  dv = _own_grads(inner, outs, g, variables, own)
-  if fn is not None:
-    g = [_checks.checked(fn, dy, run.context(path, "upstream", tensor=o),
-                         f"transform_upstream({path!r}) on {describe(o)}")
-         for o, dy in zip(outs, g)]
-  below = xs if replace is None and override is None else []
-  res = inner.gradient(outs, below + [variables[i] for i in other],
-                       output_gradients=g) if below or other else []
-  for i, grad in zip(other, res[len(below):]):
+  decl = plan.declarations
+  override = decl.overrides.get(("layer", path))
+  if run.plain:  # task gradients: plain backpropagation, or the override
+    rules = LayerRules(override=None if override is None else (
+        lambda gs: overridden(run, path, override, xs, outs, gs)))
+    own = list(range(len(variables)))
+  else:
+    fn, replace = decl.upstream.get(path), decl.backward.get(path)
+    own_refs = {v.ref() for v in plan.own_variables(path)}
+    own = [i for i, v in enumerate(variables) if v.ref() in own_refs]
+
+    def tasks(gs):  # combined above, over every output of the call
+      run.done[path] = gs
+      return gs
+
+    rules = LayerRules(
+        tasks=tasks,
+        upstream=None if fn is None else lambda gs: [
+            _checks.checked(fn, dy, run.context(path, "upstream", tensor=o),
+                            f"transform_upstream({path!r}) on {describe(o)}")
+            for o, dy in zip(outs, gs)],
+        factor=(fn.linear_factor if fn is not None and plan.fuse_linear
+                else None),
+        replace=None if replace is None else lambda gs, chain_rule: (
+            run.replace(path, replace, xs, outs, gs, chain_rule)),
+        override=None if override is None else (
+            lambda gs: overridden(run, path, override, xs, outs, gs)))
+  result = layer_backward(rules, g, _TapeVJP(inner, outs, xs, variables, own))
+  dv: list = [None] * len(variables)
+  mine = set(own)
+  for i, grad in zip(own, result.own):
     dv[i] = grad
-  if override is not None:
-    return overridden(run, path, override, xs, outs, g), dv
-  if replace is None:
-    return list(res[:n]), dv
-  dx = run.replace(path, replace, xs, outs, g,
-                   lambda: list(inner.gradient(outs, xs, output_gradients=g)))
+  for i, grad in zip([i for i in range(len(variables)) if i not in mine],
+                     result.other):
+    dv[i] = grad
+  dx = [None] * n if result.inputs is None else list(result.inputs)
   return dx, dv
-
-
-def _own_grads(inner, outs, g, variables, own) -> list:
-  """True gradients of ``variables[i]`` for ``i`` in ``own``; None elsewhere.
-
-  A layer's own parameters take the chain rule from the gradient at its
-  outputs before any upstream transform or replacement.
-  """
-  dv = [None] * len(variables)
-  for i, grad in zip(own, inner.gradient(
-      outs, [variables[i] for i in own], output_gradients=g) if own else []):
-    dv[i] = grad
-  return dv
 
 
 def edge_grads(run, entries, xs, dx) -> List:

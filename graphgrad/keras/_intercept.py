@@ -54,13 +54,13 @@ class Interceptor:
     self.edges = decl.edges
     # Layers whose backward pass needs more than an upstream transform.
     special = ({up for _, up in self.edges} | set(decl.backward)
-               | set(decl.tasks) | set(plan.cut_layers)
+               | set(decl.tasks) | set(plan.read_layers)
                | {k for m, k in decl.overrides if m == "layer"})
     self.custom = set(decl.upstream) | special
     # Layers whose one declaration is a linear upstream rewrite: they may
     # run uninterrupted on inputs scaled in the backward pass (_linear).
     self.light = {p: fn.linear_factor for p, fn in decl.upstream.items()
-                  if _linear.FUSE_LINEAR and fn.linear_factor is not None
+                  if plan.fuse_linear and fn.linear_factor is not None
                   and p not in special}
     self.calls: collections.Counter = collections.Counter()
     self.outputs: Dict[str, List[list]] = collections.defaultdict(list)
@@ -79,7 +79,7 @@ class Interceptor:
 
   def targets(self) -> List[str]:
     """Every layer the plan names, and the layers its replacements read."""
-    names = list(self.plan.declarations.layers) + list(self.plan.cut_layers)
+    names = list(self.plan.declarations.layers) + list(self.plan.read_layers)
     return list(dict.fromkeys(names))
 
   # -- patching ------------------------------------------------------------

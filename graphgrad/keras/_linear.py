@@ -1,18 +1,13 @@
-"""One VJP for a layer whose upstream rewrite is linear, in the TF2 tape.
+"""A layer whose one declaration is a linear upstream rewrite, uncut.
 
-A linear rewrite ``f(dy) = c * dy`` commutes with the layer's VJP. Two ways
-use that:
-
-* :func:`scaled_input`: when the layer's only declaration is the linear
-  upstream rewrite and its call reads no variable but its own, the layer
-  runs as it is, under the user's tape, on inputs that pass through an
-  identity whose gradient is ``c`` times what reaches it. The layer's own
-  variables then get the plain gradient, and everything below that is
-  reached through the layer gets ``c`` times its share: the rewrite, with no
-  interception of the layer at all. Bypass paths never pass the identity.
-* :func:`backward`: inside the layer's ``tf.custom_gradient`` (where other
-  declarations need it), one VJP of ``dy``, with what it sends below
-  weighted by ``c``, instead of a second VJP of ``f(dy)``.
+A linear rewrite ``f(dy) = c * dy`` commutes with the layer's VJP. When it
+is the layer's only declaration and the call reads no variable but its own,
+the layer runs as it is, under the user's tape, on inputs that pass through
+an identity whose gradient is ``c`` times what reaches it
+(:func:`scaled_input`). The layer's own variables then get the plain
+gradient, and everything below that is reached through the layer gets ``c``
+times its gradient, with no interception of the layer at all. Bypass paths
+never pass the identity.
 """
 
 import logging
@@ -21,27 +16,12 @@ from typing import Callable
 
 import tensorflow as tf
 
-log = logging.getLogger("graphgrad")
+from graphgrad.core._gradients import is_zero, weigh
 
-# False: a linear upstream rewrite takes the general path (a second VJP with
-# ``fn(dy)``), as a nonlinear one does. Exactness tests compare both paths.
-FUSE_LINEAR = True
+log = logging.getLogger("graphgrad")
 
 # layer -> whether its call reads only the layer's own variables.
 _READS_OWN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _weigh(g, factor):
-  if g is None:
-    return None
-  if isinstance(g, tf.IndexedSlices):
-    return tf.IndexedSlices(g.values * tf.cast(factor, g.values.dtype),
-                            g.indices, g.dense_shape)
-  return g * tf.cast(factor, g.dtype)
-
-
-def _is_zero(factor) -> bool:
-  return isinstance(factor, (int, float)) and factor == 0
 
 
 def reads_only_own(layer, call: Callable, args, kwargs, own) -> bool:
@@ -81,26 +61,6 @@ def scaled_input(t: tf.Tensor, factor, plain: Callable[[], bool]):
     def grad(dy):
       if plain():
         return dy
-      return None if _is_zero(factor) else _weigh(dy, factor)
+      return None if is_zero(factor) else weigh(dy, factor)
     return tf.identity(x), grad
   return scaled(t)
-
-
-def backward(inner, outs, dys, xs, variables, own, factor):
-  """One VJP for a linear upstream rewrite ``factor * dy``.
-
-  The layer's own variables get the VJP of ``dy``; its inputs and the other
-  layers' variables it reads get ``factor`` times theirs, which is the VJP
-  of ``factor * dy``. A factor of 0 computes the own variables' VJP alone and
-  sends nothing below.
-  """
-  n = len(xs)
-  if _is_zero(factor):
-    mine = [variables[i] for i in sorted(own)]
-    grads = dict(zip(sorted(own), inner.gradient(
-        outs, mine, output_gradients=dys))) if mine else {}
-    return [None] * n, [grads.get(i) for i in range(len(variables))]
-  g = inner.gradient(outs, xs + variables, output_gradients=dys)
-  dv = [gv if i in own else _weigh(gv, factor)
-        for i, gv in enumerate(g[n:])]
-  return [_weigh(d, factor) for d in g[:n]], dv

@@ -17,17 +17,17 @@ and its result is checked, as on a ``GradientPlan``.
 """
 
 import dataclasses
-import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.keras._layers import tf_variable
 from graphgrad.methods import _backward
-from graphgrad.methods import _synthetic as _synthetic_lib
+from graphgrad.methods._dfa import DirectFeedbackAlignment
+from graphgrad.methods._fa import FeedbackAlignment
+from graphgrad.methods._synthetic import SyntheticGradients
 
 GradsAndVars = List[Tuple[Gradient, tf.Variable]]
 
@@ -119,20 +119,10 @@ class KerasBackwardContext:
 _FIX = "Give the model's input a static shape (keras.Input(shape=...))."
 
 
-def _features(t, what: str) -> int:
-  return _backward.static_features(t, what, _FIX)
-
-
-def feedback_matrix(ctx: KerasBackwardContext, key: str, shape, stddev,
-                    seed: Optional[int]) -> tf.Variable:
-  """A fixed ``N(0, stddev^2)`` matrix, the TF1 plan's for equal ``seed``."""
-  def init():
-    if seed is None:
-      return tf.random.normal(shape, stddev=stddev)
-    derived = zlib.crc32(f"{key}/{ctx.name}".encode())
-    return tf.random.stateless_normal(shape, seed=[seed, derived],
-                                      stddev=stddev)
-  return ctx.variables.get(f"{key}/{ctx.name}", init, trainable=False,
+def _matrix(ctx: KerasBackwardContext, key: str,
+            value: Callable[[], tf.Tensor]) -> tf.Variable:
+  """The fixed matrix under ``key``, made once from ``value()``."""
+  return ctx.variables.get(f"{key}/{ctx.name}", value, trainable=False,
                            name="B")
 
 
@@ -162,9 +152,8 @@ def _feedback_alignment(r, ctx: KerasBackwardContext) -> List[Gradient]:
         f"feedback_alignment: layer {ctx.name!r} got an input of shape "
         f"{x.shape}; feedback alignment needs a [batch, features] input. "
         f"Flatten it first (keras.layers.Flatten).")
-  fan = int(kernel.shape[-1])
-  stddev = r.stddev if r.stddev is not None else 1.0 / np.sqrt(fan)
-  b = feedback_matrix(ctx, "feedback_alignment", kernel.shape, stddev, r.seed)
+  b = _matrix(ctx, "feedback_alignment", lambda: r.matrix_value(
+      ctx.name, kernel.shape, int(kernel.shape[-1])))
   # delta: the gradient at x @ W, through the bias and activation above it.
   with tf.GradientTape() as tape:
     z = tf.matmul(x, tf.cast(kernel, x.dtype))
@@ -184,19 +173,10 @@ def _direct_feedback_alignment(r, ctx: KerasBackwardContext, error_layer):
         f"direct_feedback_alignment: the error layer {error_layer!r} must "
         f"have one floating-point output (the logits); it has "
         f"{len(error)}. Pass error_layer= a layer with a single output.")
-  if error[0] is None:
-    return [None] * len(ctx.inputs)
-  e = tf.convert_to_tensor(error[0])
-  n_err = _features(e, "direct_feedback_alignment error")
-  e = tf.reshape(e, [-1, n_err])
-  out = []
-  for i, t in enumerate(ctx.inputs):
-    n_in = _features(t, f"direct_feedback_alignment on {ctx.name!r}")
-    stddev = r.stddev if r.stddev is not None else 1.0 / np.sqrt(n_err)
-    b = feedback_matrix(ctx, f"dfa_{i}", [n_err, n_in], stddev, r.seed)
-    g = tf.matmul(tf.cast(e, t.dtype), tf.cast(b, t.dtype))
-    out.append(tf.reshape(g, tf.shape(t)))
-  return out
+  return r.project(error[0], ctx.inputs, ctx.name,
+                   lambda i, n_err, n_in, value: _matrix(ctx, f"dfa_{i}",
+                                                         value),
+                   fix=_FIX)
 
 
 # -- synthetic gradients -------------------------------------------------------
@@ -204,12 +184,11 @@ def _direct_feedback_alignment(r, ctx: KerasBackwardContext, error_layer):
 def _module(r, ctx, i, sizes, dtype) -> List[tf.Variable]:
   """The synthetic module at input ``i``: the TF1 plan's initial values."""
   prefix = f"synthetic/{ctx.name}/{i}"
-  values: List[tf.Tensor] = []  # module_values, made on the first init
+  values: List[tf.Tensor] = []  # the initial values, made on first use
 
   def value(k):
     if not values:
-      values.extend(_synthetic_lib.module_values(r.seed, ctx.name, i, sizes,
-                                                 dtype))
+      values.extend(r.initial_values(ctx.name, i, sizes, dtype))
     return values[k]
   made = []
   for j in range(len(sizes) - 1):
@@ -223,32 +202,30 @@ def _module(r, ctx, i, sizes, dtype) -> List[tf.Variable]:
 
 
 def _synthetic(r, ctx: KerasBackwardContext):
-  true = ctx.chain_rule()
-  out: List[Gradient] = []
-  extra: GradsAndVars = []
-  for i, (x, target) in enumerate(zip(ctx.inputs, true)):
-    if target is None:
-      out.append(None)
-      continue
-    z, n = _synthetic_lib.module_input(x, ctx.labels, ctx.name, _FIX)
-    variables = _module(r, ctx, i, [int(z.shape[-1]), *r.hidden, n], x.dtype)
+  def train(build):
     with tf.GradientTape() as tape:
-      prediction = tf.reshape(_synthetic_lib.mlp(z, variables), tf.shape(x))
-      target = tf.stop_gradient(tf.convert_to_tensor(target))
-      loss = tf.cast(r.loss_weight, x.dtype) * tf.reduce_sum(
-          tf.square(prediction - target))
-    extra += list(zip(tape.gradient(loss, variables), variables))
-    out.append(prediction)
+      module = build()
+    return module, tape.gradient(module.loss, list(module.variables))
+
+  out, extra, _ = r.predict(
+      ctx.inputs, ctx.chain_rule(), ctx.labels, ctx.name,
+      lambda i, sizes, dtype: _module(r, ctx, i, sizes, dtype), train,
+      fix=_FIX)
   return out, extra
 
 
 # -- dispatch ------------------------------------------------------------------
 
+_METHODS = ((FeedbackAlignment, "feedback_alignment"),
+            (DirectFeedbackAlignment, "direct_feedback_alignment"),
+            (SyntheticGradients, "synthetic"))
+
 def method_of(fn) -> Optional[str]:
   """``fn``'s name when it is one of gg.backward's methods, else ``None``."""
-  name = getattr(fn, "name", None)
-  known = ("feedback_alignment", "direct_feedback_alignment", "synthetic")
-  return name if name in known and hasattr(fn, "backward") else None
+  for cls, name in _METHODS:
+    if isinstance(fn, cls):
+      return name
+  return None
 
 
 def check(fn, layer, path: str) -> None:

@@ -23,10 +23,10 @@ from graphgrad import _errors
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._gradients import straight_through as identity
 
-_P = TypeVar("_P", bound="Overriding")
+_P = TypeVar("_P", bound="LayerOverriding")
 
 
-class Overriding:
+class LayerOverriding:
   """``override_gradient`` and ``straight_through`` of a KerasPlan.
 
   The plan sets ``_index`` (its ``LayerIndex``) and ``_declarations``.

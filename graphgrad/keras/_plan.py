@@ -15,12 +15,13 @@ inside ``tf.function``.
 """
 
 import logging
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Union
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core._declaration_model import Declarations
+from graphgrad.core._layer_policy import check_linear
 from graphgrad.keras import _methods
 from graphgrad.keras._layers import (
   LayerIndex,
@@ -29,8 +30,8 @@ from graphgrad.keras._layers import (
   layer_variables,
   tf_variable,
 )
-from graphgrad.keras._override import Overriding
-from graphgrad.keras._tape import PlanTape
+from graphgrad.keras._override import LayerOverriding
+from graphgrad.keras._tape import PlanTape, PlanView
 from graphgrad.methods import _pcgrad
 from graphgrad.transforms._context import Resources
 
@@ -39,7 +40,7 @@ log = logging.getLogger("graphgrad")
 LayerRef = Union[str, Any]  # a Keras layer name or path, or the layer itself
 
 
-class KerasPlan(tf.Module, Overriding):
+class KerasPlan(tf.Module, LayerOverriding):
   """Rewrites gradients at the layer boundaries of a Keras model.
 
   The declarations are those of :class:`GradientPlan`, with a layer being
@@ -54,10 +55,15 @@ class KerasPlan(tf.Module, Overriding):
     global_step: optional step counter handed to transforms in their
       context, e.g. ``optimizer.iterations`` or a ``tf.Variable``.
     name: name scope for the ops graphgrad adds (a Python identifier).
+    linear: how a linear upstream rewrite (``scale``, ``zero``,
+      ``reverse``) is built: ``"fused"`` (the default) weights one VJP of
+      the layer by its factor, or runs the layer as it is on inputs whose
+      gradient is weighted; ``"general"`` calls it on the gradient, as any
+      other rewrite, with a second VJP. Both give the same gradients.
 
   Raises:
-    GraphGradError: if ``model`` is not a Keras layer or ``name`` is not an
-      identifier.
+    GraphGradError: if ``model`` is not a Keras layer, ``name`` is not an
+      identifier, or ``linear`` is neither ``"fused"`` nor ``"general"``.
 
   Example:
     >>> import tensorflow as tf, graphgrad as gg
@@ -74,7 +80,8 @@ class KerasPlan(tf.Module, Overriding):
     [[[1.0]], [[2.0]]]
   """
 
-  def __init__(self, model: Any, global_step=None, name: str = "graphgrad"):
+  def __init__(self, model: Any, global_step=None, name: str = "graphgrad",
+               linear: str = "fused"):
     if not is_keras_layer(model):
       raise _errors.GraphGradError(
           f"`model` must be a Keras model or layer (Keras 3 or tf-keras); got "
@@ -84,7 +91,9 @@ class KerasPlan(tf.Module, Overriding):
       raise _errors.GraphGradError(
           f"`name` must be a Python identifier, the name scope of the ops "
           f"graphgrad adds; got {name!r}. Pass e.g. name='graphgrad'.")
+    fuse_linear = check_linear(linear, "gg.KerasPlan")
     super().__init__(name=name)
+    self._fuse_linear = fuse_linear
     self._model = model
     self._global_step = global_step
     self._index = LayerIndex(model)
@@ -305,9 +314,10 @@ class KerasPlan(tf.Module, Overriding):
       self._declarations.freeze()
       log.info("graphgrad KerasPlan on %s: %s", self._model.name,
                self._declarations.summary())
-    return PlanTape(self, persistent, watch_accessed_variables, labels)
+    return PlanTape(self._view(), persistent, watch_accessed_variables,
+                    labels)
 
-  # -- public accessors (what the tape reads) ------------------------------
+  # -- public accessors ---------------------------------------------------
 
   @property
   def model(self):
@@ -324,25 +334,6 @@ class KerasPlan(tf.Module, Overriding):
     """The step counter handed to transforms, or ``None``."""
     return self._global_step
 
-  def step_tensor(self):
-    """``global_step`` as a ``tf.Variable`` or tensor (Keras 3 unwrapped)."""
-    step = self._global_step
-    var = tf_variable(step) if step is not None else None
-    return step if var is None else var
-
-  def enter_tape(self, tape: PlanTape) -> None:
-    """Marks ``tape`` open (``PlanTape.__enter__``); raises while one is."""
-    if self._open_tape is not None:
-      raise _errors.GraphGradError(
-          "a tape of this KerasPlan is already open; a nested one would "
-          "apply every transform twice (scale(0.5) would scale by 0.25). "
-          "Close it first, or record an outer step with tf.GradientTape.")
-    self._open_tape = tape
-
-  def exit_tape(self, tape: PlanTape) -> None:
-    """Marks ``tape`` closed (``PlanTape.__exit__``)."""
-    self._open_tape = None if self._open_tape is tape else self._open_tape
-
   @property
   def layer_names(self) -> List[str]:
     """Paths of every layer in the model, e.g. ``["block", "block/dense"]``."""
@@ -351,10 +342,6 @@ class KerasPlan(tf.Module, Overriding):
   def layer(self, path: str):
     """The Keras layer at ``path``."""
     return self._index[path]
-
-  def own_variables(self, path: str) -> List[tf.Variable]:
-    """The variables of the layer at ``path``, nested layers' included."""
-    return layer_variables(self._index[path])
 
   @property
   def method_variables(self) -> _methods.MethodVariables:
@@ -373,21 +360,45 @@ class KerasPlan(tf.Module, Overriding):
     return self._resources
 
   @property
-  def cut_layers(self) -> Tuple[str, ...]:
-    """Layers whose output gradients a replacement reads (DFA's error)."""
-    tops = [self.error_layer(p) for p in self._declarations.backward]
-    return tuple(dict.fromkeys(t for t in tops if t is not None))
-
-  def error_layer(self, path: str) -> Optional[str]:
-    """The error layer of the DFA replacement on ``path``, else ``None``."""
-    return _methods.error_layer(self._declarations.backward.get(path), path,
-                                self._model, self._index)
-
-  @property
   def trainable_variables(self):
     """The model's trainable variables, then the methods' (``tf.Module``)."""
     return tuple(self._model.trainable_variables) + tuple(
         v for v in self._methods.by_key.values() if v.trainable)
+
+  # -- what the tape reads ------------------------------------------------
+
+  def _view(self) -> PlanView:
+    tops = [self._error_layer(p) for p in self._declarations.backward]
+    return PlanView(
+        declarations=self._declarations, model=self._model, name=self.name,
+        resources=self._resources, method_variables=self._methods,
+        fuse_linear=self._fuse_linear,
+        read_layers=tuple(dict.fromkeys(t for t in tops if t is not None)),
+        layer_names=tuple(self._index.paths), layer=self.layer,
+        own_variables=lambda path: layer_variables(self._index[path]),
+        step_tensor=self._step_tensor, error_layer=self._error_layer,
+        enter_tape=self._enter_tape, exit_tape=self._exit_tape)
+
+  def _step_tensor(self):
+    """``global_step`` as a ``tf.Variable`` or tensor (Keras 3 unwrapped)."""
+    step = self._global_step
+    var = tf_variable(step) if step is not None else None
+    return step if var is None else var
+
+  def _enter_tape(self, tape: PlanTape) -> None:
+    if self._open_tape is not None:
+      raise _errors.GraphGradError(
+          "a tape of this KerasPlan is already open; a nested one would "
+          "apply every transform twice (scale(0.5) would scale by 0.25). "
+          "Close it first, or record an outer step with tf.GradientTape.")
+    self._open_tape = tape
+
+  def _exit_tape(self, tape: PlanTape) -> None:
+    self._open_tape = None if self._open_tape is tape else self._open_tape
+
+  def _error_layer(self, path: str) -> Optional[str]:
+    return _methods.error_layer(self._declarations.backward.get(path), path,
+                                self._model, self._index)
 
   def __repr__(self):
     return (f"KerasPlan(model={self._model.name}, "

@@ -1,20 +1,21 @@
 """PlanTape: a ``tf.GradientTape`` that executes a KerasPlan's declarations.
 
-The tape reads the plan only through its public accessors
-(``plan.declarations``, ``plan.model``, ``plan.layer(path)``,
-``plan.own_variables(path)``, ...). While it records, an
+The tape reads the plan only through the :class:`PlanView` the plan hands
+it (declarations, model, layers, their variables). While it records, an
 :class:`~graphgrad.keras._intercept.Interceptor` rewrites the named layers'
 backward passes; :meth:`PlanTape.gradient` then runs the backward pass,
 applies the parameter transforms, and collects the gradients of the
 variables the plan's training methods own.
 """
 
+import dataclasses
 import logging
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad.core._gradients import add_dense
 from graphgrad.keras import _tasks
 from graphgrad.keras._intercept import Interceptor
 from graphgrad.keras._layers import tf_variable
@@ -25,6 +26,42 @@ from graphgrad.transforms._transforms import is_identity
 log = logging.getLogger("graphgrad")
 
 
+@dataclasses.dataclass(frozen=True)
+class PlanView:
+  """What the TF2 executor reads of a KerasPlan.
+
+  Attributes:
+    declarations: the plan's declarations.
+    model: the Keras model.
+    name: the name scope of the ops the plan adds.
+    resources: the plan's store of what its transforms create.
+    method_variables: the variables of the plan's training methods.
+    fuse_linear: whether a linear upstream rewrite weights one VJP.
+    read_layers: layers whose output gradients a replacement reads.
+    layer_names: paths of every layer in the model.
+    layer: path -> the Keras layer.
+    own_variables: path -> the layer's variables, nested layers' included.
+    step_tensor: () -> the global step as a tensor, or ``None``.
+    error_layer: path -> the error layer of DFA on that layer, or ``None``.
+    enter_tape: marks a tape open; raises while another one is.
+    exit_tape: marks a tape closed.
+  """
+  declarations: Any
+  model: Any
+  name: str
+  resources: Any
+  method_variables: Any
+  fuse_linear: bool
+  read_layers: Tuple[str, ...]
+  layer_names: Tuple[str, ...]
+  layer: Callable[[str], Any]
+  own_variables: Callable[[str], List[tf.Variable]]
+  step_tensor: Callable[[], Any]
+  error_layer: Callable[[str], Optional[str]]
+  enter_tape: Callable[[Any], None]
+  exit_tape: Callable[[Any], None]
+
+
 class PlanTape:
   """A ``tf.GradientTape`` that applies a :class:`KerasPlan`.
 
@@ -32,8 +69,8 @@ class PlanTape:
   forward pass, then call :meth:`gradient` (or :meth:`grads_and_vars`).
   """
 
-  def __init__(self, plan, persistent: bool, watch_accessed_variables: bool,
-               labels=None):
+  def __init__(self, plan: PlanView, persistent: bool,
+               watch_accessed_variables: bool, labels=None):
     self._plan = plan
     self._run = Interceptor(plan, labels)
     # Task gradients take extra backward passes over the same recording.
@@ -93,7 +130,9 @@ class PlanTape:
     Returns:
       Gradients in the structure of ``sources`` (a list for the default).
       The gradients of the training methods' own variables (synthetic
-      gradient modules) are in :attr:`extra_grads_and_vars` afterwards.
+      gradient modules) are in :attr:`extra_grads_and_vars` afterwards, and
+      in the result for those among ``sources`` (as in
+      ``plan.trainable_variables`` after the first step, which makes them).
 
     Raises:
       GraphGradError: if a layer named by the plan never ran under this
@@ -111,10 +150,11 @@ class PlanTape:
     self._check_edges()
     todo = [(p, fn) for p, fns in plan.declarations.gradients.items()
             for fn in fns if not is_identity(fn)]
-    if not todo:
+    if not todo and not self._run.extra:
       return grads
     flat_s = tf.nest.flatten(sources)
     flat_g = tf.nest.flatten(grads)
+    self._methods_grads(flat_s, flat_g)
     with tf.name_scope(plan.name):
       for path, fn in todo:
         self._transform_layer(path, fn, flat_s, flat_g)
@@ -148,6 +188,21 @@ class PlanTape:
     return list(self._run.extra)
 
   # -- helpers -------------------------------------------------------------
+
+  def _methods_grads(self, flat_s, flat_g) -> None:
+    """Puts the gradients of the methods' own variables among ``sources``.
+
+    The forward pass never reads a synthetic module's variables, so the
+    recording tape has no gradient for them: their gradients come from the
+    replacement, in the backward pass.
+    """
+    by_ref: Dict[Any, list] = {}
+    for g, v in self._run.extra:
+      by_ref.setdefault(v.ref(), []).append(g)
+    for i, s in enumerate(flat_s):
+      v = tf_variable(s)
+      if v is not None and v.ref() in by_ref:
+        flat_g[i] = add_dense(by_ref[v.ref()])
 
   def _transform_layer(self, path, fn, flat_s, flat_g) -> None:
     own = {v.ref() for v in self._plan.own_variables(path)}

@@ -1,6 +1,6 @@
 """Direct feedback alignment: each layer gets a projection of the top error."""
 
-from typing import Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -39,7 +39,7 @@ def _error_layer(net: LayerGraph, layer: str, given: Optional[str]) -> str:
   return name
 
 
-class _DirectFeedbackAlignment(Replacement):
+class DirectFeedbackAlignment(Replacement):
   name = "direct_feedback_alignment"
 
   def __init__(self, seed, error_layer, stddev):
@@ -59,24 +59,40 @@ class _DirectFeedbackAlignment(Replacement):
     return feedback_matrix_value(self.seed, f"dfa_{index}", layer,
                                  [n_err, n_in], stddev, dtype)
 
-  def backward(self, context):
-    top = _error_layer(context.net, context.layer.name, self.error_layer)
-    error, = [g for g in context.upstream_of(top)]
-    out = []
+  def project(self, error, inputs, layer: str, matrix: Callable,
+              **fix) -> List:
+    """``e B_x`` for each input ``x``: what every executor sends below.
+
+    Args:
+      error: the gradient at the error layer's output, or ``None``.
+      inputs: the layer's input tensors.
+      layer: the layer's name, which seeds ``B``.
+      matrix: ``(index, n_err, n_in, value) -> B``, the executor's variable
+        of initial ``value()`` for input ``index``.
+      **fix: ``fix=`` ends the message for an unknown dimension.
+    """
     if error is None:
-      return [None] * len(context.inputs)
+      return [None] * len(inputs)
     error = tf.convert_to_tensor(error)
-    n_err = static_features(error, "direct_feedback_alignment error")
+    n_err = static_features(error, "direct_feedback_alignment error", **fix)
     e = tf.reshape(error, [-1, n_err])
-    for i, t in enumerate(context.inputs):
-      n_in = static_features(t, f"direct_feedback_alignment on "
-                              f"{context.layer.name!r}")
-      b = feedback_matrix(
-          context, f"dfa_{i}", lambda i=i, n_in=n_in: self.matrix_value(
-              context.layer.name, i, n_err, n_in))
+    out = []
+    for i, t in enumerate(inputs):
+      n_in = static_features(t, f"direct_feedback_alignment on {layer!r}",
+                             **fix)
+      b = matrix(i, n_err, n_in, lambda i=i, n_in=n_in: self.matrix_value(
+          layer, i, n_err, n_in))
       g = tf.matmul(tf.cast(e, t.dtype), tf.cast(b, t.dtype))
       out.append(tf.reshape(g, tf.shape(t)))
     return out
+
+  def backward(self, context):
+    top = _error_layer(context.net, context.layer.name, self.error_layer)
+    error, = [g for g in context.upstream_of(top)]
+    return self.project(
+        error, context.inputs, context.layer.name,
+        lambda i, n_err, n_in, value: feedback_matrix(context, f"dfa_{i}",
+                                                      value))
 
   def __repr__(self):
     return (f"direct_feedback_alignment(seed={self.seed!r}, "
@@ -126,4 +142,4 @@ def direct_feedback_alignment(seed: Optional[int] = None,
         f"direct_feedback_alignment: `error_layer` must be a layer name (a "
         f"str) or None; got {type(error_layer).__name__} {error_layer!r}. "
         f"Pass e.g. error_layer='logits'.")
-  return _DirectFeedbackAlignment(seed, error_layer, stddev)
+  return DirectFeedbackAlignment(seed, error_layer, stddev)

@@ -42,7 +42,7 @@ def _kernel_matmul(net: LayerGraph, layer: str):
   return found[0]
 
 
-class _FeedbackAlignment(Replacement):
+class FeedbackAlignment(Replacement):
   name = "feedback_alignment"
 
   def __init__(self, seed, stddev):
@@ -139,4 +139,4 @@ def feedback_alignment(seed: Optional[int] = None,
     feedback_alignment(seed=0)
   """
   _validate.random_matrix("feedback_alignment", seed, stddev)
-  return _FeedbackAlignment(seed, stddev)
+  return FeedbackAlignment(seed, stddev)

@@ -2,7 +2,7 @@
 
 import dataclasses
 import zlib
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -64,7 +64,7 @@ def module_values(seed: Optional[int], layer: str, index: int,
   return made
 
 
-class _Synthetic(Replacement):
+class SyntheticGradients(Replacement):
   name = "synthetic"
 
   def __init__(self, hidden, labels, loss_weight, seed):
@@ -101,26 +101,59 @@ class _Synthetic(Replacement):
             for m in plan.resources.of_layer(l).values()
             if isinstance(m, SyntheticModule) and m.input is not None}
 
-  def backward(self, context: BackwardContext) -> BackwardResult:
-    true = context.chain_rule()
+  def predict(self, inputs, true, labels, layer: str, variables_of: Callable,
+              train: Callable, **fix):
+    """Synthetic gradients at ``inputs``: what every executor sends below.
+
+    Args:
+      inputs: the layer's input tensors.
+      true: the chain rule's gradient at each input (``None`` where the
+        input does not reach the outputs).
+      labels: the labels the modules are conditioned on, or ``None``.
+      layer: the layer's name, which seeds the modules.
+      variables_of: ``(index, sizes, dtype) -> variables`` of the module at
+        input ``index`` (the executor's store).
+      train: ``build -> (module, grads)``: calls ``build()`` and returns
+        the gradients of the module's loss for its variables.
+      **fix: ``fix=`` ends the message for an unknown dimension.
+
+    Returns:
+      ``(gradient per input, (grad, var) pairs, {index: SyntheticModule})``.
+    """
     out: List[Optional[tf.Tensor]] = []
     extra: List[Tuple[tf.Tensor, tf.Variable]] = []
-    for i, (x, target) in enumerate(zip(context.inputs, true)):
+    modules: Dict[int, SyntheticModule] = {}
+    for i, (x, target) in enumerate(zip(inputs, true)):
       if target is None:  # the input does not reach the outputs
         out.append(None)
         continue
-      module = self._module(context, i, x, target)
-      extra += zip(tf.compat.v1.gradients(module.loss, list(module.variables)),
-                   module.variables)
-      context.resources.put(context.layer.name, f"synthetic/module_{i}",
-                            module)
+      module, grads = train(lambda i=i, x=x, target=target: self._module(
+          labels, layer, i, x, target, variables_of, fix))
+      extra += zip(grads, module.variables)
+      modules[i] = module
       out.append(module.prediction)
+    return out, extra, modules
+
+  def backward(self, context: BackwardContext) -> BackwardResult:
+    layer = context.layer.name
+
+    def train(build):
+      module = build()
+      return module, tf.compat.v1.gradients(module.loss,
+                                            list(module.variables))
+
+    out, extra, modules = self.predict(
+        context.inputs, context.chain_rule(), self.labels, layer,
+        lambda i, sizes, dtype: self._variables(context, i, sizes, dtype),
+        train)
+    for i, module in modules.items():
+      context.resources.put(layer, f"synthetic/module_{i}", module)
     return BackwardResult(out, extra)
 
-  def _module(self, context, i, x, target) -> SyntheticModule:
-    z, n = module_input(x, self.labels, context.layer.name)
-    variables = self._variables(context, i, [int(z.shape[-1]), *self.hidden, n],
-                                x.dtype)
+  def _module(self, labels, layer, i, x, target, variables_of,
+              fix) -> SyntheticModule:
+    z, n = module_input(x, labels, layer, **fix)
+    variables = variables_of(i, [int(z.shape[-1]), *self.hidden, n], x.dtype)
     prediction = tf.reshape(mlp(z, variables), tf.shape(x), name="prediction")
     target = tf.stop_gradient(tf.convert_to_tensor(target), name="target")
     loss = tf.multiply(tf.cast(self.loss_weight, x.dtype),
@@ -189,7 +222,7 @@ def synthetic(hidden: Sequence[int] = (), labels: Optional[tf.Tensor] = None,
                    what="non-negative", low=0.0, tensor=False,
                    fix="Pass e.g. loss_weight=1.0.")
   _validate.seed("synthetic", seed)
-  return _Synthetic(hidden, labels, loss_weight, seed)
+  return SyntheticGradients(hidden, labels, loss_weight, seed)
 
 
 def _check_hidden(hidden) -> Tuple[int, ...]:

@@ -37,7 +37,7 @@ class Backprop:
     self.reduce = reduce
     self.acc: Dict[str, List] = collections.defaultdict(list)
     self.var_grads: Dict[str, List] = collections.defaultdict(list)
-    self.shares: Dict[str, Dict[str, List]] = collections.defaultdict(
+    self.edge_grads: Dict[str, Dict[str, List]] = collections.defaultdict(
         lambda: collections.defaultdict(list))
     self.dropped: List[tf.Tensor] = []
     self.dropped_vars: Set[str] = set()
@@ -92,12 +92,12 @@ class Backprop:
 
   def drop(self, targets: Sequence[tf.Tensor],
            var_names: Sequence[str] = ()) -> None:
-    """Records shares a zero factor removed; nothing is built for them."""
+    """Records gradients a zero factor removed; nothing is built for them."""
     self.dropped += list(targets)
     self.dropped_vars |= set(var_names)
 
   def fill_zeros(self, below: Callable[[Sequence[tf.Tensor]], Set[str]]):
-    """Zero gradients for variables reached only through dropped shares.
+    """Zero gradients for variables reached only through dropped gradients.
 
     Backpropagating a zero cotangent gives zeros, not ``None``: optimizers
     with momentum or decay still step such a variable.

@@ -1,14 +1,14 @@
-"""Where the segmented backward pass is cut, and its source groups in order.
+"""Where the backward pass is cut, and its cut groups in order.
 
-A *source group* is where one segment's ``tf.gradients`` call starts:
+A *cut group* is the cuts where one segment's ``tf.gradients`` call starts:
 
-* :attr:`Kind.LAYER`: the outputs of one cut layer;
-* :attr:`Kind.SHARE`: the inputs of a layer with an edge rewrite above, from
-  which its direct share is handed to the lower layers one by one;
-* :attr:`Kind.OP`: the outputs of one cut op that belongs to no cut layer
+* :attr:`GroupKind.LAYER`: the outputs of one cut layer;
+* :attr:`GroupKind.EDGE`: the inputs of a layer with an edge rewrite, from which
+  each lower layer's edge gradient is handed on, rewritten;
+* :attr:`GroupKind.OP`: the outputs of one cut op that belongs to no cut layer
   (the loss, a glue op at a boundary).
 
-Each group's region is the part of the forward op graph behind its sources
+Each group's segment is the part of the forward op graph behind its sources
 up to the next cuts: its *targets* (cut tensors where the walk stopped) and
 the differentiated variables it reached.
 """
@@ -30,16 +30,16 @@ from graphgrad.analysis._layers import LayerGraph
 log = logging.getLogger("graphgrad")
 
 
-class Kind(enum.Enum):
-  """The kinds of source group."""
+class GroupKind(enum.Enum):
+  """The kinds of cut group."""
   LAYER = "layer"
-  SHARE = "share"
+  EDGE = "edge"
   OP = "op"
 
 
 class Key(NamedTuple):
-  """Names one source group: its kind, and a layer or op name."""
-  kind: Kind
+  """Names one cut group: its kind, and a layer or op name."""
+  kind: GroupKind
   name: str
 
   def __str__(self) -> str:
@@ -48,16 +48,16 @@ class Key(NamedTuple):
 
 @dataclasses.dataclass
 class Group:
-  """One source group and its region.
+  """One cut group and its segment.
 
   Attributes:
     key: the group's kind and name.
     sources: the tensors the segment starts from (its ``ys``).
     targets: cut tensors below, where the segment stops.
-    variables: names of the differentiated variables in the region.
-    direct: for a share group, the upper layer's inputs that a lower layer
+    variables: names of the differentiated variables in the segment.
+    direct: for a edge group, the upper layer's inputs that a lower layer
       produces itself.
-    glue: for a share group, the upper layer's inputs that glue produces.
+    glue: for a edge group, the upper layer's inputs that glue produces.
   """
   key: Key
   sources: List[tf.Tensor]
@@ -68,7 +68,7 @@ class Group:
 
 
 class CutPlan:
-  """The cut tensors of a plan, and the source groups between them.
+  """The cut tensors of a plan, and the cut groups between them.
 
   Args:
     net: the analysed layer graph.
@@ -76,7 +76,7 @@ class CutPlan:
     cut_layers: the layers whose outputs and inputs are cut.
     edge_uppers: the upper layers of edge rewrites; every boundary tensor
       into them is cut too.
-    absorbing: cut layers whose segment also takes in the glue below them
+    with_glue: cut layers whose segment also covers the glue below them
       that feeds nothing else (a linear rewrite weights what the segment
       deposits, and glue is linear to backpropagate), so that the glue needs
       no segment of its own.
@@ -84,13 +84,13 @@ class CutPlan:
 
   def __init__(self, net: LayerGraph, variables: Dict[str, tf.Variable],
                cut_layers: Set[str], edge_uppers: Set[str],
-               absorbing: Iterable[str] = ()):
+               with_glue: Iterable[str] = ()):
     self.net = net
     self.variables = variables
     self.cut_layers = cut_layers
     self.edge_uppers = edge_uppers
-    self.absorbing = set(absorbing) & cut_layers
-    self.absorbed: Dict[str, Set[str]] = {}
+    self.with_glue = set(with_glue) & cut_layers
+    self.glue_of: Dict[str, Set[str]] = {}
     self._dep = self._variable_dependent_ops()
     cut_tensors = self._cut_tensors()
     # Group cut tensors by the op that produces them: tf.gradients stops at
@@ -102,8 +102,8 @@ class CutPlan:
     self.cut_ops.add(net.loss.op.name)
     for op_name in self.cut_ops:
       layer = producers.get(op_name)
-      self.group_of[op_name] = (Key(Kind.LAYER, layer) if layer
-                                else Key(Kind.OP, op_name))
+      self.group_of[op_name] = (Key(GroupKind.LAYER, layer) if layer
+                                else Key(GroupKind.OP, op_name))
 
   def _variable_dependent_ops(self) -> Set[str]:
     """Forward ops downstream of a differentiated variable."""
@@ -133,7 +133,7 @@ class CutPlan:
       layer = net[name]
       self.outputs[name] = [t for t in layer.outputs if differentiable(t)]
       cut_tensors += self.outputs[name]
-      if name not in self.absorbing:
+      if name not in self.with_glue:
         self.inputs[name] = [t for t in layer.inputs if self._relevant(t)]
         cut_tensors += self.inputs[name]
     for up in self.edge_uppers:
@@ -141,8 +141,8 @@ class CutPlan:
         cut_tensors += [t for t in net.graph.edges[lo, up]["tensors"]
                         if self._relevant(t)]
     fixed = {t.name for t in cut_tensors}
-    for name in sorted(self.absorbing):
-      self.absorbed[name] = self._absorb(name, fixed)
+    for name in sorted(self.with_glue):
+      self.glue_of[name] = self._glue_below(name, fixed)
       self.inputs[name] = self._inputs_with_glue(name)
       cut_tensors += self.inputs[name]
     for t in cut_tensors:
@@ -156,46 +156,46 @@ class CutPlan:
     return cut_tensors
 
   def inside(self, op: tf.Operation, name: str) -> bool:
-    """Whether ``op`` is in layer ``name``'s segment (or glue it took in)."""
+    """Whether ``op`` is in layer ``name``'s segment (or glue it covers)."""
     return (self.net.layer_of(op) == name
-            or op.name in self.absorbed.get(name, ()))
+            or op.name in self.glue_of.get(name, ()))
 
-  def _absorb(self, name: str, fixed: Set[str]) -> Set[str]:
-    """Glue ops below ``name`` whose every consumer is the layer or absorbed."""
+  def _glue_below(self, name: str, fixed: Set[str]) -> Set[str]:
+    """Glue ops below ``name`` whose consumers are the layer or such glue."""
     net, g = self.net, self.net.op_graph
-    absorbed: Set[str] = set()
+    glue_of: Set[str] = set()
     stack = [t.op for t in net[name].inputs]
     while stack:
       p = stack.pop()
-      if (p.name in absorbed or p.name not in self._dep
+      if (p.name in glue_of or p.name not in self._dep
           or net.layer_of(p) is not None or p.name == net.loss.op.name
           or _graph_util.in_control_flow(p)
           or any(t.name in fixed for t in p.outputs)
           # a TensorList's gradient is refused at the layer, as on the cut
-          # path; nor is a loop's TensorList taken in through its reader
+          # path; nor is a loop's TensorList covered through its reader
           or not all(differentiable(t) for t in p.outputs)
           or any(t.dtype == tf.variant for t in p.inputs)
           # its inputs would become cut tensors inside a v1 loop
           or any(_graph_util.in_control_flow(t.op) for t in p.inputs)):
         continue
-      if all(net.layer_of(g.nodes[c]["op"]) == name or c in absorbed
+      if all(net.layer_of(g.nodes[c]["op"]) == name or c in glue_of
              for c in g.successors(p.name)):
-        absorbed.add(p.name)
+        glue_of.add(p.name)
         stack += [t.op for t in p.inputs]
-    return absorbed
+    return glue_of
 
   def _inputs_with_glue(self, name: str) -> List[tf.Tensor]:
     g = self.net.op_graph
-    ops = [g.nodes[n]["op"] for n in sorted(self.absorbed[name])]
+    ops = [g.nodes[n]["op"] for n in sorted(self.glue_of[name])]
     entering: Dict[str, tf.Tensor] = {}
     for t in [t for op in ops for t in op.inputs] + list(self.net[name].inputs):
       if not self.inside(t.op, name) and self._relevant(t):
         entering[t.name] = t
     return list(entering.values())
 
-  # -- regions ---------------------------------------------------------------
+  # -- segments --------------------------------------------------------------
 
-  def region(self, start_ops: Iterable[tf.Operation],
+  def segment(self, start_ops: Iterable[tf.Operation],
              inside: Optional[str] = None, glue_only: bool = False):
     """Walks back from ``start_ops`` to the next cuts.
 
@@ -229,7 +229,7 @@ class CutPlan:
 
   def _stops(self, t: tf.Tensor, inside: Optional[str],
              glue_only: bool) -> bool:
-    """Whether a region walk stops at ``t``; refuses a gradient past a cut."""
+    """Whether a segment walk stops at ``t``; refuses a gradient past a cut."""
     net, p = self.net, t.op
     if inside is not None:
       if self.inside(p, inside):
@@ -242,7 +242,7 @@ class CutPlan:
             f"layer, or transform another layer.")
       return True
     if glue_only and net.layer_of(p) is None:
-      return False  # an edge's share crosses glue, cut or not
+      return False  # an edge gradient crosses glue, cut or not
     if not (glue_only or p.name in self.cut_ops
             or net.layer_of(p) in self.cut_layers):
       return False
@@ -261,44 +261,44 @@ class CutPlan:
 
   def layer_group(self, name: str) -> Group:
     sources = self.outputs[name]
-    targets, var_names = self.region([t.op for t in sources], inside=name)
-    return Group(Key(Kind.LAYER, name), sources, targets, var_names)
+    targets, var_names = self.segment([t.op for t in sources], inside=name)
+    return Group(Key(GroupKind.LAYER, name), sources, targets, var_names)
 
-  def share_group(self, name: str) -> Group:
+  def edge_group(self, name: str) -> Group:
     direct: List[tf.Tensor] = []
     glue: List[tf.Tensor] = []
     for t in self.inputs[name]:
       (direct if self.net.layer_of(t.op) is not None else glue).append(t)
-    # The edge's share must reach the lower layers' boundary tensors whole,
+    # The edge gradient must reach the lower layers' boundary tensors whole,
     # so that the edge rewrite applies to it; stopping at a glue op that is
     # cut for another reason (a glue activation also read by another
     # rewritten layer) would hand it on unrewritten.
-    targets, var_names = self.region([t.op for t in glue], glue_only=True)
-    return Group(Key(Kind.SHARE, name), self.inputs[name], targets, var_names,
-                 direct=direct, glue=glue)
+    targets, var_names = self.segment([t.op for t in glue], glue_only=True)
+    return Group(Key(GroupKind.EDGE, name), self.inputs[name], targets,
+                 var_names, direct=direct, glue=glue)
 
   def op_group(self, op_name: str) -> Group:
     op = self.net.op_graph.nodes[op_name]["op"]
-    targets, var_names = self.region([op])
-    return Group(Key(Kind.OP, op_name),
+    targets, var_names = self.segment([op])
+    return Group(Key(GroupKind.OP, op_name),
                  [t for t in op.outputs if differentiable(t)], targets,
                  var_names)
 
   def downstream(self, group: Group) -> List[Key]:
     """The groups that ``group`` adds to."""
-    if group.key.kind is Kind.LAYER and group.key.name in self.edge_uppers:
-      return [Key(Kind.SHARE, group.key.name)]
+    if group.key.kind is GroupKind.LAYER and group.key.name in self.edge_uppers:
+      return [Key(GroupKind.EDGE, group.key.name)]
     tensors = list(group.targets)
-    if group.key.kind is Kind.SHARE:
+    if group.key.kind is GroupKind.EDGE:
       tensors += group.direct
     return [self.group_of[t.op.name] for t in tensors]
 
   def schedule(self) -> List[Group]:
-    """Returns the source groups in execution order, with their regions."""
+    """Returns the cut groups in execution order, with their segments."""
     groups = [self.layer_group(n) for n in sorted(self.cut_layers)]
-    groups += [self.share_group(n) for n in sorted(self.edge_uppers)]
+    groups += [self.edge_group(n) for n in sorted(self.edge_uppers)]
     groups += [self.op_group(op) for op, key in sorted(self.group_of.items())
-               if key.kind is Kind.OP]
+               if key.kind is GroupKind.OP]
     by_key = {g.key: g for g in groups}
     dag = nx.DiGraph()
     dag.add_nodes_from(by_key)
@@ -313,7 +313,7 @@ class CutPlan:
           f"no order exists in which each rewritten gradient is complete "
           f"before it is used. " + _declarations.cycle_advice(self.net, keys)
       ) from None
-    log.debug("segmented backward: %d source groups", len(order))
+    log.debug("backward pass: %d cut groups", len(order))
     return [by_key[k] for k in order]
 
 

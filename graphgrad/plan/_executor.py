@@ -93,12 +93,15 @@ class Options:
     colocate_gradients_with_ops: passed to ``tf.gradients``.
     name: name scope of the ops the plan adds.
     reduce_fn: the cross-replica reduction, or ``None``.
+    fuse_linear: a linear rewrite weights one backward pass by its factor
+      (``linear="fused"``) instead of being called on the gradient.
   """
   gate_gradients: int = GATE_OP
   aggregation_method: Any = None
   colocate_gradients_with_ops: bool = False
   name: str = "graphgrad"
   reduce_fn: Optional[Callable] = None
+  fuse_linear: bool = True
 
   @property
   def gradients_kwargs(self) -> dict:
@@ -207,8 +210,9 @@ class _Executor:
         self.options.gradients_kwargs,
         backward={n: self._backward_hook(n, fn) for n, fn in backward.items()},
         outputs_fn={n: self._tasks_hook(x) for n, x in d.tasks.items()},
-        cuts=[c for n, fn in backward.items()
-              for c in (fn.cuts(self.net, n) if hasattr(fn, "cuts") else [])],
+        read_layers=[c for n, fn in backward.items()
+                     for c in (fn.cuts(self.net, n) if hasattr(fn, "cuts")
+                               else [])],
         gradients_fn=self.gradients_fn)
     by_name = {v.op.name: v for v in reached}
     reduce = None
@@ -246,7 +250,8 @@ class _Executor:
       self.trace.append(TraceRecord(ctx, g, later=lambda: self._later(
           fn, g, ctx, at)))
 
-    return Rewrite(apply, fn.linear_factor, observe)
+    factor = fn.linear_factor if self.options.fuse_linear else None
+    return Rewrite(apply, factor, observe)
 
   def _backward_hook(self, layer: str, fn: Callable) -> Callable:
     return _backward.engine_hook(self.net, layer, fn, self.resources,

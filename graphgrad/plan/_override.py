@@ -34,7 +34,7 @@ from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._gradients import aggregate, input_grads, straight_through
 
 GradFn = Callable[..., object]
-_P = TypeVar("_P", bound="Overriding")
+_P = TypeVar("_P", bound="OpOverriding")
 
 
 def resolve_op(loss: tf.Tensor, sources, op, caller: str) -> Tuple[str, str]:
@@ -206,7 +206,7 @@ def gradients(ys, xs, grad_ys=None, stop_gradients=None, *,
   return [aggregate(gs, like=x) for gs, x in zip(x_grads, xs)]
 
 
-class Overriding:
+class OpOverriding:
   """The override declarations of a GradientPlan.
 
   The plan sets ``_loss``, ``_var_list`` and ``_declarations``.

@@ -17,17 +17,18 @@ from graphgrad.analysis._analyze import analyze
 from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.core._declaration_model import Declarations
+from graphgrad.core._layer_policy import check_linear
 from graphgrad.methods import _pcgrad
 from graphgrad.plan import _arguments, _executor
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
-from graphgrad.plan._override import Overriding
+from graphgrad.plan._override import OpOverriding
 from graphgrad.plan._training import Training
 from graphgrad.transforms._context import Resources
 
 __all__ = ["GATE_GRAPH", "GATE_NONE", "GATE_OP", "GradientPlan"]
 
 
-class GradientPlan(Training, Overriding):
+class GradientPlan(Training, OpOverriding):
   """Rewrites gradients at layer boundaries, then trains with one op.
 
   A plan is declared, then built once, on the first call to
@@ -59,6 +60,12 @@ class GradientPlan(Training, Overriding):
       transforms see the global gradient. Upstream and edge gradients are
       never reduced: they belong to this replica's own examples, and upstream
       transforms act on them per replica.
+    linear: how a linear rewrite (``scale``, ``zero``, ``reverse``) is
+      built: ``"fused"`` (the default) weights the one backward pass of the
+      layer by its factor, and runs of such layers share one
+      ``tf.gradients`` call; ``"general"`` calls it on the gradient, as any
+      other rewrite, with a second backward pass. Both give the same
+      gradients; ``"general"`` exists to compare against.
 
   Raises:
     GraphGradError: on a malformed argument; eagerly or inside a
@@ -87,7 +94,7 @@ class GradientPlan(Training, Overriding):
                aggregation_method=None,
                colocate_gradients_with_ops: bool = False,
                name: str = "graphgrad",
-               reduce_fn=None):
+               reduce_fn=None, linear: str = "fused"):
     check_graph_mode("gg.GradientPlan", loss)
     _arguments.check_net(loss, net)
     _arguments.check_options(gate_gradients, reduce_fn)
@@ -97,7 +104,8 @@ class GradientPlan(Training, Overriding):
     self._options = _executor.Options(
         gate_gradients=gate_gradients, aggregation_method=aggregation_method,
         colocate_gradients_with_ops=colocate_gradients_with_ops, name=name,
-        reduce_fn=reduce_fn)
+        reduce_fn=reduce_fn,
+        fuse_linear=check_linear(linear, "gg.GradientPlan"))
     self._declarations = Declarations(self._resolve, owner="GradientPlan")
     self._resources = Resources()
     self._built: Optional[_executor.Built] = None

@@ -104,9 +104,8 @@ def _loss(outs):
   return sum(tf.reduce_sum(tf.sin(o) + tf.square(o)) for o in outs)
 
 
-def _plan_grads(model, x, upstream, edges, fn, fuse, monkeypatch):
-  monkeypatch.setattr(_linear, "FUSE_LINEAR", fuse)
-  plan = gg.KerasPlan(model)
+def _plan_grads(model, x, upstream, edges, fn, fuse):
+  plan = gg.KerasPlan(model, linear="fused" if fuse else "general")
   for name in upstream:
     plan.transform_upstream(name, fn)
   for lo, up in edges:
@@ -129,13 +128,13 @@ def _value(g, like):
 
 @pytest.mark.parametrize("transform", sorted(LINEAR))
 @pytest.mark.parametrize("kind", sorted(CASES))
-def test_one_vjp_equals_two_and_the_reference(kind, transform, monkeypatch):
+def test_one_vjp_equals_two_and_the_reference(kind, transform):
   upstream, edges, entries = CASES[kind]
   fn, c = LINEAR[transform]
   model, x = Net(kind), _inputs(kind)
   model(x)
-  fused = _plan_grads(model, x, upstream, edges, fn, True, monkeypatch)
-  cut = _plan_grads(model, x, upstream, edges, fn, False, monkeypatch)
+  fused = _plan_grads(model, x, upstream, edges, fn, True)
+  cut = _plan_grads(model, x, upstream, edges, fn, False)
   for e in entries:
     model.factors[e] = model.factors.get(e, 1.0) * c
   with tf.GradientTape() as tape:
@@ -170,11 +169,11 @@ def _backward_loops(graph_def):
 
 
 @pytest.mark.parametrize("fuse, loops", [(True, 1), (False, 2)])
-def test_lstm_rewrite_runs_one_backward_loop(fuse, loops, monkeypatch):
+def test_lstm_rewrite_runs_one_backward_loop(fuse, loops):
   model, x = Net("lstm"), _inputs("lstm")
   model(x)
-  monkeypatch.setattr(_linear, "FUSE_LINEAR", fuse)
-  plan = gg.KerasPlan(model).transform_upstream("rnn", T.scale(0.5))
+  plan = gg.KerasPlan(model, linear="fused" if fuse else "general")
+  plan.transform_upstream("rnn", T.scale(0.5))
 
   @tf.function
   def step(x):
@@ -259,7 +258,7 @@ class TiedNet(keras.Model):
 
 @pytest.mark.parametrize("traced", [True, False])
 def test_a_layer_reading_another_layers_variable_weights_that_share_too(
-    traced, monkeypatch):
+    traced):
   model, x = TiedNet(), _inputs("chain")
   model(x)
   plan = gg.KerasPlan(model).transform_upstream("tied", T.scale(0.5))
@@ -301,3 +300,11 @@ def test_a_dense_layer_runs_unintercepted_in_eager_mode(transform):
   for v, a, r in zip(model.trainable_variables, got, want):
     np.testing.assert_allclose(_value(a, v), _value(r, v), rtol=1e-5,
                                atol=1e-6, err_msg=v.name)
+
+
+def test_linear_option_must_name_a_path():
+  model, _ = Net("chain"), _inputs("chain")
+  with pytest.raises(gg.GraphGradError,
+                     match=r"gg.KerasPlan: `linear` must be one of "
+                           r"'fused', 'general'; got 'cut'"):
+    gg.KerasPlan(model, linear="cut")

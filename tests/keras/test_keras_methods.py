@@ -318,3 +318,36 @@ def test_optimizer_trains_the_modules_in_a_traced_step(K):
   last = plan.method_variables.by_key["synthetic/l3/0/kernel_1"]
   assert float(tf.reduce_max(tf.abs(last))) > 0
   assert int(optimizer.iterations) == 3
+
+
+def test_tape_gradient_gives_the_modules_their_gradients(K):
+  # tape.gradient(loss, plan.trainable_variables) covers the synthetic
+  # module's variables (made on the first step): their gradient is the one
+  # of loss_weight * ||M(h1) - dL/dh1||^2, here with M linear and zero.
+  x = _x(rows=8, cols=6)
+  model = K.Sequential([
+      K.Input((6,)), K.layers.Dense(5, activation="tanh", name="l1"),
+      K.layers.Dense(3, name="l2")])
+  plan = gg.KerasPlan(model).replace_backward(
+      "l2", gg.backward.synthetic(loss_weight=0.5, seed=0))
+  _grads(plan, model, x)  # makes the module
+  variables = list(plan.trainable_variables)
+  with plan.tape() as tape:
+    loss = _loss(model, x)
+  got = dict(zip([v.name for v in variables],
+                 tape.gradient(loss, variables)))
+  kernel = plan.method_variables.by_key["synthetic/l2/0/kernel_0"]
+  bias = plan.method_variables.by_key["synthetic/l2/0/bias_0"]
+  assert len(variables) == len(model.trainable_variables) + 2
+  with tf.GradientTape() as ref:
+    h1 = model.get_layer("l1")(x)
+    ref.watch(h1)
+    loss = tf.reduce_sum(tf.sin(model.get_layer("l2")(h1)))
+  target = ref.gradient(loss, h1).numpy()
+  h1 = h1.numpy()
+  # d/dK of 0.5 * ||h1 K + b - target||^2 at K = 0, b = 0.
+  np.testing.assert_allclose(got[kernel.name], -h1.T @ target,
+                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(got[bias.name], -target.sum(0),
+                             rtol=RTOL, atol=ATOL)
+  assert np.abs(target).max() > 0

@@ -16,7 +16,6 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from graphgrad.plan import _engine
 from helpers import dense, densify, feed
 
 tf1 = tf.compat.v1
@@ -154,9 +153,8 @@ CASES = {
 LAYERS = {lstm_model: {"rnn": "rnn"}}
 
 
-def _declare(loss, net, upstream, edges, fn, fuse, monkeypatch):
-  monkeypatch.setattr(_engine, "FUSE_LINEAR", fuse)
-  plan = gg.GradientPlan(loss, net)
+def _declare(loss, net, upstream, edges, fn, fuse):
+  plan = gg.GradientPlan(loss, net, linear="fused" if fuse else "general")
   for name in upstream:
     plan.transform_upstream(name, fn)
   for lo, up in edges:
@@ -186,16 +184,16 @@ def _reference(model, entries, c):
 
 @pytest.mark.parametrize("transform", sorted(LINEAR))
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_fused_equals_cut_and_reference(case, transform, monkeypatch):
+def test_fused_equals_cut_and_reference(case, transform):
   model, upstream, edges, entries = CASES[case]
   fn, c = LINEAR[transform]
   with tf.Graph().as_default():
     tf1.set_random_seed(0)
     loss, feed = model(Into())
     net = gg.analyze(loss, layers=LAYERS.get(model))
-    fused = _declare(loss, net, upstream, edges, fn, True, monkeypatch)
+    fused = _declare(loss, net, upstream, edges, fn, True)
     # The same loss, forced through the cut path.
-    cut = _declare(loss, net, upstream, edges, fn, False, monkeypatch)
+    cut = _declare(loss, net, upstream, edges, fn, False)
     names = [v.name for _, v in fused]
     values = _run([g for g, _ in fused] + [g for g, _ in cut], feed)
   n = len(fused)
@@ -222,13 +220,12 @@ def _new_ops(graph, build):
 
 
 @pytest.mark.parametrize("fuse, loops", [(True, 1), (False, 2)])
-def test_lstm_upstream_rewrite_builds_one_backward_loop(fuse, loops,
-                                                        monkeypatch):
+def test_lstm_upstream_rewrite_builds_one_backward_loop(fuse, loops):
   with tf.Graph().as_default() as graph:
     loss, _ = lstm_model(Into())
     net = gg.analyze(loss, layers=LAYERS[lstm_model])
     new = _new_ops(graph, lambda: _declare(
-        loss, net, ["rnn"], [], T.scale(0.5), fuse, monkeypatch))
+        loss, net, ["rnn"], [], T.scale(0.5), fuse))
   assert sum(op.type in ("While", "StatelessWhile") for op in new) == loops
 
 
@@ -240,15 +237,14 @@ def _grad_ops_of(ops, layer):
 
 @pytest.mark.parametrize("declare", ["upstream", "edge"])
 @pytest.mark.parametrize("fuse", [True, False])
-def test_zero_builds_no_backward_op_for_the_removed_share(declare, fuse,
-                                                          monkeypatch):
+def test_zero_builds_no_backward_op_for_the_removed_share(declare, fuse):
   with tf.Graph().as_default() as graph:
     loss, feed = chain_model(Into())
     net = gg.analyze(loss)
     ups, edges = (["l2"], []) if declare == "upstream" else ([], [("l1", "l2")])
     out = []
     new = _new_ops(graph, lambda: out.extend(_declare(
-        loss, net, ups, edges, T.zero(), fuse, monkeypatch)))
+        loss, net, ups, edges, T.zero(), fuse)))
     values = _run([g for g, _ in out], feed)
   names = [v.op.name for _, v in out]
   if fuse:
@@ -262,15 +258,15 @@ def test_zero_builds_no_backward_op_for_the_removed_share(declare, fuse,
     assert (np.abs(g).max() == 0) == name.startswith("l1/"), name
 
 
-def test_zero_leaves_the_bypass_share(monkeypatch):
+def test_zero_leaves_the_bypass_share():
   with tf.Graph().as_default() as graph:
     loss, feed = skip_model(Into())
     net = gg.analyze(loss)
     new = _new_ops(graph, lambda: _declare(
-        loss, net, ["l2"], [], T.zero(), True, monkeypatch))
+        loss, net, ["l2"], [], T.zero(), True))
     assert _grad_ops_of(new, "l1")  # l1 still gets l3's share by the skip
     got = dict((v.name, g) for g, v in _declare(
-        loss, net, ["l2"], [], T.zero(), True, monkeypatch))
+        loss, net, ["l2"], [], T.zero(), True))
     l1 = [v for v in tf1.trainable_variables() if v.name.startswith("l1/")]
     h1 = graph.get_tensor_by_name("l1/Tanh:0")
     h2 = graph.get_tensor_by_name("l2/Tanh:0")
@@ -317,8 +313,7 @@ def test_linear_refuses_what_is_not_callable():
     T.linear(0.5, 0.5)
 
 
-def test_linear_next_to_a_replaced_backward_keeps_the_documented_order(
-    monkeypatch):
+def test_linear_next_to_a_replaced_backward_keeps_the_documented_order():
   # replace_backward sees the rewritten gradient itself: the factor cannot
   # be moved past it, so both paths call the transform.
   seen = []
@@ -326,7 +321,6 @@ def test_linear_next_to_a_replaced_backward_keeps_the_documented_order(
   with tf.Graph().as_default():
     loss, feed = chain_model(Into())
     net = gg.analyze(loss)
-    monkeypatch.setattr(_engine, "FUSE_LINEAR", True)
     plan = (gg.GradientPlan(loss, net).transform_upstream("l2", fn)
             .replace_backward("l2", gg.backward.feedback_alignment(seed=1)))
     gv = plan.compute_gradients()
@@ -337,12 +331,11 @@ def test_linear_next_to_a_replaced_backward_keeps_the_documented_order(
 
 
 @pytest.mark.parametrize("layer", ["l1", "embed"])
-def test_sparse_gradients_stay_sparse_when_weighted(layer, monkeypatch):
+def test_sparse_gradients_stay_sparse_when_weighted(layer):
   with tf.Graph().as_default():
     loss, _ = embedding_model(Into())
     net = gg.analyze(loss)
-    gv = _declare(loss, net, [layer, "l2"], [], T.scale(0.5), True,
-                  monkeypatch)
+    gv = _declare(loss, net, [layer, "l2"], [], T.scale(0.5), True)
   table = [g for g, v in gv if v.op.name == "embed/table"][0]
   assert isinstance(table, tf.IndexedSlices)
 
@@ -361,14 +354,14 @@ def rounded_model(into, override_map=False):
 
 
 @pytest.mark.parametrize("fuse", [True, False])
-def test_an_override_inside_the_rewritten_layer(fuse, monkeypatch):
+def test_an_override_inside_the_rewritten_layer(fuse):
   # The fused segment through l2 crosses its Round: it must make its call
   # through the plan's gradient function, which applies the override.
-  monkeypatch.setattr(_engine, "FUSE_LINEAR", fuse)
   with tf.Graph().as_default():
     tf1.set_random_seed(0)
     loss, feed = rounded_model(Into())
-    plan = (gg.GradientPlan(loss).transform_upstream("l2", T.scale(0.5))
+    plan = (gg.GradientPlan(loss, linear="fused" if fuse else "general")
+            .transform_upstream("l2", T.scale(0.5))
             .straight_through("Round"))
     got = _run([g for g, _ in plan.compute_gradients()], feed)
   with tf.Graph().as_default():
@@ -410,13 +403,8 @@ def _op_types(ops):
   return counts
 
 
-def test_a_chain_of_scaled_layers_is_one_call_and_one_mul_per_boundary(
-    monkeypatch):
+def test_a_span_of_scaled_layers_is_one_call_and_one_mul_per_boundary():
   depth = 6
-  calls = []
-  run_chain = _engine.Segments._run_chain
-  monkeypatch.setattr(_engine.Segments, "_run_chain", lambda self, chain, bp: (
-      calls.append([g.key.name for g in chain]), run_chain(self, chain, bp)))
   with tf.Graph().as_default() as graph:
     loss, feed = _mlp(depth)
     gg.analyze(loss)
@@ -429,7 +417,10 @@ def test_a_chain_of_scaled_layers_is_one_call_and_one_mul_per_boundary(
     out = []
     fused = _new_ops(graph, lambda: out.extend(plan.compute_gradients()))
     got = _run([g for g, _ in out], feed)
-  assert calls == [[loss.op.name] + [f"l{i}" for i in reversed(range(depth))]]
+  # Each tf.gradients call opens a name scope of its own: one call in all.
+  scopes = {op.name.split("/")[1] for op in fused
+            if op.name.startswith("graphgrad/")}
+  assert scopes == {"gradients", "seed"}, scopes
   # What the plan adds to minimize()'s ops: one Mul by 0.5 at each of the
   # depth - 1 boundaries below a variable, and the one constant they share.
   # Its seed (ones_like(loss), and the Identity tf.gradients puts around any
@@ -477,12 +468,11 @@ def test_a_chain_leaves_tf_gradients_as_it_was():
 
 
 @pytest.mark.parametrize("fuse", [True, False])
-def test_a_chain_records_each_layers_upstream_gradient(fuse, monkeypatch):
-  monkeypatch.setattr(_engine, "FUSE_LINEAR", fuse)
+def test_a_chain_records_each_layers_upstream_gradient(fuse):
   with tf.Graph().as_default():
     loss, feed = deep_model(Into())
     net = gg.analyze(loss)
-    plan = gg.GradientPlan(loss)
+    plan = gg.GradientPlan(loss, linear="fused" if fuse else "general")
     for i in range(2, 6):
       plan.transform_upstream(f"l{i}", T.scale(0.5))
     plan.compute_gradients()
@@ -496,3 +486,12 @@ def test_a_chain_records_each_layers_upstream_gradient(fuse, monkeypatch):
     np.testing.assert_allclose(got, 0.5 ** (3 - i) * ref, rtol=1e-6,
                                atol=1e-7)
   np.testing.assert_allclose(values[4], 0.5 * values[1], rtol=1e-6)
+
+
+def test_linear_option_must_name_a_path():
+  with tf.Graph().as_default():
+    loss, _ = chain_model(Into())
+    with pytest.raises(gg.GraphGradError,
+                       match=r"gg.GradientPlan: `linear` must be one of "
+                             r"'fused', 'general'; got 'cut'"):
+      gg.GradientPlan(loss, linear="cut")

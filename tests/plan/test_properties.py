@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 import dag_builder as db
 import graphgrad as gg
-from graphgrad.plan import _engine
 from helpers import densify
 
 tf1 = tf.compat.v1
@@ -47,7 +46,8 @@ def _transform(entry):
                              gg.transforms.clip_by_value(-1e30, 1e30))
 
 
-def _plan_gradients(spec, upstream=None, edges=None, declare=None):
+def _plan_gradients(spec, upstream=None, edges=None, declare=None,
+                    linear="fused"):
   """Gradients of a plan on the plain network, and plain tf.gradients.
 
   Returns (plan gradients, tf.gradients), as lists of numpy arrays (None
@@ -59,7 +59,7 @@ def _plan_gradients(spec, upstream=None, edges=None, declare=None):
     # The analyzer must see exactly the layers and edges the spec wires.
     assert set(net.names) == set(spec.names)
     assert set(net.graph.edges) == spec.edges()
-    plan = gg.GradientPlan(model.loss, net)
+    plan = gg.GradientPlan(model.loss, net, linear=linear)
     for name, chain in (upstream or {}).items():
       for c in chain:
         plan.transform_upstream(name, _transform(c))
@@ -196,11 +196,8 @@ def test_fused_linear_rewrites_equal_the_cut_path(data):
   upstream = data.draw(db.upstream_plans(spec, min_size=0), label="upstream")
   edges = data.draw(db.edge_plans(spec, min_size=0), label="edges")
   fused, _ = _plan_gradients(spec, upstream=upstream, edges=edges)
-  _engine.FUSE_LINEAR = False
-  try:
-    cut, _ = _plan_gradients(spec, upstream=upstream, edges=edges)
-  finally:
-    _engine.FUSE_LINEAR = True
+  cut, _ = _plan_gradients(spec, upstream=upstream, edges=edges,
+                           linear="general")
   _assert_same(fused, cut, spec, none_is_zero=False)
 
 

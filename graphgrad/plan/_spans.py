@@ -1,14 +1,13 @@
-"""Runs of linearly rewritten layers that one ``tf.gradients`` call covers.
+"""Spans: runs of linearly rewritten layers that one segment backpropagates.
 
-With ``scale`` on every boundary of an MLP, every layer is cut, and each cut
-used to cost a segment call of its own. A layer whose only declaration is a
-linear upstream rewrite, and whose outputs only the layer above it feeds,
-needs no cut: its outputs' gradient is complete as soon as that layer has
-been backpropagated. A *chain* is a maximal run of such layers, from the top
-down, optionally led by the op group of the loss. The engine builds it with
-one call, in which :mod:`graphgrad.plan._hooks` weights, for each layer, the
-gradient its ops hand to the tensors below it, and reads the gradient at each
-later layer's outputs for the plan's trace.
+A layer whose only declaration is a linear upstream rewrite, and whose
+outputs only the layer above it feeds, needs no cut: its outputs' gradient
+is complete as soon as that layer has been backpropagated. A *span* is a
+maximal run of such layers, from the top down, optionally led by the op
+group of the loss. The engine builds it with one ``tf.gradients`` call, in
+which :mod:`graphgrad.plan._hooks` weights, for each layer, the gradient its
+ops hand to the tensors below it, and reads the gradient at each later
+layer's outputs for the plan's trace.
 """
 
 import collections
@@ -20,13 +19,13 @@ from graphgrad import _compat
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.core._gradients import is_one, is_zero
 from graphgrad.plan import _hooks
-from graphgrad.plan._cuts import CutPlan, Group, Key, Kind
+from graphgrad.plan._cuts import CutPlan, Group, GroupKind, Key
 
-Entry = Tuple[tf.Operation, int]
+Reader = Tuple[tf.Operation, int]
 
 
-class Chains:
-  """Finds the chains of a schedule and the hooks of each.
+class Spans:
+  """Finds the spans of a schedule and the hooks of each.
 
   Args:
     net: the analysed layer graph.
@@ -35,8 +34,8 @@ class Chains:
     factors: layer -> the factor of its linear upstream rewrite.
     special: layers with any other declaration (an edge into them, a
       backward replacement, a task combination, a cut a replacement reads):
-      they never join a chain.
-    enabled: ``False`` finds no chain (the plan overrides gradients, or
+      they never join a span.
+    enabled: ``False`` finds no span (the plan overrides gradients, or
       this TensorFlow has no hook point; see ``_hooks``).
   """
 
@@ -49,13 +48,13 @@ class Chains:
     self.variables = variables
     self.factors = factors
     self.special = special
-    self._entries: Dict[Key, List[Entry]] = {}
+    self._entries: Dict[Key, List[Reader]] = {}
 
   def find(self, order: List[Group]) -> Dict[Key, List[Group]]:
-    """Chains of ``order`` (the schedule), keyed by their first group.
+    """Spans of ``order`` (the schedule), keyed by their first group.
 
-    A layer joins the chain above it when the chain's last group adds to it
-    and nothing else does. Every layer of a chain has a nonzero linear
+    A layer joins the span above it when the span's last group adds to it
+    and nothing else does. Every layer of a span has a nonzero linear
     upstream rewrite, no other declaration, and no other layer's variables
     in its segment.
     """
@@ -67,45 +66,45 @@ class Chains:
     for key, below in below_of.items():
       for k in below:
         feeders[k].add(key)
-    chains: Dict[Key, List[Group]] = {}
+    spans: Dict[Key, List[Group]] = {}
     taken: set = set()
     for g in order:
       if g.key in taken or not self._linkable(g, head=True):
         continue
-      chain = [g]
+      span = [g]
       while True:
-        below = set(below_of[chain[-1].key])
+        below = set(below_of[span[-1].key])
         nxt = by_key.get(below.pop()) if len(below) == 1 else None
         if (nxt is None or nxt.key in taken
-            or feeders[nxt.key] != {chain[-1].key}
+            or feeders[nxt.key] != {span[-1].key}
             or not self._linkable(nxt)):
           break
-        chain.append(nxt)
-      if len(chain) > 1:
-        chains[g.key] = chain
-        taken.update(x.key for x in chain)
-    return chains
+        span.append(nxt)
+      if len(span) > 1:
+        spans[g.key] = span
+        taken.update(x.key for x in span)
+    return spans
 
-  def hooks(self, chain: List[Group], weigh: Callable,
+  def hooks(self, span: List[Group], weigh: Callable,
             record: Callable[[str, object], object]
             ) -> Dict[tf.Operation, _hooks.Hook]:
-    """The hooks of one chain's call.
+    """The hooks of one span's call.
 
     Args:
-      chain: the chain's groups, first to last.
+      span: the span's groups, first to last.
       weigh: ``(grad, factor) -> factor * grad``.
       record: called as ``record(tensor name, grad)`` with the gradient at
         each output of every group after the first.
     """
     hooks: Dict[tf.Operation, _hooks.Hook] = collections.defaultdict(
         _hooks.Hook)
-    for group in chain:
+    for group in span:
       factor = (self.factors.get(group.key.name)
-                if group.key.kind is Kind.LAYER else None)
+                if group.key.kind is GroupKind.LAYER else None)
       if not is_one(factor):
         for op, j in self._entries_of(group):
           hooks[op].scale.append((j, lambda g, f=factor: weigh(g, f)))
-    for group in chain[1:]:
+    for group in span[1:]:
       for t in group.sources:
         hooks[t.op].read.append((t.value_index,
                                  lambda g, n=t.name: record(n, g)))
@@ -113,11 +112,11 @@ class Chains:
 
   def _linkable(self, group: Group, head: bool = False) -> bool:
     name = group.key.name
-    if group.key.kind is Kind.OP:
+    if group.key.kind is GroupKind.OP:
       # The loss, or a glue op above the first layer: nothing to weight.
       return head
     factor = self.factors.get(name)
-    if (group.key.kind is not Kind.LAYER or factor is None
+    if (group.key.kind is not GroupKind.LAYER or factor is None
         or is_zero(factor) or name in self.special):
       return False
     if any(self.net.layer_of_variable(self.variables[n]) != name
@@ -132,7 +131,7 @@ class Chains:
     return all(_hooks.registered(op) is not None
                and _compat.control_flow_context(op) is None for op in ops)
 
-  def _entries_of(self, group: Group) -> List[Entry]:
+  def _entries_of(self, group: Group) -> List[Reader]:
     """(op, input index) where the layer's segment reads a tensor below."""
     if group.key not in self._entries:
       known = self.net.op_graph
