@@ -24,7 +24,6 @@ import argparse
 import os
 import statistics
 import time
-from typing import Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -61,13 +60,8 @@ def _plan(model, variant: str):
   return plan
 
 
-def _traced_step(model, optimizer, plan, fuse: Optional[bool] = None):
-  """A traced SGD step: a plain tape without ``plan``, else the plan's tape.
-
-  ``fuse`` sets ``FUSE_LINEAR`` while the step is traced (``None`` leaves
-  it as it is).
-  """
-  from graphgrad.keras import _linear  # pylint: disable=g-import-not-at-top
+def _traced_step(model, optimizer, plan):
+  """A traced SGD step: a plain tape without ``plan``, else the plan's tape."""
 
   def loss_of(x, y):
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -80,14 +74,9 @@ def _traced_step(model, optimizer, plan, fuse: Optional[bool] = None):
         loss = loss_of(x, y)
       grads = tape.gradient(loss, model.trainable_variables)
     else:
-      old = _linear.FUSE_LINEAR
-      _linear.FUSE_LINEAR = old if fuse is None else fuse
-      try:
-        with plan.tape() as tape:
-          loss = loss_of(x, y)
-        grads = tape.gradient(loss)
-      finally:
-        _linear.FUSE_LINEAR = old
+      with plan.tape() as tape:
+        loss = loss_of(x, y)
+      grads = tape.gradient(loss)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
@@ -161,7 +150,8 @@ def _linear_model(keras, kind: str, depth: int):
 def _linear_plan(model, kind: str, variant: str):
   if variant == "plain":
     return None
-  plan = gg.KerasPlan(model)
+  plan = gg.KerasPlan(model,
+                      linear="general" if variant.endswith("_cut") else "fused")
   if kind == "lstm":
     fn = (gg.transforms.clip_by_norm(1.0) if variant == "clip_by_norm"
           else gg.transforms.scale(0.5))
@@ -179,8 +169,7 @@ def make_linear_step(keras, kind: str, variant: str, depth: int = 0):
   optimizer = keras.optimizers.SGD(0.001)
   optimizer.build(model.trainable_variables)
   plan = _linear_plan(model, kind, variant)
-  return _traced_step(model, optimizer, plan,
-                      fuse=not variant.endswith("_cut"))
+  return _traced_step(model, optimizer, plan)
 
 
 def run_linear(kind: str, depth: int = 0, reps: int = 15,

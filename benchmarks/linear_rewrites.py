@@ -26,7 +26,7 @@ import tensorflow as tf
 import benchmarks
 import graphgrad as gg
 from benchmarks import _measure, _models, _variants
-from graphgrad.plan import _engine, _reach
+from graphgrad.plan import _reach
 
 tf1 = tf.compat.v1
 log = logging.getLogger("graphgrad.benchmarks")
@@ -55,14 +55,11 @@ def _plan_variant(layers, boundary, fn, fuse=True):
   """A variant rewriting the upstream of ``boundary(net)``'s layers."""
   def build(built, optimizer):
     net = gg.analyze(built.loss, layers=layers)
-    plan = gg.GradientPlan(built.loss, net)
+    plan = gg.GradientPlan(built.loss, net,
+                           linear="fused" if fuse else "general")
     for name in boundary(net):
       plan.transform_upstream(name, fn())
-    old, _engine.FUSE_LINEAR = _engine.FUSE_LINEAR, fuse
-    try:
-      return plan.apply_gradients(optimizer), {}
-    finally:
-      _engine.FUSE_LINEAR = old
+    return plan.apply_gradients(optimizer), {}
   return build
 
 

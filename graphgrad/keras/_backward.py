@@ -80,12 +80,13 @@ class _TapeVJP:
     return weigh(grad, factor)
 
 
-def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
+def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
                      variables):
   """Input and variable gradients of one call of a rewritten layer.
 
   Args:
     run: the tape's :class:`~graphgrad.keras._intercept.Interceptor`.
+    step: the :class:`~graphgrad.keras._intercept.BackwardStep` under way.
     path: the layer's path.
     call: which call of the layer this is (0 for the first).
     inner: a persistent tape that recorded the call.
@@ -97,8 +98,8 @@ def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
   Returns:
     ``(gradients for xs, gradients for variables)``.
   """
-  if not run.plain:
-    dys = run.combine_tasks(path, call, dys)
+  if not step.plain:
+    dys = step.combine_tasks(path, call, dys)
   pairs = [(o, dy) for o, dy in zip(tf.nest.flatten(out), dys)
            if is_float(o) and dy is not None]
   outs = [o for o, _ in pairs]
@@ -109,7 +110,7 @@ def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
   plan = run.plan
   decl = plan.declarations
   override = decl.overrides.get(("layer", path))
-  if run.plain:  # task gradients: plain backpropagation, or the override
+  if step.plain:  # task gradients: plain backpropagation, or the override
     rules = LayerRules(override=None if override is None else (
         lambda gs: overridden(run, path, override, xs, outs, gs)))
     own = list(range(len(variables)))
@@ -119,7 +120,7 @@ def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
     own = [i for i, v in enumerate(variables) if v.ref() in own_refs]
 
     def tasks(gs):  # combined above, over every output of the call
-      run.done[path] = gs
+      step.done[path] = gs
       return gs
 
     rules = LayerRules(
@@ -131,7 +132,7 @@ def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
         factor=(fn.linear_factor if fn is not None and plan.fuse_linear
                 else None),
         replace=None if replace is None else lambda gs, chain_rule: (
-            run.replace(path, replace, xs, outs, gs, chain_rule)),
+            run.replace(step, path, replace, xs, outs, gs, chain_rule)),
         override=None if override is None else (
             lambda gs: overridden(run, path, override, xs, outs, gs)))
   result = layer_backward(rules, g, _TapeVJP(inner, outs, xs, variables, own))
@@ -146,7 +147,7 @@ def backward_of_call(run, path: str, call: int, inner, out, xs, dys,
   return dx, dv
 
 
-def edge_grads(run, entries, xs, dx) -> List:
+def edge_grads(run, step, entries, xs, dx) -> List:
   """Gradients for the lower layers' outputs, the extra inputs of an edge.
 
   ``dx`` is rewritten in place: an input that *is* a lower layer's output
@@ -154,7 +155,7 @@ def edge_grads(run, entries, xs, dx) -> List:
   """
   extra, direct_inputs = [], set()
   for lo, upper, fn, outs, glue in entries:
-    if run.plain:
+    if step.plain:
       extra += [None] * len(outs)
       continue
     direct = collections.defaultdict(list)
@@ -179,7 +180,7 @@ def edge_grads(run, entries, xs, dx) -> List:
           f"transform_edge({lo!r}, {upper!r}) on {describe(t)}")
       extra.append(new if via_glue is None else dense(new) - via_glue)
       direct_inputs.update(direct[j])
-      run.edges_fed.add((lo, upper))
+      step.edges_fed.add((lo, upper))
   for i in direct_inputs:
     dx[i] = None
   return extra

@@ -30,6 +30,7 @@ Inside ``tf.function`` all of this happens once, while tracing.
 
 import collections
 import contextlib
+import dataclasses
 import logging
 from typing import Dict, List, Optional
 
@@ -44,8 +45,45 @@ from graphgrad.transforms._context import TransformContext
 log = logging.getLogger("graphgrad")
 
 
+@dataclasses.dataclass
+class BackwardStep:
+  """The values of one backward pass under a plan tape.
+
+  The tape makes one per ``tape.gradient`` call (and one, ``plain``, for
+  the task gradients before it) and reads its results afterwards.
+
+  Attributes:
+    plain: task gradients are being computed: plain backpropagation.
+    task_deltas: layer -> per call, per output ``combine(g_i) - sum_i g_i``.
+    done: the gradients at the rewritten layers' outputs, filled from the
+      loss down (what ``upstream_of`` reads).
+    extra: ``(grad, var)`` pairs of the methods' own variables.
+    edges_run: edges whose upper layer was backpropagated.
+    edges_fed: edges along which a gradient reached the lower layer.
+  """
+  plain: bool = False
+  task_deltas: Dict[str, List[list]] = dataclasses.field(default_factory=dict)
+  done: Dict[str, list] = dataclasses.field(default_factory=dict)
+  extra: List[tuple] = dataclasses.field(default_factory=list)
+  edges_run: set = dataclasses.field(default_factory=set)
+  edges_fed: set = dataclasses.field(default_factory=set)
+
+  def combine_tasks(self, path: str, call: int, dys: list) -> list:
+    """``dy - sum_i g_i + combine(g_i)`` at the outputs of a task layer."""
+    deltas = self.task_deltas.get(path)
+    if deltas is None:
+      return dys
+    return [dy if d is None else (d if dy is None else
+                                  tf.convert_to_tensor(dy) + d)
+            for dy, d in zip(dys, deltas[call])]
+
+  def upstream_of(self, path: str) -> list:
+    """The complete gradient at a rewritten layer's outputs above this one."""
+    return completed_upstream(self.done, path)
+
+
 class Interceptor:
-  """The per-tape state of one forward and backward pass under a plan."""
+  """What a plan tape does to the forward pass, and the backward steps."""
 
   def __init__(self, plan, labels=None):
     self.plan = plan
@@ -64,18 +102,24 @@ class Interceptor:
                   and p not in special}
     self.calls: collections.Counter = collections.Counter()
     self.outputs: Dict[str, List[list]] = collections.defaultdict(list)
-    self.plain = False  # True while task gradients are computed
-    self.done: Dict[str, list] = {}  # gradients at rewritten layers' outputs
-    self.task_deltas: Dict[str, List[list]] = {}
-    self.extra: List[tuple] = []  # (grad, var) of the methods' variables
-    self.edges_run: set = set()
-    self.edges_fed: set = set()
+    # The backward pass under way: custom gradients run inside TF's own
+    # backward pass, which cannot hand them an argument.
+    self._step = BackwardStep()
     self._restore: List[tuple] = []
     self._glue: List[tf.GradientTape] = []
     self._lower_outputs: Dict[str, List[tuple]] = collections.defaultdict(list)
     self._pause_depth = 0
     self._paused: Optional[contextlib.ExitStack] = None
     self._no_pause: set = set()
+
+  @contextlib.contextmanager
+  def backward(self, step: BackwardStep):
+    """Runs the backward passes built inside the block with ``step``."""
+    before, self._step = self._step, step
+    try:
+      yield step
+    finally:
+      self._step = before
 
   def targets(self) -> List[str]:
     """Every layer the plan names, and the layers its replacements read."""
@@ -170,7 +214,7 @@ class Interceptor:
   def _scaled_call(self, path: str, call, args, kwargs):
     """The layer as it is, on inputs whose gradient the factor weights."""
     factor = self.light[path]
-    flat = [_linear.scaled_input(a, factor, lambda: self.plain)
+    flat = [_linear.scaled_input(a, factor, lambda: self._step.plain)
             if is_float(a) else a for a in tf.nest.flatten((args, kwargs))]
     args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat)
     out = call(*args_in, **kwargs_in)
@@ -200,12 +244,13 @@ class Interceptor:
         out = call(*args_in, **kwargs_in)
 
       def grad(*dys, variables=None):
+        step = self._step
         with tf.name_scope(self.plan.name):
-          dx, dv = backward_of_call(self, path, index, inner, out, xs_in,
-                                    list(dys), list(variables or []))
-          if not self.plain:
-            self.edges_run.update(k for k in self.edges if k[1] == path)
-          return dx + edge_grads(self, entries, xs, dx), dv
+          dx, dv = backward_of_call(self, step, path, index, inner, out,
+                                    xs_in, list(dys), list(variables or []))
+          if not step.plain:
+            step.edges_run.update(k for k in self.edges if k[1] == path)
+          return dx + edge_grads(self, step, entries, xs, dx), dv
 
       return out, grad
 
@@ -223,27 +268,16 @@ class Interceptor:
                             global_step=self.plan.step_tensor(),
                             resources=self.plan.resources, **kw)
 
-  def combine_tasks(self, path: str, call: int, dys: list) -> list:
-    """``dy - sum_i g_i + combine(g_i)`` at the outputs of a task layer."""
-    deltas = self.task_deltas.get(path)
-    if deltas is None:
-      return dys
-    return [dy if d is None else (d if dy is None else
-                                  tf.convert_to_tensor(dy) + d)
-            for dy, d in zip(dys, deltas[call])]
-
-  def upstream_of(self, path: str) -> list:
-    """The complete gradient at a rewritten layer's outputs above this one."""
-    return completed_upstream(self.done, path)
-
-  def replace(self, path, fn, xs, outs, upstream, chain_rule) -> list:
+  def replace(self, step: BackwardStep, path, fn, xs, outs, upstream,
+              chain_rule) -> list:
+    """Runs the replacement ``fn`` of one call; its pairs go to ``step``."""
     plan = self.plan
     ctx = _methods.KerasBackwardContext(
         layer=plan.layer(path), name=path, inputs=tuple(xs),
         outputs=tuple(outs), upstream=tuple(upstream),
-        upstream_of=self.upstream_of, chain_rule=chain_rule,
+        upstream_of=step.upstream_of, chain_rule=chain_rule,
         variables=plan.method_variables, labels=self.labels)
     with tf.name_scope(f"replace_backward_{path}".replace("/", "_")):
       grads, extra = _methods.run(fn, ctx, plan.error_layer(path))
-    self.extra += extra
+    step.extra += extra
     return grads

@@ -17,7 +17,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.core._gradients import add_dense
 from graphgrad.keras import _tasks
-from graphgrad.keras._intercept import Interceptor
+from graphgrad.keras._intercept import BackwardStep, Interceptor
 from graphgrad.keras._layers import tf_variable
 from graphgrad.transforms import _checks
 from graphgrad.transforms._group import GroupTransform
@@ -78,6 +78,7 @@ class PlanTape:
         persistent=persistent or bool(plan.declarations.tasks),
         watch_accessed_variables=watch_accessed_variables)
     self._entered = False
+    self._last = BackwardStep()
 
   # -- GradientTape surface ------------------------------------------------
 
@@ -143,18 +144,19 @@ class PlanTape:
     plan = self._plan
     if sources is None:
       sources = list(plan.model.trainable_variables)
-    self._prepare_tasks(target, task_losses)
-    self._run.extra = []
-    grads = self._tape.gradient(target, sources, output_gradients,
-                                unconnected_gradients)
-    self._check_edges()
+    step = BackwardStep(task_deltas=self._task_deltas(target, task_losses))
+    with self._run.backward(step):
+      grads = self._tape.gradient(target, sources, output_gradients,
+                                  unconnected_gradients)
+    self._last = step
+    self._check_edges(step)
     todo = [(p, fn) for p, fns in plan.declarations.gradients.items()
             for fn in fns if not is_identity(fn)]
-    if not todo and not self._run.extra:
+    if not todo and not step.extra:
       return grads
     flat_s = tf.nest.flatten(sources)
     flat_g = tf.nest.flatten(grads)
-    self._methods_grads(flat_s, flat_g)
+    self._methods_grads(step, flat_s, flat_g)
     with tf.name_scope(plan.name):
       for path, fn in todo:
         self._transform_layer(path, fn, flat_s, flat_g)
@@ -185,11 +187,11 @@ class PlanTape:
   @property
   def extra_grads_and_vars(self) -> List[Tuple[Any, tf.Variable]]:
     """``(grad, var)`` of the methods' variables from the last gradient."""
-    return list(self._run.extra)
+    return list(self._last.extra)
 
   # -- helpers -------------------------------------------------------------
 
-  def _methods_grads(self, flat_s, flat_g) -> None:
+  def _methods_grads(self, step: BackwardStep, flat_s, flat_g) -> None:
     """Puts the gradients of the methods' own variables among ``sources``.
 
     The forward pass never reads a synthetic module's variables, so the
@@ -197,7 +199,7 @@ class PlanTape:
     replacement, in the backward pass.
     """
     by_ref: Dict[Any, list] = {}
-    for g, v in self._run.extra:
+    for g, v in step.extra:
       by_ref.setdefault(v.ref(), []).append(g)
     for i, s in enumerate(flat_s):
       v = tf_variable(s)
@@ -228,20 +230,17 @@ class PlanTape:
             self._run.context(path, "gradients", variable=var),
             f"transform_gradients({path!r}) on {var.name}")
 
-  def _prepare_tasks(self, target, task_losses) -> None:
+  def _task_deltas(self, target, task_losses) -> Dict[str, List[list]]:
+    """Task layer -> what its task combination adds, per call and output."""
     tasks = self._plan.declarations.tasks
     by_layer = _tasks.losses_by_layer(tasks, task_losses)
-    if not by_layer:
-      return
-    run = self._run
-    run.plain = True
-    try:
+    deltas: Dict[str, List[list]] = {}
+    with self._run.backward(BackwardStep(plain=True)):
       for path, losses in by_layer.items():
-        run.task_deltas[path] = _tasks.task_deltas(
-            self._tape, target, losses, run.outputs[path], tasks[path].method,
-            path, self._plan.method_variables)
-    finally:
-      run.plain = False
+        deltas[path] = _tasks.task_deltas(
+            self._tape, target, losses, self._run.outputs[path],
+            tasks[path].method, path, self._plan.method_variables)
+    return deltas
 
   def _check_ran(self) -> None:
     never = [p for p in self._run.targets() if not self._run.calls[p]]
@@ -253,8 +252,8 @@ class PlanTape:
           f"pass must run under the tape), or drop the transforms on layers "
           f"this model's call does not use.")
 
-  def _check_edges(self) -> None:
-    for lo, up in sorted(self._run.edges_run - self._run.edges_fed):
+  def _check_edges(self, step: BackwardStep) -> None:
+    for lo, up in sorted(step.edges_run - step.edges_fed):
       raise _errors.NotConnectedError(
           f"transform_edge({lo!r}, {up!r}): {up!r} ran, but no gradient "
           f"from it reached {lo!r}'s outputs through ops and layers without "
