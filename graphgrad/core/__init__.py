@@ -1,4 +1,4 @@
-"""What both executors share: the declaration model, gradient helpers, and the
+"""What both executors use: the declaration model, gradient helpers, and the
 per-layer policy.
 
 ``_declaration_model`` holds what a plan declares; ``_gradients`` the

@@ -166,11 +166,11 @@ def edge_grads(run, step, entries, xs, dx) -> List:
         direct[js[0]].append(i)
       elif dx[i] is not None:
         glued.append(i)
-    shares = (glue.gradient([xs[i] for i in glued], outs,
+    through_glue = (glue.gradient([xs[i] for i in glued], outs,
                             output_gradients=[dense(dx[i]) for i in glued])
               if glued else [None] * len(outs))
     for j, t in enumerate(outs):
-      via_glue = shares[j]
+      via_glue = through_glue[j]
       total = add_dense([dx[i] for i in direct[j]] + [via_glue])
       if total is None:
         extra.append(None)

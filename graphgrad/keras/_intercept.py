@@ -22,7 +22,7 @@ restores it. The wrapper
   outputs once it has run. Layers that hold variables pause glue tapes while
   they run, so a glue tape records only the variable-free ops (and
   variable-free layers) after the lower layer. The upper layer's custom
-  gradient uses it to find the share of its input gradient that reaches the
+  gradient uses it to find the part of its input gradient that reaches the
   lower layer's outputs (see :func:`~graphgrad.keras._backward.edge_grads`).
 
 Inside ``tf.function`` all of this happens once, while tracing.

@@ -90,6 +90,7 @@ class Segments:
       ``upstream_of`` reads (a replacement's ``cuts``).
     gradients_fn: what each segment calls instead of ``tf.gradients``, with
       the same arguments (the plan's gradient overrides, see ``_override``).
+    overridden: the names of the ops ``gradients_fn`` overrides.
   """
 
   def __init__(self, net: LayerGraph, variables,
@@ -98,7 +99,8 @@ class Segments:
                backward: Optional[Dict[str, Callable]] = None,
                outputs_fn: Optional[Dict[str, Callable]] = None,
                read_layers: Sequence[str] = (),
-               gradients_fn: Optional[Callable] = None):
+               gradients_fn: Optional[Callable] = None,
+               overridden: Sequence[str] = ()):
     self.net = net
     self.gradients_fn = gradients_fn or tf.compat.v1.gradients
     self.variables = {v.op.name: v for v in variables}
@@ -122,14 +124,11 @@ class Segments:
     self._bound = _reach.can_bound(
         d["op"] for _, d in net.op_graph.nodes(data=True))
     self._done: Dict[str, List] = {}
-    # Spans of linear layers run as one call only with TF's own
-    # tf.gradients (an override splits calls at its ops, past any hook).
     self._spans = Spans(
         net, self.cuts, self.variables,
         {n: rw.factor for n, rw in self.upstream.items()
          if rw.factor is not None}, self._special,
-        enabled=(self.gradients_fn is tf.compat.v1.gradients
-                 and _hooks.available()))
+        enabled=_hooks.available(), overridden=set(overridden))
 
   def schedule(self) -> List[Group]:
     """Returns the cut groups in execution order, with their segments."""

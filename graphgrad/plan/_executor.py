@@ -176,7 +176,7 @@ class _Executor:
       return None
 
   def run(self) -> Built:
-    self.gradients_fn = _override.gradients_fn(
+    self.gradients_fn, self.overridden = _override.gradients_fn(
         self.loss, self.var_list, self.declarations.overrides, self.layer_of)
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
       if not self.declarations.rewrites_backward:
@@ -213,7 +213,7 @@ class _Executor:
         read_layers=[c for n, fn in backward.items()
                      for c in (fn.cuts(self.net, n) if hasattr(fn, "cuts")
                                else [])],
-        gradients_fn=self.gradients_fn)
+        gradients_fn=self.gradients_fn, overridden=self.overridden)
     by_name = {v.op.name: v for v in reached}
     reduce = None
     if self.options.reduce_fn is not None:

@@ -114,15 +114,16 @@ def on_path(loss: tf.Tensor, sources, overrides: Dict[Tuple[str, str], GradFn],
 def gradients_fn(loss: tf.Tensor, sources,
                  overrides: Dict[Tuple[str, str], GradFn],
                  layer_of: Callable[[tf.Operation], Optional[str]]
-                 ) -> Callable:
-  """What a plan calls instead of ``tf.gradients``: :func:`gradients` with
-  the plan's overridden ops, or ``tf.gradients`` itself without any."""
-  if not overrides:
-    return tf.compat.v1.gradients
-  found = on_path(loss, sources, overrides, layer_of)
+                 ) -> Tuple[Callable, Tuple[str, ...]]:
+  """What a plan calls instead of ``tf.gradients``, and the ops it overrides.
+
+  :func:`gradients` with the plan's overridden ops on the loss's path, or
+  ``tf.gradients`` itself without any.
+  """
+  found = on_path(loss, sources, overrides, layer_of) if overrides else {}
   if not found:
-    return tf.compat.v1.gradients
-  return functools.partial(gradients, overrides=found)
+    return tf.compat.v1.gradients, ()
+  return functools.partial(gradients, overrides=found), tuple(found)
 
 
 def _not_on_path(caller, name, loss, path) -> _errors.NotConnectedError:

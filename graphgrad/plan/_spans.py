@@ -11,12 +11,13 @@ layer's outputs for the plan's trace.
 """
 
 import collections
-from typing import Callable, Dict, List, Set, Tuple
+from typing import AbstractSet, Callable, Dict, List, Set, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _compat
 from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._no_gradient import ops_on_path
 from graphgrad.core._gradients import is_one, is_zero
 from graphgrad.plan import _hooks
 from graphgrad.plan._cuts import CutPlan, Group, GroupKind, Key
@@ -29,20 +30,25 @@ class Spans:
 
   Args:
     net: the analysed layer graph.
-    cuts: the plan's cuts and source groups.
+    cuts: the plan's cuts and cut groups.
     variables: variable op name -> differentiated variable.
     factors: layer -> the factor of its linear upstream rewrite.
     special: layers with any other declaration (an edge into them, a
       backward replacement, a task combination, a cut a replacement reads):
       they never join a span.
-    enabled: ``False`` finds no span (the plan overrides gradients, or
-      this TensorFlow has no hook point; see ``_hooks``).
+    enabled: ``False`` finds no span (this TensorFlow has no hook point;
+      see ``_hooks``).
+    overridden: names of the ops the plan overrides: a span's one call
+      crosses none of them, since their gradient comes from the override's
+      function, which no hook sees.
   """
 
   def __init__(self, net: LayerGraph, cuts: CutPlan,
                variables: Dict[str, tf.Variable], factors: Dict[str, float],
-               special: Set[str], enabled: bool = True):
+               special: Set[str], enabled: bool = True,
+               overridden: AbstractSet[str] = frozenset()):
     self.enabled = enabled
+    self.overridden = overridden
     self.net = net
     self.cuts = cuts
     self.variables = variables
@@ -77,7 +83,8 @@ class Spans:
         nxt = by_key.get(below.pop()) if len(below) == 1 else None
         if (nxt is None or nxt.key in taken
             or feeders[nxt.key] != {span[-1].key}
-            or not self._linkable(nxt)):
+            or not self._linkable(nxt)
+            or self._crosses_override(span + [nxt])):
           break
         span.append(nxt)
       if len(span) > 1:
@@ -109,6 +116,15 @@ class Spans:
         hooks[t.op].read.append((t.value_index,
                                  lambda g, n=t.name: record(n, g)))
     return dict(hooks)
+
+  def _crosses_override(self, span: List[Group]) -> bool:
+    if not self.overridden:
+      return False
+    last = span[-1]
+    xs = list(last.targets) + [self.variables[n] for x in span
+                               for n in x.variables]
+    return any(op.name in self.overridden for op in ops_on_path(
+        span[0].sources, xs, last.targets))
 
   def _linkable(self, group: Group, head: bool = False) -> bool:
     name = group.key.name

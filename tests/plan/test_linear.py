@@ -495,3 +495,48 @@ def test_linear_option_must_name_a_path():
                        match=r"gg.GradientPlan: `linear` must be one of "
                              r"'fused', 'general'; got 'cut'"):
       gg.GradientPlan(loss, linear="cut")
+
+
+def rounded_deep_model(into, override_map=False):
+  """Five layers; l2 rounds its activations (Round has no gradient)."""
+  x = tf1.placeholder(tf.float32, [None, 4])
+  h = dense(x, 5, "l1", tf.tanh)
+  h = dense(into("l2", "l1", h), 5, "l2", tf.sigmoid)
+  identity = (tf1.get_default_graph().gradient_override_map(
+      {"Round": "Identity"}) if override_map else contextlib.nullcontext())
+  with tf.name_scope("l2/quant/"), identity:
+    h = tf.round(h * 255.0) / 255.0
+  for i in range(3, 6):
+    h = dense(into(f"l{i}", f"l{i - 1}", h), 5, f"l{i}",
+              tf.tanh if i < 5 else None)
+  return tf.reduce_sum(tf.square(h)), feed(x, rows=6)
+
+
+def test_a_span_of_scaled_layers_next_to_an_override():
+  # The layers above the rounded l2 form one span; l2's segment crosses
+  # the override, which no span may.
+  calls = {}
+  for linear in ("fused", "general"):
+    with tf.Graph().as_default() as graph:
+      tf1.set_random_seed(0)
+      loss, feed = rounded_deep_model(Into())
+      plan = gg.GradientPlan(loss, linear=linear).straight_through("Round")
+      for i in range(2, 6):
+        plan.transform_upstream(f"l{i}", T.scale(0.5))
+      n = len(graph.get_operations())
+      got = _run([g for g, _ in plan.compute_gradients()], feed)
+      scopes = [op.name.split("/") for op in graph.get_operations()[n:]]
+      calls[linear] = len({p[1] for p in scopes
+                           if len(p) > 2 and p[1].startswith("gradients")})
+    with tf.Graph().as_default():
+      tf1.set_random_seed(0)
+      loss, feed = rounded_deep_model(
+          Into({(f"l{i}", f"l{i - 1}"): 0.5 for i in range(2, 6)}),
+          override_map=True)
+      want = _run(tf.gradients(loss, tf1.trainable_variables()), feed)
+    assert all(g is not None and np.abs(g).max() > 0 for g in got)
+    for g, w in zip(got, want):
+      np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=linear)
+  # One call from the loss through l5, l4, l3; two through l2 (before and
+  # after its Round); one below l2. Without the span: three more.
+  assert calls == {"fused": 4, "general": 12}, calls
