@@ -52,7 +52,7 @@ from graphgrad.analysis._analyze import analyze
 from graphgrad.analysis._layers import Layer, LayerGraph
 from graphgrad.analysis._thaw import thaw
 from graphgrad.distributed._after_aggregation import AfterAggregation
-from graphgrad.keras._plan import KerasPlan
+from graphgrad.keras._keras_plan import KerasPlan
 from graphgrad.plan._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
 from graphgrad.plan._report import GradientReport, gradient_report
 

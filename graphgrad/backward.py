@@ -7,14 +7,14 @@ Example:
 """
 
 from graphgrad.keras._methods import KerasBackwardContext
-from graphgrad.methods._backward import (
+from graphgrad.methods._dfa import direct_feedback_alignment
+from graphgrad.methods._fa import feedback_alignment
+from graphgrad.methods._replacement import (
                                  BackwardContext,
                                  BackwardResult,
                                  Replacement,
                                  feedback_matrix_value,
 )
-from graphgrad.methods._dfa import direct_feedback_alignment
-from graphgrad.methods._fa import feedback_alignment
 from graphgrad.methods._synthetic import (
                                  SyntheticModule,
                                  module_values,

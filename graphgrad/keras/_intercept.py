@@ -16,14 +16,14 @@ restores it. The wrapper
   ``call`` inside ``tf.custom_gradient``, under an inner tape. The custom
   gradient receives ``dy``, the gradient at the layer's outputs already
   summed over all consumers, and hands it to
-  :func:`~graphgrad.keras._backward.backward_of_call`.
+  :func:`~graphgrad.keras._tape_backward.backward_of_call`.
   Bypass paths never pass through the custom op, so they stay unchanged;
 * for the lower layer of an edge, starts a *glue tape* on the layer's
   outputs once it has run. Layers that hold variables pause glue tapes while
   they run, so a glue tape records only the variable-free ops (and
   variable-free layers) after the lower layer. The upper layer's custom
   gradient uses it to find the part of its input gradient that reaches the
-  lower layer's outputs (see :func:`~graphgrad.keras._backward.edge_grads`).
+  lower layer's outputs (see ``_tape_backward.edge_grads``).
 
 Inside ``tf.function`` all of this happens once, while tracing.
 """
@@ -37,9 +37,9 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from graphgrad.core._gradients import completed_upstream, is_float
-from graphgrad.keras import _linear, _methods
-from graphgrad.keras._backward import backward_of_call, edge_grads
+from graphgrad.keras import _methods, _tape_linear
 from graphgrad.keras._layers import holds_variables
+from graphgrad.keras._tape_backward import backward_of_call, edge_grads
 from graphgrad.transforms._context import TransformContext
 
 log = logging.getLogger("graphgrad")
@@ -169,7 +169,7 @@ class Interceptor:
       pause = (bool(self.edges) and path not in self._no_pause
                and holds_variables(layer))
       with self._pausing(pause):
-        if path in self.light and _linear.reads_only_own(
+        if path in self.light and _tape_linear.reads_only_own(
             layer, call, args, kwargs, self.plan.own_variables(path)):
           out = self._scaled_call(path, call, args, kwargs)
         elif custom:
@@ -214,7 +214,7 @@ class Interceptor:
   def _scaled_call(self, path: str, call, args, kwargs):
     """The layer as it is, on inputs whose gradient the factor weights."""
     factor = self.light[path]
-    flat = [_linear.scaled_input(a, factor, lambda: self._step.plain)
+    flat = [_tape_linear.scaled_input(a, factor, lambda: self._step.plain)
             if is_float(a) else a for a in tf.nest.flatten((args, kwargs))]
     args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat)
     out = call(*args_in, **kwargs_in)

@@ -24,7 +24,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.keras._layers import tf_variable
-from graphgrad.methods import _backward
+from graphgrad.methods import _replacement
 from graphgrad.methods._dfa import DirectFeedbackAlignment
 from graphgrad.methods._fa import FeedbackAlignment
 from graphgrad.methods._synthetic import SyntheticGradients
@@ -255,7 +255,7 @@ def run(fn, ctx: KerasBackwardContext,
   extra: GradsAndVars = []
   with tf.name_scope(method or "replace_backward"):
     if method is None:
-      result = _backward.run_replacement(fn, ctx, where)
+      result = _replacement.run_replacement(fn, ctx, where)
       return list(result.input_grads), list(result.extra_grads_and_vars)
     if method == "feedback_alignment":
       grads = _feedback_alignment(fn, ctx)
@@ -263,7 +263,7 @@ def run(fn, ctx: KerasBackwardContext,
       grads = _direct_feedback_alignment(fn, ctx, error_layer)
     else:
       grads, extra = _synthetic(fn, ctx)
-  result = _backward.checked_result(fn, grads, ctx.inputs, where)
+  result = _replacement.checked_result(fn, grads, ctx.inputs, where)
   return list(result.input_grads), extra
 
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layers import LayerGraph
-from graphgrad.methods._backward import (
+from graphgrad.methods._replacement import (
   Replacement,
   feedback_matrix,
   feedback_matrix_value,

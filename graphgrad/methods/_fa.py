@@ -9,7 +9,7 @@ from graphgrad import _errors
 from graphgrad._types import sum_gradients
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layers import LayerGraph
-from graphgrad.methods._backward import (
+from graphgrad.methods._replacement import (
   Replacement,
   feedback_matrix,
   feedback_matrix_value,

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.methods._backward import (
+from graphgrad.methods._replacement import (
   BackwardContext,
   BackwardResult,
   Replacement,

@@ -39,8 +39,8 @@ from graphgrad.analysis._layers import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core._declaration_model import Declaration, Declarations
 from graphgrad.core._gradients import aggregate
-from graphgrad.methods import _backward, _pcgrad
-from graphgrad.plan import _override
+from graphgrad.methods import _pcgrad, _replacement
+from graphgrad.plan import _op_override
 from graphgrad.plan._engine import Rewrite, Segments
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources, TransformContext
@@ -147,7 +147,7 @@ def build(loss: tf.Tensor, net: Callable[[], LayerGraph],
     missing = ops_without_gradient(loss, list(var_list))
     if not missing:
       raise
-    raise _override.no_gradient_error(loss, missing,
+    raise _op_override.no_gradient_error(loss, missing,
                                       executor.layer_of) from e
 
 
@@ -176,7 +176,7 @@ class _Executor:
       return None
 
   def run(self) -> Built:
-    self.gradients_fn, self.overridden = _override.gradients_fn(
+    self.gradients_fn, self.overridden = _op_override.gradients_fn(
         self.loss, self.var_list, self.declarations.overrides, self.layer_of)
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
       if not self.declarations.rewrites_backward:
@@ -254,7 +254,7 @@ class _Executor:
     return Rewrite(apply, factor, observe)
 
   def _backward_hook(self, layer: str, fn: Callable) -> Callable:
-    return _backward.engine_hook(self.net, layer, fn, self.resources,
+    return _replacement.engine_hook(self.net, layer, fn, self.resources,
                                  self.extra)
 
   def _tasks_hook(self, declared: Declaration) -> Callable:

@@ -21,7 +21,7 @@ from graphgrad.core._layer_policy import check_linear
 from graphgrad.methods import _pcgrad
 from graphgrad.plan import _arguments, _executor
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
-from graphgrad.plan._override import OpOverriding
+from graphgrad.plan._op_override import OpOverriding
 from graphgrad.plan._training import Training
 from graphgrad.transforms._context import Resources
 

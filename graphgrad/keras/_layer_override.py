@@ -5,7 +5,7 @@ layer's ``call``, named like every other declaration's layer: the tape runs
 the call inside its ``tf.custom_gradient`` (see ``_intercept``), and the
 call's inputs get ``fn(call, *output_grads)`` instead of the chain rule
 through the call. ``call`` is a
-:class:`~graphgrad.keras._backward.LayerCall`, with the ``name``, ``type``,
+:class:`~graphgrad.keras._tape_backward.LayerCall`, with the ``name``, ``type``,
 ``inputs`` and ``outputs`` of a ``tf.Operation``, so that ``fn`` is written
 like a registered gradient function, and ``gg.GradientPlan``'s
 ``straight_through`` identity serves both plans.

@@ -23,6 +23,7 @@ from graphgrad import _errors
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._layer_policy import check_linear
 from graphgrad.keras import _methods
+from graphgrad.keras._layer_override import LayerOverriding
 from graphgrad.keras._layers import (
   LayerIndex,
   check_parameters,
@@ -30,7 +31,6 @@ from graphgrad.keras._layers import (
   layer_variables,
   tf_variable,
 )
-from graphgrad.keras._override import LayerOverriding
 from graphgrad.keras._tape import PlanTape, PlanView
 from graphgrad.methods import _pcgrad
 from graphgrad.transforms._context import Resources
