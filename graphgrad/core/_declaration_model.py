@@ -1,4 +1,4 @@
-"""The declarations of a plan: one value, shared by both executors.
+"""The declarations of a plan: one value, which both executors read.
 
 A plan is a list of declarations: "rewrite the upstream gradient of layer
 ``L`` with ``fn``", "rewrite ``L``'s parameter gradients", "rewrite the edge
@@ -7,22 +7,9 @@ gradients at ``L``", "give the op ``o`` the backward pass ``fn``".
 :class:`Declarations` holds them in declaration order and checks each one
 once, when it is declared: the layer names (through the resolver its plan
 gives it), the callables, group versus per-tensor transforms, duplicates,
-and declaring after the plan was built.
-
-:class:`~graphgrad.GradientPlan` executes the declarations on a ``tf.Graph``
-(the segment engine); :class:`~graphgrad.KerasPlan` executes them under its
-tape. Both read them through the read-only accessors below.
-
-Example:
-  >>> import graphgrad as gg
-  >>> from graphgrad.core._declaration_model import Declarations
-  >>> d = Declarations(resolve=lambda name, arg: name, owner="GradientPlan")
-  >>> d.add_upstream("l2", gg.transforms.scale(0.5))
-  >>> d.add_gradients("l2", gg.transforms.clip_by_global_norm(1.0))
-  >>> [(x.kind.value, x.layer) for x in d]
-  [('upstream', 'l2'), ('gradients', 'l2')]
-  >>> d.upstream
-  {'l2': scale(0.5)}
+and declaring after the plan was built. ``GradientPlan`` (the segment
+engine) and ``KerasPlan`` (its tape) read them through the read-only
+accessors.
 """
 
 import dataclasses
@@ -111,6 +98,17 @@ class Declarations:
       canonical layer name, raising ``LayerNotFoundError`` for an unknown
       one. Each plan gives its own (a layer graph, a Keras model's tree).
     owner: the plan's class name, for messages.
+
+  Example:
+    >>> import graphgrad as gg
+    >>> from graphgrad.core._declaration_model import Declarations
+    >>> d = Declarations(resolve=lambda name, arg: name, owner="GradientPlan")
+    >>> d.add_upstream("l2", gg.transforms.scale(0.5))
+    >>> d.add_gradients("l2", gg.transforms.clip_by_global_norm(1.0))
+    >>> [(x.kind.value, x.layer) for x in d]
+    [('upstream', 'l2'), ('gradients', 'l2')]
+    >>> d.upstream
+    {'l2': scale(0.5)}
   """
 
   def __init__(self, resolve: Resolver, owner: str):

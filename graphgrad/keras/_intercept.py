@@ -1,31 +1,17 @@
 """Layer interception: what a plan tape does while the forward pass runs.
 
 While the tape is open, the ``call`` of every layer the plan names is
-replaced, on that layer instance only, by a wrapper; closing the tape
-restores it. The wrapper
+replaced, on that layer instance only, by a wrapper that counts its calls and
 
-* counts the layer's calls, so that a layer that never ran is reported;
-* for a layer whose one declaration is a linear upstream rewrite ``c * dy``
-  and whose call reads only its own variables, runs the original ``call``
-  on inputs whose gradient is weighted by ``c`` (see ``_linear``): the
-  layer's own variables get the plain gradient, and nothing else is
-  intercepted;
-* for a layer whose backward pass the plan rewrites (an upstream transform,
-  an incoming edge, a backward replacement, a task combination, an
-  override, or the error layer a replacement reads), runs the original
-  ``call`` inside ``tf.custom_gradient``, under an inner tape. The custom
-  gradient receives ``dy``, the gradient at the layer's outputs already
-  summed over all consumers, and hands it to
-  :func:`~graphgrad.keras._tape_backward.backward_of_call`.
-  Bypass paths never pass through the custom op, so they stay unchanged;
-* for the lower layer of an edge, starts a *glue tape* on the layer's
-  outputs once it has run. Layers that hold variables pause glue tapes while
-  they run, so a glue tape records only the variable-free ops (and
-  variable-free layers) after the lower layer. The upper layer's custom
-  gradient uses it to find the part of its input gradient that reaches the
-  lower layer's outputs (see ``_tape_backward.edge_grads``).
-
-Inside ``tf.function`` all of this happens once, while tracing.
+* for a layer whose one declaration is a linear upstream rewrite and whose
+  call reads only its own variables, runs ``call`` on inputs whose gradient
+  is weighted (``_tape_linear``);
+* for any other rewritten layer, runs ``call`` inside ``tf.custom_gradient``
+  under an inner tape, whose gradient hands the complete ``dy`` at the
+  outputs to ``_tape_backward.backward_of_call``; bypass paths never pass
+  through it;
+* for the lower layer of an edge, starts a *glue tape* on its outputs, which
+  records only variable-free ops after it (``_tape_backward.edge_grads``).
 """
 
 import collections

@@ -212,7 +212,7 @@ class KerasPlan(tf.Module, LayerOverriding):
     """
     path = self._index.find(layer, "layer")
     _methods.check(fn, self.layer(path), path)
-    # refuses an ambiguous default now
+    # an ambiguous default is refused when declared
     _methods.error_layer(fn, path, self._model, self._index)
 
     def no_override():

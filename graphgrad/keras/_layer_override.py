@@ -1,20 +1,16 @@
 """KerasPlan's overrides: a layer call's backward pass, inside one plan.
 
-A :class:`~graphgrad.KerasPlan` overrides the backward pass of a Keras
-layer's ``call``, named like every other declaration's layer: the tape runs
-the call inside its ``tf.custom_gradient`` (see ``_intercept``), and the
-call's inputs get ``fn(call, *output_grads)`` instead of the chain rule
-through the call. ``call`` is a
-:class:`~graphgrad.keras._tape_backward.LayerCall`, with the ``name``, ``type``,
-``inputs`` and ``outputs`` of a ``tf.Operation``, so that ``fn`` is written
-like a registered gradient function, and ``gg.GradientPlan``'s
-``straight_through`` identity serves both plans.
+The tape runs an overridden layer's call inside its ``tf.custom_gradient``
+(``_intercept``), and the call's inputs get ``fn(call, *output_grads)``
+instead of the chain rule through the call. ``call`` is a
+``_tape_backward.LayerCall``, with the ``name``, ``type``, ``inputs`` and
+``outputs`` of a ``tf.Operation``, so that ``fn`` is written like a
+registered gradient function and ``straight_through`` serves both plans.
 
 Overriding by op type (``"Round"``), as ``GradientPlan`` does, is not offered:
 a ``tf.GradientTape`` finds an op's gradient in TensorFlow's global registry
-by the op's type, even inside ``tf.function`` (``gradient_override_map``
-changes only what ``tf.gradients`` finds), so a per-plan override of every
-op of a type would have to change that registry for every other tape.
+by the op's type, even inside ``tf.function``, so a per-plan override of
+every op of a type would have to change that registry for every other tape.
 """
 
 from typing import Any, TypeVar

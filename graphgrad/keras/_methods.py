@@ -1,19 +1,14 @@
 """The backward replacements of ``gg.backward`` on Keras layers.
 
-``gg.backward.feedback_alignment``, ``direct_feedback_alignment`` and
-``synthetic`` describe a method by their public fields (``seed``,
-``stddev``, ``error_layer``, ``hidden``, ``loss_weight``); the TF1 engine
-runs them on graph ops, and this module runs the same equations on the
-tensors a Keras layer's ``call`` saw. Their variables (feedback matrices,
-synthetic-gradient modules) are made once per plan, from the same seeds and
-keys as the TF1 plan's, so that both plans start from equal values; they
-live in the plan's :class:`MethodVariables`, which ``tf.train.Checkpoint``
-saves with the plan.
-
-A user-written replacement on a :class:`~graphgrad.KerasPlan` is a callable
-mapping a :class:`KerasBackwardContext` to one gradient per
-``context.inputs`` tensor (or to a ``gg.backward.BackwardResult``); it runs,
-and its result is checked, as on a ``GradientPlan``.
+Feedback alignment, DFA and synthetic gradients run the equations of their
+``gg.backward`` replacement on the tensors a Keras layer's ``call`` saw:
+the projection and the modules are the replacement's own methods, and their
+variables (feedback matrices, synthetic-gradient modules) are made once per
+plan from the same seeds and keys as on a ``GradientPlan``, in the plan's
+:class:`MethodVariables`, which ``tf.train.Checkpoint`` saves. A
+user-written replacement maps a :class:`KerasBackwardContext` to one
+gradient per ``context.inputs`` tensor (or a ``BackwardResult``), checked as
+on a ``GradientPlan``.
 """
 
 import dataclasses

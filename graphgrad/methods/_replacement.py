@@ -1,20 +1,15 @@
 """Backward replacements: compute what a layer sends below without W^T.
 
 ``plan.replace_backward(layer, r)`` makes ``r`` compute the gradient that
-``layer`` sends to its input tensors, instead of the chain rule. The layer's
-own parameter gradients still come from the true upstream gradient at its
-outputs. A replacement is a :class:`Replacement` (or any callable) that maps
-a :class:`BackwardContext` to one gradient per input tensor, or to a
-:class:`BackwardResult` that also carries ``(gradient, variable)`` pairs of
-variables the replacement trains itself.
-
-Variables a replacement creates (fixed random feedback matrices, a synthetic
-gradient module) are ordinary variables made once per plan when it is
-built, kept in the plan's :class:`~graphgrad.transforms.Resources`: in a
-``tf.Graph``, ``Saver`` saves them, ``global_variables_initializer``
-initialises them and a device function such as ``replica_device_setter``
-places them. Their initial values come from :func:`feedback_matrix_value`
-and the like, deterministic functions of a seed that every executor calls.
+``layer`` sends to its input tensors, instead of the chain rule; the layer's
+own parameter gradients still come from the true upstream gradient. A
+replacement is a :class:`Replacement` (or any callable) mapping a
+:class:`BackwardContext` to one gradient per input tensor, or to a
+:class:`BackwardResult` that also carries the ``(gradient, variable)`` pairs
+of variables it trains itself. Such variables are made once per plan, in
+its :class:`~graphgrad.transforms.Resources`, from deterministic initial
+values (:func:`feedback_matrix_value`, ``module_values``) that every
+executor calls.
 """
 
 import dataclasses
@@ -237,6 +232,19 @@ def engine_hook(net: LayerGraph, name: str, fn: Callable,
   return run
 
 
+def stateless_seed(seed: int, key: str) -> List[int]:
+  """The seed pair of a stateless draw: ``[seed, crc32(key)]``.
+
+  Every initial value a replacement draws (feedback matrices, synthetic
+  modules) is keyed so, in every executor.
+
+  Example:
+    >>> stateless_seed(0, "feedback_alignment/l2")[0]
+    0
+  """
+  return [seed, zlib.crc32(key.encode())]
+
+
 def feedback_matrix_value(seed: Optional[int], name: str, layer: str, shape,
                           stddev: float, dtype=tf.float32) -> tf.Tensor:
   """The initial value of a fixed ``N(0, stddev^2)`` feedback matrix.
@@ -254,9 +262,9 @@ def feedback_matrix_value(seed: Optional[int], name: str, layer: str, shape,
   """
   if seed is None:
     return tf.random.normal(shape, stddev=stddev, dtype=dtype)
-  derived = zlib.crc32(f"{name}/{layer}".encode())
-  return tf.random.stateless_normal(shape, seed=[seed, derived],
-                                    stddev=stddev, dtype=dtype)
+  return tf.random.stateless_normal(
+      shape, seed=stateless_seed(seed, f"{name}/{layer}"), stddev=stddev,
+      dtype=dtype)
 
 
 def feedback_matrix(context: BackwardContext, key: str,

@@ -1,7 +1,6 @@
 """Synthetic gradients: a trained module predicts a layer's input gradient."""
 
 import dataclasses
-import zlib
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -12,6 +11,7 @@ from graphgrad.methods._replacement import (
   BackwardContext,
   BackwardResult,
   Replacement,
+  stateless_seed,
   static_features,
 )
 from graphgrad.transforms import _validate
@@ -56,10 +56,9 @@ def module_values(seed: Optional[int], layer: str, index: int,
     if j == len(sizes) - 2:
       made.append(tf.zeros([n_in, n_out], dtype))
     else:
-      derived = zlib.crc32(f"{(layer, index)}/{j}".encode())
       made.append(tf.random.stateless_normal(
-          [n_in, n_out], seed=[seed, derived], stddev=np.sqrt(2.0 / n_in),
-          dtype=dtype))
+          [n_in, n_out], seed=stateless_seed(seed, f"{(layer, index)}/{j}"),
+          stddev=np.sqrt(2.0 / n_in), dtype=dtype))
     made.append(tf.zeros([n_out], dtype))
   return made
 

@@ -1,22 +1,14 @@
 """The TF1 executor: builds a plan's declarations on its ``tf.Graph``.
 
-:func:`build` is the one entry point. It reads the
-:class:`~graphgrad.core._declaration_model.Declarations` of a
-:class:`~graphgrad.GradientPlan` and
-
-* with no declaration that rewrites the backward pass, makes the single
-  ``tf.gradients`` call that ``Optimizer.minimize`` makes;
-* else turns each declaration into a hook of the segment engine
-  (:class:`~graphgrad.plan._engine.Segments`): upstream and edge transforms,
-  backward replacements, task combinations;
-* in both cases, makes every backward call through the plan's gradient
-  function: ``tf.gradients`` cut at the ops the plan overrides (see
-  ``_override``), or ``tf.gradients`` itself without overrides;
-
-then applies the parameter-gradient transforms, appends the extra
-``(gradient, variable)`` pairs of backward replacements, and gates the
-result. Every applied transform is recorded as a :class:`TraceRecord`, which
-``plan.summaries()`` reads.
+:func:`build` is the one entry point. With no declaration that rewrites the
+backward pass it makes the single ``tf.gradients`` call that
+``Optimizer.minimize`` makes; else it turns each declaration into a rule of
+the segment engine (:class:`~graphgrad.plan._engine.Segments`). Every
+backward call goes through the plan's gradient function (``tf.gradients``,
+cut at the ops the plan overrides: ``_op_override``). It then applies the
+parameter-gradient transforms, appends the ``(gradient, variable)`` pairs of
+backward replacements, and gates the result. Every applied transform is
+recorded as a :class:`TraceRecord`, which ``plan.summaries()`` reads.
 """
 
 import dataclasses

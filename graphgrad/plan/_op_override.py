@@ -1,20 +1,14 @@
 """Backward passes for ops inside one plan: override_gradient, straight_through.
 
 A plan's override gives an op a gradient function for this plan's backward
-pass only. Nothing global changes: TensorFlow's gradient registry, the op's
-``_gradient_op_type`` attribute and every other ``tf.gradients`` call on the
-same graph are untouched, which ``gradient_override_map`` cannot promise
-(it only reaches ops created inside its block, and rewrites their attribute
-for every later call). It reaches ops of imported graphs as well.
-
-Every backward call the plan makes (the single ``tf.gradients`` of a plan
-without cuts, or each segment of the segment engine) goes through
-:func:`gradients`, which cuts the call at the overridden ops it crosses: the
-gradient at an overridden op's outputs, summed over all its consumers, goes
-through ``fn`` to its inputs, and backpropagation continues below from there.
-The overridden ops are taken consumers first, so each one's output gradient
-is complete when ``fn`` sees it. Each cut costs one more ``tf.gradients``
-call; every forward op is still backpropagated once per segment.
+pass only: TensorFlow's gradient registry, the op's attributes and every
+other ``tf.gradients`` call on the graph are untouched, which
+``gradient_override_map`` cannot promise; ops of imported graphs work too.
+Every backward call the plan makes goes through :func:`gradients`, which
+cuts the call at the overridden ops it crosses: the gradient at an
+overridden op's outputs, summed over all its consumers, goes through ``fn``
+to its inputs, and backpropagation continues below from there, consumers
+first, so each ``fn`` sees a complete gradient.
 """
 
 import collections
