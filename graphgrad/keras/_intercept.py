@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from graphgrad.core._gradients import completed_upstream, is_float
 from graphgrad.keras import _methods, _tape_linear
-from graphgrad.keras._layers import holds_variables
+from graphgrad.keras._layer_index import holds_variables
 from graphgrad.keras._tape_backward import backward_of_call, edge_grads
 from graphgrad.transforms._context import TransformContext
 

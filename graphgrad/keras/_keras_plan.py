@@ -23,14 +23,14 @@ from graphgrad import _errors
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._layer_policy import check_linear
 from graphgrad.keras import _methods
-from graphgrad.keras._layer_override import LayerOverriding
-from graphgrad.keras._layers import (
+from graphgrad.keras._layer_index import (
   LayerIndex,
   check_parameters,
   is_keras_layer,
   layer_variables,
   tf_variable,
 )
+from graphgrad.keras._layer_override import LayerOverriding
 from graphgrad.keras._tape import PlanTape, PlanView
 from graphgrad.methods import _pcgrad
 from graphgrad.transforms._context import Resources

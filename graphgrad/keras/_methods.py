@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
-from graphgrad.keras._layers import tf_variable
+from graphgrad.keras._layer_index import tf_variable
 from graphgrad.methods import _replacement
 from graphgrad.methods._dfa import DirectFeedbackAlignment
 from graphgrad.methods._fa import FeedbackAlignment

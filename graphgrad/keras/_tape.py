@@ -18,7 +18,7 @@ from graphgrad import _errors
 from graphgrad.core._gradients import add_dense
 from graphgrad.keras import _tasks
 from graphgrad.keras._intercept import BackwardStep, Interceptor
-from graphgrad.keras._layers import tf_variable
+from graphgrad.keras._layer_index import tf_variable
 from graphgrad.transforms import _checks
 from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import is_identity
