@@ -29,6 +29,7 @@ from graphgrad.plan._spans import Spans
 
 __all__ = ["Rewrite", "Segments"]
 
+
 @dataclasses.dataclass(frozen=True)
 class Rewrite:
   """An upstream or edge rewrite as the engine receives it.
@@ -206,15 +207,14 @@ class Segments:
     targets = (group.targets if replace is not None
                else self._live_inputs(group, bp))
     vjp = _SegmentVJP(bp, ys, targets, own, other, group.targets)
-    result = layer_backward(self._rules(name, ys, targets, vjp), bp.total(ys),
-                            vjp)
+    result = layer_backward(self._rules(name, ys, targets), bp.total(ys), vjp)
     bp.deposit([], own + other, result.own + result.other)
     if result.inputs is None:
       bp.drop(targets, other)
     else:
       bp.deposit(targets, [], result.inputs, store=store)
 
-  def _rules(self, name: str, ys, targets, vjp) -> LayerRules:
+  def _rules(self, name: str, ys, targets) -> LayerRules:
     """The declarations of layer ``name`` as the per-layer policy takes them."""
     outputs_fn, rw = self.outputs_fn.get(name), self.upstream.get(name)
     replace = self.backward.get(name)
