@@ -34,7 +34,7 @@ notebooks and ``graphgrad demo`` use), and the errors, all subclasses of
 """
 
 # pylint: disable=g-bad-import-order,g-import-not-at-top
-from graphgrad.cli import _startup
+from graphgrad import _startup
 
 with _startup.quiet_when_command_line():  # TF's start-up lines, see _startup
   import tensorflow as _tf  # noqa: F401
@@ -49,11 +49,16 @@ from graphgrad._errors import (
                                UnsupportedGraphError,
 )
 from graphgrad.analysis._analyze import analyze
-from graphgrad.analysis._layers import Layer, LayerGraph
+from graphgrad.analysis._layer_graph import Layer, LayerGraph
 from graphgrad.analysis._thaw import thaw
 from graphgrad.distributed._after_aggregation import AfterAggregation
 from graphgrad.keras._plan import KerasPlan
-from graphgrad.plan._plan import GATE_GRAPH, GATE_NONE, GATE_OP, GradientPlan
+from graphgrad.plan._gradient_plan import (
+                                           GATE_GRAPH,
+                                           GATE_NONE,
+                                           GATE_OP,
+                                           GradientPlan,
+)
 from graphgrad.plan._report import GradientReport, gradient_report
 
 __version__ = "0.1.0"

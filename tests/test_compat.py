@@ -13,7 +13,7 @@ import tensorflow as tf
 import graphgrad as gg
 from graphgrad import _compat
 from graphgrad.analysis import _graph_util
-from graphgrad.keras._layers import LayerIndex
+from graphgrad.keras._layer_tree import LayerIndex
 from graphgrad.plan import _hooks, _reach
 from helpers import dense
 

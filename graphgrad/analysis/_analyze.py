@@ -1,7 +1,7 @@
 """Layer analysis: from a loss tensor to a :class:`~graphgrad.LayerGraph`.
 
 The vocabulary (forward graph, layer, glue, inputs, outputs, boundary) is
-defined in :mod:`graphgrad.analysis._layers`.
+defined in :mod:`graphgrad.analysis._layer_graph`.
 """
 
 import collections
@@ -16,7 +16,7 @@ from graphgrad import _errors
 from graphgrad._types import LayerSpec
 from graphgrad.analysis import _control_flow, _graph_util, _grouping
 from graphgrad.analysis._graph_mode import check_graph_mode
-from graphgrad.analysis._layers import Layer, LayerGraph
+from graphgrad.analysis._layer_graph import Layer, LayerGraph
 
 log = logging.getLogger("graphgrad")
 

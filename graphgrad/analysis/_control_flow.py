@@ -1,6 +1,6 @@
 """Control flow whose body reads one layer's variables belongs to that layer.
 
-The scope rule of :mod:`graphgrad.analysis._layers` puts an op into the
+The scope rule of :mod:`graphgrad.analysis._layer_graph` puts an op into the
 layer whose name scope it sits in. ``tf.compat.v1.nn.dynamic_rnn`` under
 ``variable_scope("rnn")`` creates the cell's variables in ``rnn/rnn/lstm_cell``
 but the loop in ``rnn/rnn/while``: by that rule alone the layer holds only the

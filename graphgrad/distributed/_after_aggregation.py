@@ -23,7 +23,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.plan import _optimizer
 from graphgrad.transforms._checks import checked as _checked
 from graphgrad.transforms._checks import compose as _compose

@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from graphgrad.keras import _linear, _methods
 from graphgrad.keras._backward import backward_of_call, edge_grads, is_float
-from graphgrad.keras._layers import holds_variables
+from graphgrad.keras._layer_tree import holds_variables
 from graphgrad.methods._backward import completed_upstream
 from graphgrad.transforms._context import TransformContext
 

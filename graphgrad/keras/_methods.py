@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
-from graphgrad.keras._layers import tf_variable
+from graphgrad.keras._layer_tree import tf_variable
 from graphgrad.methods import _backward
 from graphgrad.methods import _synthetic as _synthetic_lib
 

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.keras import _methods
-from graphgrad.keras._layers import (
+from graphgrad.keras._layer_tree import (
   LayerIndex,
   check_parameters,
   is_keras_layer,

@@ -17,7 +17,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.keras import _tasks
 from graphgrad.keras._intercept import Interceptor
-from graphgrad.keras._layers import tf_variable
+from graphgrad.keras._layer_tree import tf_variable
 from graphgrad.transforms import _checks
 from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import is_identity

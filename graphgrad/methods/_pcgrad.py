@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
-from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.methods._mtl_base import TaskMethod, dense_grads
 from graphgrad.transforms._context import Resources
 

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Set, Tuple
 import tensorflow as tf
 
 from graphgrad import _compat
-from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.plan import _hooks
 from graphgrad.plan._backprop import is_one, is_zero
 from graphgrad.plan._cuts import CutPlan, Group, Key, Kind

@@ -49,7 +49,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
-from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.methods._backward import completed_upstream
 from graphgrad.plan import _hooks, _reach
 from graphgrad.plan._backprop import Backprop, aggregate, is_zero

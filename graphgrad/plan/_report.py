@@ -36,8 +36,8 @@ import numpy as np
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.analysis._layers import LayerGraph
-from graphgrad.plan._plan import GradientPlan
+from graphgrad.analysis._layer_graph import LayerGraph
+from graphgrad.plan._gradient_plan import GradientPlan
 
 Feed = Union[None, Mapping, Sequence[Mapping], Callable[[int], Mapping]]
 _FIGURES = ("grad_norm", "grad_to_weight", "upstream_norm", "zero_upstream")

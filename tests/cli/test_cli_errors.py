@@ -11,7 +11,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.cli import _args
 from graphgrad.cli import _main as _cli
-from graphgrad.cli._demo import seed_problem
+from graphgrad.demo import seed_problem
 from helpers import dense
 
 tf1 = tf.compat.v1
@@ -137,11 +137,11 @@ def test_a_library_error_is_one_line(tmp_path, capsys):
 
 
 def test_a_library_error_from_demo_is_one_line(capsys, monkeypatch):
-  from graphgrad.cli import _demo  # pylint: disable=g-import-not-at-top
+  from graphgrad import demo  # pylint: disable=g-import-not-at-top
 
   def broken(*args, **kwargs):
     raise _errors.UnsupportedGraphError("the seed network cannot be built")
-  monkeypatch.setattr(_demo, "seed_network", broken)
+  monkeypatch.setattr(demo, "seed_network", broken)
   line = _error_line(capsys, ["demo", "--steps", "1"])
   assert line == "graphgrad demo: error: the seed network cannot be built"
 
@@ -190,8 +190,7 @@ def test_verbose_shows_tensorflow_logs():
 
 def test_version_check_comes_after_the_arguments(capsys, monkeypatch):
   """On an untested TensorFlow, a bad argument is still one line."""
-  from graphgrad import _compat  # pylint: disable=g-import-not-at-top
-  from graphgrad.cli import _startup  # pylint: disable=g-import-not-at-top
+  from graphgrad import _compat, _startup  # pylint: disable=g-import-not-at-top
   calls = []
   monkeypatch.setattr(_startup, "is_command_line", lambda: True)
   monkeypatch.setattr(_compat, "check_tensorflow", lambda: calls.append(1))
