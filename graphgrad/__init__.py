@@ -2,35 +2,17 @@
 
 The whole public API::
 
-  net = gg.analyze(loss)                   # graph -> LayerGraph
+  net = gg.analyze(loss)                   # tf.Graph -> LayerGraph
   plan = gg.GradientPlan(loss, net)        # LayerGraph -> plan
   plan.transform_upstream("l2_dense", gg.transforms.add_noise(0.01))
-  plan.transform_gradients("l2_dense", gg.transforms.scale(0.8))
   plan.transform_edge("features", "domain_head", gg.transforms.reverse())
   plan.replace_backward("l3", gg.backward.feedback_alignment(seed=0))
-  plan.project_conflicts("trunk", losses=[loss_a, loss_b])   # PCGrad
-  plan.combine_tasks("trunk", [loss_a, loss_b], gg.mtl.upgrad())  # multi-task
+  plan.combine_tasks("trunk", [loss_a, loss_b], gg.mtl.upgrad())
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
-  plan.summaries(), plan.declarations, plan.resources, plan.trace
 
-  # transforms after a cross-replica sum:
-  opt = gg.AfterAggregation(optimizer, net)
-
-and the same plans for TF2 Keras models, eagerly or in tf.function::
-
-  plan = gg.KerasPlan(model).transform_upstream("l2_dense",
-                                                gg.transforms.scale(0.8))
-  with plan.tape() as tape:
-    loss = loss_fn(y, model(x))
-  optimizer.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
-
-with the modules ``gg.transforms`` (gradient transforms and their contract),
-``gg.backward`` (backward replacements and theirs), ``gg.mtl`` (multi-task
-gradient methods for ``combine_tasks``), ``gg.cluster`` (a local
-parameter-server cluster: ``LocalCluster``, ``start_server``,
-``session_config``) and ``gg.demo`` (the seed problem and network that the
-notebooks and ``graphgrad demo`` use), and the errors, all subclasses of
-``gg.GraphGradError``.
+``gg.KerasPlan(model)`` declares the same rewrites on a TF2 Keras model. The
+modules ``gg.transforms``, ``gg.backward``, ``gg.mtl``, ``gg.cluster`` and
+``gg.demo`` and the errors (all ``gg.GraphGradError``) complete it.
 """
 
 # pylint: disable=g-bad-import-order,g-import-not-at-top

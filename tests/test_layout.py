@@ -48,7 +48,8 @@ MODULES = _modules()
 
 
 def _parse(name: str) -> ast.Module:
-  return ast.parse(MODULES[name].read_text(encoding="utf-8"), str(MODULES[name]))
+  path = MODULES[name]
+  return ast.parse(path.read_text(encoding="utf-8"), str(path))
 
 
 def _is_package(name: str) -> bool:
@@ -98,7 +99,8 @@ GRAPH = _import_graph()
 
 
 def _in(folder: str, name: str) -> bool:
-  return name == f"graphgrad.{folder}" or name.startswith(f"graphgrad.{folder}.")
+  return (name == f"graphgrad.{folder}"
+          or name.startswith(f"graphgrad.{folder}."))
 
 
 def _floor_violations(lower: str, uppers) -> List[str]:
