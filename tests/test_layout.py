@@ -145,6 +145,32 @@ def test_analysis_imports_no_executor_and_no_command_line():
   assert not _floor_violations("analysis", ("plan", "keras", "cli"))
 
 
+# The floors of docs/contributing.md: a module imports only from its own
+# folder and from lower floors.
+_FLOORS = {
+    "_errors": 0, "_types": 0, "_compat": 0, "_startup": 0,
+    "analysis": 1, "transforms": 1, "methods": 2, "core": 3, "plan": 4,
+    "keras": 4, "distributed": 5, "__init__": 7, "cli": 8, "__main__": 9}
+_PUBLIC_FLOOR = 6  # the public modules: backward, mtl, cluster, demo
+
+
+def _folder(name: str) -> str:
+  parts = name.split(".")
+  return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _floor(name: str) -> int:
+  return _FLOORS.get(_folder(name), _PUBLIC_FLOOR)
+
+
+def test_every_import_goes_to_its_own_folder_or_a_lower_floor():
+  wrong = sorted(
+      f"{a} -> {b}" for a, b in GRAPH.edges
+      if _folder(a) != _folder(b) and _floor(b) >= _floor(a)
+      and not (_folder(a) == "keras" and _folder(b) == "plan"))
+  assert not wrong
+
+
 @pytest.mark.xfail(strict=False,
                    reason="until the declarations move to graphgrad.core")
 def test_keras_does_not_import_plan():

@@ -83,7 +83,7 @@ def _frame_layers(ops, op_layer, var_layer) -> Set[str]:
   return layers
 
 
-def absorb_control_flow(fwd_ops, op_layer, var_layer, consumers) -> None:
+def join_control_flow(fwd_ops, op_layer, var_layer, consumers) -> None:
   """Moves each frame that reads exactly one layer into that layer.
 
   Args:
@@ -102,10 +102,10 @@ def absorb_control_flow(fwd_ops, op_layer, var_layer, consumers) -> None:
       if op_layer.get(op.name) is None:
         op_layer[op.name] = layer
       members.add(op.name)
-    _absorb_plumbing(ops, scope, layer, op_layer, consumers)
+    _join_plumbing(ops, scope, layer, op_layer, consumers)
 
 
-def _absorb_plumbing(ops, scope, layer, op_layer, consumers) -> None:
+def _join_plumbing(ops, scope, layer, op_layer, consumers) -> None:
   """Adds the frame's array ops and in-scope plumbing around it to ``layer``."""
   def joins(op):
     return op_layer.get(op.name) is None and (
