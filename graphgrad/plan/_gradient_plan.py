@@ -81,12 +81,8 @@ class GradientPlan:
   Example:
     >>> import tensorflow as tf, graphgrad as gg
     >>> with tf.Graph().as_default():
-    ...   x = tf.constant([[1.0, 2.0]])
-    ...   with tf.compat.v1.variable_scope("l1"):
-    ...     h = x @ tf.compat.v1.get_variable("w", initializer=[[1.0], [1.0]])
-    ...   with tf.compat.v1.variable_scope("l2"):
-    ...     y = h * tf.compat.v1.get_variable("w", initializer=3.0)
-    ...   plan = gg.GradientPlan(tf.reduce_sum(y))
+    ...   loss = gg.demo.two_layer_loss()  # sum((x @ w1) * w2), layers l1, l2
+    ...   plan = gg.GradientPlan(loss)
     ...   plan = plan.transform_upstream("l2", gg.transforms.scale(0.5))
     ...   gv = plan.compute_gradients()
     ...   with tf.compat.v1.Session() as s:
@@ -572,6 +568,8 @@ class GradientPlan:
     return _summaries.build(
         self.compute_gradients(), self.net, self.trace, self._loss.graph,
         histograms=histograms, name=name or self._options.name)
+
+  # -- what a declaration can change ---------------------------------------
 
   def passes_gradient(self, layer: str, method: str = "transform_upstream",
                       upper: Optional[str] = None) -> bool:
