@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 import tensorflow as tf
 
-from graphgrad.cli import _demo
+from graphgrad import demo as _demo
 
 tf1 = tf.compat.v1
 

@@ -5,7 +5,7 @@ Run from the repository root: ``python docs/make_images.py``. It writes
 * ``docs/img/layer_graph.png``: the layer graph of a small network with a skip
   connection and two heads (``LayerGraph.draw``);
 * ``docs/img/cuts.png``: the same layer graph with a plan's rewrites
-  highlighted (``LayerGraph.draw(path, plan=plan)``);
+  highlighted (``GradientPlan.draw``);
 * ``docs/img/gradient_flow.png`` and ``docs/img/gradient_flow.txt``: the
   picture and table of ``graphgrad grads`` on a saved ResNet-style model.
 """
@@ -48,7 +48,7 @@ def layer_graph_pictures():
             .transform_upstream("features", gg.transforms.clip_by_norm(1.0))
             .transform_edge("features", "domain_head",
                             gg.transforms.reverse()))
-    net.draw(os.path.join(IMG, "cuts.png"), plan=plan)
+    plan.draw(os.path.join(IMG, "cuts.png"))
     print(net.summary())
 
 

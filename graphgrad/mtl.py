@@ -1,10 +1,9 @@
 """Multi-task gradient methods, as values: ``gg.mtl``.
 
 Each factory returns a small :class:`TaskMethod` whose ``combine(grads)``
-turns ``k`` task gradients of one shape into one gradient, in TF1 graphs and
-in TF2 (eagerly and in ``tf.function``). Dot products, norms and the Gram
-matrix are taken over the whole flattened tensor, batch included. Where
-TorchJD 0.18 has the method, ``combine`` equals its aggregator.
+turns ``k`` task gradients of one shape into one gradient, in TF1 and TF2.
+Dot products, norms and the Gram matrix run over the whole flattened tensor,
+batch included; where TorchJD 0.18 has the method, it agrees.
 
 Example:
   >>> import tensorflow as tf

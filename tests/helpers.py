@@ -1,5 +1,6 @@
 """Graph builders and evaluation helpers shared by the tests."""
 
+import math
 import zlib
 
 import numpy as np
@@ -83,3 +84,34 @@ def grads_of(plan_or_gv, variables=None):
     return [g for g, v in gv if v.op.name.startswith(variables + "/")]
   by_name = {v.name: g for g, v in gv}
   return [by_name[v.name] for v in variables]
+
+
+def evaluate_grads(grads, feed=None):
+  """Evaluates a gradient list as numpy arrays, keeping its ``None``s."""
+  fetch = [g for g in grads if g is not None]
+  values = iter(evaluate(fetch, feed))
+  return [None if g is None else densify(next(values)) for g in grads]
+
+
+def global_norm(arrays) -> float:
+  """The global L2 norm of numpy arrays, summed in float64."""
+  return math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64)))
+                       for a in arrays))
+
+
+def error_line(capsys, argv):
+  """The one stderr line of a command line that fails with exit code 2.
+
+  argparse's own errors exit from the parser; they count too. The line must
+  be the only one, and no traceback.
+  """
+  from graphgrad.cli import _main  # pylint: disable=g-import-not-at-top
+  try:
+    code = _main.main(argv)
+  except SystemExit as e:
+    code = e.code
+  assert code == 2
+  err = capsys.readouterr().err
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and "Traceback" not in err, err
+  return lines[0]

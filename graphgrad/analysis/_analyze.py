@@ -1,7 +1,7 @@
 """Layer analysis: from a loss tensor to a :class:`~graphgrad.LayerGraph`.
 
 The vocabulary (forward graph, layer, glue, inputs, outputs, boundary) is
-defined in :mod:`graphgrad.analysis._layers`.
+defined in :mod:`graphgrad.analysis._layer_graph`.
 """
 
 import collections
@@ -16,7 +16,7 @@ from graphgrad import _errors
 from graphgrad._types import LayerSpec
 from graphgrad.analysis import _control_flow, _graph_util, _grouping
 from graphgrad.analysis._graph_mode import check_graph_mode
-from graphgrad.analysis._layers import Layer, LayerGraph
+from graphgrad.analysis._layer_graph import Layer, LayerGraph
 
 log = logging.getLogger("graphgrad")
 
@@ -101,8 +101,8 @@ def _op_layers(fwd_ops, var_groups, scopes, op_graph, op_order, consumers,
   """Op name -> layer: by scope and reads, then control flow, then glue."""
   op_layer = _assign_ops(fwd_ops, var_groups, scopes)
   var_layer = {v.op.name: l for l, vs in var_groups.items() for v in vs}
-  _control_flow.absorb_control_flow(fwd_ops, op_layer, var_layer, consumers)
-  _absorb_enclosed_glue(op_graph, op_order, op_layer, consumers, loss,
+  _control_flow.join_control_flow(fwd_ops, op_layer, var_layer, consumers)
+  _join_enclosed_glue(op_graph, op_order, op_layer, consumers, loss,
                         set(var_layer))
   nx.set_node_attributes(op_graph, {n: op_layer.get(n) for n in op_order},
                          "layer")
@@ -247,7 +247,7 @@ def _merge(a, b):
   return _MANY
 
 
-def _absorb_enclosed_glue(op_graph, order, op_layer, consumers, loss,
+def _join_enclosed_glue(op_graph, order, op_layer, consumers, loss,
                           variables) -> None:
   """Moves glue that only leads from a layer back into it into that layer.
 

@@ -1,26 +1,17 @@
 """Control flow whose body reads one layer's variables belongs to that layer.
 
-The scope rule of :mod:`graphgrad.analysis._layers` puts an op into the
-layer whose name scope it sits in. ``tf.compat.v1.nn.dynamic_rnn`` under
-``variable_scope("rnn")`` creates the cell's variables in ``rnn/rnn/lstm_cell``
-but the loop in ``rnn/rnn/while``: by that rule alone the layer holds only the
-variable reads and the whole loop is glue, so the layer has no path from an
-input to an output and a transform on it changes nothing below it.
-
-The rule here is the one that already puts glue enclosed by one layer into
-that layer (``_absorb_enclosed_glue``): a *frame* (a ``tf.compat.v1`` while
-loop or cond, by its outermost control-flow context, or one v2 ``While``,
-``StatelessWhile``, ``If``, ``StatelessIf`` or ``Case`` op, whose body is a
-``FuncGraph``) whose ops and captured inputs read the variables of exactly one
-layer ``L`` belongs to ``L``: its glue ops join ``L``. So does the plumbing
-around it: the ``TensorArray``/``TensorList`` ops that feed the loop and
-collect its results, and the ``Switch``/``Merge``/``Identity`` ops of the
-frame's own name scope. The layer's inputs and outputs are then the real
-activations outside the loop (the gathered RNN outputs), never a
-``TensorArray`` flow or a variant tensor.
-
-A frame that reads the variables of two layers stays glue: its boundaries lie
-inside the loop, and the plan refuses them with a message naming the frame.
+By name scope alone, ``dynamic_rnn`` under ``variable_scope("rnn")`` gives the
+layer ``rnn/rnn/lstm_cell`` only its variable reads, and its loop
+(``rnn/rnn/while``) is glue. So a *frame* (a ``tf.compat.v1`` while loop or
+cond, by its outermost control-flow context, or one v2 ``While``,
+``StatelessWhile``, ``If``, ``StatelessIf`` or ``Case`` op) whose ops and
+captured inputs read the variables of exactly one layer ``L`` belongs to
+``L``, with its plumbing: the ``TensorArray``/``TensorList`` ops around it
+and the ``Switch``/``Merge``/``Identity`` ops of its name scope. The layer's
+inputs and outputs are then the real activations outside the loop, never a
+``TensorArray`` flow or a variant tensor. A frame that reads the variables of
+two layers stays glue: its boundaries lie inside the loop, and a plan refuses
+them with a message naming the frame.
 """
 
 import collections
@@ -92,7 +83,7 @@ def _frame_layers(ops, op_layer, var_layer) -> Set[str]:
   return layers
 
 
-def absorb_control_flow(fwd_ops, op_layer, var_layer, consumers) -> None:
+def join_control_flow(fwd_ops, op_layer, var_layer, consumers) -> None:
   """Moves each frame that reads exactly one layer into that layer.
 
   Args:
@@ -111,10 +102,10 @@ def absorb_control_flow(fwd_ops, op_layer, var_layer, consumers) -> None:
       if op_layer.get(op.name) is None:
         op_layer[op.name] = layer
       members.add(op.name)
-    _absorb_plumbing(ops, scope, layer, op_layer, consumers)
+    _join_plumbing(ops, scope, layer, op_layer, consumers)
 
 
-def _absorb_plumbing(ops, scope, layer, op_layer, consumers) -> None:
+def _join_plumbing(ops, scope, layer, op_layer, consumers) -> None:
   """Adds the frame's array ops and in-scope plumbing around it to ``layer``."""
   def joins(op):
     return op_layer.get(op.name) is None and (

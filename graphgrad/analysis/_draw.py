@@ -7,14 +7,15 @@ networkx and draws it with matplotlib, so that a picture always comes out.
 
 Layers are nodes labelled with their parameter counts; edges carry the
 shapes of their boundary tensors; an extra ``loss`` node collects the layers
-that reach the loss through glue only. Given a plan, transformed layers and
-edges are highlighted and labelled with their transforms, and an edge that
-carries a layer's rewritten upstream gradient is dashed.
+that reach the loss through glue only. :class:`Highlights` fill layers, thicken
+edges and dash the edges below a rewritten upstream gradient (a plan's
+``draw`` marks its transforms so).
 """
 
+import dataclasses
 import logging
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
 import networkx as nx
 
@@ -34,45 +35,23 @@ def _quote(text: str) -> str:
       "\n", "\\n") + '"'
 
 
-def _declared(plan, kind: str) -> Dict:
-  """``key -> [transform, ...]`` of a plan's declarations of one kind."""
-  found: Dict = {}
-  for d in plan.declarations:
-    if d.kind.value == kind:
-      key = (d.layer, d.upper) if kind == "edge" else d.layer
-      found.setdefault(key, []).append(d.fn)
-  return found
+@dataclasses.dataclass(frozen=True)
+class Highlights:
+  """What a picture of a layer graph marks.
+
+  Attributes:
+    layers: layer name -> extra label lines; those layers are filled.
+    edges: ``(lower, upper)`` -> extra label; those edges are drawn thick.
+    upstream: layers whose rewritten upstream gradient goes below them; the
+      edges into them are dashed.
+  """
+  layers: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
+  edges: Mapping[Tuple[str, str], str] = dataclasses.field(
+      default_factory=dict)
+  upstream: FrozenSet[str] = frozenset()
 
 
-def _marks(plan) -> Tuple[Dict[str, List[str]], Dict[Tuple[str, str], str]]:
-  """Per-layer transform labels and per-edge transform labels of a plan."""
-  layers: Dict[str, List[str]] = {}
-  if plan is None:
-    return layers, {}
-  for name, fns in _declared(plan, "upstream").items():
-    layers.setdefault(name, []).append(
-        "upstream: " + ", ".join(map(repr, fns)))
-  for name, fns in _declared(plan, "gradients").items():
-    layers.setdefault(name, []).append(
-        "params: " + ", ".join(map(repr, fns)))
-  edges = {key: ", ".join(map(repr, fns))
-           for key, fns in _declared(plan, "edge").items()}
-  return layers, edges
-
-
-def _check_plan(net, plan) -> None:
-  if plan is None:
-    return
-  if getattr(plan, "net", None) is not net:
-    other = " on another LayerGraph" if hasattr(plan, "net") else ""
-    raise _errors.GraphGradError(
-        f"`plan` must be a gg.GradientPlan built on this LayerGraph; got "
-        f"{type(plan).__name__}{other}. "
-        f"Pass the plan made by gg.GradientPlan(loss, net) for this net, or "
-        f"plan=None.")
-
-
-def elements(net, plan=None):
+def elements(net, highlights: Optional[Highlights] = None):
   """Nodes and edges of the picture, shared by the DOT and matplotlib paths.
 
   Returns:
@@ -81,17 +60,17 @@ def elements(net, plan=None):
     ``None``, ``"edge"`` (an edge transform) or ``"upstream"`` (the edge
     carries the rewritten upstream gradient of ``b``).
   """
-  _check_plan(net, plan)
-  layer_marks, edge_marks = _marks(plan)
+  marks = highlights or Highlights()
+  layer_marks, edge_marks = marks.layers, marks.edges
   nodes = {}
   for layer in net.layers:
     lines = [layer.name, f"{layer.num_params:,} params"]
     if layer.call_sites > 1:
       lines.append(f"{layer.call_sites} calls")
-    lines += layer_marks.get(layer.name, [])
+    lines += list(layer_marks.get(layer.name, ()))
     nodes[layer.name] = ("\n".join(lines), layer.name in layer_marks)
   nodes[_LOSS] = (f"loss\n{net.loss.name}", False)
-  upstream = set(_declared(plan, "upstream")) if plan is not None else set()
+  upstream = marks.upstream
   edges = {}
   for lo, up, data in net.graph.edges(data=True):
     label = ", ".join(_graph_util.shape_text(t.shape) for t in data["tensors"])
@@ -110,9 +89,9 @@ def elements(net, plan=None):
   return nodes, edges
 
 
-def to_dot(net, plan=None) -> str:
+def to_dot(net, highlights: Optional[Highlights] = None) -> str:
   """DOT text of ``net``'s layer graph; see :meth:`LayerGraph.to_dot`."""
-  nodes, edges = elements(net, plan)
+  nodes, edges = elements(net, highlights)
   lines = ["digraph layers {", "  rankdir=BT;",
            '  node [shape=box, style="rounded,filled", fontname="Helvetica", '
            f'fillcolor="{_PLAIN}"];',
@@ -216,25 +195,27 @@ def _matplotlib_render(nodes, edges, path: str, fmt: str) -> None:
   fig.savefig(path, format=fmt, dpi=110)
 
 
-def draw(net, path, plan=None) -> str:
+def draw(net, path, highlights: Optional[Highlights] = None,
+         graphviz: bool = True) -> str:
   """Writes a picture of ``net``; see :meth:`LayerGraph.draw`."""
   fmt = _format_of(path)
   path = os.fspath(path)
-  dot = to_dot(net, plan)
+  dot = to_dot(net, highlights)
   if fmt == "dot":
     with open(path, "w", encoding="utf-8") as f:
       f.write(dot)
     return path
-  if _graphviz_render(dot, path, fmt):
+  if graphviz and _graphviz_render(dot, path, fmt):
     log.info("wrote %s with Graphviz", path)
     return path
   if not _compat.has_module("matplotlib"):
+    tried = "Graphviz's `dot` program" if graphviz else "Graphviz (off)"
     raise _errors.GraphGradError(
-        f"cannot write {path}: neither Graphviz's `dot` program nor "
+        f"cannot write {path}: neither {tried} nor "
         f"matplotlib is available. Install one of them (pip install "
         f"'graphgrad[draw]' brings matplotlib), or write DOT text with "
         f"net.draw('graph.dot').")
-  nodes, edges = elements(net, plan)
+  nodes, edges = elements(net, highlights)
   _matplotlib_render(nodes, edges, path, fmt)
   log.info("wrote %s with matplotlib (Graphviz's `dot` was not found)", path)
   return path

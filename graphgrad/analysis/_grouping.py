@@ -6,7 +6,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.analysis._layers import scope_of
+from graphgrad.analysis._layer_graph import scope_of
 
 
 def group_variables(connected, trainable, layers, depth):

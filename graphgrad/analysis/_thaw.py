@@ -3,20 +3,15 @@
 A frozen inference graph (``convert_variables_to_constants``, a deployed
 ``.pb``) holds its weights as ``Const`` nodes. :func:`thaw` imports it with
 ``import_graph_def`` and, through ``input_map``, feeds every consumer of a
-selected constant from a variable that starts with the constant's value. The
-variable takes the constant's name, so the variable scopes, and with them the
-layers :func:`gg.analyze <graphgrad.analyze>` finds, are those of the model
-before it was frozen.
+selected constant from a variable that starts with the constant's value and
+takes its name, so the layers :func:`gg.analyze <graphgrad.analyze>` finds
+are those of the model before it was frozen.
 
 Batch-norm statistics (the ``mean`` and ``variance`` inputs of
-``FusedBatchNorm*``, and constants named ``moving_mean`` or
-``moving_variance``) become *non-trainable* variables rather than staying
-constants. They are part of the model's state like the weights: ``Saver``
-saves them with the rest, a checkpoint of the fine-tuned model restores into
-the original training code by name, and they can be re-estimated on new data
-with ``assign``. Being non-trainable, they are not parameters of any layer and
-no optimizer touches them; a frozen graph has no ``UPDATE_OPS``, so they keep
-their values through training exactly as constants would.
+``FusedBatchNorm*``, constants named ``moving_mean`` or ``moving_variance``)
+become *non-trainable* variables: ``Saver`` saves them with the weights and
+they can be re-estimated with ``assign``, but no optimizer touches them, and
+with no ``UPDATE_OPS`` they keep their values through training.
 """
 
 import logging

@@ -1,1 +1,1 @@
-"""The graphgrad command line and its demo."""
+"""The graphgrad command line."""

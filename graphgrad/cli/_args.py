@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-from graphgrad.cli import _startup
+from graphgrad import _startup
 
 
 class CommandError(Exception):

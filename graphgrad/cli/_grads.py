@@ -52,7 +52,7 @@ def load_model(path: str):
 
 
 def _int(flag: str, text: str, minimum: int) -> int:
-  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   try:
     value = int(text)
   except ValueError:
@@ -64,7 +64,7 @@ def _int(flag: str, text: str, minimum: int) -> int:
 
 
 def _check_paths(args) -> None:
-  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   if args.png and os.path.splitext(args.png)[1].lower() not in _PICTURES:
     raise CommandError(f"--png {args.png!r}: the file name must end in "
                        f"{', '.join(_PICTURES)}")
@@ -79,7 +79,7 @@ def _check_paths(args) -> None:
 def _read_npz(path: str) -> Dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   try:
     with np.load(path, allow_pickle=False) as data:
       return {k: data[k] for k in data.files}
@@ -108,7 +108,7 @@ def build_feed(graph, loss, arrays: Dict, batch: int, seed: int) -> Dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from graphgrad.analysis import _graph_util  # pylint: disable=g-import-not-at-top
-  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   placeholders = [op for op in _graph_util.forward_ops(loss)
                   if op.type in ("Placeholder", "PlaceholderWithDefault")]
   names = {op.name for op in placeholders}
@@ -155,7 +155,7 @@ def build_feed(graph, loss, arrays: Dict, batch: int, seed: int) -> Dict:
 def _restore(sess, graph, checkpoint: Optional[str]) -> str:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   with graph.as_default():
     if checkpoint is None:
@@ -181,7 +181,7 @@ def _restore(sess, graph, checkpoint: Optional[str]) -> str:
 def run(args) -> int:
   """The ``grads`` command; returns the exit code."""
   from graphgrad.cli import _args  # pylint: disable=g-import-not-at-top
-  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   _check_paths(args)
   depth = None if args.depth is None else _int("--depth", args.depth, 1)
   batch = _int("--batch", args.batch, 1)
@@ -219,7 +219,7 @@ def run(args) -> int:
 def _write(args, report) -> None:
   import json  # pylint: disable=g-import-not-at-top
 
-  from graphgrad.cli._main import CommandError  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   try:
     if args.png:
       name = os.path.basename(args.model)

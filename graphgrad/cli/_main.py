@@ -69,7 +69,7 @@ def _demo(args) -> int:
   _args.quiet_tensorflow(args.verbose)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  from graphgrad.cli import _demo as demo  # pylint: disable=g-import-not-at-top
+  from graphgrad import demo  # pylint: disable=g-import-not-at-top
 
   problem = demo.seed_problem(args.seed)
   if args.batch_size > len(problem.x_train):

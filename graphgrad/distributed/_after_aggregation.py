@@ -1,12 +1,10 @@
 """Parameter-gradient transforms after cross-replica aggregation.
 
-A :class:`~graphgrad.GradientPlan` computes a replica's gradients, so its
-transforms run per replica, before any wrapper aggregates them. Wrappers that
-aggregate inside ``apply_gradients``, such as
-``tf.compat.v1.train.SyncReplicasOptimizer``, hand the aggregated gradients to
-the optimizer they wrap. :class:`AfterAggregation` is such an inner optimizer:
-it rewrites each layer's parameter gradients, then applies them with the
-optimizer it wraps, so its transforms see the aggregated gradient::
+A :class:`~graphgrad.GradientPlan`'s transforms run per replica, before any
+wrapper aggregates. Wrappers that aggregate inside ``apply_gradients``
+(``tf.compat.v1.train.SyncReplicasOptimizer``) hand the aggregated gradients
+to the optimizer they wrap; :class:`AfterAggregation` is such an inner
+optimizer, so its transforms see the aggregated gradient::
 
   inner = gg.AfterAggregation(tf.compat.v1.train.GradientDescentOptimizer(0.1),
                               net).transform_gradients("l2_dense", clip)
@@ -14,8 +12,7 @@ optimizer it wraps, so its transforms see the aggregated gradient::
   train_op = plan.apply_gradients(sync, global_step=global_step)
 
 Only parameter gradients exist after aggregation: upstream and edge
-gradients are tensors of one replica's backward pass, used there before any
-aggregation happens, so they cannot be rewritten after it.
+gradients belong to one replica's backward pass.
 """
 
 from typing import Dict, List
@@ -23,7 +20,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.plan import _optimizer
 from graphgrad.transforms._checks import checked as _checked
 from graphgrad.transforms._checks import compose as _compose

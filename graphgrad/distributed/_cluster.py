@@ -1,17 +1,13 @@
 """Local TF1 ps/worker clusters: one process per task, on loopback only.
 
-TensorFlow's own between-graph replication needs one ``tf.train.Server`` per
-task. :class:`LocalCluster` runs such a cluster on one machine, for tests and
-examples: it picks free ports on ``127.0.0.1``, starts each task in its own
-process (and process group), restarts or kills any of them, and ends them all
-on :meth:`LocalCluster.stop` or when its ``with`` block exits.
-
-TensorFlow's gRPC server always listens on every interface (``0.0.0.0`` and
-``[::]``), whatever host the ``ClusterSpec`` names. So by default the cluster
-runs in a private network namespace that holds only a loopback device: its
-servers cannot be reached from outside it, not even from this machine's other
-processes. That needs root (``CAP_SYS_ADMIN``) and util-linux's ``unshare``
-and ``nsenter``; ``isolate=False`` runs without it.
+:class:`LocalCluster` runs a between-graph cluster on one machine, for tests
+and examples: it picks free ports on ``127.0.0.1``, starts each task in its
+own process group, restarts or kills any of them, and ends them all on
+:meth:`LocalCluster.stop` or when its ``with`` block exits. TensorFlow's gRPC
+server listens on every interface whatever the ``ClusterSpec`` says, so by
+default the cluster runs in a private network namespace with only a loopback
+device; that needs root and util-linux's ``unshare`` and ``nsenter`` on
+``PATH``. ``isolate=False`` runs without it.
 
 The module is also the parameter-server program::
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.analysis import _graph_util
-from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.methods._replacement import (
   Replacement,
   feedback_matrix,

@@ -1,18 +1,15 @@
 """Small solvers of ``gg.mtl`` in TensorFlow ops, on ``k x k`` Gram matrices.
 
-All work in float64 on the Gram matrix ``G = J J^T`` of ``k`` tasks, never on
-the ``n``-dimensional gradients, so their cost does not grow with ``n``.
+All work in float64 on ``G = J J^T`` of ``k`` tasks, never on the
+``n``-dimensional gradients, so their cost does not grow with ``n``:
 
 * :func:`dual_cone_weights` (UPGrad, DualProj): ``min_v v^T G v`` subject to
-  ``v >= u``. For ``k <= EXACT_MAX_TASKS`` it is exact: every active set is
-  solved in closed form (``2^k`` small linear systems, ``k = 2`` included) and
-  the best feasible candidate is kept. Above, projected Gauss-Seidel sweeps
-  run until no weight moves by more than ``QP_TOL`` (relative) or
-  ``QP_MAX_SWEEPS`` sweeps.
+  ``v >= u``; exact for ``k <= EXACT_MAX_TASKS`` (every active set in closed
+  form), projected Gauss-Seidel sweeps above (``QP_TOL``, ``QP_MAX_SWEEPS``).
 * :func:`frank_wolfe` (MGDA): Algorithm 2 of Sener & Koltun (2018), as
-  TorchJD runs it; exact for ``k = 2`` (one exact line search).
+  TorchJD runs it; exact for ``k = 2``.
 * :func:`cagrad_weights`: the CAGrad inner problem over the simplex, exact
-  for ``k <= EXACT_MAX_TASKS`` (every face's stationary point in closed form).
+  for ``k <= EXACT_MAX_TASKS``.
 * :func:`nash_weights`: the Nash bargaining solution ``G a = 1 / a``, by
   damped Newton steps on ``a^T G a / 2 - sum log a``.
 """

@@ -1,24 +1,11 @@
 """Task combination at a shared layer's outputs, and PCGrad.
 
-``plan.combine_tasks(layer, losses, method)`` rewrites the gradient ``g`` at
-a shared layer's outputs ``T`` from the per-task gradients
-``g_i = dL/dL_i * dL_i/dT``:
-
-    g  <-  g - sum_i g_i + method.combine([g_1, ..., g_k]).
-
-The task-combination contract is ``gg.mtl``'s: ``method.combine(grads)``
-takes ``k`` task gradients of one shape and returns one gradient of that
-shape; a stateful method also has ``create_state(k, name=None)``, whose
-result each plan makes once per layer and passes as
-``combine(grads, state=state)``. Both executors adapt a layer to it
-(:func:`combine_flat`): each task's gradients at the layer's output tensors
-are flattened and concatenated into one vector (zeros where the task does
-not reach a tensor), so that dot products run over all of ``T``, batch
-included; the result is split back per tensor. :class:`PCGrad` is one such
-method: gradient surgery (Yu et al., 2020, "Gradient Surgery for Multi-Task
-Learning"); ``plan.project_conflicts(layer, losses)`` is
-``combine_tasks(layer, losses, pcgrad())``, and ``gg.mtl.pcgrad`` is
-:func:`pcgrad`.
+``plan.combine_tasks(layer, losses, method)`` makes the gradient ``g`` at
+the layer's outputs ``T`` ``g - sum_i g_i + method.combine([g_1, ...])``,
+``g_i = dL/dL_i * dL_i/dT``. Both executors call :func:`combine_flat`, which
+flattens each task's gradients at ``T`` into one vector (zeros where a task
+does not reach a tensor). :class:`PCGrad` (Yu et al., 2020) is one method;
+``plan.project_conflicts`` uses it.
 
 Example:
   >>> import tensorflow as tf
@@ -35,7 +22,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
-from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.methods._mtl_base import TaskMethod, dense_grads
 from graphgrad.transforms._context import Resources
 

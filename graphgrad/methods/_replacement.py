@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient, gradient_values
-from graphgrad.analysis._layers import Layer, LayerGraph
+from graphgrad.analysis._layer_graph import Layer, LayerGraph
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources
 

@@ -1,10 +1,10 @@
 """GradientPlan and its TF1 executor, the segment engine.
 
-``_plan`` is GradientPlan's declaring front and ``_training`` its building
-half (``compute_gradients``, ``apply_gradients``, ``summaries``);
-``_executor.build`` turns the declarations (``graphgrad.core``) into rules
-of the segment engine (``_engine``, which plans its cuts in ``_cuts``, its
-spans of linear layers in ``_spans``, keeps its accumulators and makes its
-segment calls in ``_backprop``, with the bounded walk ``_reach``);
-``_summaries`` and ``_advice`` read a plan through its public accessors.
+``_gradient_plan`` is GradientPlan, one class: it checks each declaration
+(``_declaration_checks``), records it in its ``Declarations``
+(``graphgrad.core``), and builds them once with ``_executor.build``, which
+turns them into rules of the segment engine (``_engine``: cuts in ``_cuts``,
+spans of linear layers in ``_spans``, accumulators and segment calls in
+``_backprop``). ``_summaries``, ``_picture``, ``_report`` and ``_advice``
+read a built plan through its public accessors.
 """

@@ -39,8 +39,9 @@ def pure_scale(fns: Iterable[Transform]) -> Optional[float]:
   return None if factor == 1.0 else factor
 
 
-def warn_if_scale_cancels(plan, optimizer) -> bool:
-  """Logs one warning when ``plan`` only scales gradients under ``optimizer``.
+def warn_if_scale_cancels(declared, optimizer) -> bool:
+  """Logs one warning when a plan's declarations (``declared``) only scale
+  gradients under ``optimizer``.
 
   Returns:
     True when a warning was logged.
@@ -48,7 +49,6 @@ def warn_if_scale_cancels(plan, optimizer) -> bool:
   if not is_adaptive(optimizer):
     return False
   found = []
-  declared = plan.declarations
   for kind, table in (("transform_gradients", declared.gradients),
                       ("transform_upstream", declared.upstream),
                       ("transform_edge", declared.edges)):

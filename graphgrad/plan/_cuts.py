@@ -23,9 +23,9 @@ import networkx as nx
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.analysis import _declarations, _graph_util
+from graphgrad.analysis import _graph_util, _layer_names
 from graphgrad.analysis._graph_util import differentiable
-from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._layer_graph import LayerGraph
 
 log = logging.getLogger("graphgrad")
 
@@ -311,7 +311,7 @@ class CutPlan:
       raise _errors.UnsupportedGraphError(
           f"the transformed layers feed back into themselves ({cycle}), so "
           f"no order exists in which each rewritten gradient is complete "
-          f"before it is used. " + _declarations.cycle_advice(self.net, keys)
+          f"before it is used. " + _layer_names.cycle_advice(self.net, keys)
       ) from None
     log.debug("backward pass: %d cut groups", len(order))
     return [by_key[k] for k in order]

@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._gradients import aggregate, completed_upstream, is_zero
 from graphgrad.core._layer_policy import LayerRules, layer_backward
 from graphgrad.plan import _hooks, _reach

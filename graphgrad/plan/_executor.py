@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
-from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core._declaration_model import Declaration, Declarations
 from graphgrad.core._gradients import aggregate

@@ -1,25 +1,17 @@
 """Which optimizers can apply a plan's gradients in a tf.compat.v1 graph.
 
-``GradientPlan.apply_gradients`` and ``AfterAggregation`` hand
-``(gradient, variable)`` pairs to an optimizer and return its op as the
-train op, which must update the variables when a session runs it:
+The train op of ``GradientPlan.apply_gradients`` and ``AfterAggregation``
+must update the variables when a session runs it:
 
 * ``tf.compat.v1.train.Optimizer`` and its wrappers (``SyncReplicasOptimizer``,
-  Horovod's ``DistributedOptimizer``, ``gg.AfterAggregation``) build update
-  ops that the returned op depends on. They are called as they are.
-* tf-keras' legacy ``OptimizerV2`` (``tf_keras.optimizers.legacy.SGD``) does
-  too; it has no ``global_step`` argument, so the step is incremented after
-  the update here.
-* The newer Keras optimizers (tf-keras' ``tf.keras.optimizers.SGD`` and every
-  Keras 3 optimizer) rely on the automatic control dependencies of
-  ``tf.function``: called directly in a TF1 graph, their
-  ``apply_gradients`` returns the step counter, and running it changes no
-  weight. Here they run inside a ``tf.function`` called in the graph; its
-  call op is the train op. Their variables (slots, the step counter) are
-  created in the graph, so ``global_variables_initializer`` and ``Saver``
-  see them.
-* An optimizer class instead of an instance is refused, and so is an object
-  without ``apply_gradients``.
+  Horovod's, ``gg.AfterAggregation``) are called as they are;
+* tf-keras' legacy ``OptimizerV2`` has no ``global_step`` argument, so the
+  step is incremented after its update;
+* the newer Keras optimizers (tf-keras' and Keras 3's) rely on the automatic
+  control dependencies of ``tf.function``, so they run inside one, called in
+  the tf.Graph; its call op is the train op, and their variables live in the
+  tf.Graph, where ``Saver`` sees them;
+* an optimizer class, or an object without ``apply_gradients``, is refused.
 """
 
 from typing import Optional
@@ -88,6 +80,30 @@ def check_optimizer(optimizer) -> str:
         f"global_step, name) method, like tf.compat.v1.train.AdamOptimizer; "
         f"got {cls.__name__}. {_FIX}")
   return OTHER
+
+
+def train_op(optimizer, grads_and_vars: GradsAndVars, graph: tf.Graph,
+             global_step=None, name: Optional[str] = None, update_ops=None,
+             advance_global_step: bool = False) -> tf.Operation:
+  """One update op of ``grads_and_vars`` after ``update_ops``.
+
+  Args:
+    optimizer: as :func:`apply`.
+    grads_and_vars: the ``(gradient, variable)`` pairs to apply.
+    graph: the loss's tf.Graph.
+    global_step: the variable to increment, or ``None``.
+    name: name of the op.
+    update_ops: ops to run first; ``None`` for the tf.Graph's ``UPDATE_OPS``.
+    advance_global_step: with ``global_step=None``, increment the tf.Graph's
+      global step (a transform reads it, so its schedule advances).
+  """
+  if update_ops is None:
+    update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+  if global_step is None and advance_global_step:
+    global_step = tf.compat.v1.train.get_global_step(graph)
+  with graph.as_default():
+    with tf.control_dependencies(list(update_ops)):
+      return apply(optimizer, grads_and_vars, global_step, name)
 
 
 def apply(optimizer, grads_and_vars: GradsAndVars, global_step=None,

@@ -1,32 +1,18 @@
 """The gradient-flow report: where do a graph's gradients vanish or explode?
 
 :func:`gradient_report` runs the backward pass of an analysed loss in a
-``Session`` and measures, for every layer, in topological order:
+``Session`` and measures, for every layer in topological order, ``grad_norm``
+(the global norm of its parameter gradients), ``grad_to_weight`` (that norm
+over its variables' norm), ``upstream_norm`` (the norm of the upstream
+gradient at its outputs) and ``zero_upstream`` (the fraction of exact zeros
+in it). With a :class:`~graphgrad.GradientPlan` each figure comes twice:
+``before`` by the plain chain rule, ``after`` from the plan; an ``after``
+upstream gradient exists only where the plan rewrites the upstream.
 
-* ``grad_norm``: the global L2 norm of the layer's parameter gradients;
-* ``grad_to_weight``: that norm divided by the global norm of the layer's
-  variables (how far one SGD step of learning rate 1 would move them,
-  relative to their size);
-* ``upstream_norm``: the global norm of the gradient of the loss at the
-  layer's outputs (summed over all their consumers);
-* ``zero_upstream``: the fraction of exactly-zero entries of that gradient
-  (dead ReLU units, masked positions).
-
-With a :class:`~graphgrad.GradientPlan` each figure comes twice: ``before``
-is the plain chain rule (``tf.gradients``), ``after`` what the plan
-produces. A layer's ``after`` parameter gradients are the plan's
-``compute_gradients()``. Its ``after`` upstream gradient is what the plan
-sends below the layer's outputs, after the layer's ``transform_upstream``;
-the plan materialises that tensor only where it rewrites the upstream, so
-elsewhere ``after`` is ``None``.
-
-**Flags.** With ``n`` a layer's parameter-gradient norm and ``m`` the median
-of ``log10`` of the non-zero norms of its neighbours in the layer graph (the
-layers it feeds and the layers that feed it), the layer is *vanishing* when
-``log10(n) - m < -threshold`` and *exploding* when ``log10(n) - m >
-threshold``; ``threshold`` defaults to 2 (orders of magnitude). A zero norm
-beside non-zero neighbours is vanishing. The rule uses the ``after`` norms
-when there is a plan. A layer without neighbours is never flagged.
+A layer is *vanishing* (*exploding*) when ``log10`` of its parameter-gradient
+norm lies more than ``threshold`` (default 2) below (above) the median
+``log10`` of its neighbours' non-zero norms, ``after`` norms with a plan. A
+layer without neighbours is never flagged.
 """
 
 import math
@@ -36,8 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.analysis._layers import LayerGraph
-from graphgrad.plan._plan import GradientPlan
+from graphgrad.analysis._layer_graph import LayerGraph
+from graphgrad.plan._gradient_plan import GradientPlan
 
 Feed = Union[None, Mapping, Sequence[Mapping], Callable[[int], Mapping]]
 _FIGURES = ("grad_norm", "grad_to_weight", "upstream_norm", "zero_upstream")

@@ -16,7 +16,7 @@ from typing import AbstractSet, Callable, Dict, List, Set, Tuple
 import tensorflow as tf
 
 from graphgrad import _compat
-from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.analysis._no_gradient import ops_on_path
 from graphgrad.core._gradients import is_one, is_zero
 from graphgrad.plan import _hooks

@@ -8,13 +8,16 @@ it as one section.
 """
 
 import collections
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
 from graphgrad._types import Gradient, gradient_values
+from graphgrad.analysis._layer_graph import LayerGraph
+from graphgrad.plan._executor import TraceRecord
 
 tf1 = tf.compat.v1
+
 
 def _norm(grads: List[Gradient], name: str) -> tf.Tensor:
   return tf.linalg.global_norm([gradient_values(g) for g in grads], name=name)
@@ -31,16 +34,25 @@ def _pair(tag: str, before: List[Gradient], after: List[Gradient],
   out.append(tf1.summary.scalar(f"{tag}/after", after_norm))
 
 
-def build(plan, histograms: bool = False, name: str = "graphgrad") -> tf.Tensor:
-  """Builds the summaries of ``plan``; see :meth:`GradientPlan.summaries`."""
-  built = plan.compute_gradients()
-  net = plan.net
+def build(built: Sequence[Tuple[Gradient, tf.Variable]], net: LayerGraph,
+          trace: Sequence[TraceRecord], graph: tf.Graph,
+          histograms: bool = False, name: str = "graphgrad") -> tf.Tensor:
+  """The summaries of a built plan; see :meth:`GradientPlan.summaries`.
+
+  Args:
+    built: the plan's ``(gradient, variable)`` pairs.
+    net: the plan's layer graph.
+    trace: the plan's ``(context, before, after)`` records.
+    graph: the loss's tf.Graph.
+    histograms: also add gradient histograms.
+    name: the name scope.
+  """
   params_before: Dict[str, Gradient] = {}
   upstream: Dict[str, Tuple[List[Gradient], List[Gradient]]] = (
       collections.defaultdict(lambda: ([], [])))
   edges: Dict[Tuple[str, str], Tuple[List[Gradient], List[Gradient]]] = (
       collections.defaultdict(lambda: ([], [])))
-  for ctx, before, after in plan.trace:
+  for ctx, before, after in trace:
     if before is None or after is None:
       continue
     if ctx.role == "gradients":
@@ -59,7 +71,7 @@ def build(plan, histograms: bool = False, name: str = "graphgrad") -> tf.Tensor:
       by_layer[layer].append((g, v))
 
   out: List[tf.Tensor] = []
-  with plan.loss.graph.as_default(), tf.name_scope(name.rstrip("/") + "/"):
+  with graph.as_default(), tf.name_scope(name.rstrip("/") + "/"):
     for layer in net.names:
       pairs = by_layer.get(layer)
       if not pairs:

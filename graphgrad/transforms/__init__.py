@@ -13,7 +13,7 @@ from graphgrad.transforms._group import (
                               clip_by_global_norm,
                               trust_ratio,
 )
-from graphgrad.transforms._linear import linear
+from graphgrad.transforms._linear_transform import linear
 from graphgrad.transforms._noise import add_noise
 from graphgrad.transforms._numerics import (
                               ApplyIfFinite,

@@ -2,23 +2,16 @@
 
 :class:`TransformContext` says where a transform is applied (layer, role,
 variable, edge, tensor, global step). :class:`Resources` is the plan's store
-of what its transforms and backward replacements create once per plan
-(feedback matrices, synthetic-gradient modules, a transform's counter),
-keyed by ``(layer, name)``: one store per plan, so one transform or
-replacement value used by two plans, or on two layers, gets its own
-resources in each.
+of what its transforms and replacements create once per plan (feedback
+matrices, synthetic-gradient modules, a counter), keyed by ``(layer, name)``.
 
 Example:
   >>> import tensorflow as tf
   >>> store = Resources()
-  >>> made = []
-  >>> def make():
-  ...   made.append(1)
-  ...   return tf.constant(3.0)
-  >>> a = store.get_or_create("l1", "counter", make)
-  >>> b = store.get_or_create("l1", "counter", make)
-  >>> a is b, len(made), store.keys()
-  (True, 1, (('l1', 'counter'),))
+  >>> a = store.get_or_create("l1", "counter", lambda: tf.constant(3.0))
+  >>> b = store.get_or_create("l1", "counter", lambda: tf.constant(4.0))
+  >>> a is b, store.keys()
+  (True, (('l1', 'counter'),))
 """
 
 import dataclasses

@@ -1,16 +1,11 @@
 """Gradient transforms: small values that map one gradient to another.
 
 A transform is made by a lowercase factory (``scale(0.5)``), composes with
-``chain``, and is applied by a :class:`~graphgrad.GradientPlan` to either an
-upstream gradient at a layer's outputs, a layer's parameter gradients, or the
-gradient that flows along one layer-graph edge.
-
-Every transform
-
-* passes ``None`` through (a variable without a gradient stays without one),
-* keeps ``tf.IndexedSlices`` sparse by acting on ``.values``,
-* keeps shape and dtype (hyperparameters are cast to the gradient's dtype),
-* opens a name scope, so its ops group under one node in TensorBoard.
+``chain``, and is applied by a plan to an upstream gradient at a layer's
+outputs, to a layer's parameter gradients, or to the gradient along one
+layer-graph edge. Every transform passes ``None`` through, keeps
+``tf.IndexedSlices`` sparse by acting on ``.values``, keeps shape and dtype
+(hyperparameters are cast to the gradient's dtype), and opens a name scope.
 
 A transform receives a :class:`TransformContext` that says where it is being
 applied. Stateless transforms ignore it; annealed noise reads its global step,

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from graphgrad.cli import _main as _cli
-from helpers import dense
+from helpers import dense, error_line
 
 tf1 = tf.compat.v1
 
@@ -40,13 +40,6 @@ def _kernel(scope):
                             scope + "/kernel")[0]
 
 
-def _error_line(capsys, argv):
-  assert _cli.main(argv) == 2
-  out, err = capsys.readouterr()
-  lines = err.strip().splitlines()
-  assert len(lines) == 1, err
-  assert "Traceback" not in err
-  return lines[0]
 
 
 def test_help_lists_the_commands(capsys):
@@ -95,21 +88,21 @@ def test_inspect_with_an_explicit_loss(tmp_path, capsys):
 
 
 def test_inspect_missing_file(tmp_path, capsys):
-  line = _error_line(capsys, ["inspect", str(tmp_path / "nope.meta")])
+  line = error_line(capsys, ["inspect", str(tmp_path / "nope.meta")])
   assert line.startswith("graphgrad inspect: error: no such file: ")
 
 
 def test_inspect_corrupt_file(tmp_path, capsys):
   bad = tmp_path / "bad.meta"
   bad.write_bytes(np.random.default_rng(0).bytes(300))
-  line = _error_line(capsys, ["inspect", str(bad)])
+  line = error_line(capsys, ["inspect", str(bad)])
   assert re.match(r"graphgrad inspect: error: cannot read '.*bad\.meta' as a "
                   r"MetaGraph", line)
 
 
 def test_inspect_unknown_loss(tmp_path, capsys):
   meta = _save(tmp_path)
-  line = _error_line(capsys, ["inspect", meta, "--loss", "no_such_loss"])
+  line = error_line(capsys, ["inspect", meta, "--loss", "no_such_loss"])
   assert re.match(r"graphgrad inspect: error: --loss 'no_such_loss': the graph "
                   r"has no tensor 'no_such_loss:0'\. Tensors named like a "
                   r"loss: softmax_cross_entropy_loss/", line)
@@ -117,7 +110,7 @@ def test_inspect_unknown_loss(tmp_path, capsys):
 
 def test_inspect_non_float_loss(tmp_path, capsys):
   meta = _save(tmp_path)
-  line = _error_line(capsys, ["inspect", meta, "--loss", "save/filename"])
+  line = error_line(capsys, ["inspect", meta, "--loss", "save/filename"])
   assert "save/filename:0 has dtype string; a loss must be a floating" in line
 
 
@@ -127,7 +120,7 @@ def test_inspect_graph_without_a_loss(tmp_path, capsys):
     out = tf.reduce_sum(dense(x, 2, "layer"), name="score")
     del out
     tf1.train.export_meta_graph(str(tmp_path / "m.meta"))
-  line = _error_line(capsys, ["inspect", str(tmp_path / "m.meta")])
+  line = error_line(capsys, ["inspect", str(tmp_path / "m.meta")])
   assert "found no loss" in line and "--loss NAME" in line
   assert _cli.main(["inspect", str(tmp_path / "m.meta"), "--loss",
                     "score"]) == 0
@@ -135,7 +128,7 @@ def test_inspect_graph_without_a_loss(tmp_path, capsys):
 
 def test_inspect_bad_output_name(tmp_path, capsys):
   meta = _save(tmp_path)
-  line = _error_line(capsys, ["inspect", meta, "--png", "layers.jpg"])
+  line = error_line(capsys, ["inspect", meta, "--png", "layers.jpg"])
   assert line == ("graphgrad inspect: error: --png 'layers.jpg': the file name "
                   "must end in .png")
 
@@ -149,7 +142,7 @@ def test_demo_plot_writes_both_curves(tmp_path, capsys):
 
 
 def test_demo_plot_bad_extension(tmp_path, capsys):
-  line = _error_line(capsys, ["demo", "--plot", str(tmp_path / "c.txt")])
+  line = error_line(capsys, ["demo", "--plot", str(tmp_path / "c.txt")])
   assert "the file name must end in .png, .svg, .pdf" in line
 
 
@@ -171,7 +164,7 @@ def test_inspect_sums_several_losses(tmp_path, capsys):
 
 def test_inspect_unwritable_output(tmp_path, capsys):
   meta = _save(tmp_path)
-  line = _error_line(capsys, ["inspect", meta, "--png",
+  line = error_line(capsys, ["inspect", meta, "--png",
                               str(tmp_path / "no" / "such" / "dir.png")])
   assert line.startswith("graphgrad inspect: error: --png ")
   assert line.endswith("/no/such' does not exist")
@@ -201,7 +194,7 @@ def test_demo_trains_both_runs(capsys):
 
 
 def test_demo_rejects_bad_steps(capsys):
-  line = _error_line(capsys, ["demo", "--steps", "0"])
+  line = error_line(capsys, ["demo", "--steps", "0"])
   assert line == ("graphgrad demo: error: argument --steps: expected a "
                   "positive integer (1 or more); got '0'")
 

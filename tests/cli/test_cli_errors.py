@@ -10,22 +10,14 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.cli import _args
-from graphgrad.cli import _main as _cli
-from graphgrad.cli._demo import seed_problem
-from helpers import dense
+from graphgrad.demo import seed_problem
+from helpers import dense, error_line
 
 tf1 = tf.compat.v1
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _error_line(capsys, argv):
-  assert _cli.main(argv) == 2
-  _, err = capsys.readouterr()
-  lines = err.strip().splitlines()
-  assert len(lines) == 1, err
-  assert "Traceback" not in err
-  return lines[0]
 
 
 @pytest.mark.parametrize("flag,value,expected", [
@@ -48,12 +40,12 @@ def _error_line(capsys, argv):
     ("--noise", "loud", "expected a non-negative finite number; got 'loud'"),
 ])
 def test_demo_bad_numbers(capsys, flag, value, expected):
-  line = _error_line(capsys, ["demo", flag, value])
+  line = error_line(capsys, ["demo", flag, value])
   assert line == f"graphgrad demo: error: argument {flag}: {expected}"
 
 
 def test_demo_batch_larger_than_the_data(capsys):
-  line = _error_line(capsys, ["demo", "--batch-size", "4096", "--steps", "1"])
+  line = error_line(capsys, ["demo", "--batch-size", "4096", "--steps", "1"])
   assert line == ("graphgrad demo: error: argument --batch-size: the demo has "
                   "2048 training examples, so a batch holds at most 2048; got "
                   "4096")
@@ -72,33 +64,33 @@ def test_problem_batches_refuses_a_batch_that_never_fills():
 
 
 def test_unknown_option_and_command_are_one_line(capsys):
-  line = _error_line(capsys, ["demo", "--steps"])
+  line = error_line(capsys, ["demo", "--steps"])
   assert line == ("graphgrad demo: error: argument --steps: "
                   "expected one argument")
-  line = _error_line(capsys, ["train"])
+  line = error_line(capsys, ["train"])
   assert line.startswith(
       "graphgrad: error: argument command: invalid choice: 'train'")
-  line = _error_line(capsys, ["demo", "--epochs", "3"])
+  line = error_line(capsys, ["demo", "--epochs", "3"])
   assert line == "graphgrad: error: unrecognized arguments: --epochs 3"
-  line = _error_line(capsys, ["inspect"])
+  line = error_line(capsys, ["inspect"])
   assert line == ("graphgrad inspect: error: the following arguments are "
                   "required: PATH")
 
 
 def test_demo_unwritable_plot_is_refused_before_training(tmp_path, capsys):
   target = tmp_path / "missing" / "curves.png"
-  line = _error_line(capsys, ["demo", "--plot", str(target)])
+  line = error_line(capsys, ["demo", "--plot", str(target)])
   assert line == (f"graphgrad demo: error: --plot {str(target)!r}: the "
                   f"directory {str(target.parent)!r} does not exist")
   (tmp_path / "d.png").mkdir()
-  line = _error_line(capsys, ["demo", "--plot", str(tmp_path / "d.png")])
+  line = error_line(capsys, ["demo", "--plot", str(tmp_path / "d.png")])
   assert line == (f"graphgrad demo: error: --plot {str(tmp_path / 'd.png')!r} "
                   f"is a directory; pass a file name")
 
 
 def test_inspect_unwritable_dot_is_refused_before_loading(tmp_path, capsys):
   # The input does not exist either: the output is checked first.
-  line = _error_line(capsys, ["inspect", str(tmp_path / "m.meta"), "--dot",
+  line = error_line(capsys, ["inspect", str(tmp_path / "m.meta"), "--dot",
                               str(tmp_path / "no" / "g.dot")])
   assert line.startswith("graphgrad inspect: error: --dot ")
   assert line.endswith("does not exist")
@@ -107,7 +99,7 @@ def test_inspect_unwritable_dot_is_refused_before_loading(tmp_path, capsys):
 def test_inspect_empty_file_is_not_a_metagraph(tmp_path, capsys):
   empty = tmp_path / "empty.meta"
   empty.write_bytes(b"")
-  line = _error_line(capsys, ["inspect", str(empty)])
+  line = error_line(capsys, ["inspect", str(empty)])
   assert line == (f"graphgrad inspect: error: {str(empty)!r} is not a "
                   f"MetaGraph: it holds no graph (an empty file, or another "
                   f"kind of protocol buffer). Pass a .meta file written by "
@@ -117,7 +109,7 @@ def test_inspect_empty_file_is_not_a_metagraph(tmp_path, capsys):
 def test_inspect_text_file_is_not_a_metagraph(tmp_path, capsys):
   text = tmp_path / "notes.meta"
   text.write_text("these are not the graphs you are looking for\n")
-  line = _error_line(capsys, ["inspect", str(text)])
+  line = error_line(capsys, ["inspect", str(text)])
   assert re.match(r"graphgrad inspect: error: cannot read '.*notes\.meta' as "
                   r"a MetaGraph", line)
 
@@ -130,19 +122,19 @@ def test_a_library_error_is_one_line(tmp_path, capsys):
     dense(x, 2, "layer")
     tf.reduce_sum(tf.square(x), name="loss")
     tf1.train.export_meta_graph(str(tmp_path / "m.meta"))
-  line = _error_line(capsys, ["inspect", str(tmp_path / "m.meta"), "--loss",
+  line = error_line(capsys, ["inspect", str(tmp_path / "m.meta"), "--loss",
                               "loss"])
   assert line.startswith("graphgrad inspect: error: `loss` loss:0 depends on "
                          "no trainable variable")
 
 
 def test_a_library_error_from_demo_is_one_line(capsys, monkeypatch):
-  from graphgrad.cli import _demo  # pylint: disable=g-import-not-at-top
+  from graphgrad import demo  # pylint: disable=g-import-not-at-top
 
   def broken(*args, **kwargs):
     raise _errors.UnsupportedGraphError("the seed network cannot be built")
-  monkeypatch.setattr(_demo, "seed_network", broken)
-  line = _error_line(capsys, ["demo", "--steps", "1"])
+  monkeypatch.setattr(demo, "seed_network", broken)
+  line = error_line(capsys, ["demo", "--steps", "1"])
   assert line == "graphgrad demo: error: the seed network cannot be built"
 
 
@@ -190,12 +182,11 @@ def test_verbose_shows_tensorflow_logs():
 
 def test_version_check_comes_after_the_arguments(capsys, monkeypatch):
   """On an untested TensorFlow, a bad argument is still one line."""
-  from graphgrad import _compat  # pylint: disable=g-import-not-at-top
-  from graphgrad.cli import _startup  # pylint: disable=g-import-not-at-top
+  from graphgrad import _compat, _startup  # pylint: disable=g-import-not-at-top
   calls = []
   monkeypatch.setattr(_startup, "is_command_line", lambda: True)
   monkeypatch.setattr(_compat, "check_tensorflow", lambda: calls.append(1))
-  _error_line(capsys, ["demo", "--noise", "-1"])
+  error_line(capsys, ["demo", "--noise", "-1"])
   assert not calls
   _args.quiet_tensorflow(verbose=True)
   assert calls == [1]

@@ -1,7 +1,6 @@
 """`graphgrad grads` on a saved ResNet-style MetaGraph, and its error lines."""
 
 import json
-import math
 import re
 
 import numpy as np
@@ -9,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from graphgrad.cli import _main as _cli
+from helpers import error_line, global_norm
 
 tf1 = tf.compat.v1
 
@@ -58,22 +58,8 @@ def _save_resnet(tmp_path, int_labels=False):
   return prefix + ".meta", prefix, str(feed), ref
 
 
-def _error_line(capsys, argv):
-  try:
-    code = _cli.main(argv)
-  except SystemExit as e:  # argparse's own errors exit from the parser
-    code = e.code
-  assert code == 2
-  out, err = capsys.readouterr()
-  lines = err.strip().splitlines()
-  assert len(lines) == 1, err
-  assert "Traceback" not in err
-  return lines[0]
 
 
-def _norm(arrays):
-  return math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64)))
-                       for a in arrays))
 
 
 def test_grads_matches_tf_gradients_on_the_restored_weights(tmp_path, capsys):
@@ -88,7 +74,7 @@ def test_grads_matches_tf_gradients_on_the_restored_weights(tmp_path, capsys):
   assert list(rows) == list(ref)
   for name, grads in ref.items():
     np.testing.assert_allclose(rows[name]["grad_norm"]["before"],
-                               _norm(grads), rtol=1e-5)
+                               global_norm(grads), rtol=1e-5)
   assert out_png.stat().st_size > 10_000
 
 
@@ -118,7 +104,7 @@ def test_build_feed_shapes_and_given_arrays():
 
 def test_integer_placeholder_without_feed_is_an_error(tmp_path, capsys):
   meta, prefix, feed, _ = _save_resnet(tmp_path, int_labels=True)
-  line = _error_line(capsys, ["grads", meta, "--checkpoint", prefix,
+  line = error_line(capsys, ["grads", meta, "--checkpoint", prefix,
                               "--feed", feed])
   assert re.search(r"placeholder 'labels' \(int32 \[\?\]\) is not floating-"
                    r"point.*--feed FEED.npz with an array named 'labels'",
@@ -143,30 +129,30 @@ def test_integer_placeholder_without_feed_is_an_error(tmp_path, capsys):
 ])
 def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, pattern):
   meta, _, _, _ = _save_resnet(tmp_path)
-  assert re.search(pattern, _error_line(capsys, ["grads", meta] + args))
+  assert re.search(pattern, error_line(capsys, ["grads", meta] + args))
 
 
 def test_bad_feed_files(tmp_path, capsys):
   meta, _, _, _ = _save_resnet(tmp_path)
   np.savez(tmp_path / "unknown.npz", pixels=np.zeros(3))
-  line = _error_line(capsys, ["grads", meta, "--feed",
+  line = error_line(capsys, ["grads", meta, "--feed",
                               str(tmp_path / "unknown.npz")])
   assert "no placeholder named 'pixels'" in line and "images" in line
   np.savez(tmp_path / "shape.npz", images=np.zeros((2, 3)))
-  line = _error_line(capsys, ["grads", meta, "--feed",
+  line = error_line(capsys, ["grads", meta, "--feed",
                               str(tmp_path / "shape.npz")])
   assert re.search(r"array 'images' is float64 \[2,3\]; the placeholder is "
                    r"float32 \[\?,6,6,2\]", line)
   (tmp_path / "junk.npz").write_text("not a zip")
-  line = _error_line(capsys, ["grads", meta, "--feed",
+  line = error_line(capsys, ["grads", meta, "--feed",
                               str(tmp_path / "junk.npz")])
   assert "cannot read it as an .npz" in line
 
 
 def test_missing_model_and_missing_argument(tmp_path, capsys):
-  line = _error_line(capsys, ["grads", str(tmp_path / "none.meta")])
+  line = error_line(capsys, ["grads", str(tmp_path / "none.meta")])
   assert "no such file" in line
-  line = _error_line(capsys, ["grads"])
+  line = error_line(capsys, ["grads"])
   assert "the following arguments are required: MODEL" in line
 
 
@@ -187,10 +173,10 @@ def _save_matmul(tmp_path, shape):
 
 def test_unknown_rank_and_runtime_errors(tmp_path, capsys):
   meta, prefix = _save_matmul(tmp_path, None)
-  line = _error_line(capsys, ["grads", meta, "--loss", "loss"])
+  line = error_line(capsys, ["grads", meta, "--loss", "loss"])
   assert "placeholder 'x' has an unknown rank" in line
   np.savez(tmp_path / "odd.npz", x=np.ones((2, 3), np.float32))
-  line = _error_line(capsys, ["grads", meta, "--loss", "loss", "--checkpoint",
+  line = error_line(capsys, ["grads", meta, "--loss", "loss", "--checkpoint",
                               prefix, "--feed", str(tmp_path / "odd.npz")])
   assert line.startswith("graphgrad grads: error: running the backward pass "
                          "failed:")
@@ -199,10 +185,10 @@ def test_unknown_rank_and_runtime_errors(tmp_path, capsys):
 def test_checkpoint_of_another_model_and_unwritable_output(tmp_path, capsys):
   meta, _, feed, _ = _save_resnet(tmp_path)
   _, other = _save_matmul(tmp_path, [None, 4])
-  line = _error_line(capsys, ["grads", meta, "--feed", feed,
+  line = error_line(capsys, ["grads", meta, "--feed", feed,
                               "--checkpoint", other])
   assert re.search(r"--checkpoint '.*matmul': cannot restore it into this "
                    r"graph", line)
-  line = _error_line(capsys, ["grads", meta, "--feed", feed, "--json",
+  line = error_line(capsys, ["grads", meta, "--feed", feed, "--json",
                               str(tmp_path / "no" / "such" / "dir.json")])
   assert line.startswith("graphgrad grads: error: cannot write output:")

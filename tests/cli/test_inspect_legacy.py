@@ -5,7 +5,7 @@ import re
 import tensorflow as tf
 
 from graphgrad.cli import _main as _cli
-from helpers import dense
+from helpers import dense, error_line
 
 tf1 = tf.compat.v1
 
@@ -16,11 +16,6 @@ def _inference_graph():
   return x, tf.identity(dense(h, 2, "classifier"), name="logits")
 
 
-def _error_line(capsys, argv):
-  assert _cli.main(argv) == 2
-  err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and "Traceback" not in err[0], err
-  return err[0]
 
 
 def _saved_model(path, tags=("serve",)):
@@ -61,7 +56,7 @@ def test_saved_model_tags(tmp_path, capsys):
   assert _cli.main(["inspect", str(tmp_path / "sm"), "--tag", "train",
                     "--output", "logits:0"]) == 0
   assert "2 layers, 58 trainable parameters" in capsys.readouterr().out
-  line = _error_line(capsys, ["inspect", str(tmp_path / "sm"), "--output",
+  line = error_line(capsys, ["inspect", str(tmp_path / "sm"), "--output",
                               "logits"])
   assert line.endswith("--tag 'serve': the SavedModel "
                        f"'{tmp_path / 'sm'}' has no MetaGraph with that tag; "
@@ -71,7 +66,7 @@ def test_saved_model_tags(tmp_path, capsys):
 
 def test_a_non_float_output(tmp_path, capsys):
   _saved_model(tmp_path / "sm")
-  line = _error_line(capsys, ["inspect", str(tmp_path / "sm"), "--output",
+  line = error_line(capsys, ["inspect", str(tmp_path / "sm"), "--output",
                               "save/Const"])
   assert line.endswith("--output 'save/Const': save/Const:0 has dtype string; "
                        "an output to analyse must be a floating-point tensor. "
@@ -79,13 +74,13 @@ def test_a_non_float_output(tmp_path, capsys):
 
 
 def test_a_directory_that_is_not_a_saved_model(tmp_path, capsys):
-  line = _error_line(capsys, ["inspect", str(tmp_path)])
+  line = error_line(capsys, ["inspect", str(tmp_path)])
   assert "is a directory without saved_model.pb, so not a SavedModel" in line
 
 
 def test_frozen_graph_is_thawed_and_needs_an_output(tmp_path, capsys):
   pb = _frozen(tmp_path / "frozen.pb")
-  line = _error_line(capsys, ["inspect", pb])
+  line = error_line(capsys, ["inspect", pb])
   assert "found no loss" in line
   assert "an output with --output NAME (outputs: logits:0)" in line
   assert _cli.main(["inspect", pb, "--output", "logits"]) == 0
@@ -96,14 +91,14 @@ def test_frozen_graph_is_thawed_and_needs_an_output(tmp_path, capsys):
 
 def test_output_errors(tmp_path, capsys):
   pb = _frozen(tmp_path / "frozen.pb")
-  line = _error_line(capsys, ["inspect", pb, "--output", "probs"])
+  line = error_line(capsys, ["inspect", pb, "--output", "probs"])
   assert line.endswith("--output 'probs': the graph has no tensor 'probs:0'. "
                        "Tensors named like a model output: logits:0.")
-  line = _error_line(capsys, ["inspect", pb, "--output", "x", "--loss", "y"])
+  line = error_line(capsys, ["inspect", pb, "--output", "x", "--loss", "y"])
   assert "--loss 'y' and --output 'x': pass one" in line
   bad = tmp_path / "notes.pb"
   bad.write_text("not a graph")
-  line = _error_line(capsys, ["inspect", str(bad)])
+  line = error_line(capsys, ["inspect", str(bad)])
   assert "notes.pb' is not a binary GraphDef" in line
 
 

@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import graphgrad as gg  # noqa: E402
-from graphgrad.cli import _demo  # noqa: E402
+from graphgrad import demo as _demo  # noqa: E402
 
 tf1 = tf.compat.v1
 

@@ -8,7 +8,6 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from graphgrad.distributed import _cluster
 
 tf1 = tf.compat.v1
 SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); "
@@ -94,8 +93,20 @@ def test_isolated_tasks_share_a_private_namespace(tmp_path):
   assert len(inside) == 1 and mine not in inside
 
 
+def _path_of(tmp_path, **scripts) -> str:
+  """A directory holding only the shell scripts ``scripts``, for ``PATH``."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  for name, body in scripts.items():
+    script = bin_dir / name
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    script.chmod(0o755)
+  return str(bin_dir)
+
+
 def test_missing_tools(monkeypatch, tmp_path):
-  monkeypatch.setattr(_cluster.shutil, "which", lambda name: None)
+  # The tools are looked up on PATH; an empty one holds neither.
+  monkeypatch.setenv("PATH", _path_of(tmp_path))
   c = gg.cluster.LocalCluster(log_dir=str(tmp_path))
   with pytest.raises(gg.cluster.ClusterError,
                      match="needs util-linux's unshare and nsenter"):
@@ -103,8 +114,10 @@ def test_missing_tools(monkeypatch, tmp_path):
 
 
 def test_namespace_failure_is_explained(monkeypatch, tmp_path):
-  monkeypatch.setattr(_cluster, "_UNSHARE", [
-      "sh", "-c", "echo 'unshare: Operation not permitted' >&2; exit 1"])
+  # An unshare on PATH that is refused, as it is without CAP_SYS_ADMIN.
+  monkeypatch.setenv("PATH", _path_of(
+      tmp_path, unshare="echo 'unshare: Operation not permitted' >&2; exit 1",
+      nsenter="exit 1"))
   c = gg.cluster.LocalCluster(log_dir=str(tmp_path))
   with pytest.raises(gg.cluster.ClusterError,
                      match=r"private network namespace \(unshare: Operation "

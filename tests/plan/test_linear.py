@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import dense, densify, feed
+from helpers import dense, evaluate_grads, feed
 
 tf1 = tf.compat.v1
 T = gg.transforms
@@ -162,12 +162,6 @@ def _declare(loss, net, upstream, edges, fn, fuse):
   return plan.compute_gradients()
 
 
-def _run(grads, feed):
-  fetch = [g for g in grads if g is not None]
-  with tf1.Session() as sess:
-    sess.run(tf1.global_variables_initializer())
-    values = iter(sess.run(fetch, feed))
-  return [None if g is None else densify(next(values)) for g in grads]
 
 
 def _reference(model, entries, c):
@@ -179,7 +173,7 @@ def _reference(model, entries, c):
     loss, feed = model(Into(factors))
     variables = tf1.trainable_variables()
     names = [v.name for v in variables]
-    return _run(tf.gradients(loss, variables), feed), names
+    return evaluate_grads(tf.gradients(loss, variables), feed), names
 
 
 @pytest.mark.parametrize("transform", sorted(LINEAR))
@@ -195,7 +189,7 @@ def test_fused_equals_cut_and_reference(case, transform):
     # The same loss, forced through the cut path.
     cut = _declare(loss, net, upstream, edges, fn, False)
     names = [v.name for _, v in fused]
-    values = _run([g for g, _ in fused] + [g for g, _ in cut], feed)
+    values = evaluate_grads([g for g, _ in fused] + [g for g, _ in cut], feed)
   n = len(fused)
   want, ref_names = _reference(model, entries, c)
   assert names == ref_names
@@ -245,7 +239,7 @@ def test_zero_builds_no_backward_op_for_the_removed_share(declare, fuse):
     out = []
     new = _new_ops(graph, lambda: out.extend(_declare(
         loss, net, ups, edges, T.zero(), fuse)))
-    values = _run([g for g, _ in out], feed)
+    values = evaluate_grads([g for g, _ in out], feed)
   names = [v.op.name for _, v in out]
   if fuse:
     assert _grad_ops_of(new, "l1") == []
@@ -273,7 +267,7 @@ def test_zero_leaves_the_bypass_share():
     # Reference: what reaches h1 from l3 alone, then through l1.
     g_h1 = tf.gradients(loss, h1, stop_gradients=[h2])[0]
     want = tf.gradients(h1, l1, grad_ys=g_h1)
-    actual, expected = _run([[got[v.name] for v in l1], want], feed)
+    actual, expected = evaluate_grads([[got[v.name] for v in l1], want], feed)
   np.testing.assert_allclose(actual[0], expected[0], rtol=1e-6, atol=1e-7)
   assert np.abs(actual[0]).max() > 0
 
@@ -363,11 +357,11 @@ def test_an_override_inside_the_rewritten_layer(fuse):
     plan = (gg.GradientPlan(loss, linear="fused" if fuse else "general")
             .transform_upstream("l2", T.scale(0.5))
             .straight_through("Round"))
-    got = _run([g for g, _ in plan.compute_gradients()], feed)
+    got = evaluate_grads([g for g, _ in plan.compute_gradients()], feed)
   with tf.Graph().as_default():
     tf1.set_random_seed(0)
     loss, feed = rounded_model(Into({("l2", "l1"): 0.5}), override_map=True)
-    want = _run(tf.gradients(loss, tf1.trainable_variables()), feed)
+    want = evaluate_grads(tf.gradients(loss, tf1.trainable_variables()), feed)
   assert all(g is not None and np.abs(g).max() > 0 for g in got)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
@@ -383,7 +377,7 @@ def test_a_weighted_rewrite_builds_its_trace_entry_when_read():
     assert record.context.layer == "l2" and len(graph.get_operations()) == n
     after = record.after
     assert len(graph.get_operations()) > n and record.after is after
-    before, after = _run([record.before, after], feed)
+    before, after = evaluate_grads([record.before, after], feed)
   np.testing.assert_allclose(after, 0.5 * before, rtol=1e-6)
   assert np.abs(before).max() > 0
 
@@ -416,7 +410,7 @@ def test_a_span_of_scaled_layers_is_one_call_and_one_mul_per_boundary():
       plan.transform_upstream(f"l{i}", T.scale(0.5))
     out = []
     fused = _new_ops(graph, lambda: out.extend(plan.compute_gradients()))
-    got = _run([g for g, _ in out], feed)
+    got = evaluate_grads([g for g, _ in out], feed)
   # Each tf.gradients call opens a name scope of its own: one call in all.
   scopes = {op.name.split("/")[1] for op in fused
             if op.name.startswith("graphgrad/")}
@@ -441,7 +435,7 @@ def test_a_span_of_scaled_layers_is_one_call_and_one_mul_per_boundary():
       h = dense(_scaled(h, 0.5) if i else h, 4, f"l{i}",
                 tf.nn.relu if i < depth - 1 else None)
     ref_vars = tf1.trainable_variables()
-    ref = _run(tf.gradients(tf.reduce_sum(tf.square(h)), ref_vars),
+    ref = evaluate_grads(tf.gradients(tf.reduce_sum(tf.square(h)), ref_vars),
                {x: next(iter(feed.values()))})
   assert [v.op.name for v in ref_vars] == names
   for name, g, r in zip(names, got, ref):
@@ -459,7 +453,7 @@ def test_a_chain_leaves_tf_gradients_as_it_was():
       plan.transform_upstream(f"l{i}", T.scale(0.5))
     fused = [g for g, _ in plan.compute_gradients()]
     after = tf.gradients(loss, variables)
-    values = _run(before + after + fused, feed)
+    values = evaluate_grads(before + after + fused, feed)
   n = len(variables)
   b, a, f = values[:n], values[n:2 * n], values[2 * n:]
   for x, y in zip(b, a):
@@ -480,7 +474,7 @@ def test_a_chain_records_each_layers_upstream_gradient(fuse):
     assert sorted(records) == ["l2", "l3", "l4", "l5"]
     # The gradient at layer i's output is 0.5 per layer above it.
     plain = tf.gradients(loss, [net[f"l{i}"].outputs[0] for i in range(2, 6)])
-    values = _run([records[f"l{i}"].before for i in range(2, 6)]
+    values = evaluate_grads([records[f"l{i}"].before for i in range(2, 6)]
                   + [records["l3"].after] + plain, feed)
   for i, (got, ref) in enumerate(zip(values[:4], values[5:])):
     np.testing.assert_allclose(got, 0.5 ** (3 - i) * ref, rtol=1e-6,
@@ -524,7 +518,7 @@ def test_a_span_of_scaled_layers_next_to_an_override():
       for i in range(2, 6):
         plan.transform_upstream(f"l{i}", T.scale(0.5))
       n = len(graph.get_operations())
-      got = _run([g for g, _ in plan.compute_gradients()], feed)
+      got = evaluate_grads([g for g, _ in plan.compute_gradients()], feed)
       scopes = [op.name.split("/") for op in graph.get_operations()[n:]]
       calls[linear] = len({p[1] for p in scopes
                            if len(p) > 2 and p[1].startswith("gradients")})
@@ -533,7 +527,7 @@ def test_a_span_of_scaled_layers_next_to_an_override():
       loss, feed = rounded_deep_model(
           Into({(f"l{i}", f"l{i - 1}"): 0.5 for i in range(2, 6)}),
           override_map=True)
-      want = _run(tf.gradients(loss, tf1.trainable_variables()), feed)
+      want = evaluate_grads(tf.gradients(loss, tf1.trainable_variables()), feed)
     assert all(g is not None and np.abs(g).max() > 0 for g in got)
     for g, w in zip(got, want):
       np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=linear)

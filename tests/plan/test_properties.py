@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import dag_builder as db
 import graphgrad as gg
-from helpers import densify
+from helpers import evaluate_grads
 
 tf1 = tf.compat.v1
 
@@ -72,22 +72,17 @@ def _plan_gradients(spec, upstream=None, edges=None, declare=None,
     assert [v.name for _, v in gv] == [v.name for v in model.variables]
     got = [g for g, _ in gv]
     plain = tf.gradients(model.loss, model.variables)
-    values = _run(model, got + plain)
+    values = evaluate_grads(got + plain, model.feed)
     return values[:len(got)], values[len(got):]
 
 
 def _reference_gradients(spec, upstream=None, edges=None):
   with tf.Graph().as_default():
     model = db.build(spec, db.product(upstream or {}), db.product(edges or {}))
-    return _run(model, tf.gradients(model.loss, model.variables))
+    return evaluate_grads(tf.gradients(model.loss, model.variables),
+                          model.feed)
 
 
-def _run(model, grads):
-  fetch = [g for g in grads if g is not None]
-  with tf1.Session() as sess:
-    sess.run(tf1.global_variables_initializer())
-    values = iter(sess.run(fetch, model.feed))
-  return [None if g is None else densify(next(values)) for g in grads]
 
 
 def _assert_same(actual, expected, spec, none_is_zero=True):

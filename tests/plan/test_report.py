@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import dense, trainable
+from helpers import dense, global_norm, trainable
 
 tf1 = tf.compat.v1
 
@@ -24,9 +24,6 @@ def _net():
   return x, loss, {"l1": a1, "l2": a2, "l3": a3}
 
 
-def _norm(arrays):
-  return math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64)))
-                       for a in arrays))
 
 
 def _batch(seed):
@@ -49,12 +46,12 @@ def test_plain_figures_equal_tf_gradients():
   assert [r["name"] for r in report.layers] == names
   for n in names:
     row = report[n]
-    np.testing.assert_allclose(row["grad_norm"]["before"], _norm(g[n]),
+    np.testing.assert_allclose(row["grad_norm"]["before"], global_norm(g[n]),
                                rtol=1e-6)
     np.testing.assert_allclose(row["grad_to_weight"]["before"],
-                               _norm(g[n]) / _norm(w[n]), rtol=1e-6)
-    np.testing.assert_allclose(row["upstream_norm"]["before"], _norm([u[n]]),
-                               rtol=1e-6)
+                               global_norm(g[n]) / global_norm(w[n]), rtol=1e-6)
+    np.testing.assert_allclose(row["upstream_norm"]["before"],
+                               global_norm([u[n]]), rtol=1e-6)
     assert row["zero_upstream"]["before"] == pytest.approx(np.mean(u[n] == 0))
     assert row["grad_norm"]["after"] is None
   # The ReLU after l2 kills some of its units on this batch.
@@ -71,7 +68,7 @@ def test_batches_average_the_per_batch_figures():
       feeds = [{x: _batch(i)} for i in range(3)]
       by_list = gg.gradient_report(sess, net, feeds, batches=3)
       by_fn = gg.gradient_report(sess, net, lambda i: feeds[i], batches=3)
-      expected = np.mean([_norm(sess.run(grads, f)) for f in feeds])
+      expected = np.mean([global_norm(sess.run(grads, f)) for f in feeds])
   np.testing.assert_allclose(by_list["l2"]["grad_norm"]["before"], expected,
                              rtol=1e-6)
   assert by_fn.to_dict() == by_list.to_dict()
@@ -96,14 +93,14 @@ def test_plan_figures_after_the_rewrites():
       feed = {x: _batch(1)}
       report = gg.gradient_report(sess, net, feed, plan=plan)
       l1, l3, up2 = sess.run([l1_ref, l3_ref, g_a2], feed)
-  np.testing.assert_allclose(report["l1"]["grad_norm"]["after"], _norm(l1),
-                             rtol=1e-5)
-  np.testing.assert_allclose(report["l3"]["grad_norm"]["after"], _norm(l3),
-                             rtol=1e-6)
+  np.testing.assert_allclose(report["l1"]["grad_norm"]["after"],
+                             global_norm(l1), rtol=1e-5)
+  np.testing.assert_allclose(report["l3"]["grad_norm"]["after"],
+                             global_norm(l3), rtol=1e-6)
   np.testing.assert_allclose(report["l2"]["upstream_norm"]["after"],
-                             0.1 * _norm([up2]), rtol=1e-6)
+                             0.1 * global_norm([up2]), rtol=1e-6)
   np.testing.assert_allclose(report["l2"]["upstream_norm"]["before"],
-                             _norm([up2]), rtol=1e-6)
+                             global_norm([up2]), rtol=1e-6)
   # l2's own parameters see the plain upstream: before == after.
   assert report["l2"]["grad_norm"]["after"] == pytest.approx(
       report["l2"]["grad_norm"]["before"], rel=1e-6)
@@ -147,7 +144,7 @@ def test_sparse_gradient_norm_sums_duplicate_rows():
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
       report = gg.gradient_report(sess, net)
-      expected = _norm([sess.run(dense_grad)])
+      expected = global_norm([sess.run(dense_grad)])
   np.testing.assert_allclose(report["embed"]["grad_norm"]["before"], expected,
                              rtol=1e-6)
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import dense, trainable
+from helpers import dense, global_norm, trainable
 
 tf1 = tf.compat.v1
 
@@ -34,8 +34,6 @@ def _events(logdir):
   return values, histos
 
 
-def _norm(arrays):
-  return float(np.sqrt(sum(np.sum(np.square(a)) for a in arrays)))
 
 
 def test_summaries_hold_the_norms_before_and_after(graph, tmp_path):
@@ -71,16 +69,16 @@ def test_summaries_hold_the_norms_before_and_after(graph, tmp_path):
 
   values, histos = _events(tmp_path)
   want = {
-      "graphgrad/grad_norm/l3/before": _norm(ref["l3"]),
-      "graphgrad/grad_norm/l3/after": _norm(ref["l3"]),
-      "graphgrad/grad_norm/l2/before": _norm(ref["l2"]),
-      "graphgrad/grad_norm/l2/after": 0.8 * _norm(ref["l2"]),
-      "graphgrad/grad_norm/l1/before": _norm(ref["l1"]),
-      "graphgrad/grad_norm/l1/after": _norm(ref["l1"]),
-      "graphgrad/upstream_norm/l3/before": _norm([ref["g3"]]),
-      "graphgrad/upstream_norm/l3/after": 0.5 * _norm([ref["g3"]]),
-      "graphgrad/edge_norm/l1_to_l2/before": _norm([ref["into"]]),
-      "graphgrad/edge_norm/l1_to_l2/after": 3.0 * _norm([ref["into"]]),
+      "graphgrad/grad_norm/l3/before": global_norm(ref["l3"]),
+      "graphgrad/grad_norm/l3/after": global_norm(ref["l3"]),
+      "graphgrad/grad_norm/l2/before": global_norm(ref["l2"]),
+      "graphgrad/grad_norm/l2/after": 0.8 * global_norm(ref["l2"]),
+      "graphgrad/grad_norm/l1/before": global_norm(ref["l1"]),
+      "graphgrad/grad_norm/l1/after": global_norm(ref["l1"]),
+      "graphgrad/upstream_norm/l3/before": global_norm([ref["g3"]]),
+      "graphgrad/upstream_norm/l3/after": 0.5 * global_norm([ref["g3"]]),
+      "graphgrad/edge_norm/l1_to_l2/before": global_norm([ref["into"]]),
+      "graphgrad/edge_norm/l1_to_l2/after": 3.0 * global_norm([ref["into"]]),
   }
   assert set(values) == set(want)
   for tag, expected in want.items():
@@ -105,8 +103,8 @@ def test_summaries_without_histograms_and_custom_scope(graph, tmp_path):
   assert sorted(values) == sorted(f"norms/grad_norm/{l}/{w}"
                                   for l in ("l1", "l2", "l3")
                                   for w in ("before", "after"))
-  np.testing.assert_allclose(values["norms/grad_norm/l2/after"], _norm(grads),
-                             rtol=1e-5)
+  np.testing.assert_allclose(values["norms/grad_norm/l2/after"],
+                             global_norm(grads), rtol=1e-5)
 
 
 # -- the adaptive-optimizer warning -------------------------------------------

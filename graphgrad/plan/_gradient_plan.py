@@ -1,34 +1,49 @@
 """GradientPlan: declarative gradient rewrites, built as one backward pass.
 
-A thin front: each declaring method checks what only a ``tf.Graph`` plan can
-check (the layer has a floating-point output, the layer-graph edge exists,
-the replacement can handle the layer, the task losses) and records the
-declaration in the plan's ``Declarations`` (``graphgrad.core``);
-:func:`graphgrad.plan._executor.build` builds them.
+Each declaring method checks what only a ``tf.Graph`` plan can check (the
+layer has a floating-point output, the layer-graph edge exists, the
+replacement can handle the layer, the task losses; the rest in
+:mod:`graphgrad.plan._declaration_checks`) and records the declaration in the
+plan's :class:`~graphgrad.core._declaration_model.Declarations`.
+:meth:`~GradientPlan.compute_gradients` builds them once with
+:func:`graphgrad.plan._executor.build`; the train op, the summaries and the
+picture are made from that result.
 """
 
-from typing import Optional, Sequence, Tuple
+import logging
+from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.analysis import _graph_util
+from graphgrad._types import Gradient
+from graphgrad.analysis import _draw
 from graphgrad.analysis._analyze import analyze
 from graphgrad.analysis._graph_mode import check_graph_mode
-from graphgrad.analysis._layers import LayerGraph
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
+from graphgrad.core._gradients import straight_through
 from graphgrad.core._layer_policy import check_linear
 from graphgrad.methods import _pcgrad
-from graphgrad.plan import _arguments, _executor
+from graphgrad.plan import (
+  _advice,
+  _arguments,
+  _declaration_checks,
+  _executor,
+  _op_override,
+  _optimizer,
+  _picture,
+  _summaries,
+)
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
-from graphgrad.plan._op_override import OpOverriding
-from graphgrad.plan._training import Training
 from graphgrad.transforms._context import Resources
+
+log = logging.getLogger("graphgrad")
 
 __all__ = ["GATE_GRAPH", "GATE_NONE", "GATE_OP", "GradientPlan"]
 
 
-class GradientPlan(Training, OpOverriding):
+class GradientPlan:
   """Rewrites gradients at layer boundaries, then trains with one op.
 
   A plan is declared, then built once, on the first call to
@@ -74,12 +89,8 @@ class GradientPlan(Training, OpOverriding):
   Example:
     >>> import tensorflow as tf, graphgrad as gg
     >>> with tf.Graph().as_default():
-    ...   x = tf.constant([[1.0, 2.0]])
-    ...   with tf.compat.v1.variable_scope("l1"):
-    ...     h = x @ tf.compat.v1.get_variable("w", initializer=[[1.0], [1.0]])
-    ...   with tf.compat.v1.variable_scope("l2"):
-    ...     y = h * tf.compat.v1.get_variable("w", initializer=3.0)
-    ...   plan = gg.GradientPlan(tf.reduce_sum(y))
+    ...   loss = gg.demo.two_layer_loss()  # sum((x @ w1) * w2), layers l1, l2
+    ...   plan = gg.GradientPlan(loss)
     ...   plan = plan.transform_upstream("l2", gg.transforms.scale(0.5))
     ...   gv = plan.compute_gradients()
     ...   with tf.compat.v1.Session() as s:
@@ -184,17 +195,11 @@ class GradientPlan(Training, OpOverriding):
         layer has no output tensor to rewrite.
     """
     name = self._declarations.resolve(layer, "layer")
-
-    def has_float_output():
-      if not any(_graph_util.differentiable(t) for t in self.net[name].outputs):
-        raise _errors.GraphGradError(
-            f"transform_upstream: layer {name!r} has no floating-point output "
-            f"on the way to the loss, so there is no upstream gradient to "
-            f"rewrite. Use transform_gradients({name!r}, fn) for its "
-            f"parameter gradients.")
     self._declarations.add_upstream(
-        name, fn, validate=lambda: self.net.check_declaration(
-            "transform_upstream", name, then=has_float_output))
+        name, fn, validate=lambda: _declaration_checks.check_declaration(
+            self.net, "transform_upstream", name,
+            then=lambda: _declaration_checks.check_float_output(
+                self.net, name)))
     return self
 
   def transform_gradients(self, layer: str, fn) -> "GradientPlan":
@@ -243,8 +248,9 @@ class GradientPlan(Training, OpOverriding):
     self._declarations.add_edge(
         lo, up, fn,
         # Raises with the real neighbours when the layer graph has no edge.
-        validate=lambda: self.net.check_declaration(
-            "transform_edge", lo, up, then=lambda: self.net.boundary(lo, up)))
+        validate=lambda: _declaration_checks.check_declaration(
+            self.net, "transform_edge", lo, up,
+            then=lambda: self.net.boundary(lo, up)))
     return self
 
   def replace_backward(self, layer: str, fn) -> "GradientPlan":
@@ -281,7 +287,8 @@ class GradientPlan(Training, OpOverriding):
     check = getattr(fn, "check", None)
     then = (lambda: check(self.net, name)) if callable(check) else None
     self._declarations.add_backward(name, fn, validate=lambda: (
-        self.net.check_declaration("replace_backward", name, then=then)))
+        _declaration_checks.check_declaration(
+            self.net, "replace_backward", name, then=then)))
     return self
 
   def combine_tasks(self, layer: str, losses: Sequence[tf.Tensor],
@@ -369,8 +376,256 @@ class GradientPlan(Training, OpOverriding):
     losses = _pcgrad.check_losses(self.net, name, losses, caller)
     self._declarations.add_tasks(
         name, losses, method,
-        validate=lambda: self.net.check_declaration(caller, name))
+        validate=lambda: _declaration_checks.check_declaration(
+            self.net, caller, name))
     return self
+
+  def override_gradient(self, op, fn) -> "GradientPlan":
+    """Gives ``op`` the backward pass ``fn`` inside this plan only.
+
+    The plan's backward pass is cut at the op: the gradient at its outputs
+    (summed over all consumers, after every rewrite above it) goes through
+    ``fn`` to its inputs, and backpropagation continues below. TensorFlow's
+    gradient registry and the op's attributes are not changed, so other
+    ``tf.gradients`` calls on the graph are unaffected; ops of imported
+    graphs work alike. Every other declaration composes with it.
+
+    Args:
+      op: a ``tf.Operation``, an op name, or an op type (``"Round"``): a
+        type applies to every op of that type on the loss's backward path.
+        A string that is the type of an op on that path is a type.
+      fn: ``fn(op, *output_grads) -> input grads``, the signature of a
+        function registered with ``tf.RegisterGradient``: one gradient (or
+        None) per input of ``op``.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      NotConnectedError: if ``op`` is not on the loss's backward path.
+      GraphGradError: if ``op`` names nothing there, already has an
+        override, ``fn`` is not callable, or the plan is built.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> with tf.Graph().as_default():
+      ...   with tf.compat.v1.variable_scope("l1"):
+      ...     w = tf.compat.v1.get_variable("w", initializer=[0.4, 1.6])
+      ...   with tf.compat.v1.variable_scope("l2"):
+      ...     y = tf.round(w) * tf.compat.v1.get_variable("v", initializer=3.0)
+      ...   plan = gg.GradientPlan(tf.reduce_sum(y))
+      ...   plan = plan.override_gradient("Round", lambda op, g: 0.5 * g)
+      ...   gv = plan.compute_gradients()
+      ...   with tf.compat.v1.Session() as s:
+      ...     s.run(tf.compat.v1.global_variables_initializer())
+      ...     print([s.run(g).tolist() for g, _ in gv])
+      [[1.5, 1.5], 2.0]
+    """
+    return self._override(op, fn, "override_gradient")
+
+  def straight_through(self, op) -> "GradientPlan":
+    """Gives ``op`` an identity backward pass (the straight-through estimator).
+
+    ``override_gradient(op, fn)`` with ``fn`` passing each output's gradient
+    to the input of the same index (``None`` to inputs without one, such as
+    a ``FakeQuant`` op's ``min`` and ``max``): what
+    ``gradient_override_map({"Round": "Identity"})`` gives, for this plan
+    only.
+
+    Args:
+      op: a ``tf.Operation``, an op name, or an op type (``"Round"``).
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      As :meth:`override_gradient`.
+    """
+    return self._override(op, straight_through, "straight_through")
+
+  def _override(self, op, fn, caller: str) -> "GradientPlan":
+    if self._declarations.frozen:
+      raise _errors.GraphGradError(
+          f"{caller}: this plan is already built (compute_gradients or "
+          f"apply_gradients was called); declare every override before "
+          f"building, or make a new GradientPlan.")
+    key = _op_override.resolve_op(self._loss, self._var_list, op, caller)
+    self._declarations.add_override(key, fn, caller)
+    return self
+
+  # -- building and training ----------------------------------------------
+
+  def compute_gradients(self) -> List[Tuple[Gradient, tf.Variable]]:
+    """Builds the plan; returns ``(gradient, variable)`` pairs.
+
+    The list has the order of ``var_list`` (or of the tf.Graph's trainable
+    variables), like ``Optimizer.compute_gradients``. A variable the loss
+    does not reach gets ``None``.
+
+    Raises:
+      GraphGradError: when first called eagerly, inside a ``tf.function``
+        or after the tf.Graph was finalized; for an exception a transform
+        or replacement raised, naming its declaration and layer.
+      IncompatibleGradientError: if a transform changes a shape, dtype or
+        tf.Graph.
+      UnsupportedGraphError: for an op-graph shape the plan cannot rewrite
+        correctly.
+    """
+    if self._built is None:
+      check_graph_mode("GradientPlan.compute_gradients", self._loss)
+      self._declarations.freeze()
+      self._built = _executor.build(
+          self._loss, lambda: self.net, self._var_list, self._declarations,
+          self._options, self._resources)
+      d = self._declarations
+      log.info("graphgrad plan on %s: %d variables, %d upstream, %d "
+               "gradient, %d edge transforms", self._loss.name,
+               len(self._built.grads_and_vars), len(d.upstream),
+               len(d.gradients), len(d.edges))
+    return list(self._built.grads_and_vars)
+
+  def apply_gradients(self, optimizer, global_step=None,
+                      name: Optional[str] = None,
+                      update_ops: Optional[Sequence] = None) -> tf.Operation:
+    """Builds the plan and one ``optimizer.apply_gradients`` op.
+
+    Args:
+      optimizer: a ``tf.compat.v1.train.Optimizer`` or a wrapper of one,
+        a tf-keras or Keras 3 optimizer made in the loss's graph (run inside
+        a ``tf.function``, whose call op is then the train op), or anything
+        with an ``apply_gradients(grads_and_vars, global_step, name)``.
+      global_step: optional variable to increment once per step. When it is
+        ``None`` and a transform of the plan reads the tf.Graph's global step
+        (annealed ``add_noise(eta=...)``), that global step is incremented,
+        so that the schedule advances with training.
+      name: name of the returned op.
+      update_ops: ops to run before the update; defaults to the tf.Graph's
+        ``UPDATE_OPS`` collection (batch-norm moving averages), as tf-slim's
+        ``create_train_op`` does. Pass ``[]`` to run none.
+
+    Returns:
+      The train op.
+
+    Raises:
+      GraphGradError: if ``optimizer`` is a class, has no
+        ``apply_gradients``, or is a Keras optimizer made outside the loss's
+        graph; eagerly, inside a ``tf.function`` or for a finalized
+        tf.Graph; or if no variable has a gradient.
+    """
+    check_graph_mode("GradientPlan.apply_gradients", self._loss)
+    _optimizer.check_optimizer(optimizer)
+    gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
+    if not gv:
+      raise _errors.NotConnectedError(
+          f"no variable has a gradient from the loss {self._loss.name}; "
+          f"variables: {', '.join(v.name for v in self._var_list)}. Check "
+          f"that `var_list` holds variables the loss depends on.")
+    if not self._warned_adaptive:
+      self._warned_adaptive = _advice.warn_if_scale_cancels(
+          self._declarations, optimizer)
+    return _optimizer.train_op(
+        optimizer, gv, self._loss.graph, global_step, name, update_ops,
+        advance_global_step=self._declarations.reads_global_step)
+
+  def summaries(self, histograms: bool = False,
+                name: Optional[str] = None) -> tf.Tensor:
+    """TensorBoard summaries of what the plan does to gradient norms.
+
+    Adds, under a ``graphgrad/`` name scope, scalar summaries of
+
+    * ``grad_norm/<layer>/before`` and ``.../after``: the global norm of each
+      layer's parameter gradients before and after its
+      ``transform_gradients`` (equal for a layer without them);
+    * ``upstream_norm/<layer>/before`` and ``.../after``: the norm of the
+      gradient at the outputs of every layer with ``transform_upstream``;
+    * ``edge_norm/<lower>_to_<upper>/before`` and ``.../after``: the norm of
+      the gradient along every transformed edge;
+
+    and with ``histograms=True`` a histogram of each final parameter
+    gradient. Builds the plan if it is not built yet.
+
+    Args:
+      histograms: also add gradient histograms.
+      name: name scope; defaults to the plan's (``"graphgrad"``).
+
+    Returns:
+      The merged summary op (a string tensor) for ``FileWriter.add_summary``.
+      The summaries are also added to the tf.Graph's ``SUMMARIES`` collection.
+
+    Raises:
+      IncompatibleGradientError, UnsupportedGraphError: as
+        :meth:`compute_gradients`.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> with tf.Graph().as_default():
+      ...   plan = gg.GradientPlan(gg.demo.two_layer_loss())
+      ...   plan = plan.transform_upstream("l2", gg.transforms.scale(0.5))
+      ...   op = plan.summaries()
+      ...   with tf.compat.v1.Session() as s:
+      ...     s.run(tf.compat.v1.global_variables_initializer())
+      ...     summary = tf.compat.v1.Summary.FromString(s.run(op))
+      >>> for v in summary.value:
+      ...   print(v.tag, round(v.simple_value, 3))
+      graphgrad/grad_norm/l1/before 3.354
+      graphgrad/grad_norm/l1/after 3.354
+      graphgrad/grad_norm/l2/before 3.0
+      graphgrad/grad_norm/l2/after 3.0
+      graphgrad/upstream_norm/l2/before 1.0
+      graphgrad/upstream_norm/l2/after 0.5
+    """
+    return _summaries.build(
+        self.compute_gradients(), self.net, self.trace, self._loss.graph,
+        histograms=histograms, name=name or self._options.name)
+
+  # -- what a declaration can change ---------------------------------------
+
+  def passes_gradient(self, layer: str, method: str = "transform_upstream",
+                      upper: Optional[str] = None) -> bool:
+    """False when ``method`` on ``layer`` can change nothing below the layer.
+
+    Such a declaration is kept and warns once (see
+    :meth:`transform_upstream`). True for the bottom layer, below which
+    nothing lies.
+
+    Args:
+      layer: layer name (the lower one of an edge).
+      method: ``"transform_upstream"``, ``"replace_backward"`` or
+        ``"transform_edge"``; any other declaration always acts.
+      upper: the upper layer, for ``"transform_edge"``.
+
+    Raises:
+      LayerNotFoundError: if ``layer`` is unknown.
+    """
+    name = self._declarations.resolve(layer, "layer")
+    return _declaration_checks.passes_gradient(self.net, name, method, upper)
+
+  # -- pictures ------------------------------------------------------------
+
+  def to_dot(self) -> str:
+    """DOT text of the layer graph with this plan's transforms marked.
+
+    :meth:`LayerGraph.to_dot`, with transformed layers filled and labelled
+    with their transforms, transformed edges thick, and the edges into a
+    layer with ``transform_upstream`` dashed.
+    """
+    return _draw.to_dot(self.net, _picture.highlights(self._declarations))
+
+  def draw(self, path, graphviz: bool = True) -> str:
+    """Writes a picture of the layer graph with this plan's transforms marked.
+
+    Args:
+      path: file name ending in ``.png``, ``.svg`` or ``.dot``.
+      graphviz: as :meth:`LayerGraph.draw`.
+
+    Returns:
+      ``path``, as a string.
+
+    Raises:
+      GraphGradError: as :meth:`LayerGraph.draw`.
+    """
+    return _draw.draw(self.net, path, _picture.highlights(self._declarations),
+                      graphviz=graphviz)
 
   # -- helpers -------------------------------------------------------------
 

@@ -1,28 +1,14 @@
 """Layers and the layer graph: what gg.analyze returns.
 
-Vocabulary (after TF's old ``graph_editor``):
-
-* The **forward graph** is every op the loss depends on through data inputs.
-* A **layer** is a set of variables and the ops in their name scopes. Ops
-  that read a layer's variables (``ReadVariableOp``, a reference variable's
-  ``read``) belong to that layer wherever they sit, so a regularizer term reads
-  its layer's parameters through the layer's own outputs.
-* Control flow whose body reads the variables of exactly one layer belongs to
-  that layer: a ``tf.compat.v1`` while loop or cond (its whole frame), or a
-  v2 ``While``/``If`` op, with the ``TensorArray``/``TensorList`` ops around
-  it (``dynamic_rnn`` under ``variable_scope("rnn")`` is the layer
-  ``rnn/rnn/lstm_cell``, loop included; see
-  :mod:`graphgrad.analysis._control_flow`).
-* **Glue** is a forward op that belongs to no layer: an activation outside the
-  scope, an add, a concat, the loss itself.
-* A layer's **inputs** are the tensors its ops consume from outside it; its
-  **outputs** are its tensors consumed outside it on the way to the loss (or
-  the loss itself). Variable handles are not inputs or outputs: parameters
-  are not boundaries.
-* A tensor used both inside and outside its layer is an output.
-* The **boundary** ``(lower, upper)`` is the set of outputs of ``lower`` that
-  reach an input of ``upper`` through glue only. Exactly these tensors carry
-  the gradient that ``upper`` sends directly into ``lower``.
+A **layer** is a set of variables and the ops in their name scopes, with the
+ops that read its variables wherever they sit, and the control flow whose
+body reads only its variables (:mod:`graphgrad.analysis._control_flow`).
+**Glue** is a forward op that belongs to no layer. A layer's **inputs** are
+the tensors its ops consume from outside it; its **outputs** are its tensors
+consumed outside it on the way to the loss. The **boundary**
+``(lower, upper)`` is the set of outputs of ``lower`` that reach an input of
+``upper`` through glue only. The glossary of the documentation's Concepts
+page gives each word exactly.
 """
 
 import dataclasses
@@ -32,7 +18,7 @@ import networkx as nx
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.analysis import _graph_util
+from graphgrad.analysis import _draw, _graph_util, _layer_names
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -116,8 +102,6 @@ class LayerGraph:
     self.loop_edges: Tuple[Tuple[str, str], ...] = tuple(loop_edges)
     self._var_layer = {v.op.name: l.name for l in self.layers
                        for v in l.variables}
-    # (method, layer) pairs already warned about by check_declaration.
-    self.warned: set = set()
 
   # -- lookup --------------------------------------------------------------
 
@@ -153,44 +137,7 @@ class LayerGraph:
       LayerNotFoundError: otherwise; the message says when ``name`` holds
         only non-trainable variables or is a sub-scope of a layer.
     """
-    from graphgrad.analysis import _declarations  # pylint: disable=g-import-not-at-top
-    return _declarations.lookup(self, name, arg)
-
-  def check_declaration(self, method: str, name: str,
-                        upper: Optional[str] = None, then=None) -> None:
-    """Refuses or reports a declaration that cannot act below the layer.
-
-    Called by GradientPlan's ``transform_upstream``, ``transform_edge`` (on
-    the lower layer), ``replace_backward`` and ``combine_tasks``. A layer
-    applied inside a v2 cond or loop with other layers raises
-    ``UnsupportedGraphError`` naming the op.
-    A declaration through which no gradient reaches any layer below *warns
-    once* through the ``graphgrad`` logger: it is not wrong (the gradients
-    below are exactly the plain ones) and a transform declared on every
-    layer must keep working, but it does nothing. The bottom layer is quiet.
-
-    Args:
-      method: the plan method, for the messages.
-      name: the layer name (the lower one of an edge).
-      upper: the upper layer of ``transform_edge``.
-      then: the plan's own check, run after the cond and loop check and
-        before the warning (a refused declaration does not warn).
-
-    Raises:
-      UnsupportedGraphError: for a layer inside a v2 cond or loop.
-    """
-    from graphgrad.analysis import _declarations  # pylint: disable=g-import-not-at-top
-    _declarations.check_declaration(self, method, name, upper, then)
-
-  def passes_gradient(self, name: str, method: str = "transform_upstream",
-                      upper: Optional[str] = None) -> bool:
-    """False when ``method`` on ``name`` can change nothing below the layer.
-
-    True for the bottom layer, below which nothing lies.
-    """
-    from graphgrad.analysis import _declarations  # pylint: disable=g-import-not-at-top
-    return _declarations.no_gradient_reason(
-        self, method, self[name].name, upper) is None
+    return _layer_names.lookup(self, name, arg)
 
   def __contains__(self, name) -> bool:
     return name in self._by_name
@@ -284,22 +231,16 @@ class LayerGraph:
       lines.append("  (none)")
     return "\n".join(lines)
 
-  def to_dot(self, plan=None) -> str:
+  def to_dot(self) -> str:
     """Graphviz DOT text of the layer graph.
 
     Layers are nodes labelled with their parameter counts, edges are
     labelled with the shapes of their boundary tensors, and a ``loss`` node
     collects the layers that reach the loss through glue only.
-
-    Args:
-      plan: optional :class:`GradientPlan` on this graph; its transformed
-        layers and edges are highlighted and labelled with their transforms.
+    :meth:`GradientPlan.to_dot` also marks a plan's transforms.
 
     Returns:
       DOT text, for ``dot -Tpng`` or any Graphviz viewer.
-
-    Raises:
-      GraphGradError: if ``plan`` is not a plan on this graph.
 
     Example:
       >>> import tensorflow as tf, graphgrad as gg
@@ -312,28 +253,29 @@ class LayerGraph:
       ...   print(gg.analyze(tf.reduce_sum(y)).to_dot().splitlines()[-3])
         "l1" -> "l2" [label="[?,4]"];
     """
-    from graphgrad.analysis import _draw  # pylint: disable=g-import-not-at-top
-    return _draw.to_dot(self, plan)
+    return _draw.to_dot(self)
 
-  def draw(self, path, plan=None) -> str:
+  def draw(self, path, graphviz: bool = True) -> str:
     """Writes a picture of the layer graph to a PNG, SVG or DOT file.
 
     Uses Graphviz (through ``pydot`` or ``graphviz``) when its ``dot``
     program is installed; otherwise lays the graph out with networkx and
     draws it with matplotlib, so a picture always comes out.
+    :meth:`GradientPlan.draw` also marks a plan's transforms.
 
     Args:
       path: file name ending in ``.png``, ``.svg`` or ``.dot``.
-      plan: optional :class:`GradientPlan` whose transforms to highlight.
+      graphviz: try Graphviz first; ``False`` always draws with matplotlib
+        (the same picture on every machine).
 
     Returns:
       ``path``, as a string.
 
     Raises:
-      GraphGradError: for another file extension, or a plan on another graph.
+      GraphGradError: for another file extension, or when neither Graphviz
+        nor matplotlib is available.
     """
-    from graphgrad.analysis import _draw  # pylint: disable=g-import-not-at-top
-    return _draw.draw(self, path, plan)
+    return _draw.draw(self, path, graphviz=graphviz)
 
   def __repr__(self) -> str:
     return (f"LayerGraph({len(self.layers)} layers: {', '.join(self.names)}; "

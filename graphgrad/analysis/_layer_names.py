@@ -1,0 +1,120 @@
+"""Layer names: what a name that is not a layer is, and which ``depth=`` joins.
+
+:meth:`~graphgrad.LayerGraph.lookup` explains a name that is not a layer: its
+variables are all non-trainable, or the loss does not depend on them, or it
+is a sub-scope of a layer grouped by ``depth=``. :func:`cycle_advice` and
+:func:`depth_hint` say when a larger ``depth=`` makes several layers one.
+"""
+
+from typing import List
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad.analysis import _graph_util
+
+
+def _scoped(variables, name: str) -> List[tf.Variable]:
+  return [v for v in variables
+          if v.op.name == name or v.op.name.startswith(name + "/")]
+
+
+def lookup(net, name, arg: str) -> str:
+  """The layer called ``name``, or an error that says why there is none.
+
+  Raises:
+    GraphGradError: if ``name`` is not a string.
+    NotConnectedError: if ``name`` holds trainable variables that the loss
+      does not depend on.
+    LayerNotFoundError: otherwise, saying when the scope holds only
+      non-trainable variables or lies inside a layer.
+  """
+  if not isinstance(name, str):
+    raise _errors.GraphGradError(
+        f"`{arg}` must be a layer name (str); got {type(name).__name__} "
+        f"{name!r}. Known layers: {', '.join(net.names)}")
+  if name in net:
+    return name
+  graph = net.loss.graph
+  trainable = [v for v in _scoped(_graph_util.trainable_variables(graph), name)
+               if net.layer_of_variable(v) is None]
+  if trainable:
+    raise _errors.NotConnectedError(
+        f"`{arg}` {name!r} names variables "
+        f"({', '.join(v.name for v in trainable)}) that the loss "
+        f"{net.loss.name} does not depend on, so the layer does not reach the "
+        f"loss and has no gradient to transform. Transform a layer the loss "
+        f"depends on: {', '.join(net.names)}")
+  trainable_names = {v.op.name for v in _graph_util.trainable_variables(graph)}
+  frozen = [v for v in _scoped(graph.get_collection(
+      tf.compat.v1.GraphKeys.GLOBAL_VARIABLES), name)
+            if v.op.name not in trainable_names]
+  if frozen and not _scoped(net.variables, name):
+    raise _errors.LayerNotFoundError(
+        f"`{arg}` {name!r} holds only non-trainable variables "
+        f"({', '.join(v.name for v in frozen[:6])}), which get no gradient, "
+        f"so it is not a layer of the plan. Make them trainable "
+        f"(trainable=True) to transform them, or transform one of the layers "
+        f"with trainable variables: {', '.join(net.names)}")
+  inside = [l.name for l in net.layers if name.startswith(l.name + "/")]
+  if inside:
+    raise _errors.LayerNotFoundError(
+        f"`{arg}` {name!r} lies inside the layer {inside[-1]!r} (its "
+        f"variables were grouped, e.g. by depth=). Transform {inside[-1]!r}, "
+        f"or analyse with a larger depth= or layers= to make {name!r} a "
+        f"layer of its own.")
+  raise _errors.layer_not_found(name, net.names)
+
+
+def layers_of(net, keys) -> List[str]:
+  """Layer names of ``(kind, name)`` keys; an ``"op"`` key by its op's layer."""
+  found = []
+  for kind, name in keys:
+    kind = getattr(kind, "value", kind)  # the engine's Kind enum, or a str
+    if kind == "op" and name in net.op_graph:
+      name = net.op_graph.nodes[name]["layer"]
+    if isinstance(name, str) and name in net:
+      found.append(name)
+  return found
+
+
+def cycle_advice(net, keys) -> str:
+  """What to do about transformed layers that feed back into themselves.
+
+  Two layers in one scope that feed each other (tf-slim's conv and the
+  BatchNorm in its sub-scope, under the default grouping) are resolved by
+  ``depth=``; otherwise the cause is a layer reused in series.
+  """
+  hint = depth_hint(layers_of(net, keys))
+  if hint:
+    return ("The layers feed each other: one layer's scope holds ops on both "
+            "sides of the other, as a conv and the BatchNorm in its sub-scope "
+            "do under the default grouping." + hint)
+  return ("This happens when a transformed layer's output reaches its own "
+          "input (a layer reused in series). Transform a layer that is "
+          "applied once, or group the repeated layers into one.")
+
+
+def depth_hint(names) -> str:
+  """A sentence suggesting ``depth=`` when it would make ``names`` one layer.
+
+  Example:
+    >>> depth_hint(["net/block1/conv1", "net/block1/conv1/BatchNorm"])
+    " Analysing with gg.analyze(loss, depth=3) makes 'net/block1/conv1' one
+    layer of 'net/block1/conv1', 'net/block1/conv1/BatchNorm'."
+    >>> depth_hint(["a", "b"])
+    ''
+  """
+  names = sorted(set(names))
+  if len(names) < 2:
+    return ""
+  parts = [n.split("/") for n in names]
+  common = 0
+  while all(len(p) > common for p in parts) and len(
+      {p[common] for p in parts}) == 1:
+    common += 1
+  if not common:
+    return ""
+  group = "/".join(parts[0][:common])
+  return (f" Analysing with gg.analyze(loss, depth={common}) makes {group!r} "
+          f"one layer of {', '.join(map(repr, names))}.")

@@ -1,0 +1,240 @@
+"""The package's layout: import floors, no import circles, unique names.
+
+Every module of ``graphgrad/`` is parsed with ``ast``; its imports, at the
+top and inside functions, relative and absolute, make the module import
+graph that the floors are checked on.
+"""
+
+import ast
+import collections
+import pathlib
+from typing import Dict, List, Set
+
+import networkx as nx
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "graphgrad"
+
+# Modules that another change of the same release is rewriting; their names
+# and docstrings are fixed there.
+_RENAMED_ELSEWHERE = {"_backward", "_declarations", "_linear", "_override",
+                      "_plan"}
+_CLASSES_RENAMED_ELSEWHERE = {"Kind", "Overriding"}
+_REWRITTEN_ELSEWHERE = {
+    "graphgrad._compat", "graphgrad.plan._engine", "graphgrad.plan._cuts",
+    "graphgrad.plan._chains", "graphgrad.plan._executor",
+    "graphgrad.plan._backprop", "graphgrad.plan._override",
+    "graphgrad.plan._declarations", "graphgrad.plan._hooks",
+    "graphgrad.plan._reach", "graphgrad.keras._backward",
+    "graphgrad.keras._tape", "graphgrad.keras._tasks",
+    "graphgrad.keras._intercept", "graphgrad.keras._methods",
+    "graphgrad.keras._override", "graphgrad.keras._linear",
+    "graphgrad.keras._plan", "graphgrad.methods._backward",
+    "graphgrad.methods._fa", "graphgrad.methods._dfa",
+    "graphgrad.methods._synthetic"}
+_MAX_DOCSTRING_LINES = 15
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> Dict[str, pathlib.Path]:
+  return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _parse(name: str) -> ast.Module:
+  path = MODULES[name]
+  return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def _is_package(name: str) -> bool:
+  return MODULES[name].name == "__init__.py"
+
+
+def _existing(dotted: str) -> str:
+  """The longest prefix of ``dotted`` that is a graphgrad module."""
+  parts = dotted.split(".")
+  while parts and ".".join(parts) not in MODULES:
+    parts.pop()
+  return ".".join(parts)
+
+
+def _imported(name: str) -> Set[str]:
+  """The graphgrad modules that module ``name`` imports anywhere in it."""
+  package = name if _is_package(name) else name.rpartition(".")[0]
+  found = set()
+  for node in ast.walk(_parse(name)):
+    targets: List[str] = []
+    if isinstance(node, ast.Import):
+      targets = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        anchor = package.split(".")
+        anchor = anchor[:len(anchor) - (node.level - 1)]
+        base = ".".join(anchor + ([base] if base else []))
+      targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                 for a in node.names]
+    for t in targets:
+      if t == "graphgrad" or t.startswith("graphgrad."):
+        found.add(_existing(t))
+  found.discard(name)
+  return found
+
+
+def _import_graph() -> nx.DiGraph:
+  g = nx.DiGraph()
+  g.add_nodes_from(MODULES)
+  for name in MODULES:
+    g.add_edges_from((name, t) for t in _imported(name))
+  return g
+
+
+GRAPH = _import_graph()
+
+
+def _in(folder: str, name: str) -> bool:
+  return (name == f"graphgrad.{folder}"
+          or name.startswith(f"graphgrad.{folder}."))
+
+
+def _floor_violations(lower: str, uppers) -> List[str]:
+  return sorted(f"{a} -> {b}" for a, b in GRAPH.edges
+                if _in(lower, a) and any(_in(u, b) for u in uppers))
+
+
+def test_the_import_graph_is_read_from_every_module():
+  assert "graphgrad.plan._gradient_plan" in MODULES
+  assert "graphgrad.analysis._layer_graph" in _imported(
+      "graphgrad.plan._gradient_plan")
+  # A function-level import counts: the command line imports the package
+  # inside its commands.
+  assert "graphgrad" in _imported("graphgrad.cli._main")
+
+
+def test_every_graphgrad_import_names_a_module_that_exists():
+  missing = []
+  for name in MODULES:
+    for node in ast.walk(_parse(name)):
+      if isinstance(node, ast.ImportFrom) and not node.level and (
+          node.module or "").startswith("graphgrad"):
+        if node.module not in MODULES:
+          missing.append(f"{name}: from {node.module} import ...")
+      elif isinstance(node, ast.Import):
+        missing += [f"{name}: import {a.name}" for a in node.names
+                    if a.name.startswith("graphgrad") and a.name not in MODULES]
+  assert not missing
+
+
+def test_no_import_circle():
+  cycles = sorted(" -> ".join(c) for c in nx.simple_cycles(GRAPH))
+  assert not cycles
+
+
+def test_the_package_root_does_not_reach_the_command_line():
+  reached = nx.descendants(GRAPH, "graphgrad")
+  assert not sorted(m for m in reached if _in("cli", m))
+
+
+def test_analysis_imports_no_executor_and_no_command_line():
+  assert not _floor_violations("analysis", ("plan", "keras", "cli"))
+
+
+# The floors of docs/contributing.md: a module imports only from its own
+# folder and from lower floors.
+_FLOORS = {
+    "_errors": 0, "_types": 0, "_compat": 0, "_startup": 0,
+    "analysis": 1, "transforms": 1, "methods": 2, "core": 3, "plan": 4,
+    "keras": 4, "distributed": 5, "__init__": 7, "cli": 8, "__main__": 9}
+_PUBLIC_FLOOR = 6  # the public modules: backward, mtl, cluster, demo
+
+
+def _folder(name: str) -> str:
+  parts = name.split(".")
+  return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _floor(name: str) -> int:
+  return _FLOORS.get(_folder(name), _PUBLIC_FLOOR)
+
+
+def test_every_import_goes_to_its_own_folder_or_a_lower_floor():
+  wrong = sorted(
+      f"{a} -> {b}" for a, b in GRAPH.edges
+      if _folder(a) != _folder(b) and _floor(b) >= _floor(a)
+      and not (_folder(a) == "keras" and _folder(b) == "plan"))
+  assert not wrong
+
+
+@pytest.mark.xfail(strict=False,
+                   reason="until the declarations move to graphgrad.core")
+def test_keras_does_not_import_plan():
+  assert not _floor_violations("keras", ("plan",))
+
+
+def _duplicates(names_of) -> Dict[str, List[str]]:
+  found = collections.defaultdict(list)
+  for name in MODULES:
+    for n in names_of(name):
+      found[n].append(name)
+  return {n: sorted(ms) for n, ms in found.items() if len(ms) > 1}
+
+
+def _file_names(name: str) -> List[str]:
+  return [] if _is_package(name) else [MODULES[name].stem]
+
+
+def _class_names(name: str) -> List[str]:
+  return [n.name for n in _parse(name).body if isinstance(n, ast.ClassDef)]
+
+
+def test_module_file_names_are_unique_apart_from_those_renamed_elsewhere():
+  dup = _duplicates(_file_names)
+  assert not {n: ms for n, ms in dup.items() if n not in _RENAMED_ELSEWHERE}
+
+
+@pytest.mark.xfail(strict=False,
+                   reason="_backward and _override are renamed where the "
+                          "engine and the per-layer policy move; no other "
+                          "duplicate remains")
+def test_module_file_names_are_unique():
+  assert not _duplicates(_file_names)
+
+
+def test_class_names_are_unique_apart_from_those_renamed_elsewhere():
+  dup = _duplicates(_class_names)
+  assert not {n: ms for n, ms in dup.items()
+              if n not in _CLASSES_RENAMED_ELSEWHERE}
+
+
+@pytest.mark.xfail(strict=False,
+                   reason="Kind and Overriding are renamed where the engine "
+                          "and the per-layer policy move; no other duplicate "
+                          "remains")
+def test_class_names_are_unique():
+  assert not _duplicates(_class_names)
+
+
+def _long_docstrings(names) -> Dict[str, int]:
+  found = {}
+  for name in names:
+    doc = ast.get_docstring(_parse(name)) or ""
+    if len(doc.splitlines()) > _MAX_DOCSTRING_LINES:
+      found[name] = len(doc.splitlines())
+  return found
+
+
+def test_module_docstrings_fit_on_fifteen_lines():
+  assert not _long_docstrings(set(MODULES) - _REWRITTEN_ELSEWHERE)
+
+
+@pytest.mark.xfail(strict=False,
+                   reason="the modules of the engine, the Keras executor and "
+                          "the TensorFlow internals are rewritten elsewhere")
+def test_every_module_docstring_fits_on_fifteen_lines():
+  assert not _long_docstrings(MODULES)
