@@ -1,54 +1,26 @@
 """Everything that depends on the TensorFlow version, in one place.
 
 graphgrad supports TensorFlow 2.15 (the last release that bundles Keras 2)
-through 2.21. Within that range the ``tf.compat.v1`` graph API it builds on
-is the same, so the library needs no version switches; this module holds the
-range, the check that says so when TensorFlow is outside it, and every use
-of a private TensorFlow or Keras API, each with its fallback.
-
-Private APIs graphgrad touches (:data:`PRIVATE_APIS`), and what happens
-when a TensorFlow release drops or changes one:
-
-* ``tf.Operation._id`` (creation order; :func:`op_id`): falls back to the
-  op's position in ``graph.get_operations()``, which lists ops in creation
-  order.
-* ``tf.DType._is_ref_dtype`` (:func:`is_ref_dtype`): falls back to the
-  dtype's name, which ends in ``_ref`` exactly for reference dtypes.
-* ``tf.Operation._get_control_flow_context`` (``tf.compat.v1`` loops and
-  conds; :func:`control_flow_context`): falls back to the while and cond
-  contexts of the graph's ``WHILE_CONTEXT`` and ``COND_CONTEXT``
-  collections, matched by name scope. It is exact for while loops and
-  conservative for conds (a cond's ``Switch`` and ``Merge`` count as inside),
-  so a boundary there is refused rather than cut wrongly.
-* ``gradients_util._MarkReachedOps`` (the walk ``graphgrad.plan._reach``
-  shortens): when it is missing or has another signature the plan keeps
-  TensorFlow's own walk, which builds the same graph more slowly, and logs
-  that once.
-* ``tensorflow.python.framework.ops.get_gradient_function`` (does an op
-  have a registered gradient; :func:`has_gradient_function`): falls back to
-  taking every op to have one, so ``graphgrad inspect`` lists no op without
-  a gradient and ``tf.gradients`` reports a missing one itself. The plan's
-  engine replaces it, on first use, with a lookup that returns TensorFlow's
-  own function everywhere except inside one of the engine's own
-  ``tf.gradients`` calls, on that call's thread, where it wraps the
-  functions of a few ops (``graphgrad.plan._hooks``: a chain of linearly
-  rewritten layers in one call). Without it the engine makes one call per
-  rewritten layer, which gives the same gradients with one more op per
-  boundary, and logs that once.
-* Keras ``Layer._flatten_layers`` (direct sublayers; :func:`sublayers`):
-  falls back to ``model.layers``, then to the layers held in the object's
-  attributes.
-* Keras 3 ``Variable._value`` (``graphgrad.keras._tape.tf_variable``): the
-  public ``Variable.value`` is tried first.
+through 2.21; within that range the ``tf.compat.v1`` graph API it builds on
+is the same. This module holds the range and its check, and every private
+TensorFlow or Keras API graphgrad uses (:data:`PRIVATE_APIS`): why each is
+needed, a self-test run once at first use that proves on this TensorFlow the
+behaviour graphgrad relies on (for a replaced lookup, that ``tf.gradients``
+really calls the replacement), and the public fallback taken, with one
+logged warning, when the self-test fails (:func:`usable`).
 """
 
+import collections
 import contextlib
-import inspect
+import dataclasses
+import importlib
 import logging
 import re
 import threading
-from typing import Any, Dict, List, Optional, Set, Tuple
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 log = logging.getLogger("graphgrad")
@@ -100,7 +72,6 @@ def has_module(name: str) -> bool:
     >>> has_module("networkx")
     True
   """
-  import importlib  # pylint: disable=g-import-not-at-top
   try:
     importlib.import_module(name)
   except ImportError:
@@ -109,8 +80,125 @@ def has_module(name: str) -> bool:
 
 
 # --------------------------------------------------------------------------
-# Private TensorFlow and Keras APIs, each with its fallback
+# Public stand-ins for what private APIs would give
 # --------------------------------------------------------------------------
+
+# graph -> {op: its index in graph.get_operations()}, which lists ops in
+# creation order; ops are never removed, so the index only grows.
+_ORDERS: "weakref.WeakKeyDictionary[tf.Graph, Dict[tf.Operation, int]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def op_id(op: tf.Operation) -> int:
+  """The op's creation index in its graph.
+
+  Example:
+    >>> with tf.Graph().as_default():
+    ...   a = tf.constant(1.0); b = a + 1.0
+    ...   op_id(a.op) < op_id(b.op)
+    True
+  """
+  graph = op.graph
+  index = _ORDERS.get(graph)
+  if index is None:
+    index = _ORDERS.setdefault(graph, {})
+  found = index.get(op)
+  if found is None:
+    ops = graph.get_operations()
+    for i in range(len(index), len(ops)):
+      index[ops[i]] = i
+    found = index[op]
+  return found
+
+
+def is_ref_dtype(dtype: tf.DType) -> bool:
+  """True for a reference dtype (``float32_ref``), a TF1 ref variable's.
+
+  Example:
+    >>> with tf.Graph().as_default():
+    ...   v = tf.compat.v1.Variable(1.0, use_resource=False)
+    ...   is_ref_dtype(v.dtype), is_ref_dtype(tf.float32)
+    (True, False)
+  """
+  return dtype.base_dtype != dtype
+
+
+# --------------------------------------------------------------------------
+# The registry of private APIs, their self-tests and fallbacks
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateApi:
+  """One private TensorFlow or Keras API that graphgrad uses.
+
+  Attributes:
+    name: the API, as TensorFlow or Keras spells it.
+    symbols: the private names graphgrad's source reads for it (a private
+      module, or an ``_``-prefixed attribute).
+    why: what graphgrad needs it for.
+    self_test: what :attr:`check` proves on this TensorFlow.
+    fallback: the public behaviour used when the self-test fails.
+    check: runs the self-test; raises when the behaviour does not hold.
+  """
+  name: str
+  symbols: Tuple[str, ...]
+  why: str
+  self_test: str
+  fallback: str
+  check: Callable[..., None] = dataclasses.field(repr=False)
+
+
+class SelfTestError(Exception):
+  """A private API does not behave as graphgrad relies on."""
+
+
+_results: Dict[Tuple[str, str], bool] = {}
+_warned: Set[str] = set()
+_lock = threading.RLock()
+
+
+def usable(key: str, variant: str = "") -> bool:
+  """True when the self-test of ``PRIVATE_APIS[key]`` passed on this TF.
+
+  The self-test runs once per process (and per ``variant``, the Keras
+  package for ``"flatten_layers"``). When it fails, one warning is logged
+  and the caller must take the API's fallback.
+  """
+  cached = _results.get((key, variant))
+  if cached is not None:
+    return cached
+  with _lock:
+    if (key, variant) not in _results:
+      api = PRIVATE_APIS[key]
+      try:
+        api.check(variant) if variant else api.check()
+        _results[(key, variant)] = True
+      except Exception as e:  # pylint: disable=broad-except
+        # Whatever broke, the behaviour graphgrad relies on is not there.
+        _results[(key, variant)] = False
+        _warn(key, f"{type(e).__name__}: {e}")
+  return _results[(key, variant)]
+
+
+def _warn(key: str, reason: str) -> None:
+  if key in _warned:
+    return
+  _warned.add(key)
+  api = PRIVATE_APIS[key]
+  log.warning("TensorFlow %s fails graphgrad's self-test of the private %s "
+              "(%s); graphgrad uses %s instead.", tf.__version__, api.name,
+              reason, api.fallback)
+
+
+def reset() -> None:
+  """Forgets every self-test result and warning, to run them again.
+
+  For tests that change TensorFlow after graphgrad has used it.
+  """
+  with _lock:
+    _results.clear()
+    _warned.clear()
 
 
 class ThreadPatch:
@@ -152,64 +240,214 @@ class ThreadPatch:
       self._local.value = previous
 
 
-PRIVATE_APIS = (
-    "tf.Operation._id",
-    "tf.DType._is_ref_dtype",
-    "tf.Operation._get_control_flow_context",
-    "tensorflow.python.ops.gradients_util._MarkReachedOps",
-    "tensorflow.python.framework.ops.get_gradient_function",
-    "keras Layer._flatten_layers",
-    "keras 3 Variable._value",
-)
+# -- tensorflow.python.framework.ops.get_gradient_function -------------------
 
-_warned: Set[str] = set()
+try:
+  from tensorflow.python.framework import ops as _tf_ops  # pylint: disable=g-direct-tensorflow-import
+except ImportError:  # a TensorFlow that moved it: the self-test fails
+  _tf_ops = None
 
+_ORIGINAL_LOOKUP = getattr(_tf_ops, "get_gradient_function", None)
+if getattr(_ORIGINAL_LOOKUP, "__module__", None) == __name__:
+  _ORIGINAL_LOOKUP = None  # this module reloaded over its own replacement
 
-def warn_fallback(api: str, fallback: str) -> None:
-  """Logs once per process that ``api`` is missing and ``fallback`` is used."""
-  if api in _warned:
-    return
-  _warned.add(api)
-  log.warning("TensorFlow %s has no usable %s; graphgrad uses %s instead.",
-              tf.__version__, api, fallback)
+GradientWrap = Callable[[tf.Operation, Callable], Callable]
 
 
-_ORDER_CACHE: Dict[int, Tuple[int, Dict[str, int]]] = {}
+def _lookup(op):
+  wrap = _LOOKUP.value()
+  fn = _ORIGINAL_LOOKUP(op)  # type: ignore[misc]
+  return fn if wrap is None or fn is None else wrap(op, fn)
 
 
-def op_id(op: tf.Operation) -> int:
-  """The op's creation index in its graph (``op._id``, or its fallback).
+_LOOKUP = ThreadPatch("get_gradient_function", _lookup)
+
+
+def registered_gradient(op: tf.Operation) -> Optional[Callable]:
+  """``op``'s registered gradient function; ``None`` if none or unknown."""
+  if not usable("gradient_lookup"):
+    return None
+  try:
+    return _ORIGINAL_LOOKUP(op)  # type: ignore[misc]
+  except LookupError:
+    return None
+
+
+def has_gradient_function(op: tf.Operation) -> bool:
+  """False when ``tf.gradients`` would raise ``LookupError`` at ``op``.
+
+  Without a usable lookup every op is taken to have one, and
+  ``tf.gradients`` reports a missing one itself.
 
   Example:
     >>> with tf.Graph().as_default():
-    ...   a = tf.constant(1.0); b = a + 1.0
-    ...   op_id(a.op) < op_id(b.op)
+    ...   has_gradient_function(tf.square(tf.constant(2.0)).op)
     True
   """
+  if not usable("gradient_lookup"):
+    return True
   try:
-    return op._id  # pylint: disable=protected-access
-  except AttributeError:
-    warn_fallback("tf.Operation._id", "the order of graph.get_operations()")
-  graph = op.graph
-  version, order = _ORDER_CACHE.get(id(graph), (-1, {}))
-  if version != graph.version or op.name not in order:
-    order = {o.name: i for i, o in enumerate(graph.get_operations())}
-    _ORDER_CACHE[id(graph)] = (graph.version, order)
-  return order[op.name]
+    _ORIGINAL_LOOKUP(op)  # type: ignore[misc]
+  except LookupError:
+    return False
+  return True
 
 
-def is_ref_dtype(dtype: tf.DType) -> bool:
-  """True for a reference dtype (``float32_ref``), a TF1 ref variable's.
+@contextlib.contextmanager
+def wrapped_gradients(wrap: GradientWrap) -> Iterator[None]:
+  """Within the block, this thread's ``tf.gradients`` uses ``wrap(op, fn)``.
 
-  Example:
-    >>> is_ref_dtype(tf.float32), is_ref_dtype(tf.float32._as_ref)
-    (False, True)
+  ``fn`` is ``op``'s registered gradient function; other threads and calls
+  outside the block see ``fn`` itself.
+
+  Raises:
+    RuntimeError: when :func:`usable` says the lookup cannot be replaced;
+      callers check it first and take the fallback.
   """
+  if not usable("gradient_lookup"):
+    raise RuntimeError("graphgrad cannot replace ops.get_gradient_function "
+                       "on this TensorFlow; check usable('gradient_lookup') "
+                       "and take its fallback")
+  with _LOOKUP.active(_tf_ops, wrap):
+    yield
+
+
+def _check_gradient_lookup() -> None:
+  if not callable(_ORIGINAL_LOOKUP):
+    raise SelfTestError("ops.get_gradient_function is missing")
+  with tf.Graph().as_default() as g:
+    x = tf.constant([1.0, 2.0])
+    y = tf.reduce_sum(x * x)
+    mul = y.op.inputs[0].op
+    if not callable(_ORIGINAL_LOOKUP(mul)):
+      raise SelfTestError("no gradient function found for Mul")
+    with g.gradient_override_map({"Identity": "graphgrad/NoSuchGradient"}):
+      unknown = tf.identity(x).op
+    try:
+      _ORIGINAL_LOOKUP(unknown)
+      raise SelfTestError("an unregistered gradient raised no LookupError")
+    except LookupError:
+      pass
+    called = []
+
+    def wrap(op, fn):
+      if op is not mul:
+        return fn
+
+      def tripled(op, grad):
+        called.append(op)
+        first, second = fn(op, grad)
+        return 3.0 * first, second
+      return tripled
+
+    with _LOOKUP.active(_tf_ops, wrap):
+      (hooked,) = tf.compat.v1.gradients(y, x)
+    (plain,) = tf.compat.v1.gradients(y, x)
+    with tf.compat.v1.Session(graph=g) as sess:
+      got, want = sess.run([hooked, plain])
+  if not called:
+    raise SelfTestError("tf.gradients did not call the replaced lookup")
+  if not (np.allclose(got, [4.0, 8.0]) and np.allclose(want, [2.0, 4.0])):
+    raise SelfTestError(f"the replaced lookup gave {got.tolist()}, "
+                        f"expected [4.0, 8.0]")
+
+
+# -- tensorflow.python.ops.gradients_util._MarkReachedOps --------------------
+
+try:
+  from tensorflow.python.ops import gradients_util as _gradients_util  # pylint: disable=g-direct-tensorflow-import
+except ImportError:  # a TensorFlow that moved it: the self-test fails
+  _gradients_util = None
+
+_ORIGINAL_WALK = getattr(_gradients_util, "_MarkReachedOps", None)
+if getattr(_ORIGINAL_WALK, "__module__", None) == __name__:
+  _ORIGINAL_WALK = None
+
+# Dtypes TF's walk follows, and those whose following depends on handle
+# data it reads (variants) or on a flag (quantized): there the bounded walk
+# hands over to TF's own.
+_FOLLOWED = frozenset({tf.float16, tf.bfloat16, tf.float32, tf.float64,
+                       tf.complex64, tf.complex128, tf.resource})
+_UNDECIDED = frozenset({tf.variant, tf.qint8, tf.qint16, tf.qint32,
+                        tf.quint8, tf.quint16})
+
+
+class _Undecided(Exception):
+  pass
+
+
+def _bounded_walk(allowed, from_ops, reached_ops) -> None:
+  added = []
+  queue = collections.deque(from_ops)
   try:
-    return dtype._is_ref_dtype  # pylint: disable=protected-access
-  except AttributeError:
-    warn_fallback("tf.DType._is_ref_dtype", "the dtype's name")
-  return dtype.name.endswith("_ref")
+    while queue:
+      op = queue.popleft()
+      if op not in reached_ops:
+        reached_ops.add(op)
+        added.append(op)
+        for output in op.outputs:
+          dtype = output.dtype.base_dtype
+          if dtype in _UNDECIDED:
+            raise _Undecided()
+          if dtype in _FOLLOWED:
+            queue.extend(c for c in output.consumers() if c in allowed)
+  except _Undecided:
+    reached_ops.difference_update(added)
+    _ORIGINAL_WALK(from_ops, reached_ops, [])  # type: ignore[misc]
+
+
+def _walk(from_ops, reached_ops, func_graphs):
+  allowed = _WALK.value()
+  if allowed is None or func_graphs:
+    return _ORIGINAL_WALK(from_ops, reached_ops, func_graphs)  # type: ignore[misc]
+  # TF's walk, restricted to ``allowed`` (``from_ops`` are always marked).
+  _bounded_walk(allowed, from_ops, reached_ops)
+  return None
+
+
+_WALK = ThreadPatch("_MarkReachedOps", _walk)
+
+
+@contextlib.contextmanager
+def bounded_walk(allowed: Optional[Set[tf.Operation]]) -> Iterator[None]:
+  """Within the block, this thread's ``tf.gradients`` walks only ``allowed``.
+
+  The forward walk from ``xs`` marks no op outside ``allowed``; ``None``,
+  or a TensorFlow whose walk fails its self-test, leaves it unbounded.
+  """
+  if allowed is None or not usable("reached_walk"):
+    yield
+    return
+  with _WALK.active(_gradients_util, allowed):
+    yield
+
+
+def _check_reached_walk() -> None:
+  if not callable(_ORIGINAL_WALK):
+    raise SelfTestError("gradients_util._MarkReachedOps is missing")
+  with tf.Graph().as_default() as g:
+    x = tf.constant([1.0, 2.0])
+    h = tf.square(x)
+    y = tf.reduce_sum(h)
+    side = tf.reduce_sum(tf.sin(x))  # reached from x, not behind y
+    del side
+    behind = {x.op, h.op, y.op}
+    behind |= {t.op for t in y.op.inputs}
+    with _WALK.active(_gradients_util, behind):
+      (bounded,) = tf.compat.v1.gradients(y, x)
+    with _WALK.active(_gradients_util, {x.op}):
+      (cut,) = tf.compat.v1.gradients(y, x)
+    if cut is not None:
+      raise SelfTestError("tf.gradients did not use the bounded walk")
+    (plain,) = tf.compat.v1.gradients(y, x)
+    with tf.compat.v1.Session(graph=g) as sess:
+      got, want = sess.run([bounded, plain])
+  if not np.allclose(got, want):
+    raise SelfTestError(f"the bounded walk gave {got.tolist()}, expected "
+                        f"{want.tolist()}")
+
+
+# -- tf.Operation._get_control_flow_context ----------------------------------
 
 
 def control_flow_context(op: tf.Operation):
@@ -217,11 +455,8 @@ def control_flow_context(op: tf.Operation):
 
   Contexts have ``name`` and ``outer_context``.
   """
-  get = getattr(op, "_get_control_flow_context", None)
-  if callable(get):
-    return get()
-  warn_fallback("tf.Operation._get_control_flow_context",
-                "the WHILE_CONTEXT and COND_CONTEXT collections")
+  if usable("control_flow_context"):
+    return op._get_control_flow_context()  # pylint: disable=protected-access
   return context_by_name(op)
 
 
@@ -241,57 +476,46 @@ def context_by_name(op: tf.Operation):
   return best
 
 
-_MARK_REACHED_PARAMS = ("from_ops", "reached_ops", "func_graphs")
-
-
-def mark_reached_ops(fn, module) -> Optional[Any]:
-  """``fn``, TF's ``_MarkReachedOps`` of ``module``, if it is usable.
-
-  Returns None, and logs once, when ``fn`` is missing or takes other
-  parameters, or ``module`` lacks the ``_PendingCount`` it pairs with: the
-  caller then leaves TensorFlow's walk alone.
-  """
-  params = None
-  if callable(fn):
-    try:
-      params = tuple(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-      params = None
-  if params == _MARK_REACHED_PARAMS and hasattr(module, "_PendingCount"):
-    return fn
-  warn_fallback("gradients_util._MarkReachedOps(from_ops, reached_ops, "
-                "func_graphs)", "TensorFlow's unbounded walk (same graph, "
-                "slower build)")
-  return None
-
-
-def _get_gradient_function():
+@contextlib.contextmanager
+def _v1_control_flow() -> Iterator[None]:
+  was_v2 = tf.compat.v1.control_flow_v2_enabled()
+  if was_v2:
+    tf.compat.v1.disable_control_flow_v2()
   try:
-    from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
-  except ImportError:
-    return None
-  fn = getattr(ops, "get_gradient_function", None)
-  return fn if callable(fn) else None
+    yield
+  finally:
+    if was_v2:
+      tf.compat.v1.enable_control_flow_v2()
 
 
-def has_gradient_function(op: tf.Operation) -> bool:
-  """False when ``tf.gradients`` would raise ``LookupError`` at ``op``.
+def _check_control_flow_context() -> None:
+  with tf.Graph().as_default():
+    with _v1_control_flow():
+      x = tf.constant(1.0)
+      _, out = tf.compat.v1.while_loop(lambda i, h: i < 2,
+                                       lambda i, h: (i + 1, tf.tanh(h)),
+                                       (tf.constant(0), x))
+    inside = [op for op in out.graph.get_operations() if op.type == "Tanh"]
+    if x.op._get_control_flow_context() is not None:  # pylint: disable=protected-access
+      raise SelfTestError("an op outside any loop has a context")
+    if len(inside) != 1:
+      raise SelfTestError("no v1 while loop was built")
+    ctx = inside[0]._get_control_flow_context()  # pylint: disable=protected-access
+    if ctx is None or ctx.outer_context is not None or ctx not in (
+        out.graph.get_collection(tf.compat.v1.GraphKeys.WHILE_CONTEXT)):
+      raise SelfTestError(f"an op inside a v1 while loop has context {ctx!r}")
 
-  Example:
-    >>> with tf.Graph().as_default():
-    ...   has_gradient_function(tf.square(tf.constant(2.0)).op)
-    True
-  """
-  fn = _get_gradient_function()
-  if fn is None:
-    warn_fallback("ops.get_gradient_function",
-                  "taking every op to have a gradient")
-    return True
-  try:
-    fn(op)
-  except LookupError:
-    return False
-  return True
+
+# -- Keras Layer._flatten_layers ---------------------------------------------
+
+
+def _keras_package(layer) -> str:
+  """``"keras"`` or ``"tf_keras"``: the package of ``layer``'s base class."""
+  for cls in type(layer).__mro__:
+    root = cls.__module__.split(".", 1)[0]
+    if root in ("keras", "tf_keras"):
+      return root
+  return "keras"
 
 
 def has_sublayers_api(layer) -> bool:
@@ -306,11 +530,15 @@ def _is_layer(obj) -> bool:
 
 def sublayers(layer) -> List[Any]:
   """The direct sublayers of a Keras 3 or tf-keras layer, in order."""
-  flatten = getattr(layer, "_flatten_layers", None)
-  if callable(flatten):
-    return list(flatten(include_self=False, recursive=False))
-  warn_fallback("keras Layer._flatten_layers",
-                "model.layers and the layers held in attributes")
+  if usable("flatten_layers", _keras_package(layer)):
+    flatten = getattr(layer, "_flatten_layers", None)
+    if callable(flatten):
+      return list(flatten(include_self=False, recursive=False))
+  return layers_in_attributes(layer)
+
+
+def layers_in_attributes(layer) -> List[Any]:
+  """``model.layers``, or else the layers held in ``layer``'s attributes."""
   listed = getattr(layer, "layers", None)
   if isinstance(listed, (list, tuple)):
     return list(listed)
@@ -323,3 +551,73 @@ def sublayers(layer) -> List[Any]:
         found.append(item)
   return found
 
+
+def _check_flatten_layers(package: str) -> None:
+  keras: Any = importlib.import_module(package)
+  base: Any = keras.layers.Layer
+
+  class Pair(base):
+
+    def __init__(self):
+      super().__init__()
+      self.first = keras.layers.Dense(1)
+      self.rest = [keras.layers.Dense(1), keras.layers.Dense(1)]
+
+  pair = Pair()
+  got = list(pair._flatten_layers(include_self=False, recursive=False))  # pylint: disable=protected-access
+  want = [pair.first, *pair.rest]
+  if len(got) != len(want) or any(a is not b for a, b in zip(got, want)):
+    raise SelfTestError(f"{package} listed {[l.name for l in got]} for "
+                        f"sublayers {[l.name for l in want]}")
+
+
+PRIVATE_APIS: Dict[str, PrivateApi] = {
+    "gradient_lookup": PrivateApi(
+        name="tensorflow.python.framework.ops.get_gradient_function",
+        symbols=("tensorflow.python.framework.ops",),
+        why="graphgrad inspect lists ops without a registered gradient; the "
+        "TF1 engine replaces the lookup, for one tf.gradients call on one "
+        "thread, to weight what the ops of a chain of linearly rewritten "
+        "layers pass below (graphgrad.plan._hooks)",
+        self_test="in a scratch graph the lookup finds Mul's gradient and "
+        "raises LookupError for an unregistered one; with the replacement "
+        "installed, tf.compat.v1.gradients calls it and its tripled input "
+        "gradient changes the result from 2x to 4x",
+        fallback="one tf.gradients call per rewritten layer (the same "
+        "gradients, one more op per boundary), and taking every op to have "
+        "a gradient",
+        check=_check_gradient_lookup),
+    "reached_walk": PrivateApi(
+        name="tensorflow.python.ops.gradients_util._MarkReachedOps",
+        symbols=("tensorflow.python.ops.gradients_util", "_MarkReachedOps"),
+        why="each segment call of the TF1 engine bounds TF's forward walk "
+        "from its xs to the ops behind its ys (graphgrad.plan._reach), "
+        "which keeps the build linear in depth",
+        self_test="in a scratch graph tf.compat.v1.gradients calls the "
+        "replaced walk: bounded to the ops behind y it gives TF's gradient; "
+        "bounded to x alone it gives None",
+        fallback="TensorFlow's unbounded walk (the same graph, a slower "
+        "build)",
+        check=_check_reached_walk),
+    "control_flow_context": PrivateApi(
+        name="tf.Operation._get_control_flow_context",
+        symbols=("_get_control_flow_context",),
+        why="finding the ops of tf.compat.v1 while loops and conds, which "
+        "make one layer and whose gradients TF builds in the loop's context",
+        self_test="in a scratch graph an op outside a v1 while loop has no "
+        "context, and an op in its body has the loop's outermost "
+        "WhileContext",
+        fallback="the contexts of the WHILE_CONTEXT and COND_CONTEXT "
+        "collections, matched by name scope (exact for loops, conservative "
+        "for conds)",
+        check=_check_control_flow_context),
+    "flatten_layers": PrivateApi(
+        name="Keras Layer._flatten_layers",
+        symbols=("_flatten_layers",),
+        why="the direct sublayers of a Keras 3 or tf-keras layer, in order, "
+        "for KerasPlan's layer paths",
+        self_test="a layer holding one Dense in an attribute and two in a "
+        "list lists exactly those three, in order",
+        fallback="model.layers, or the layers held in the layer's attributes",
+        check=_check_flatten_layers),
+}

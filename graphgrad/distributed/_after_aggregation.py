@@ -103,7 +103,7 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Rewrites the gradients of transformed layers, then applies all."""
     out = []
-    with tf.name_scope(self._name):
+    with tf.name_scope(self.get_name()):
       for g, v in grads_and_vars:
         layer = self._net.layer_of_variable(v)
         fns = self._transforms.get(layer)

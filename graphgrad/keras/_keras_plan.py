@@ -99,7 +99,7 @@ class KerasPlan(tf.Module, LayerOverriding):
     self._index = LayerIndex(model)
     self._declarations = Declarations(self._index.find, owner="KerasPlan")
     self._methods = _methods.MethodVariables()
-    self._resources = self._no_dependency(Resources())
+    self._resources = Resources()
     self._open_tape: Optional[PlanTape] = None
 
   # -- declaring -----------------------------------------------------------

@@ -24,11 +24,8 @@ def tf_variable(v) -> Optional[tf.Variable]:
   """The ``tf.Variable`` behind a tf-keras or Keras 3 variable."""
   if isinstance(v, tf.Variable):
     return v
-  for attr in ("value", "_value"):  # Keras 3 wraps a tf.Variable
-    inner = getattr(v, attr, None)
-    if isinstance(inner, tf.Variable):
-      return inner
-  return None
+  inner = getattr(v, "value", None)  # Keras 3 wraps a tf.Variable
+  return inner if isinstance(inner, tf.Variable) else None
 
 
 def layer_variables(layer) -> List[tf.Variable]:

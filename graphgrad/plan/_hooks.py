@@ -2,24 +2,15 @@
 
 A chain of layers with linear upstream rewrites (``scale`` on every boundary)
 needs no cut between them: what layer ``L`` passes below is ``c`` times the
-plain backpropagation through ``L``, so one ``tf.gradients`` call can cover
-the whole chain if, inside it, the gradient each of ``L``'s ops hands to a
-tensor below ``L`` is multiplied by ``c``. :func:`hooked` does this for one
-call: ``tf.gradients`` looks up every op's gradient function through
-``ops.get_gradient_function``, and within the block this thread's lookup
-returns, for the hooked ops only, the registered function followed by
-
-* ``scale``: multiplying the gradient of chosen inputs by a factor;
-* ``read``: recording the gradient of chosen outputs (the complete gradient
-  at a layer's outputs, which the plan's trace keeps).
-
-Nothing is registered and no op is changed. The module's function is
-replaced once, on first use, by one that returns TensorFlow's own function
-unless this thread is inside :func:`hooked`: other calls, other threads and
-ops without a hook see exactly what they saw before. When a TensorFlow
-release drops ``ops.get_gradient_function``, :func:`available` is False and
-the engine cuts the chain at every layer instead (same gradients, one call
-per layer).
+plain backpropagation through ``L``, so one ``tf.gradients`` call covers the
+chain if the gradient each of ``L``'s ops hands to a tensor below ``L`` is
+multiplied by ``c``. Within :func:`hooked`, this thread's gradient-function
+lookup returns, for the hooked ops only, the registered function followed by
+``scale`` (weighting chosen inputs' gradients) and ``read`` (recording chosen
+outputs' gradients for the plan's trace). Nothing is registered and no op is
+changed. The lookup is a private TF function (``graphgrad._compat``): when
+its self-test fails, :func:`available` is False and the engine cuts at every
+layer instead (the same gradients, one call per layer).
 """
 
 import contextlib
@@ -29,13 +20,6 @@ from typing import Callable, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from graphgrad import _compat
-
-try:
-  from tensorflow.python.framework import ops as _tf_ops  # pylint: disable=g-direct-tensorflow-import
-except ImportError:  # a TensorFlow that moved it: no hooks
-  _tf_ops = None
-
-_ORIGINAL = getattr(_tf_ops, "get_gradient_function", None)
 
 
 @dataclasses.dataclass
@@ -53,39 +37,17 @@ class Hook:
 
 
 def available() -> bool:
-  """True when this TensorFlow looks gradient functions up where we hook.
+  """True when ``tf.gradients`` calls a replaced lookup on this TensorFlow.
 
-  Logs once when it does not: the engine then cuts at every layer.
+  This is the self-test of ``_compat.PRIVATE_APIS["gradient_lookup"]``;
+  when it fails, one warning is logged and the engine cuts at every layer.
   """
-  if callable(_ORIGINAL):
-    return True
-  _compat.warn_fallback("ops.get_gradient_function",
-                        "one tf.gradients call per rewritten layer (the "
-                        "same gradients, one more op per boundary)")
-  return False
+  return _compat.usable("gradient_lookup")
 
 
 def registered(op: tf.Operation) -> Optional[Callable]:
   """``op``'s own gradient function, or ``None`` (none, or not found)."""
-  if not callable(_ORIGINAL):
-    return None
-  try:
-    return _ORIGINAL(op)  # type: ignore[misc]
-  except LookupError:
-    return None
-
-
-def _lookup(op):
-  hooks = _PATCH.value()
-  hook = hooks.get(op) if hooks else None
-  fn = _ORIGINAL(op)  # type: ignore[misc]
-  if hook is None or fn is None:
-    return fn
-  return _wrap(fn, hook)
-
-
-# Installed by hooked(); hooks the lookups of this thread's calls only.
-_PATCH = _compat.ThreadPatch("get_gradient_function", _lookup)
+  return _compat.registered_gradient(op)
 
 
 def _wrap(fn: Callable, hook: Hook) -> Callable:
@@ -121,5 +83,10 @@ def hooked(hooks: Dict[tf.Operation, Hook]):
     return
   if not available():
     raise RuntimeError("gradient hooks need ops.get_gradient_function")
-  with _PATCH.active(_tf_ops, hooks):
+
+  def wrap(op, fn):
+    hook = hooks.get(op)
+    return fn if hook is None else _wrap(fn, hook)
+
+  with _compat.wrapped_gradients(wrap):
     yield

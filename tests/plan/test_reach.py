@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
+from graphgrad import _compat
 from graphgrad.plan import _reach
 from helpers import dense, evaluate
 
@@ -60,20 +61,20 @@ def test_bounded_walk_builds_the_same_ops_and_numbers(monkeypatch):
 def test_bounded_walk_is_used_and_is_local_to_the_call(graph, monkeypatch):
   x, loss = _residual_net()
   seen = []
-  original = _reach._mark_reached_ops
+  original = _compat._walk  # pylint: disable=protected-access
 
   def spy(from_ops, reached_ops, func_graphs):
-    seen.append(_reach._PATCH.value() is not None)
+    seen.append(_compat._WALK.value() is not None)  # pylint: disable=protected-access
     return original(from_ops, reached_ops, func_graphs)
 
-  monkeypatch.setattr(_reach.gradients_util, "_MarkReachedOps", spy)
-  monkeypatch.setattr(_reach._PATCH, "replacement", spy)
+  monkeypatch.setattr(_compat._gradients_util, "_MarkReachedOps", spy)  # pylint: disable=protected-access
+  monkeypatch.setattr(_compat._WALK, "replacement", spy)  # pylint: disable=protected-access
   _plan(loss).compute_gradients()
   assert seen and all(seen)
   seen.clear()
   plain = tf.gradients(loss, tf1.trainable_variables())  # outside any plan
   assert seen == [False]
-  assert _reach._PATCH.value() is None
+  assert _compat._WALK.value() is None  # pylint: disable=protected-access
   evaluate(plain, {x: np.ones((2, 6), np.float32)})
 
 
