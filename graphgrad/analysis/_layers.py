@@ -103,7 +103,7 @@ class LayerGraph:
   """
 
   def __init__(self, loss, layers, graph, op_graph, op_layer, topo_index,
-               loop_edges=()):
+               loop_edges=(), lost_overrides=()):
     self.loss = loss
     self.layers: Tuple[Layer, ...] = tuple(layers)
     self.graph: nx.DiGraph = graph
@@ -118,6 +118,7 @@ class LayerGraph:
                        for v in l.variables}
     # (method, layer) pairs already warned about by check_declaration.
     self.warned: set = set()
+    self._lost_overrides = tuple(lost_overrides)
 
   # -- lookup --------------------------------------------------------------
 
@@ -208,6 +209,21 @@ class LayerGraph:
   def layer_of_variable(self, var: tf.Variable) -> Optional[str]:
     """Name of the layer that holds ``var``, or ``None``."""
     return self._var_layer.get(var.op.name)
+
+  @property
+  def lost_overrides(self) -> tuple:
+    """The forward ops whose gradient override this process never registered.
+
+    A graph built with ``gradient_override_map`` and imported into another
+    process keeps each op's override name but not its function. Each item
+    (``op``, ``override``, ``kind``, ``declaration``, ``hint``) names the op
+    and the override, and gives the plan line that looks like it restores
+    the behaviour: ``plan.straight_through(op).transform_edge(lower, upper,
+    gg.transforms.reverse(l))`` for a gradient reversal,
+    ``plan.straight_through(op)`` for a straight-through estimator, else
+    ``plan.override_gradient(op, fn)``. ``gg.analyze`` logs them once.
+    """
+    return self._lost_overrides
 
   def topo_index(self, op: tf.Operation) -> int:
     """Position of a forward op in the topological order (inputs first)."""
