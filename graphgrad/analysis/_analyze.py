@@ -43,13 +43,28 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
     layers: optional mapping from layer name to a scope prefix (``str``) or a
       list of variables. Trainable variables the mapping does not cover are
       grouped automatically. ``None`` finds one layer per variable scope that
-      directly holds variables.
+      directly holds variables. Variables with no scope of their own
+      (top-level names: ``Variable``, ``Variable_1``, ``w1``) are grouped by
+      the ops that use them: a parametric op (``MatMul``, ``Conv2D`` and the
+      other convolutions, an embedding ``Gather``, ``FusedBatchNorm``...)
+      that reads them, with the bias add or scale (``BiasAdd``, ``Add``,
+      ``AddV2``, ``Mul``) that directly follows it and reads a variable of
+      its own, is one layer named after its first parametric op
+      (``MatMul``, ``MatMul_1``); its ops are those ops and the reads between
+      them and the variables. A mapped list of such variables takes the same
+      ops. ``net.layer_of_variable(v)`` and ``net.layer_of(op)`` name the
+      layer holding a variable or an op.
     depth: optional grouping depth for automatic discovery: with ``depth=2``
       the variables of ``resnet/block1/conv1`` and ``resnet/block1/bn1`` form
       one layer ``resnet/block1``.
 
   Returns:
     A :class:`LayerGraph`.
+
+  An op whose ``gradient_override_map`` name has no registered gradient
+  function in this process (a graph imported from another one) is logged
+  once as a warning and listed in ``net.lost_overrides``, with the
+  declaration that looks like it restores it.
 
   Raises:
     GraphGradError: if ``loss`` is not a floating-point graph tensor (an
@@ -70,6 +85,20 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
     ('l1', 'l2')
     >>> list(net.graph.edges)
     [('l1', 'l2')]
+
+    The same network without scopes:
+
+    >>> with tf.Graph().as_default():
+    ...   x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+    ...   w0 = tf.compat.v1.get_variable("w0", [3, 4])
+    ...   b0 = tf.compat.v1.get_variable("b0", [4])
+    ...   h = tf.nn.relu(tf.matmul(x, w0) + b0)
+    ...   y = tf.matmul(h, tf.compat.v1.get_variable("w1", [4, 1]))
+    ...   net = gg.analyze(tf.reduce_sum(y))
+    >>> net.names, net.layer_of_variable(b0)
+    (('MatMul', 'MatMul_1'), 'MatMul')
+    >>> [t.name for t in net.boundary('MatMul', 'MatMul_1')]
+    ['add:0']
   """
   check_graph_mode("gg.analyze", loss, adds_ops=False)
   check_loss(loss)

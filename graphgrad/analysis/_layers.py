@@ -6,7 +6,9 @@ Vocabulary (after TF's old ``graph_editor``):
 * A **layer** is a set of variables and the ops in their name scopes. Ops
   that read a layer's variables (``ReadVariableOp``, a reference variable's
   ``read``) belong to that layer wherever they sit, so a regularizer term reads
-  its layer's parameters through the layer's own outputs.
+  its layer's parameters through the layer's own outputs. Variables with no
+  scope of their own form layers from the ops that use them (see
+  :func:`graphgrad.analysis._grouping.group_by_ops`).
 * Control flow whose body reads the variables of exactly one layer belongs to
   that layer: a ``tf.compat.v1`` while loop or cond (its whole frame), or a
   v2 ``While``/``If`` op, with the ``TensorArray``/``TensorList`` ops around

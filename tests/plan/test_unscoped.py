@@ -275,8 +275,10 @@ def test_rnn_cell_is_one_shared_layer(graph, style):
 
 # -- two heads with a gradient-reversal edge ----------------------------------
 
-@tf.RegisterGradient("FlipGradient0")
-def _flip_gradient(op, grad):  # the classic flip_gradient, l = 0.3
+# The classic flip_gradient, l = 0.3, under a name of this module's own
+# (examples/gradient_reversal_migration.py registers FlipGradient0, 1, ...).
+@tf.RegisterGradient("UnscopedFlipGradient0")
+def _flip_gradient(op, grad):
   del op
   return [-0.3 * grad]
 
@@ -292,7 +294,7 @@ def _two_heads(style, flip):
   label_logits = tf.matmul(f, p(6, 3)) + p(3, kind="b")
   if flip:
     with tf1.get_default_graph().gradient_override_map(
-        {"Identity": "FlipGradient0"}):
+        {"Identity": "UnscopedFlipGradient0"}):
       f = tf.identity(f)
   domain_logits = tf.matmul(f, p(6, 2)) + p(2, kind="b")
   return (tf.reduce_mean(tf1.nn.softmax_cross_entropy_with_logits_v2(
