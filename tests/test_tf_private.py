@@ -20,7 +20,7 @@ import tensorflow as tf
 import graphgrad as gg
 from graphgrad import _compat
 from graphgrad.analysis import _graph_util
-from graphgrad.keras._layers import LayerIndex
+from graphgrad.keras._layer_index import LayerIndex
 from helpers import dense
 from keras_cases import FLAVOURS
 

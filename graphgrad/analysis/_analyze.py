@@ -14,7 +14,12 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import LayerSpec
-from graphgrad.analysis import _control_flow, _graph_util, _grouping
+from graphgrad.analysis import (
+  _control_flow,
+  _graph_util,
+  _grouping,
+  _lost_overrides,
+)
 from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layer_graph import Layer, LayerGraph
 
@@ -38,13 +43,28 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
     layers: optional mapping from layer name to a scope prefix (``str``) or a
       list of variables. Trainable variables the mapping does not cover are
       grouped automatically. ``None`` finds one layer per variable scope that
-      directly holds variables.
+      directly holds variables. Variables with no scope of their own
+      (top-level names: ``Variable``, ``Variable_1``, ``w1``) are grouped by
+      the ops that use them: a parametric op (``MatMul``, ``Conv2D`` and the
+      other convolutions, an embedding ``Gather``, ``FusedBatchNorm``...)
+      that reads them, with the bias add or scale (``BiasAdd``, ``Add``,
+      ``AddV2``, ``Mul``) that directly follows it and reads a variable of
+      its own, is one layer named after its first parametric op
+      (``MatMul``, ``MatMul_1``); its ops are those ops and the reads between
+      them and the variables. A mapped list of such variables takes the same
+      ops. ``net.layer_of_variable(v)`` and ``net.layer_of(op)`` name the
+      layer holding a variable or an op.
     depth: optional grouping depth for automatic discovery: with ``depth=2``
       the variables of ``resnet/block1/conv1`` and ``resnet/block1/bn1`` form
       one layer ``resnet/block1``.
 
   Returns:
     A :class:`LayerGraph`.
+
+  An op whose ``gradient_override_map`` name has no registered gradient
+  function in this process (a graph imported from another one) is logged
+  once as a warning and listed in ``net.lost_overrides``, with the
+  declaration that looks like it restores it.
 
   Raises:
     GraphGradError: if ``loss`` is not a floating-point graph tensor (an
@@ -65,6 +85,20 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
     ('l1', 'l2')
     >>> list(net.graph.edges)
     [('l1', 'l2')]
+
+    The same network without scopes:
+
+    >>> with tf.Graph().as_default():
+    ...   x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+    ...   w0 = tf.compat.v1.get_variable("w0", [3, 4])
+    ...   b0 = tf.compat.v1.get_variable("b0", [4])
+    ...   h = tf.nn.relu(tf.matmul(x, w0) + b0)
+    ...   y = tf.matmul(h, tf.compat.v1.get_variable("w1", [4, 1]))
+    ...   net = gg.analyze(tf.reduce_sum(y))
+    >>> net.names, net.layer_of_variable(b0)
+    (('MatMul', 'MatMul_1'), 'MatMul')
+    >>> [t.name for t in net.boundary('MatMul', 'MatMul_1')]
+    ['add:0']
   """
   check_graph_mode("gg.analyze", loss, adds_ops=False)
   check_loss(loss)
@@ -77,14 +111,25 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
   op_graph, op_order, topo_index = _op_graph(fwd_ops)
   loop_edges = _loop_edges(fwd_ops)
   consumers = _graph_util.forward_consumers(fwd_ops)
+  var_groups, scopes, members = _grouping.group_by_ops(
+      fwd_ops, var_groups, scopes, set(layers or ()),
+      _assign_ops(fwd_ops, var_groups, scopes), consumers)
   op_layer = _op_layers(fwd_ops, var_groups, scopes, op_graph, op_order,
-                        consumers, loss)
+                        consumers, loss, members)
   layer_objs = _layers(fwd_ops, var_groups, scopes, op_graph, op_layer,
                        topo_index, consumers, loss)
   lgraph = _layer_graph(layer_objs, op_layer, loss)
   order = _layer_order(lgraph, layer_objs, topo_index)
+  lost = _lost_overrides.find(fwd_ops, op_layer, consumers)
   net = LayerGraph(loss, [layer_objs[n] for n in order], lgraph, op_graph,
-                   op_layer, topo_index, loop_edges)
+                   op_layer, topo_index, loop_edges, lost_overrides=lost)
+  if lost:
+    log.warning(
+        "gg.analyze: %d op(s) of %s carry a gradient override that is not "
+        "registered in this process, so tf.gradients stops there with "
+        "LookupError (net.lost_overrides lists them): %s", len(lost),
+        loss.name, " ".join(f"{i + 1}. {l.describe()}."
+                            for i, l in enumerate(lost)))
   log.debug("analyzed %s: %d layers, %d forward ops, %d layer edges",
             loss.name, len(order), len(fwd_ops), lgraph.number_of_edges())
   return net
@@ -97,9 +142,10 @@ def _loop_edges(fwd_ops) -> List[Tuple[str, str]]:
 
 
 def _op_layers(fwd_ops, var_groups, scopes, op_graph, op_order, consumers,
-               loss) -> Dict[str, Optional[str]]:
-  """Op name -> layer: by scope and reads, then control flow, then glue."""
-  op_layer = _assign_ops(fwd_ops, var_groups, scopes)
+               loss, members) -> Dict[str, Optional[str]]:
+  """Op name -> layer: by scope and reads, by the ops using unscoped
+  variables, then control flow, then glue."""
+  op_layer = _assign_ops(fwd_ops, var_groups, scopes, members)
   var_layer = {v.op.name: l for l, vs in var_groups.items() for v in vs}
   _control_flow.join_control_flow(fwd_ops, op_layer, var_layer, consumers)
   _join_enclosed_glue(op_graph, op_order, op_layer, consumers, loss,
@@ -183,8 +229,14 @@ def check_loss(loss) -> None:
         f"{loss.dtype.name}. Cast it first: tf.cast(loss, tf.float32).")
 
 
-def _assign_ops(fwd_ops, var_groups, scopes) -> Dict[str, Optional[str]]:
-  """Maps each forward op name to its layer name (glue ops are absent)."""
+def _assign_ops(fwd_ops, var_groups, scopes, members=None
+                ) -> Dict[str, Optional[str]]:
+  """Maps each forward op name to its layer name (glue ops are absent).
+
+  ``members`` maps the ops that use variables with no scope of their own to
+  their layer (``_grouping.group_by_ops``); a scope's claim comes first.
+  """
+  members = members or {}
   scope_layer = {s: l for l, ss in scopes.items() for s in ss}
   handle_layer = {v.op.name: l for l, vs in var_groups.items() for v in vs}
   cache: Dict[str, Optional[str]] = {}
@@ -230,6 +282,8 @@ def _assign_ops(fwd_ops, var_groups, scopes) -> Dict[str, Optional[str]]:
     name = by_scope(op.name)
     if name is None and op.name in scope_layer:  # op named like the scope
       name = scope_layer[op.name]
+    if name is None:
+      name = members.get(op.name)
     if name is not None:
       result[op.name] = name
   return result

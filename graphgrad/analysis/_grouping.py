@@ -1,11 +1,18 @@
-"""Variables into layers: a ``layers=`` mapping, then scopes (or ``depth=``)."""
+"""Variables into layers: a ``layers=`` mapping, then scopes (or ``depth=``).
+
+Variables with no scope of their own (top-level names: ``Variable``,
+``Variable_1``, ``w1``) are grouped by the ops that use them instead
+(:func:`group_by_ops`): a parametric op that reads them (``MatMul``,
+``Conv2D``, an embedding ``Gather``, ``FusedBatchNorm``...) and the bias add
+or scale that directly follows it and reads a variable of its own.
+"""
 
 import collections
-from typing import Dict, List
+from typing import Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
-from graphgrad import _errors
+from graphgrad import _compat, _errors
 from graphgrad.analysis._layer_graph import scope_of
 
 
@@ -126,3 +133,189 @@ def _check_scopes(scopes) -> None:
             f"{seen[s]!r} and {lname!r}, so its ops cannot be attributed to "
             f"one layer. Keep all variables of one scope in one layer.")
       seen[s] = lname
+
+
+# -- layers from the ops that use the variables ------------------------------
+
+# Ops whose parameter inputs make a layer of the variables they read.
+PARAMETRIC_TYPES = frozenset({
+    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "SparseMatMul",
+    "Einsum", "Conv2D", "Conv3D", "DepthwiseConv2dNative",
+    "Conv2DBackpropInput", "Conv3DBackpropInputV2", "Dilation2D",
+    "Gather", "GatherV2", "ResourceGather", "SparseTensorDenseMatMul",
+    "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
+# The bias add or scale that directly follows a parametric op.
+FOLLOW_TYPES = frozenset({"BiasAdd", "BiasAddV1", "Add", "AddV2", "Mul"})
+# Ops between a variable and the op that uses it: reads and reshapes of the
+# parameter itself (``tf.nn.conv1d`` expands its filter's dimensions).
+_PASS_TYPES = frozenset({"Identity", "RefIdentity", "ReadVariableOp", "Cast",
+                         "ExpandDims", "Reshape", "Transpose", "Squeeze"})
+
+
+def has_own_scope(v: tf.Variable) -> bool:
+  """False for a top-level variable: ``Variable_1``, ``get_variable("w1")``."""
+  return "/" in v.op.name
+
+
+def _variable_read(t: tf.Tensor, var_group: Dict[str, str]
+                   ) -> Optional[Tuple[str, str, List[tf.Operation]]]:
+  """``(group, variable, ops between)`` when ``t`` is a variable's value."""
+  between: List[tf.Operation] = []
+  op = t.op
+  while op.name not in var_group:
+    if op.type not in _PASS_TYPES or not op.inputs:
+      return None
+    between.append(op)
+    op = op.inputs[0].op
+  return var_group[op.name], op.name, between
+
+
+class _Union:
+  """Union-find over layer names; the first-added name of a set is its key."""
+
+  def __init__(self):
+    self.parent: Dict[str, str] = {}
+
+  def find(self, a: str) -> str:
+    self.parent.setdefault(a, a)
+    while self.parent[a] != a:
+      self.parent[a] = self.parent[self.parent[a]]
+      a = self.parent[a]
+    return a
+
+  def union(self, a: str, b: str) -> None:
+    ra, rb = self.find(a), self.find(b)
+    if ra != rb:
+      self.parent[rb] = ra
+
+
+def group_by_ops(fwd_ops, groups, scopes, mapped, claimed, consumers):
+  """Regroups the variables with no scope of their own by the ops using them.
+
+  A parametric op (:data:`PARAMETRIC_TYPES`) that reads such variables,
+  together with the bias add or scale (:data:`FOLLOW_TYPES`) that directly
+  consumes its output and reads a variable that no parametric op reads, is
+  one layer; variables read by one parametric op, or by the parametric ops
+  of one shared layer, are one layer. Its ops are those ops and the reads
+  between them and the variables. An automatic layer is named after its
+  first parametric op in creation order (``MatMul``, ``MatMul_1``); a layer
+  of the ``layers=`` mapping keeps its name and its variables. Variables no
+  parametric op reads stay layers of their own.
+
+  Args:
+    fwd_ops: the forward ops.
+    groups: layer name -> variables, from :func:`group_variables`.
+    scopes: layer name -> name scopes, from :func:`group_variables`.
+    mapped: the layer names the ``layers=`` mapping gave.
+    claimed: op name -> layer, by scope and reads (see ``_assign_ops``).
+    consumers: tensor name -> consuming forward ops.
+
+  Returns:
+    ``(groups, scopes, members)``: the regrouped mappings, and op name ->
+    layer for the parametric and following ops.
+  """
+  eligible = {name for name, vs in groups.items()
+              if vs and not any(has_own_scope(v) for v in vs)}
+  if not eligible:
+    return groups, scopes, {}
+  var_group = {v.op.name: name for name in eligible for v in groups[name]}
+  free = lambda op: claimed.get(op.name) in (None, *eligible)  # noqa: E731
+  parametric = []
+  weights: Set[str] = set()
+  for op in sorted(fwd_ops, key=_compat.op_id):
+    if op.type not in PARAMETRIC_TYPES or not free(op):
+      continue
+    reads = [r for r in (_variable_read(t, var_group) for t in op.inputs)
+             if r is not None]
+    if reads:
+      parametric.append((op, reads))
+      weights.update(v for _, v, _ in reads)
+  union = _Union()
+  ops_of: Dict[str, List[tf.Operation]] = collections.defaultdict(list)
+  followed: Dict[str, List[str]] = {}
+  owners = []
+  for op, reads in parametric:
+    owner = _owner([g for g, _, _ in reads], mapped, union)
+    owners.append((op, owner))
+    ops_of[owner].append(op)
+    ops_of[owner].extend(o for g, _, between in reads
+                         if union.find(g) == union.find(owner)
+                         for o in between)
+    followed[op.name] = [owner]
+    for follow, between, group in _follows(op, var_group, weights, consumers,
+                                           free):
+      if group in mapped and group != owner:
+        break
+      if group not in mapped and owner in mapped:
+        break
+      union.union(owner, group)
+      ops_of[owner].append(follow)
+      ops_of[owner].extend(between)
+  return _regrouped(groups, scopes, mapped, union, ops_of, owners)
+
+
+def _owner(read_groups, mapped, union) -> str:
+  """The layer a parametric op joins: its mapped layer, else their union."""
+  for g in read_groups:
+    if g in mapped:
+      return g
+  for g in read_groups[1:]:
+    union.union(read_groups[0], g)
+  return read_groups[0]
+
+
+def _follows(op, var_group, weights, consumers, free):
+  """The chain of bias adds or scales that follows ``op``, with their reads."""
+  out = op.outputs[0]
+  found = []
+  while True:
+    nxt = None
+    for c in consumers.get(out.name, ()):
+      if c.type not in FOLLOW_TYPES or not free(c):
+        continue
+      others = [t for t in c.inputs if t.name != out.name]
+      reads = [_variable_read(t, var_group) for t in others]
+      if len(others) == 1 and reads[0] is not None \
+          and reads[0][1] not in weights:
+        nxt = (c, reads[0][2], reads[0][0])
+        break
+    if nxt is None:
+      return found
+    found.append(nxt)
+    out = nxt[0].outputs[0]
+
+
+def _regrouped(groups, scopes, mapped, union, ops_of, owners):
+  """The groups with each union under one name, and op -> layer members."""
+  first: Dict[str, tf.Operation] = {}
+  for op, owner in owners:  # in creation order
+    first.setdefault(union.find(owner), op)
+  merged: Dict[str, List[str]] = collections.defaultdict(list)
+  for name in groups:
+    if name in union.parent:
+      merged[union.find(name)].append(name)
+  new_name: Dict[str, str] = {}
+  taken = {n for n in groups if n not in union.parent}
+  for root in sorted(merged, key=lambda r: _compat.op_id(first[r])
+                     if r in first else -1):
+    if root in mapped or root not in first:
+      new_name[root] = root
+      taken.add(root)
+      continue
+    name = base = first[root].name
+    k = 1
+    while name in taken:
+      name, k = f"{base}_layer{'' if k == 1 else k}", k + 1
+    new_name[root] = name
+    taken.add(name)
+  out_groups: Dict[str, List[tf.Variable]] = {}
+  out_scopes: Dict[str, set] = collections.defaultdict(set)
+  for name, vs in groups.items():
+    target = new_name[union.find(name)] if name in union.parent else name
+    out_groups.setdefault(target, []).extend(vs)
+    out_scopes[target].update(scopes.get(name, ()))
+  members: Dict[str, str] = {}
+  for owner, ops in ops_of.items():
+    for op in ops:
+      members.setdefault(op.name, new_name[union.find(owner)])
+  return out_groups, out_scopes, members

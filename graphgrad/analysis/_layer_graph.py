@@ -3,12 +3,13 @@
 A **layer** is a set of variables and the ops in their name scopes, with the
 ops that read its variables wherever they sit, and the control flow whose
 body reads only its variables (:mod:`graphgrad.analysis._control_flow`).
-**Glue** is a forward op that belongs to no layer. A layer's **inputs** are
-the tensors its ops consume from outside it; its **outputs** are its tensors
-consumed outside it on the way to the loss. The **boundary**
-``(lower, upper)`` is the set of outputs of ``lower`` that reach an input of
-``upper`` through glue only. The glossary of the documentation's Concepts
-page gives each word exactly.
+Variables with no scope of their own form layers from the ops that use them
+(:func:`graphgrad.analysis._grouping.group_by_ops`). **Glue** is a forward op
+that belongs to no layer. A layer's **inputs** are the tensors its ops consume
+from outside it; its **outputs** are its tensors consumed outside it on the
+way to the loss. The **boundary** ``(lower, upper)`` is the set of outputs of
+``lower`` that reach an input of ``upper`` through glue only. The glossary of
+the documentation's Concepts page gives each word exactly.
 """
 
 import dataclasses
@@ -89,7 +90,7 @@ class LayerGraph:
   """
 
   def __init__(self, loss, layers, graph, op_graph, op_layer, topo_index,
-               loop_edges=()):
+               loop_edges=(), lost_overrides=()):
     self.loss = loss
     self.layers: Tuple[Layer, ...] = tuple(layers)
     self.graph: nx.DiGraph = graph
@@ -102,6 +103,7 @@ class LayerGraph:
     self.loop_edges: Tuple[Tuple[str, str], ...] = tuple(loop_edges)
     self._var_layer = {v.op.name: l.name for l in self.layers
                        for v in l.variables}
+    self._lost_overrides = tuple(lost_overrides)
 
   # -- lookup --------------------------------------------------------------
 
@@ -155,6 +157,21 @@ class LayerGraph:
   def layer_of_variable(self, var: tf.Variable) -> Optional[str]:
     """Name of the layer that holds ``var``, or ``None``."""
     return self._var_layer.get(var.op.name)
+
+  @property
+  def lost_overrides(self) -> tuple:
+    """The forward ops whose gradient override this process never registered.
+
+    A graph built with ``gradient_override_map`` and imported into another
+    process keeps each op's override name but not its function. Each item
+    (``op``, ``override``, ``kind``, ``declaration``, ``hint``) names the op
+    and the override, and gives the plan line that looks like it restores
+    the behaviour: ``plan.straight_through(op).transform_edge(lower, upper,
+    gg.transforms.reverse(l))`` for a gradient reversal,
+    ``plan.straight_through(op)`` for a straight-through estimator, else
+    ``plan.override_gradient(op, fn)``. ``gg.analyze`` logs them once.
+    """
+    return self._lost_overrides
 
   def topo_index(self, op: tf.Operation) -> int:
     """Position of a forward op in the topological order (inputs first)."""

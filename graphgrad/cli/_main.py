@@ -199,6 +199,7 @@ def _inspect(args) -> int:
       print()
       print(net.summary())
       _print_ops_without_gradient(net)
+      _print_lost_overrides(net)
       if args.dot:
         net.draw(args.dot)
         print(f"\nwrote {args.dot}")
@@ -231,6 +232,23 @@ def _print_ops_without_gradient(net) -> None:
         f"there with LookupError; a plan needs plan.straight_through(op) or "
         f"plan.override_gradient(op, fn) for each):")
   _print_ops(net, missing)
+
+
+def _print_lost_overrides(net) -> None:
+  lost = net.lost_overrides
+  if not lost:
+    return
+  print()
+  print(f"gradient overrides: {len(lost)} op(s) carry a gradient_override_map "
+        f"name that no gradient function is registered for in this process "
+        f"(the function stayed in the process that built the graph):")
+  for item in lost:
+    layer = net.layer_of(item.op)
+    print(f"  {item.op.name}  type {item.op.type}  "
+          f"{'layer ' + layer if layer else 'glue'}  override "
+          f"{item.override!r}")
+    print(f"    {item.hint}:")
+    print(f"    {item.declaration}")
 
 
 def _print_ops(net, ops) -> None:

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from graphgrad import _compat, _errors
-from graphgrad.analysis import _graph_util
+from graphgrad.analysis import _graph_util, _lost_overrides
 from graphgrad.analysis._no_gradient import (
   backpropagatable,
   ops_on_path,
@@ -136,11 +136,29 @@ def no_gradient_error(loss: tf.Tensor, ops: Sequence[tf.Operation],
   return _errors.GraphGradError(
       f"the backward path of {loss.name} crosses {len(ops)} op"
       f"{'s' if len(ops) != 1 else ''} with no registered gradient, where "
-      f"tf.gradients would stop with LookupError: {listed}. Give each one a "
+      f"tf.gradients would stop with LookupError: {listed}."
+      f"{_lost_override_note(ops)} Give each one a "
       f"backward pass in this plan: plan.straight_through(op) for the "
       f"identity (the straight-through estimator), or "
       f"plan.override_gradient(op, fn) with fn(op, *output_grads) -> input "
       f"grads; `op` is the op, its name, or its type ({ops[0].type!r}).")
+
+
+def _lost_override_note(ops) -> str:
+  """Why the ops have no gradient when they carry an override name."""
+  by_name: Dict[str, List[str]] = collections.defaultdict(list)
+  for op in ops:
+    name = _lost_overrides.override_name(op)
+    if name is not None:
+      by_name[name].append(op.name)
+  return "".join(
+      f" {', '.join(names)} carried the gradient override {name!r} when the "
+      f"graph was built; no gradient function of that name is registered in "
+      f"this process (@tf.RegisterGradient({name!r}) ran only in the process "
+      f"that built it)."
+      for name, names in by_name.items()) + (
+          " gg.analyze(loss).lost_overrides suggests the declaration that "
+          "restores each one." if by_name else "")
 
 
 def gradients(ys, xs, grad_ys=None, stop_gradients=None, *,

@@ -115,16 +115,25 @@ def test_depth_groups_nested_scopes(graph):
   assert gg.analyze(loss, depth=1).names == ("resnet", "head")
 
 
-def test_top_level_variables_are_layers_of_their_own(graph):
+def test_top_level_variables_are_grouped_by_the_ops_that_use_them(graph):
   x = tf1.placeholder(tf.float32, [None, 4])
   w = tf1.get_variable("w", initializer=np.ones((4, 3), np.float32))
   v = tf1.get_variable("v", initializer=np.ones((3, 1), np.float32))
-  net = gg.analyze(tf.reduce_sum(tf.matmul(tf.matmul(x, w), v)))
-  assert _names(net) == ["w", "v"]
-  # Each is read by glue ops; the reads are the layers' outputs.
-  assert net.graph.number_of_edges() == 0
-  assert net["w"].variables == (w,)
-  assert [t.op.type for t in net["w"].outputs] == ["ReadVariableOp"]
+  h = tf.matmul(x, w)
+  net = gg.analyze(tf.reduce_sum(tf.matmul(h, v)))
+  assert _names(net) == ["MatMul", "MatMul_1"]
+  assert list(net.graph.edges) == [("MatMul", "MatMul_1")]
+  assert net.boundary("MatMul", "MatMul_1") == (h,)
+  assert net["MatMul"].variables == (w,)
+  assert net.layer_of_variable(v) == "MatMul_1"
+
+
+def test_a_top_level_variable_no_parametric_op_reads_is_its_own_layer(graph):
+  x = tf1.placeholder(tf.float32, [None, 4])
+  s = tf1.get_variable("s", initializer=np.ones((4,), np.float32))
+  net = gg.analyze(tf.reduce_sum(tf.tanh(x) * s))
+  assert _names(net) == ["s"]
+  assert [t.op.type for t in net["s"].outputs] == ["ReadVariableOp"]
 
 
 def test_shared_scope_is_one_layer_with_two_call_sites(graph):

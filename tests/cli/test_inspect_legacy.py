@@ -2,6 +2,8 @@
 
 import re
 
+import legacy_graphs
+import pytest
 import tensorflow as tf
 
 from graphgrad.cli import _main as _cli
@@ -120,3 +122,23 @@ def test_reports_ops_without_gradient(tmp_path, capsys):
   assert ("gradients: 1 op(s) on the backward path send no gradient below "
           "them") in out
   assert "  to_8_bits  type Round  glue" in out
+
+
+@pytest.mark.slow
+def test_names_lost_overrides_of_a_graph_from_another_process(tmp_path):
+  meta = legacy_graphs.export_in_subprocess(tmp_path)
+  run = legacy_graphs.run_python(
+      "import sys; from graphgrad.cli import _main; "
+      f"sys.exit(_main.main(['inspect', {meta!r}]))", tmp_path)
+  assert run.returncode == 0, run.stderr
+  out = run.stdout
+  assert re.search(r"MatMul\s+1\s+Variable \[4,6\], Variable_1 \[6\]", out)
+  assert "MatMul -> MatMul_2: add:0 [8,6]" in out
+  assert ("gradient overrides: 3 op(s) carry a gradient_override_map name "
+          "that no gradient function is registered for in this process") in out
+  assert "  flip  type Identity  glue  override 'FlipGradient0'" in out
+  assert ("    plan.straight_through('flip').transform_edge('MatMul', "
+          "'MatMul_2', gg.transforms.reverse(l))") in out
+  assert "  quantize  type Round  glue  override 'StraightThroughRound'" in out
+  assert "    plan.straight_through('quantize')" in out
+  assert "    plan.override_gradient('squash', fn)" in out
