@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Tuple
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.keras import _tasks
+from graphgrad.keras import _replicas, _tasks
 from graphgrad.keras._intercept import Interceptor
 from graphgrad.keras._layers import tf_variable
 from graphgrad.transforms import _checks
@@ -111,14 +111,10 @@ class PlanTape:
     self._check_edges()
     todo = [(p, fn) for p, fns in plan.declarations.gradients.items()
             for fn in fns if not is_identity(fn)]
-    if not todo:
-      return grads
-    flat_s = tf.nest.flatten(sources)
-    flat_g = tf.nest.flatten(grads)
-    with tf.name_scope(plan.name):
-      for path, fn in todo:
-        self._transform_layer(path, fn, flat_s, flat_g)
-    return tf.nest.pack_sequence_as(grads, flat_g)
+    # Under tf.distribute: the transforms see the sum over replicas.
+    return _replicas.transform_parameters(sources, grads, todo,
+                                          self._transform_layer,
+                                          plan.own_variables, plan.name)
 
   def grads_and_vars(self, target, task_losses=None) -> List[Tuple[Any, Any]]:
     """``(gradient, variable)`` pairs of the model and the plan's methods.
