@@ -7,6 +7,7 @@ the TF1 executor (:func:`graphgrad.plan._executor.build`) on the plan's
 declarations once, and makes the train op and the summaries from its result.
 """
 
+import dataclasses
 import logging
 from typing import List, Optional, Sequence, Tuple
 
@@ -16,7 +17,7 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layers import LayerGraph
-from graphgrad.plan import _advice, _executor, _optimizer
+from graphgrad.plan import _advice, _executor, _loss_scale, _optimizer
 from graphgrad.plan._declarations import Declarations
 from graphgrad.transforms._context import Resources
 
@@ -103,7 +104,18 @@ class Training:
     """
     check_graph_mode("GradientPlan.apply_gradients", self._loss)
     _optimizer.check_optimizer(optimizer)
-    gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
+    scale = _loss_scale.loss_scale_of(optimizer)
+    if scale is None:
+      gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
+    else:  # as its minimize(): the gradients of loss * S, then / S
+      self._declarations.freeze()
+      _loss_scale.check_declarations(self._declarations)
+      with self._loss.graph.as_default():
+        options = dataclasses.replace(self._options, loss_scale=scale())
+      built = _executor.build(self._loss, lambda: self.net, self._var_list,
+                              self._declarations, options, self._resources)
+      gv = [(g, v) for g, v in _loss_scale.unscale(
+          optimizer, built.grads_and_vars) if g is not None]
     if not gv:
       raise _errors.NotConnectedError(
           f"no variable has a gradient from the loss {self._loss.name}; "
