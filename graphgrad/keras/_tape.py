@@ -94,10 +94,16 @@ class PlanTape:
       Gradients in the structure of ``sources`` (a list for the default).
       The gradients of the training methods' own variables (synthetic
       gradient modules) are in :attr:`extra_grads_and_vars` afterwards.
+      Inside ``strategy.run`` (``MirroredStrategy``,
+      ``MultiWorkerMirroredStrategy``) they are this replica's contribution:
+      their sum over replicas, which the optimizer's ``apply_gradients``
+      takes, is the plan's gradient for the global batch, with parameter
+      transforms applied to the summed gradient (docs/distributed-keras.md).
 
     Raises:
       GraphGradError: if a layer named by the plan never ran under this
-        tape, or ``task_losses`` does not match the task declarations.
+        tape, ``task_losses`` does not match the task declarations, or the
+        strategy is a ``ParameterServerStrategy`` or ``TPUStrategy``.
       IncompatibleGradientError: if a transform changes a shape or dtype.
     """
     self._check_ran()

@@ -84,6 +84,11 @@ class Training:
         a tf-keras or Keras 3 optimizer made in the loss's graph (run inside
         a ``tf.function``, whose call op is then the train op), or anything
         with an ``apply_gradients(grads_and_vars, global_step, name)``.
+        A ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``
+        is applied as its ``minimize()`` does: the plan backpropagates the
+        scaled loss, its transforms see the unscaled gradient (in float32
+        where it is float16), and a non-finite step is skipped
+        (docs/distributed-keras.md).
       global_step: optional variable to increment once per step. When it is
         ``None`` and a transform of the plan reads the tf.Graph's global step
         (annealed ``add_noise(eta=...)``), that global step is incremented,
@@ -100,7 +105,8 @@ class Training:
       GraphGradError: if ``optimizer`` is a class, has no
         ``apply_gradients``, or is a Keras optimizer made outside the loss's
         graph; eagerly, inside a ``tf.function`` or for a finalized
-        tf.Graph; or if no variable has a gradient.
+        tf.Graph; if no variable has a gradient; or for a loss-scale
+        optimizer with task combinations or backward replacements.
     """
     check_graph_mode("GradientPlan.apply_gradients", self._loss)
     _optimizer.check_optimizer(optimizer)
