@@ -138,6 +138,57 @@ def compare(gg, K, kind, group, strategy, local, replicas):
           "weights": [w.tolist() for w in got]}
 
 
+def fit_case(gg, K, strategy):
+  """``model.fit`` with a train_step that runs the plan's tape, against the
+  same plan in a loop on one device (global batch, the compiled MSE)."""
+
+  class PlanTrainer(K.Model):
+    """A model whose train_step takes its gradients from a plan's tape."""
+
+    def __init__(self, inner):
+      super().__init__()
+      self.inner = inner
+      self.plan = make_plan(gg, inner, "clip")
+
+    def call(self, x):
+      return self.inner(x)
+
+    def train_step(self, data):
+      x, y = data
+      with self.plan.tape() as tape:
+        loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+      grads = tape.gradient(loss)
+      self.optimizer.apply_gradients(zip(grads, self.inner.trainable_variables))
+      return {"loss": loss}
+
+  xs, ys = data()
+  with strategy.scope():
+    trainer = PlanTrainer(make_model(K))
+    trainer.compile(optimizer=K.optimizers.SGD(LR), loss="mse")
+  trainer.fit(xs.reshape(-1, 4), ys.reshape(-1, 3), batch_size=GLOBAL_BATCH,
+              shuffle=False, epochs=1, verbose=0)
+  got = [np.asarray(w) for w in trainer.inner.get_weights()]
+
+  model = make_model(K)
+  plan = make_plan(gg, model, "clip")
+  opt = K.optimizers.SGD(LR)
+
+  @tf.function
+  def step(x, y):
+    with plan.tape() as tape:
+      loss = tf.reduce_mean(tf.square(model(x) - y))
+    opt.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
+
+  for i in range(STEPS):
+    step(tf.constant(xs[i]), tf.constant(ys[i]))
+  ref = [np.asarray(w) for w in model.get_weights()]
+  start = initial_weights()
+  return {"flavour": K.__name__, "optimizer": "fit", "group": "clip",
+          "diff": max(float(np.max(np.abs(a - b))) for a, b in zip(got, ref)),
+          "moved": min(float(np.max(np.abs(a - b)))
+                       for a, b in zip(ref, start))}
+
+
 def flavours():
   import keras  # pylint: disable=g-import-not-at-top
   cases = [(keras, "keras3")]
@@ -175,8 +226,12 @@ def main():
       return tf.constant(batch[task * half:(task + 1) * half])
   results = [compare(gg, K, kind, group, strategy, local, replicas)
              for K, kind in flavours() for group in ("clip", "global")]
+  fits = []
+  if mode == "mirrored":
+    fits = [fit_case(gg, K, strategy) for K, kind in flavours()
+            if kind != "legacy"]
   with open(out, "w", encoding="utf-8") as f:
-    json.dump({"replicas": replicas, "results": results}, f)
+    json.dump({"replicas": replicas, "results": results, "fit": fits}, f)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,14 @@ def test_mirrored_two_replicas_equal_one_device(tmp_path):
   results = json.loads(out.read_text())
   assert results["replicas"] == 2
   print("MirroredStrategy x2, largest weight difference:", _check(results))
+  # model.fit with a train_step that runs the plan's tape: the compiled
+  # loss's convention, and the aggregation in tape.gradient, as in a loop.
+  assert {f["flavour"].split(".")[0] for f in results["fit"]} == {
+      "keras", "tf_keras"}
+  for f in results["fit"]:
+    assert f["diff"] < TOLERANCE, f
+    assert f["moved"] > 1000 * TOLERANCE, f
+  print("  model.fit:", max(f["diff"] for f in results["fit"]))
 
 
 @pytest.mark.slow
