@@ -53,7 +53,12 @@ def _feeds(steps, bad_step=None):
 
 
 def _train(loss_scale, use_plan, feeds, seen=None):
-  """Per step: the variables and the loss-scale optimizer's own variables."""
+  """Per step: the variables and the loss-scale optimizer's own variables.
+
+  ``use_plan``: "upstream" cuts the backward pass at l2's outputs (a float16
+  boundary) with a transform that changes nothing; "gradients" transforms
+  l1's parameter gradients alike (one tf.gradients call, as minimize()).
+  """
   with tf.Graph().as_default():
     x, y, _, loss = _model()
     opt = MPLSO(tf1.train.GradientDescentOptimizer(LR), loss_scale)
@@ -61,8 +66,11 @@ def _train(loss_scale, use_plan, feeds, seen=None):
       def look(g):
         seen.append(g.dtype)
         return g
-      # A transform that changes nothing, but puts a cut at l2's outputs.
-      plan = gg.GradientPlan(loss).transform_upstream("l2", look)
+      plan = gg.GradientPlan(loss)
+      if use_plan == "upstream":
+        plan.transform_upstream("l2", look)
+      else:
+        plan.transform_gradients("l1", look)
       step = plan.apply_gradients(opt)
     else:
       step = opt.minimize(loss)
@@ -77,14 +85,15 @@ def _train(loss_scale, use_plan, feeds, seen=None):
   return out
 
 
+@pytest.mark.parametrize("declared", ["upstream", "gradients"])
 @pytest.mark.parametrize("loss_scale,bad_step", [(2.0 ** 15, None),
                                                  ("dynamic", 2)])
-def test_plan_steps_as_minimize_does(loss_scale, bad_step):
+def test_plan_steps_as_minimize_does(loss_scale, bad_step, declared):
   feeds = _feeds(4, bad_step)
   seen = []
-  got = _train(loss_scale, True, feeds, seen)
-  want = _train(loss_scale, False, feeds)
-  assert seen and all(d == tf.float32 for d in seen)  # float16 boundary
+  got = _train(loss_scale, declared, feeds, seen)
+  want = _train(loss_scale, None, feeds)
+  assert seen and all(d == tf.float32 for d in seen)  # float16 upstream
   for (gv, gs), (wv, ws) in zip(got, want):
     for a, b in zip(gv, wv):
       np.testing.assert_allclose(a, b, rtol=1e-6)
