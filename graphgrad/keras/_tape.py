@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core._gradients import add_dense
-from graphgrad.keras import _tasks
+from graphgrad.keras import _replicas, _tasks
 from graphgrad.keras._intercept import BackwardStep, Interceptor
 from graphgrad.keras._layer_index import tf_variable
 from graphgrad.transforms import _checks
@@ -134,10 +134,16 @@ class PlanTape:
       gradient modules) are in :attr:`extra_grads_and_vars` afterwards, and
       in the result for those among ``sources`` (as in
       ``plan.trainable_variables`` after the first step, which makes them).
+      Inside ``strategy.run`` (``MirroredStrategy``,
+      ``MultiWorkerMirroredStrategy``) they are this replica's contribution:
+      their sum over replicas, which the optimizer's ``apply_gradients``
+      takes, is the plan's gradient for the global batch, with parameter
+      transforms applied to the summed gradient (docs/distributed-keras.md).
 
     Raises:
       GraphGradError: if a layer named by the plan never ran under this
-        tape, or ``task_losses`` does not match the task declarations.
+        tape, ``task_losses`` does not match the task declarations, or the
+        strategy is a ``ParameterServerStrategy`` or ``TPUStrategy``.
       IncompatibleGradientError: if a transform changes a shape or dtype.
     """
     self._check_ran()
@@ -157,9 +163,10 @@ class PlanTape:
     flat_s = tf.nest.flatten(sources)
     flat_g = tf.nest.flatten(grads)
     self._methods_grads(step, flat_s, flat_g)
-    with tf.name_scope(plan.name):
-      for path, fn in todo:
-        self._transform_layer(path, fn, flat_s, flat_g)
+    # Under tf.distribute: the transforms see the sum over replicas.
+    flat_g = _replicas.transform_parameters(flat_s, flat_g, todo,
+                                            self._transform_layer,
+                                            plan.own_variables, plan.name)
     return tf.nest.pack_sequence_as(grads, flat_g)
 
   def grads_and_vars(self, target, task_losses=None) -> List[Tuple[Any, Any]]:

@@ -32,7 +32,7 @@ from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core._declaration_model import Declaration, Declarations
 from graphgrad.core._gradients import aggregate
 from graphgrad.methods import _pcgrad, _replacement
-from graphgrad.plan import _op_override
+from graphgrad.plan import _loss_scale, _op_override
 from graphgrad.plan._engine import Rewrite, Segments
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources, TransformContext
@@ -87,6 +87,9 @@ class Options:
     reduce_fn: the cross-replica reduction, or ``None``.
     fuse_linear: a linear rewrite weights one backward pass by its factor
       (``linear="fused"``) instead of being called on the gradient.
+    loss_scale: the loss scale ``S`` of a loss-scale optimizer (a tensor),
+      or ``None``: the plan then backpropagates ``loss * S`` and its
+      transforms see gradients divided by ``S`` (see ``_loss_scale``).
   """
   gate_gradients: int = GATE_OP
   aggregation_method: Any = None
@@ -94,6 +97,7 @@ class Options:
   name: str = "graphgrad"
   reduce_fn: Optional[Callable] = None
   fuse_linear: bool = True
+  loss_scale: Any = None
 
   @property
   def gradients_kwargs(self) -> dict:
@@ -211,8 +215,7 @@ class _Executor:
     if self.options.reduce_fn is not None:
       reduce = lambda names, grads: self._reduce(  # noqa: E731
           [by_name[n] for n in names], grads)
-    contributions = segments.build(tf.ones_like(self.loss, name="seed"),
-                                   reduce=reduce)
+    contributions = segments.build(self._seed(), reduce=reduce)
     return {v.op.name: aggregate(contributions.get(v.op.name, ()), like=v)
             for v in reached}
 
@@ -265,7 +268,8 @@ class _Executor:
     for fn in fns:
       if isinstance(fn, GroupTransform):
         new = _checks.checked_group(
-            fn, [out[i] for i in idx], self._context(layer, "gradients"),
+            _loss_scale.unscaled(fn, self.options.loss_scale),
+            [out[i] for i in idx], self._context(layer, "gradients"),
             f"transform_gradients({layer!r}, {fn!r})")
         for i, g in zip(idx, new):
           where = f"transform_gradients({layer!r}, {fn!r}) on {out[i][1].name}"
@@ -283,7 +287,9 @@ class _Executor:
 
   def _whole(self, variables) -> Dict[str, Gradient]:
     """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
-    grads = self.gradients_fn(self.loss, variables,
+    scaled = ({} if self.options.loss_scale is None
+              else {"grad_ys": self._seed()})
+    grads = self.gradients_fn(self.loss, variables, **scaled,
                               **self.options.gradients_kwargs)
     found = [(v, g) for v, g in zip(variables, grads) if g is not None]
     if self.options.reduce_fn is not None and found:
@@ -307,9 +313,16 @@ class _Executor:
 
   # -- helpers ---------------------------------------------------------------
 
+  def _seed(self) -> tf.Tensor:
+    """The loss's gradient: 1, or the loss scale."""
+    if self.options.loss_scale is None:
+      return tf.ones_like(self.loss, name="seed")
+    return _loss_scale.seed(self.loss, self.options.loss_scale)
+
   def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:
-    out = _checks.checked(fn, grad, ctx, where)
+    out = _checks.checked(_loss_scale.unscaled(fn, self.options.loss_scale),
+                          grad, ctx, where)
     self.trace.append(TraceRecord(ctx, grad, out))
     return out
 

@@ -10,6 +10,7 @@ plan's :class:`~graphgrad.core._declaration_model.Declarations`.
 picture are made from that result.
 """
 
+import dataclasses
 import logging
 from typing import List, Optional, Sequence, Tuple
 
@@ -30,6 +31,7 @@ from graphgrad.plan import (
   _arguments,
   _declaration_checks,
   _executor,
+  _loss_scale,
   _op_override,
   _optimizer,
   _picture,
@@ -494,6 +496,11 @@ class GradientPlan:
         a tf-keras or Keras 3 optimizer made in the loss's graph (run inside
         a ``tf.function``, whose call op is then the train op), or anything
         with an ``apply_gradients(grads_and_vars, global_step, name)``.
+        A ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``
+        is applied as its ``minimize()`` does: the plan backpropagates the
+        scaled loss, its transforms see the unscaled gradient (in float32
+        where it is float16), and a non-finite step is skipped
+        (docs/distributed-keras.md).
       global_step: optional variable to increment once per step. When it is
         ``None`` and a transform of the plan reads the tf.Graph's global step
         (annealed ``add_noise(eta=...)``), that global step is incremented,
@@ -510,11 +517,23 @@ class GradientPlan:
       GraphGradError: if ``optimizer`` is a class, has no
         ``apply_gradients``, or is a Keras optimizer made outside the loss's
         graph; eagerly, inside a ``tf.function`` or for a finalized
-        tf.Graph; or if no variable has a gradient.
+        tf.Graph; if no variable has a gradient; or for a loss-scale
+        optimizer with task combinations or backward replacements.
     """
     check_graph_mode("GradientPlan.apply_gradients", self._loss)
     _optimizer.check_optimizer(optimizer)
-    gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
+    scale = _loss_scale.loss_scale_of(optimizer)
+    if scale is None:
+      gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
+    else:  # as its minimize(): the gradients of loss * S, then / S
+      self._declarations.freeze()
+      _loss_scale.check_declarations(self._declarations)
+      with self._loss.graph.as_default():
+        options = dataclasses.replace(self._options, loss_scale=scale())
+      built = _executor.build(self._loss, lambda: self.net, self._var_list,
+                              self._declarations, options, self._resources)
+      gv = [(g, v) for g, v in _loss_scale.unscale(
+          optimizer, built.grads_and_vars) if g is not None]
     if not gv:
       raise _errors.NotConnectedError(
           f"no variable has a gradient from the loss {self._loss.name}; "

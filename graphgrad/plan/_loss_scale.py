@@ -1,0 +1,124 @@
+"""Loss scaling for TF1's MixedPrecisionLossScaleOptimizer in a GradientPlan.
+
+Given that optimizer, ``GradientPlan.apply_gradients`` does what its
+``minimize()`` does: the plan backpropagates ``loss * S`` (its seed is the
+loss scale ``S``), the parameter gradients are multiplied by ``1 / S`` with
+the optimizer's own unscaling, and the optimizer's ``apply_gradients`` skips
+a non-finite step and updates a dynamic scale. In between, every transform
+sees the unscaled gradient, in float32 where the gradient is float16:
+:func:`unscaled` casts in, divides by ``S``, transforms, multiplies by ``S``
+and casts back. TensorFlow's loss scales are powers of two, so both
+multiplications are exact and a transform's result reaches the optimizer
+unchanged. Linear rewrites (a factor, a backward replacement, an override)
+commute with the scale and act on the scaled gradient as they are.
+"""
+
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad.transforms._group import GroupTransform
+from graphgrad.transforms._transforms import Transform, as_transform
+
+_MPLSO = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
+
+
+def loss_scale_of(optimizer) -> Optional[Callable[[], Any]]:
+  """The loss scale of a TF1 loss-scale optimizer, else ``None``.
+
+  Returns the ``LossScale`` object; calling it gives the current scale as a
+  tensor. TensorFlow keeps it in the optimizer's ``_loss_scale`` (the
+  optimizer has no public accessor); ``minimize()`` reads the same object.
+  """
+  if not isinstance(optimizer, _MPLSO):
+    return None
+  return optimizer._loss_scale  # pylint: disable=protected-access
+
+
+def unscale(optimizer, grads_and_vars):
+  """``(g / S, v)`` pairs, with the optimizer's own unscaling ops."""
+  grads = [g for g, _ in grads_and_vars]
+  unscaled = optimizer._unscale_grads(grads)  # pylint: disable=protected-access
+  return list(zip(unscaled, [v for _, v in grads_and_vars]))
+
+
+def check_declarations(declarations) -> None:
+  """Refuses declarations whose values loss scaling would change.
+
+  A task combination mixes the scaled gradient at a layer's outputs with
+  task gradients it computes itself, unscaled; a backward replacement may
+  read or return gradients in its own units (a synthetic-gradient module
+  predicts unscaled ones). Neither is scaled consistently, so both are
+  refused rather than silently wrong.
+
+  Raises:
+    GraphGradError: naming the declarations.
+  """
+  bad = [f"combine_tasks({k!r})" for k in declarations.tasks] + [
+      f"replace_backward({k!r})" for k in declarations.backward]
+  if bad:
+    raise _errors.GraphGradError(
+        f"apply_gradients: a MixedPrecisionLossScaleOptimizer scales the "
+        f"loss's gradient by its loss scale, but {', '.join(bad)} compute "
+        f"gradients of their own that would not be scaled with it. Apply "
+        f"this plan with the optimizer the loss-scale optimizer wraps (and "
+        f"float32 where gradients underflow), or drop those declarations.")
+
+
+def seed(loss: tf.Tensor, scale) -> tf.Tensor:
+  """The gradient of the loss when ``loss * S`` is backpropagated."""
+  return tf.ones_like(loss) * tf.cast(scale, loss.dtype)
+
+
+def _to_float32(g):
+  return tf.cast(g, tf.float32) if g.dtype == tf.float16 else g
+
+
+def _back(out, like, scale):
+  return tf.cast(out * tf.cast(scale, out.dtype), like.dtype)
+
+
+class _Unscaled(Transform):
+  """``fn`` on the unscaled gradient, in float32, scaled back."""
+
+  def __init__(self, fn: Transform, scale):
+    self.fn, self.scale = fn, scale
+    self.name = f"unscaled_{fn.name}"
+    self.reads_global_step = fn.reads_global_step
+
+  def apply_dense(self, grad, context):
+    g = _to_float32(grad)
+    out = self.fn(g * tf.cast(1.0 / self.scale, g.dtype), context)
+    return _back(tf.convert_to_tensor(out), grad, self.scale)
+
+  def __repr__(self):
+    return repr(self.fn)
+
+
+class _UnscaledGroup(GroupTransform):
+  """A group transform on the unscaled gradients, in float32, scaled back."""
+
+  def __init__(self, fn: GroupTransform, scale):
+    self.fn, self.scale = fn, scale
+    self.name = f"unscaled_{fn.name}"
+    self.reads_global_step = fn.reads_global_step
+
+  def apply_group(self, grads_and_vars, context):
+    inv = 1.0 / self.scale
+    pairs = [(_to_float32(g) * tf.cast(inv, _to_float32(g).dtype), v)
+             for g, v in grads_and_vars]
+    out = self.fn.apply_group(pairs, context)
+    return [_back(o, g, self.scale) for o, (g, _) in zip(out, grads_and_vars)]
+
+  def __repr__(self):
+    return repr(self.fn)
+
+
+def unscaled(fn, scale):
+  """``fn`` made to see the unscaled float32 gradient (see module doc)."""
+  if scale is None:
+    return fn
+  if isinstance(fn, GroupTransform):
+    return _UnscaledGroup(fn, scale)
+  return _Unscaled(as_transform(fn), scale)

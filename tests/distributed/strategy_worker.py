@@ -1,0 +1,238 @@
+"""A KerasPlan under tf.distribute, against the same plan on one device.
+
+Run by tests/distributed/test_strategies.py in a fresh process, because the
+logical devices and the cluster must be set before TensorFlow runs an op:
+
+  strategy_worker.py mirrored OUT          2 logical CPUs, MirroredStrategy
+  strategy_worker.py multiworker OUT TASK WORKERS
+                                           one process per worker; WORKERS:
+                                           a JSON list of host:port, which
+                                           becomes TF_CONFIG
+
+Each case trains one model for STEPS SGD steps with the strategy, one
+identical model with the same plan on one device with the global batch, and
+one with the transforms applied to each replica's gradient before the sum
+(what a plan did before it summed first), and writes, as JSON to OUT, the
+largest weight difference of the first two and of the last two.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+STEPS = 3
+GLOBAL_BATCH = 16
+LR = 0.05
+UPSTREAM = 0.5    # transform_upstream("l2", scale(UPSTREAM))
+CLIP = 0.02       # transform_gradients("l2", clip...(CLIP))
+
+
+def data():
+  rng = np.random.default_rng(7)
+  x = rng.normal(size=(STEPS, GLOBAL_BATCH, 4)).astype(np.float32)
+  y = rng.normal(size=(STEPS, GLOBAL_BATCH, 3)).astype(np.float32)
+  return x, y
+
+
+def initial_weights():
+  rng = np.random.default_rng(3)
+  shapes = [(4, 8), (8,), (8, 8), (8,), (8, 3), (3,)]
+  return [rng.normal(scale=0.7, size=s).astype(np.float32) for s in shapes]
+
+
+def make_model(K):
+  model = K.Sequential([
+      K.Input((4,)),
+      K.layers.Dense(8, activation="tanh", name="l1"),
+      K.layers.Dense(8, activation="tanh", name="l2"),
+      K.layers.Dense(3, name="l3")])
+  model.set_weights(initial_weights())
+  return model
+
+
+def make_optimizer(K, kind):
+  if kind == "legacy":
+    return K.optimizers.legacy.SGD(LR)
+  return K.optimizers.SGD(LR)
+
+
+def make_plan(gg, model, group):
+  clip = (gg.transforms.clip_by_norm(CLIP) if group == "clip"
+          else gg.transforms.clip_by_global_norm(CLIP))
+  return (gg.KerasPlan(model)
+          .transform_upstream("l2", gg.transforms.scale(UPSTREAM))
+          .transform_gradients("l2", clip))
+
+
+def loss_of(model, x, y):
+  per_example = tf.reduce_sum(tf.square(model(x) - y), axis=-1)
+  return tf.nn.compute_average_loss(per_example,
+                                    global_batch_size=GLOBAL_BATCH)
+
+
+def planned_step(plan, model, opt):
+  def step(x, y):
+    with plan.tape() as tape:
+      loss = loss_of(model, x, y)
+    grads = tape.gradient(loss)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+  return step
+
+
+def one_device(gg, K, kind, group, split):
+  """The same plan on one device; ``split`` > 1: transforms per part."""
+  model = make_model(K)
+  plan = make_plan(gg, model, group)
+  opt = make_optimizer(K, kind)
+  if split == 1:
+    step = tf.function(planned_step(plan, model, opt))
+  else:
+    @tf.function
+    def step(x, y):
+      total = None
+      for xs, ys in zip(tf.split(x, split), tf.split(y, split)):
+        with plan.tape() as tape:
+          loss = loss_of(model, xs, ys)
+        g = tape.gradient(loss)
+        total = g if total is None else [a + b for a, b in zip(total, g)]
+      opt.apply_gradients(zip(total, model.trainable_variables))
+  xs, ys = data()
+  for i in range(STEPS):
+    step(tf.constant(xs[i]), tf.constant(ys[i]))
+  return [np.asarray(w) for w in model.get_weights()]
+
+
+def distributed(gg, K, kind, group, strategy, local):
+  """Trains under ``strategy``; ``local(step_x)`` is this worker's input."""
+  with strategy.scope():
+    model = make_model(K)
+    plan = make_plan(gg, model, group)
+    opt = make_optimizer(K, kind)
+  step = planned_step(plan, model, opt)
+
+  @tf.function
+  def train(x, y):
+    strategy.run(step, args=(x, y))
+
+  xs, ys = data()
+  for i in range(STEPS):
+    x, y = local(xs[i]), local(ys[i])
+    train(x, y)
+  return [np.asarray(w) for w in model.get_weights()]
+
+
+def compare(gg, K, kind, group, strategy, local, replicas):
+  got = distributed(gg, K, kind, group, strategy, local)
+  ref = one_device(gg, K, kind, group, 1)
+  per_replica = one_device(gg, K, kind, group, replicas)
+  return {"flavour": K.__name__, "optimizer": kind, "group": group,
+          "diff": max(float(np.max(np.abs(a - b))) for a, b in zip(got, ref)),
+          "per_replica_diff": max(float(np.max(np.abs(a - b)))
+                                  for a, b in zip(per_replica, ref)),
+          "weights": [w.tolist() for w in got]}
+
+
+def fit_case(gg, K, strategy):
+  """``model.fit`` with a train_step that runs the plan's tape, against the
+  same plan in a loop on one device (global batch, the compiled MSE)."""
+
+  class PlanTrainer(K.Model):
+    """A model whose train_step takes its gradients from a plan's tape."""
+
+    def __init__(self, inner):
+      super().__init__()
+      self.inner = inner
+      self.plan = make_plan(gg, inner, "clip")
+
+    def call(self, x):
+      return self.inner(x)
+
+    def train_step(self, data):
+      x, y = data
+      with self.plan.tape() as tape:
+        loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+      grads = tape.gradient(loss)
+      self.optimizer.apply_gradients(zip(grads, self.inner.trainable_variables))
+      return {"loss": loss}
+
+  xs, ys = data()
+  with strategy.scope():
+    trainer = PlanTrainer(make_model(K))
+    trainer.compile(optimizer=K.optimizers.SGD(LR), loss="mse")
+  trainer.fit(xs.reshape(-1, 4), ys.reshape(-1, 3), batch_size=GLOBAL_BATCH,
+              shuffle=False, epochs=1, verbose=0)
+  got = [np.asarray(w) for w in trainer.inner.get_weights()]
+
+  model = make_model(K)
+  plan = make_plan(gg, model, "clip")
+  opt = K.optimizers.SGD(LR)
+
+  @tf.function
+  def step(x, y):
+    with plan.tape() as tape:
+      loss = tf.reduce_mean(tf.square(model(x) - y))
+    opt.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
+
+  for i in range(STEPS):
+    step(tf.constant(xs[i]), tf.constant(ys[i]))
+  ref = [np.asarray(w) for w in model.get_weights()]
+  start = initial_weights()
+  return {"flavour": K.__name__, "optimizer": "fit", "group": "clip",
+          "diff": max(float(np.max(np.abs(a - b))) for a, b in zip(got, ref)),
+          "moved": min(float(np.max(np.abs(a - b)))
+                       for a, b in zip(ref, start))}
+
+
+def flavours():
+  import keras  # pylint: disable=g-import-not-at-top
+  cases = [(keras, "keras3")]
+  if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+    cases += [(tf.keras, "tf_keras"), (tf.keras, "legacy")]
+  return cases
+
+
+def main():
+  mode, out = sys.argv[1], sys.argv[2]
+  if mode == "mirrored":
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+  import graphgrad as gg  # pylint: disable=g-import-not-at-top
+  if mode == "mirrored":
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    replicas = 2
+
+    def local(batch):
+      half = GLOBAL_BATCH // replicas
+      return strategy.experimental_distribute_values_from_function(
+          lambda ctx: tf.constant(
+              batch[ctx.replica_id_in_sync_group * half:][:half]))
+  else:
+    task = int(sys.argv[3])
+    os.environ["TF_CONFIG"] = json.dumps({
+        "cluster": {"worker": json.loads(sys.argv[4])},
+        "task": {"type": "worker", "index": task}})
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    replicas = strategy.num_replicas_in_sync
+    half = GLOBAL_BATCH // replicas
+
+    def local(batch):
+      return tf.constant(batch[task * half:(task + 1) * half])
+  results = [compare(gg, K, kind, group, strategy, local, replicas)
+             for K, kind in flavours() for group in ("clip", "global")]
+  fits = []
+  if mode == "mirrored":
+    fits = [fit_case(gg, K, strategy) for K, kind in flavours()
+            if kind != "legacy"]
+  with open(out, "w", encoding="utf-8") as f:
+    json.dump({"replicas": replicas, "results": results, "fit": fits}, f)
+
+
+if __name__ == "__main__":
+  main()
