@@ -178,9 +178,9 @@ def _first_batch(x, y, batch_size):
   if isinstance(x, tf.data.Dataset):
     return next(iter(x))
   n = batch_size or 32
-  head = tf.nest.map_structure(lambda a: a[:n], x)
-  return (head,) if y is None else (head, tf.nest.map_structure(
-      lambda a: a[:n], y))
+  head = lambda t: tf.nest.map_structure(  # noqa: E731
+      lambda a: tf.convert_to_tensor(a[:n]), t)
+  return (head(x),) if y is None else (head(x), head(y))
 
 
 def _unpack(which: str, data):

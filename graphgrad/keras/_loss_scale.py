@@ -108,8 +108,10 @@ class ScaledTape(PlanTape):
                labels=None, loss_scale: Any = None):
     super().__init__(plan, persistent, watch_accessed_variables, labels)
     self._loss_scale = loss_scale
-    scale_of(loss_scale)  # refuses a wrong argument when the tape is made
-    check(plan.declarations)
+    # Refuses a wrong argument when the tape is made; an optimizer without
+    # a loss scale scales nothing.
+    if scale_of(loss_scale) is not None:
+      check(plan.declarations)
 
   def gradient(self, target, sources=None, output_gradients=None,
                unconnected_gradients=tf.UnconnectedGradients.NONE,
