@@ -22,7 +22,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._layer_policy import check_linear
-from graphgrad.keras import _methods
+from graphgrad.keras import _fit, _loss_scale, _methods
 from graphgrad.keras._layer_index import (
   LayerIndex,
   check_parameters,
@@ -101,6 +101,9 @@ class KerasPlan(tf.Module, LayerOverriding):
     self._methods = _methods.MethodVariables()
     self._resources = Resources()
     self._open_tape: Optional[PlanTape] = None
+    # The float16 warning, logged once per plan.
+    self._unscaled_warned: List[bool] = self._no_dependency([])
+    self._attached: Optional[_fit.Attachment] = None
 
   # -- declaring -----------------------------------------------------------
 
@@ -292,7 +295,8 @@ class KerasPlan(tf.Module, LayerOverriding):
   # -- running -------------------------------------------------------------
 
   def tape(self, persistent: bool = False,
-           watch_accessed_variables: bool = True, labels=None) -> PlanTape:
+           watch_accessed_variables: bool = True, labels=None,
+           loss_scale=None) -> PlanTape:
     """A ``tf.GradientTape`` that applies this plan.
 
     Run the forward pass inside ``with plan.tape() as tape:``, then call
@@ -306,6 +310,11 @@ class KerasPlan(tf.Module, LayerOverriding):
       watch_accessed_variables: as for ``tf.GradientTape``.
       labels: a ``[batch, ...]`` tensor that ``synthetic`` modules are
         conditioned on (cDNI), e.g. the one-hot labels of the batch.
+      loss_scale: for mixed precision: the loss-scale optimizer (or the
+        scale, a number or scalar tensor) whose scaled loss the tape's
+        gradient is taken of. Transforms then see the unscaled gradient in
+        float32; the returned gradients stay scaled, for the optimizer to
+        unscale and check (see docs/training-at-scale.md).
 
     Returns:
       A :class:`PlanTape` context manager.
@@ -314,8 +323,59 @@ class KerasPlan(tf.Module, LayerOverriding):
       self._declarations.freeze()
       log.info("graphgrad KerasPlan on %s: %s", self._model.name,
                self._declarations.summary())
-    return PlanTape(self._view(), persistent, watch_accessed_variables,
-                    labels)
+    if loss_scale is not None:
+      return _loss_scale.ScaledTape(self._view(), persistent,
+                                    watch_accessed_variables, labels,
+                                    loss_scale)
+    _loss_scale.warn_unscaled(self, self._unscaled_warned)
+    return PlanTape(self._view(), persistent, watch_accessed_variables, labels)
+
+  def attach(self, labels=None) -> "KerasPlan":
+    """Makes the model's ``fit``, ``train_on_batch`` and ``evaluate`` use
+    the plan.
+
+    The model's ``train_step`` becomes the Keras flavour's own with this
+    plan's tape: everything ``compile`` and ``fit`` take works as without a
+    plan, mixed precision's loss-scale optimizer included. A plan with
+    ``project_conflicts`` or ``combine_tasks`` takes its task losses from
+    the compiled per-output losses (one per task output). With
+    ``BackupAndRestore``, the plan's method variables and step are backed
+    up and restored with the model. Only this model instance changes; see
+    docs/training-at-scale.md.
+
+    Args:
+      labels: for ``synthetic`` modules conditioned on labels (cDNI): a
+        callable ``(x, y) -> labels`` of each batch, or ``None``.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      GraphGradError: if the plan is already attached, or its model is not
+        a Keras 3 or tf-keras ``Model``.
+    """
+    if self._attached is not None:
+      raise _errors.GraphGradError(
+          f"plan.attach(): this plan is already attached to "
+          f"{self._model.name}; attaching again would apply it twice. Call "
+          f"plan.detach() first.")
+    attached = _fit.Attachment(self, labels, self._step_tensor)
+    attached.install()
+    self._attached = attached
+    return self
+
+  def detach(self) -> "KerasPlan":
+    """Restores the model's own ``train_step``, ``fit`` and
+    ``train_on_batch`` (after :meth:`attach`; otherwise does nothing)."""
+    if self._attached is not None:
+      self._attached.uninstall()
+      self._attached = None
+    return self
+
+  @property
+  def attached(self) -> bool:
+    """True between :meth:`attach` and :meth:`detach`."""
+    return self._attached is not None
 
   # -- public accessors ---------------------------------------------------
 

@@ -22,6 +22,11 @@ def is_keras_layer(obj) -> bool:
 
 def tf_variable(v) -> Optional[tf.Variable]:
   """The ``tf.Variable`` behind a tf-keras or Keras 3 variable."""
+  inner = getattr(v, "_variable", None)
+  if isinstance(inner, tf.Variable):
+    # tf-keras' AutoCastVariable (mixed precision): a layer's call reads the
+    # float32 variable it wraps, and gradients are keyed by that one.
+    return inner
   if isinstance(v, tf.Variable):
     return v
   inner = getattr(v, "value", None)  # Keras 3 wraps a tf.Variable

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
+from graphgrad.transforms import _scaled
 from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import Transform, TransformContext, chain
 
@@ -35,6 +36,9 @@ def checked(fn: Transform, grad: Gradient, ctx: TransformContext,
   An exception the transform raises becomes a ``GraphGradError`` that names
   ``where`` (the declaration and the layer), chained to the original.
   """
+  if _scaled.needs_unscaling(fn):  # a loss scale is active: see _scaled
+    return _scaled.around(grad, lambda g: check_result(
+        g, _call(fn, (g, ctx), where, "transform"), where))
   return check_result(grad, _call(fn, (grad, ctx), where, "transform"),
                       where)
 
@@ -55,13 +59,24 @@ def checked_group(fn: GroupTransform,
                   ctx: TransformContext, where: str) -> List[Gradient]:
   """Applies group transform ``fn``; an exception it raises becomes a
   ``GraphGradError`` naming ``where``, chained to the original. The caller
-  checks each new gradient with :func:`check_result`."""
+  checks each new gradient with :func:`check_result`. Under a loss scale
+  (``_scaled.active``) ``fn`` sees the unscaled gradients."""
+  scaled = _scaled.needs_unscaling(fn)
+  before = [g for g, _ in grads_and_vars]
+  if scaled:
+    grads_and_vars = [(_scaled.unscale(g), v) for g, v in grads_and_vars]
   out = _call(fn, (grads_and_vars, ctx), where, "group transform")
-  return one_per_pair(out, len(grads_and_vars), lambda got: (
+  out = one_per_pair(out, len(grads_and_vars), lambda got: (
       _errors.IncompatibleGradientError(
           f"{where}: the group transform {fn!r} returned {got} for "
           f"{len(grads_and_vars)} (gradient, variable) pairs. Return one "
           f"gradient (or None) per pair, in order.")))
+  if not scaled:
+    return out
+  # The caller checks dtypes against the scaled gradients: check here, on
+  # what the transform saw, before the cast back hides a changed dtype.
+  return [_scaled.rescale(b, check_result(g, o, where))
+          for (g, _), b, o in zip(grads_and_vars, before, out)]
 
 
 def one_per_pair(out, n: int, error) -> List[Gradient]:

@@ -1,0 +1,157 @@
+"""Keras mixed precision on a plan tape: ``plan.tape(loss_scale=...)``.
+
+A loss-scale optimizer (Keras 3's or tf-keras') backpropagates ``S * loss``
+and unscales the gradients itself, skipping the step when they are not
+finite. :class:`ScaledTape` computes the plan's gradients of the scaled
+loss with ``S`` active (``graphgrad.transforms._scaled``): every non-linear
+transform sees ``g / S`` in float32, and the gradients it returns are
+scaled as a plain tape's are, so the optimizer's unscaling and finiteness
+check are unchanged. :func:`warn_unscaled` warns once when a float16 model
+runs a non-linear plan in a custom loop without a loss scale.
+"""
+
+import logging
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad.keras._layer_index import tf_variable
+from graphgrad.keras._methods import method_of
+from graphgrad.keras._tape import PlanTape
+from graphgrad.transforms import _scaled
+
+log = logging.getLogger("graphgrad")
+
+# Task-combination methods whose result scales with their inputs (degree-1
+# homogeneous): they give the same direction for scaled task gradients.
+_HOMOGENEOUS_TASKS = ("pcgrad", "mean", "sum")
+
+
+def scale_of(loss_scale) -> Optional[tf.Tensor]:
+  """The loss scale as a float32 scalar, or ``None`` for no scaling.
+
+  Args:
+    loss_scale: a Keras 3 or tf-keras loss-scale optimizer (or any Keras
+      optimizer: without a scale, ``None``), a Python number or a scalar
+      tensor or variable.
+
+  Raises:
+    GraphGradError: for anything else.
+  """
+  if loss_scale is None:
+    return None
+  if isinstance(loss_scale, (int, float)) and not isinstance(loss_scale, bool):
+    return tf.constant(float(loss_scale), tf.float32)
+  if tf.is_tensor(loss_scale) or isinstance(loss_scale, tf.Variable):
+    return _scalar(loss_scale)
+  if hasattr(loss_scale, "get_scaled_loss"):  # tf-keras loss-scale optimizer
+    return _scalar(loss_scale.loss_scale)
+  if hasattr(loss_scale, "dynamic_scale") or hasattr(loss_scale,
+                                                     "initial_scale"):
+    # Keras 3's LossScaleOptimizer scales by this value in scale_loss().
+    if getattr(loss_scale, "built", False):
+      return _scalar(loss_scale.dynamic_scale)
+    return tf.constant(float(loss_scale.initial_scale), tf.float32)
+  if hasattr(loss_scale, "apply_gradients"):  # any other optimizer
+    factor = getattr(loss_scale, "loss_scale_factor", None)
+    return None if factor is None else tf.constant(float(factor), tf.float32)
+  raise _errors.GraphGradError(
+      f"plan.tape: `loss_scale` must be a loss-scale optimizer (Keras 3's "
+      f"keras.optimizers.LossScaleOptimizer or tf-keras' "
+      f"mixed_precision.LossScaleOptimizer), a number or a scalar tensor; "
+      f"got {type(loss_scale).__name__}. Pass the optimizer that applies "
+      f"the gradients: plan.tape(loss_scale=optimizer).")
+
+
+def _scalar(value) -> tf.Tensor:
+  var = tf_variable(value)
+  t = tf.convert_to_tensor(var if var is not None else value)
+  if t.shape.rank not in (None, 0):
+    raise _errors.GraphGradError(
+        f"plan.tape: `loss_scale` must be a scalar; got a tensor of shape "
+        f"{t.shape}. Pass the optimizer, or its scalar loss scale.")
+  return tf.cast(t, tf.float32)
+
+
+def check(declarations) -> None:
+  """Refuses declarations that loss scaling would make silently wrong."""
+  for path, fn in declarations.backward.items():
+    if method_of(fn) == "synthetic":
+      raise _errors.GraphGradError(
+          f"plan.tape(loss_scale=...): replace_backward({path!r}, "
+          f"synthetic()) trains its module on the gradients it predicts, "
+          f"which loss scaling multiplies by the scale; it is not supported "
+          f"with a loss scale. Train this plan in float32 (no "
+          f"mixed_float16 policy), or drop the synthetic replacement.")
+  odd = [p for p, fn in declarations.backward.items() if method_of(fn) is None]
+  odd += [p for p, d in declarations.tasks.items()
+          if getattr(d.method, "name", None) not in _HOMOGENEOUS_TASKS]
+  if odd:
+    log.warning(
+        "graphgrad KerasPlan: under a loss scale, the backward replacements "
+        "and task combinations of %s receive the loss-scaled gradients "
+        "(transforms receive unscaled ones); they are right only if their "
+        "result scales with their input.", ", ".join(sorted(set(odd))))
+
+
+class ScaledTape(PlanTape):
+  """A plan tape whose gradients are those of a loss scaled by ``S``.
+
+  Made by ``plan.tape(loss_scale=...)``. The target given to
+  :meth:`gradient` is the scaled loss (``optimizer.scale_loss(loss)`` in
+  Keras 3, ``optimizer.get_scaled_loss(loss)`` in tf-keras); the scale is
+  read when the gradients are computed.
+  """
+
+  def __init__(self, plan, persistent: bool, watch_accessed_variables: bool,
+               labels=None, loss_scale: Any = None):
+    super().__init__(plan, persistent, watch_accessed_variables, labels)
+    self._loss_scale = loss_scale
+    # Refuses a wrong argument when the tape is made; an optimizer without
+    # a loss scale scales nothing.
+    if scale_of(loss_scale) is not None:
+      check(plan.declarations)
+
+  def gradient(self, target, sources=None, output_gradients=None,
+               unconnected_gradients=tf.UnconnectedGradients.NONE,
+               task_losses=None):
+    """As :meth:`PlanTape.gradient`, each transform seeing ``g / S``."""
+    with _scaled.active(scale_of(self._loss_scale)):
+      return super().gradient(target, sources, output_gradients,
+                              unconnected_gradients, task_losses)
+
+
+def float16_model(model) -> bool:
+  """True when the model (or one of its layers) computes in float16."""
+  layers = [model] + list(getattr(model, "layers", ()) or ())
+  return any(str(getattr(l, "compute_dtype", "")) == "float16"
+             for l in layers)
+
+
+def nonlinear(declarations) -> bool:
+  """True when a declaration's result depends on the gradient's scale."""
+  fns = list(declarations.upstream.values()) + list(
+      declarations.edges.values())
+  fns += [fn for fns_ in declarations.gradients.values() for fn in fns_]
+  if any(getattr(fn, "linear_factor", None) is None for fn in fns):
+    return True
+  if any(method_of(fn) in (None, "synthetic")
+         for fn in declarations.backward.values()):
+    return True
+  return any(getattr(d.method, "name", None) not in _HOMOGENEOUS_TASKS
+             for d in declarations.tasks.values())
+
+
+def warn_unscaled(plan, warned: list) -> None:
+  """Logs once per plan: a float16 model, a non-linear plan, no loss scale."""
+  if warned or not float16_model(plan.model) or not nonlinear(
+      plan.declarations):
+    return
+  warned.append(True)
+  log.warning(
+      "graphgrad KerasPlan on %s: the model computes in float16 and the "
+      "plan has non-linear declarations, but the tape has no loss scale, so "
+      "they see the loss-scaled gradients of a loss-scale optimizer. Pass "
+      "it: `with plan.tape(loss_scale=optimizer) as tape:` (or the scale "
+      "as a number).", plan.model.name)
