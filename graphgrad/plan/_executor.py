@@ -38,7 +38,7 @@ from graphgrad._types import Gradient
 from graphgrad.analysis._layers import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.methods import _backward, _pcgrad
-from graphgrad.plan import _override
+from graphgrad.plan import _override, _recompute
 from graphgrad.plan._declarations import Declaration, Declarations
 from graphgrad.plan._engine import Rewrite, Segments, aggregate
 from graphgrad.transforms import _checks
@@ -92,12 +92,14 @@ class Options:
     colocate_gradients_with_ops: passed to ``tf.gradients``.
     name: name scope of the ops the plan adds.
     reduce_fn: the cross-replica reduction, or ``None``.
+    recompute: what ``plan.recompute`` declared, or ``None``.
   """
   gate_gradients: int = GATE_OP
   aggregation_method: Any = None
   colocate_gradients_with_ops: bool = False
   name: str = "graphgrad"
   reduce_fn: Optional[Callable] = None
+  recompute: Optional[_recompute.Recompute] = None
 
   @property
   def gradients_kwargs(self) -> dict:
@@ -174,6 +176,8 @@ class _Executor:
   def run(self) -> Built:
     self.gradients_fn = _override.gradients_fn(
         self.loss, self.var_list, self.declarations.overrides, self.layer_of)
+    if self.options.recompute is not None:
+      self.gradients_fn = self._recomputing(self.gradients_fn)
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
       if not self.declarations.rewrites_backward:
         # The very call Optimizer.compute_gradients makes; unreached
@@ -193,6 +197,16 @@ class _Executor:
         for (i, _), g in zip(present, gated):
           out[i] = (g, out[i][1])
     return Built(tuple(out), tuple(self.trace))
+
+  def _recomputing(self, fn: Callable) -> Callable:
+    """``fn`` recomputing the forward ops it crosses (``plan.recompute``)."""
+    overrides = self.declarations.overrides
+    names = {k for m, k in overrides if m == "name"}
+    types = {k for m, k in overrides if m == "type"}
+    spec = self.options.recompute
+    return _recompute.wrap(
+        fn, lambda: _recompute.kept_tensors(self.net, spec),
+        lambda op: op.name in names or op.type in types)
 
   # -- the segmented backward pass ------------------------------------------
 
