@@ -40,6 +40,9 @@ _RANDOM = frozenset({
     "StatefulUniform", "StatefulUniformInt", "StatefulUniformFullInt",
     "StatefulStandardNormal", "StatefulStandardNormalV2",
     "StatefulTruncatedNormal", "StatefulRandomBinomial"})
+# Stateful ops that only read a variable: a copy in the backward pass reads
+# the value the forward read (no update runs before the gradient is done).
+_READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +206,8 @@ class _Call:
       if all((t.op in var_ops) or (t.op in param)
              or (t.op not in region and t.name not in x_names
                  and (not _graph_util.differentiable(t) or _scalar(t)))
-             for t in op.inputs) and op not in looped:
+             for t in op.inputs) and op not in looped \
+          and op.type not in _READS - {"ReadVariableOp"}:
         param.add(op)
     random: Set[tf.Operation] = set()
     seg: Dict[tf.Operation, int] = {}
@@ -329,7 +333,8 @@ class _Call:
   def _forward_only(self, op: tf.Operation) -> bool:
     """Whether ``op`` must be backpropagated through itself, not a copy."""
     return (_graph_util.in_control_flow(op) or op.type in _FUNCTIONAL
-            or op.op_def.is_stateful or self.forward(op)
+            or (op.op_def.is_stateful and op.type not in _READS)
+            or self.forward(op)
             or any(t.dtype == tf.variant for t in op.outputs)
             or any(t.dtype != t.dtype.base_dtype for t in op.inputs))
 
