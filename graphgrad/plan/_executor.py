@@ -32,7 +32,7 @@ from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core._declaration_model import Declaration, Declarations
 from graphgrad.core._gradients import aggregate
 from graphgrad.methods import _pcgrad, _replacement
-from graphgrad.plan import _loss_scale, _op_override
+from graphgrad.plan import _loss_scale, _op_override, _recompute
 from graphgrad.plan._engine import Rewrite, Segments
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources, TransformContext
@@ -90,6 +90,7 @@ class Options:
     loss_scale: the loss scale ``S`` of a loss-scale optimizer (a tensor),
       or ``None``: the plan then backpropagates ``loss * S`` and its
       transforms see gradients divided by ``S`` (see ``_loss_scale``).
+    recompute: what ``plan.recompute`` declared, or ``None``.
   """
   gate_gradients: int = GATE_OP
   aggregation_method: Any = None
@@ -98,6 +99,7 @@ class Options:
   reduce_fn: Optional[Callable] = None
   fuse_linear: bool = True
   loss_scale: Any = None
+  recompute: Optional[_recompute.Recompute] = None
 
   @property
   def gradients_kwargs(self) -> dict:
@@ -174,6 +176,8 @@ class _Executor:
   def run(self) -> Built:
     self.gradients_fn, self.overridden = _op_override.gradients_fn(
         self.loss, self.var_list, self.declarations.overrides, self.layer_of)
+    if self.options.recompute is not None:
+      self.gradients_fn = self._recomputing(self.gradients_fn)
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
       if not self.declarations.rewrites_backward:
         # The very call Optimizer.compute_gradients makes; unreached
@@ -193,6 +197,16 @@ class _Executor:
         for (i, _), g in zip(present, gated):
           out[i] = (g, out[i][1])
     return Built(tuple(out), tuple(self.trace))
+
+  def _recomputing(self, fn: Callable) -> Callable:
+    """``fn`` recomputing the forward ops it crosses (``plan.recompute``)."""
+    overrides = self.declarations.overrides
+    names = {k for m, k in overrides if m == "name"}
+    types = {k for m, k in overrides if m == "type"}
+    spec = self.options.recompute
+    return _recompute.wrap(
+        fn, lambda: _recompute.kept_tensors(self.net, spec),
+        lambda op: op.name in names or op.type in types)
 
   # -- the segmented backward pass ------------------------------------------
 

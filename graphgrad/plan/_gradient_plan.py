@@ -35,6 +35,7 @@ from graphgrad.plan import (
   _op_override,
   _optimizer,
   _picture,
+  _recompute,
   _summaries,
 )
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
@@ -380,6 +381,51 @@ class GradientPlan:
         name, losses, method,
         validate=lambda: _declaration_checks.check_declaration(
             self.net, caller, name))
+    return self
+
+  def recompute(self, keep: Optional[Sequence[str]] = None
+                ) -> "GradientPlan":
+    """Recomputes forward ops in the backward pass instead of keeping them.
+
+    The backward pass keeps the outputs of the layers in ``keep``, plus the
+    tensors the loss and the plan's declarations read (cut tensors, task
+    losses). Every other forward op between two kept tensors is recomputed,
+    segment by segment, just before its backward, and the copy is
+    differentiated; gradients equal the plan's without recompute. Random
+    ops are not recomputed: their forward values are reused. Variable
+    reads, stateful ops, loops, conds and overridden ops are never
+    recomputed; a segment holding a stateful op, a loop or an overridden
+    op keeps its activations.
+
+    Args:
+      keep: layer names whose outputs are kept; ``None`` picks about
+        ``sqrt(n)`` of the ``n`` layers, each one an articulation point of
+        the layer graph (a layer that no skip connection jumps over).
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      LayerNotFoundError: if a name in ``keep`` is unknown.
+      GraphGradError: if ``keep`` is not a sequence of names, or the plan is
+        built.
+      UnsupportedGraphError: when the plan is built, for a random op whose
+        value depends on the parameters (it can neither be reused nor
+        recomputed).
+    """
+    if self._built is not None:
+      raise _errors.GraphGradError(
+          "recompute: the plan is already built (compute_gradients or "
+          "apply_gradients was called). Declare recompute before building.")
+    if keep is not None:
+      if isinstance(keep, str) or not isinstance(keep, (list, tuple, set)):
+        raise _errors.GraphGradError(
+            f"recompute: `keep` must be a list of layer names or None; got "
+            f"{type(keep).__name__} {keep!r}. Pass keep=[{keep!r}] for one "
+            f"layer.")
+      keep = tuple(self._declarations.resolve(k, "keep") for k in keep)
+    self._options = dataclasses.replace(
+        self._options, recompute=_recompute.Recompute(keep))
     return self
 
   def override_gradient(self, op, fn) -> "GradientPlan":

@@ -1,0 +1,376 @@
+"""Recomputation: backward calls that recompute forward ops, not keep them.
+
+:func:`wrap` turns a plan's gradient function into one that splits the
+forward ops of each call ``(ys, xs)`` at the *kept* tensors (the outputs of
+the kept layers) into segments. From the top down it copies each segment's
+ops into the op graph and differentiates the copy, with the gradient
+accumulated at the segment's outputs as ``grad_ys``. The copy's first ops
+wait for that gradient (control dependencies), so a segment is recomputed
+only when the backward pass above it is done and its memory is free.
+
+Never copied: the parameter subgraph (variable reads, which the copies read
+as they are) and random ops (their forward values are reused, so a dropout
+mask is the forward's). A segment with an op that must not run twice or
+cannot be copied (a stateful op, a loop or cond, an overridden op) is
+backpropagated through its forward ops, which keep their activations.
+"""
+
+import collections
+import dataclasses
+import math
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+import networkx as nx
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad.analysis import _graph_util
+from graphgrad.analysis._layer_graph import LayerGraph
+from graphgrad.core._gradients import aggregate
+from graphgrad.plan import _reach
+
+# Ops that run a function or a loop: backpropagated whole, never copied.
+_FUNCTIONAL = frozenset({
+    "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
+    "PartitionedCall", "StatefulPartitionedCall", "SymbolicGradient"})
+_RANDOM = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal",
+    "TruncatedNormal", "ParameterizedTruncatedNormal", "RandomGamma",
+    "RandomPoisson", "RandomPoissonV2", "Multinomial", "RandomShuffle",
+    "StatefulUniform", "StatefulUniformInt", "StatefulUniformFullInt",
+    "StatefulStandardNormal", "StatefulStandardNormalV2",
+    "StatefulTruncatedNormal", "StatefulRandomBinomial"})
+# Stateful ops that only read a variable: a copy in the backward pass reads
+# the value the forward read (no update runs before the gradient is done).
+_READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Recompute:
+  """What ``plan.recompute(keep)`` declared.
+
+  Attributes:
+    keep: the layers whose outputs the backward pass keeps, or ``None`` to
+      let :func:`choose_keep` pick them.
+  """
+  keep: Optional[Tuple[str, ...]] = None
+
+
+def is_random(op: tf.Operation) -> bool:
+  """True for a stateful random op (its value changes with each run)."""
+  return op.type in _RANDOM
+
+
+def choose_keep(net: LayerGraph) -> List[str]:
+  """About ``sqrt(n)`` layers, evenly spread, each an articulation point.
+
+  An articulation point of the layer graph (undirected, with one node
+  before the first layers and one after the last) is a layer that every
+  path from the inputs to the loss crosses, so a skip connection never
+  jumps over its outputs.
+  """
+  g = net.graph
+  names = list(net.names)
+  if len(names) < 3:
+    return []
+  und = nx.Graph()
+  und.add_nodes_from(names)
+  und.add_edges_from((a, b) for a, b in g.edges if a != b)
+  src, dst = object(), object()
+  und.add_edges_from((src, n) for n in names if not any(
+      p != n for p in g.predecessors(n)))
+  und.add_edges_from((n, dst) for n in names if not any(
+      s != n for s in g.successors(n)) or net.reaches_loss_directly(n))
+  points = set(nx.articulation_points(und)) - {src, dst}
+  pos = {n: i for i, n in enumerate(names)}
+  candidates = sorted(points, key=pos.__getitem__)
+  k = max(1, int(round(math.sqrt(len(names)))) - 1)
+  chosen: List[str] = []
+  for i in range(1, k + 1):
+    target = i * len(names) / (k + 1)
+    free = [c for c in candidates if c not in chosen]
+    if not free:
+      break
+    chosen.append(min(free, key=lambda c: abs(pos[c] - target)))
+  return sorted(chosen, key=pos.__getitem__)
+
+
+def kept_tensors(net: LayerGraph, spec: Recompute) -> List[tf.Tensor]:
+  """The tensors the backward pass keeps: the kept layers' outputs."""
+  keep = choose_keep(net) if spec.keep is None else list(spec.keep)
+  kept = [t for n in keep for t in net[n].outputs
+          if _graph_util.differentiable(t)]
+  # Indices follow the forward order: a kept tensor's segment is above
+  # every kept tensor it depends on.
+  return sorted(kept, key=lambda t: net.topo_index(t.op))
+
+
+def wrap(base: Callable, kept: Callable[[], Sequence[tf.Tensor]],
+         forward: Callable[[tf.Operation], bool]) -> Callable:
+  """``base`` (a ``tf.gradients``-like function) with recomputation.
+
+  Args:
+    base: the plan's gradient function.
+    kept: returns the kept tensors (called once, on the first call).
+    forward: whether an op must be backpropagated through itself, never
+      copied (an overridden op).
+
+  Returns:
+    A function with the arguments of ``tf.compat.v1.gradients``.
+  """
+  cache: Dict[str, Dict[str, int]] = {}
+
+  def gradients(ys, xs, grad_ys=None, stop_gradients=None, **options):
+    if "index" not in cache:
+      cache["index"] = {t.name: i for i, t in enumerate(kept())}
+    return _Call(base, cache["index"], forward, ys, xs, grad_ys,
+                 stop_gradients, options).run()
+
+  return gradients
+
+
+def _scalar(t: tf.Tensor) -> bool:
+  return t.shape.is_fully_defined() and t.shape.num_elements() == 1
+
+
+def _is_var(x) -> bool:
+  return isinstance(x, tf.Variable)
+
+
+def _as_list(x) -> list:
+  return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+class _Call:
+  """One recomputing backward call."""
+
+  def __init__(self, base, kept_index, forward, ys, xs, grad_ys, stops,
+               options):
+    self.base, self.options = base, options
+    self.forward = forward
+    self.ys = _as_list(ys)
+    self.xs = _as_list(xs)
+    if grad_ys is None:
+      grad_ys = [None] * len(self.ys)
+    self.grad_ys = [tf.ones_like(y) if g is None else g
+                    for y, g in zip(self.ys, _as_list(grad_ys))]
+    self.stops = [s for s in _as_list(stop_gradients_or_empty(stops))]
+    self.stop_names = {s.name for s in self.stops}
+    self.kept_index = kept_index
+    self.graph = self.ys[0].graph
+
+  # -- the region between xs and ys ----------------------------------------
+
+  def _region(self) -> Tuple[Set[tf.Operation], Set[tf.Operation]]:
+    """(ops between xs and ys, the variable ops among xs)."""
+    behind: Set[tf.Operation] = set()
+    stack = [y.op for y in self.ys if y.name not in self.stop_names]
+    while stack:
+      op = stack.pop()
+      if op in behind:
+        continue
+      behind.add(op)
+      stack += [t.op for t in op.inputs if t.name not in self.stop_names]
+    var_ops = {x.op for x in self.xs if _is_var(x)}
+    seeds = [c for x in self.xs
+             for t in (x.op.outputs if _is_var(x) else [x])
+             for c in t.consumers() if c in behind]
+    region: Set[tf.Operation] = set()
+    stack = list(seeds)
+    while stack:
+      op = stack.pop()
+      if op in region:
+        continue
+      region.add(op)
+      stack += [c for t in op.outputs if t.name not in self.stop_names
+                for c in t.consumers() if c in behind]
+    return region, var_ops
+
+  def run(self) -> List:
+    region, var_ops = self._region()
+    dag = nx.DiGraph()
+    dag.add_nodes_from(region)
+    dag.add_edges_from((t.op, op) for op in region for t in op.inputs
+                       if t.op in region)
+    cond = nx.condensation(dag)
+    order = [m for c in nx.topological_sort(cond)
+             for m in sorted(cond.nodes[c]["members"], key=lambda o: o.name)]
+    looped = {m for c in cond.nodes if len(cond.nodes[c]["members"]) > 1
+              for m in cond.nodes[c]["members"]}
+    x_names = {x.name for x in self.xs if not _is_var(x)}
+
+    # The parameter subgraph: ops fed by variables and other such ops alone.
+    param: Set[tf.Operation] = set()
+    for op in order:
+      # (an embedding lookup too: its ids are not differentiable)
+      if all((t.op in var_ops) or (t.op in param)
+             or (t.op not in region and t.name not in x_names
+                 and (not _graph_util.differentiable(t) or _scalar(t)))
+             for t in op.inputs) and op not in looped \
+          and op.type not in _READS - {"ReadVariableOp"}:
+        param.add(op)
+    random: Set[tf.Operation] = set()
+    seg: Dict[tf.Operation, int] = {}
+    for op in order:
+      if op in param:
+        continue
+      if is_random(op) and not _graph_util.in_control_flow(op):
+        self._check_random(op, region, param)
+        random.add(op)
+        continue
+      s = 0
+      for t in op.inputs:
+        if t.name in self.kept_index and t.op in region and t.op not in param:
+          s = max(s, self.kept_index[t.name] + 1)
+        elif t.op in seg:
+          s = max(s, seg[t.op])
+      if op in looped:
+        # a loop's ops share one segment: the largest of its members'
+        s = max([s] + [seg.get(m, 0) for m in looped if m in seg])
+      seg[op] = s
+    if looped:
+      # Loops have no topological order inside: one segment for all of them.
+      top = max((seg[m] for m in looped), default=0)
+      for m in looped:
+        seg[m] = top
+    return self._build(order, seg, random, region)
+
+  def _check_random(self, op, region, param) -> None:
+    for t in op.inputs:
+      if (_graph_util.differentiable(t) and t.op in region
+          and t.op not in param):
+        raise _errors.UnsupportedGraphError(
+            f"recompute: the random op {op.name} ({op.type}) takes the "
+            f"differentiable input {t.name}, so its forward value cannot be "
+            f"reused without cutting the gradient that flows through it, "
+            f"and recomputing it would draw new values. Keep the layer that "
+            f"holds it (plan.recompute(keep=[...]) with that layer), or "
+            f"draw the random values from a tensor that does not depend on "
+            f"the parameters.")
+
+  # -- building ------------------------------------------------------------
+
+  def _build(self, order, seg, random, region) -> List:
+    by_seg: Dict[int, List[tf.Operation]] = collections.defaultdict(list)
+    for op in order:
+      if op in seg:
+        by_seg[seg[op]].append(op)
+    y_names = {y.name for y in self.ys}
+    acc: Dict[str, List] = collections.defaultdict(list)
+    for y, g in zip(self.ys, self.grad_ys):
+      acc[y.name].append(g)
+    var_acc: List[List] = [[] for _ in self.xs]
+    final: Dict[int, object] = {}
+    leftover = [(y, g) for y, g in zip(self.ys, self.grad_ys)
+                if y.op not in seg and y.op in region
+                and y.op not in random]
+    stops_extra = [t for op in random for t in op.outputs]
+    for j in sorted(by_seg, reverse=True):
+      ops = by_seg[j]
+      inside = set(ops)
+      outs = [t for op in ops for t in op.outputs
+              if _graph_util.differentiable(t) and (
+                  t.name in y_names or any(
+                      seg.get(c, -1) > j for c in t.consumers()))]
+      pairs = [(t, aggregate(acc.get(t.name, ()), like=t)) for t in outs]
+      pairs = [(t, g) for t, g in pairs if g is not None]
+      if not pairs:
+        continue
+      boundary = {t.name: t for op in ops for t in op.inputs
+                  if t.op in seg and t.op not in inside
+                  and _graph_util.differentiable(t)}
+      external_xs = [i for i, x in enumerate(self.xs) if not _is_var(x)
+                     and x.op not in inside and x.name not in boundary
+                     and any(c in inside for c in x.consumers())]
+      inner_xs_own = [i for i, x in enumerate(self.xs) if not _is_var(x)
+                      and x.op in inside]
+      var_idx = [i for i, x in enumerate(self.xs) if _is_var(x)]
+      copyable = not any(self._forward_only(op) for op in ops)
+      mapping: Dict[str, tf.Tensor] = {}
+      if copyable:
+        self._copy(ops, mapping, [g for _, g in pairs], j)
+      ys_in = [mapping.get(t.name, t) for t, _ in pairs]
+      b_list = list(boundary.values())
+      xs_in = (b_list + [self.xs[i] for i in external_xs]
+               + [mapping.get(self.xs[i].name, self.xs[i])
+                  for i in inner_xs_own]
+               + [self.xs[i] for i in var_idx])
+      stops_in = b_list + self.stops + stops_extra
+      res = self._inner(ys_in, [g for _, g in pairs], xs_in, stops_in)
+      k = 0
+      for t in b_list:
+        if res[k] is not None:
+          acc[t.name].append(res[k])
+        k += 1
+      for i in external_xs:
+        if res[k] is not None:
+          acc[self.xs[i].name].append(res[k])
+        k += 1
+      for i in inner_xs_own:
+        final[i] = res[k]
+        k += 1
+      for i in var_idx:
+        if res[k] is not None:
+          var_acc[i].append(res[k])
+        k += 1
+    if leftover:
+      res = self._inner([y for y, _ in leftover], [g for _, g in leftover],
+                        self.xs, self.stops)
+      for i, g in enumerate(res):
+        if g is not None:
+          (var_acc[i] if _is_var(self.xs[i])
+           else acc[self.xs[i].name]).append(g)
+    out = []
+    for i, x in enumerate(self.xs):
+      if _is_var(x):
+        out.append(aggregate(var_acc[i]))
+      elif i in final:
+        out.append(final[i])
+      else:
+        out.append(aggregate(acc.get(x.name, ()), like=x))
+    return out
+
+  def _forward_only(self, op: tf.Operation) -> bool:
+    """Whether ``op`` must be backpropagated through itself, not a copy."""
+    return (_graph_util.in_control_flow(op) or op.type in _FUNCTIONAL
+            or (op.op_def.is_stateful and op.type not in _READS)
+            or self.forward(op)
+            or any(t.dtype == tf.variant for t in op.outputs)
+            or any(t.dtype != t.dtype.base_dtype for t in op.inputs))
+
+  def _copy(self, ops, mapping, grads, j) -> None:
+    """Copies ``ops`` (in order); the first ones wait for ``grads``."""
+    wait = []
+    for g in grads:
+      g = g.values if isinstance(g, tf.IndexedSlices) else g
+      wait.append(g.op)
+    inside = {op.name for op in ops}
+    copies: Dict[str, tf.Operation] = {}
+    with tf.name_scope(f"recompute_{j}"):
+      for op in ops:
+        fed = any(t.op.name in inside for t in op.inputs)
+        deps = [copies.get(c.name, c) for c in op.control_inputs]
+        if not fed:
+          deps += wait
+        inputs = [mapping.get(t.name, t) for t in op.inputs]
+        attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
+        with tf.control_dependencies(None), tf.control_dependencies(deps), \
+            tf.device(op.device):
+          new = self.graph.create_op(
+              op.type, inputs, [t.dtype for t in op.outputs],
+              name=op.name, attrs=attrs, op_def=op.op_def)
+        copies[op.name] = new
+        for t, n in zip(op.outputs, new.outputs):
+          mapping[t.name] = n
+
+  def _inner(self, ys, grad_ys, xs, stops) -> List:
+    ops = _graph_util.ops_behind([y.op for y in ys], -1)
+    allowed = (_reach.behind(ys, xs) if xs and _reach.can_bound(ops)
+               else None)
+    with _reach.bounded(allowed):
+      return self.base(ys, xs, grad_ys=grad_ys, stop_gradients=stops,
+                       **self.options)
+
+
+def stop_gradients_or_empty(stops) -> list:
+  return [] if stops is None else _as_list(stops)
