@@ -71,11 +71,12 @@ def test_mirrored_two_replicas_equal_one_device(tmp_path):
 def test_multi_worker_two_processes_equal_one_device(tmp_path):
   workers = [f"127.0.0.1:{p}" for p in gg.cluster.free_ports(2)]
   outs = [tmp_path / f"worker{i}.json" for i in range(2)]
+  logs = [open(tmp_path / f"worker{i}.log", "w", encoding="utf-8")
+          for i in range(2)]
   procs = [subprocess.Popen(
       [sys.executable, WORKER, "multiworker", str(outs[i]), str(i),
        json.dumps(workers)], env=_env(), stdout=subprocess.DEVNULL,
-      stderr=open(tmp_path / f"worker{i}.log", "w", encoding="utf-8"),
-      start_new_session=True) for i in range(2)]
+      stderr=logs[i], start_new_session=True) for i in range(2)]
   try:
     for i, p in enumerate(procs):
       code = p.wait(timeout=TIMEOUT)
@@ -86,6 +87,8 @@ def test_multi_worker_two_processes_equal_one_device(tmp_path):
       if p.poll() is None:
         p.kill()
         p.wait()
+    for f in logs:
+      f.close()
   first, second = (json.loads(o.read_text()) for o in outs)
   assert first["replicas"] == second["replicas"] == 2
   print("MultiWorkerMirroredStrategy x2, largest weight difference:",
