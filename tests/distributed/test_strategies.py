@@ -156,3 +156,12 @@ def test_supported_strategies_pass_the_check():
   _replicas.check_strategy(tf.distribute.get_strategy())
   _replicas.check_strategy(tf.distribute.OneDeviceStrategy("/cpu:0"))
   assert _replicas.replicas_in_sync() == 1
+
+
+def test_only_nonlinear_parameter_transforms_wait_for_the_sum():
+  t = gg.transforms
+  assert not _replicas.needs_sum([t.scale(0.5), t.reverse(1.0)])
+  assert not _replicas.needs_sum([t.chain(t.scale(2.0), t.zero())])
+  assert _replicas.needs_sum([t.clip_by_norm(1.0)])
+  assert _replicas.needs_sum([t.scale(0.5), t.clip_by_global_norm(1.0)])
+  assert _replicas.needs_sum([t.add_noise(0.1, seed=0)])
