@@ -3,7 +3,10 @@
 Run by tests/distributed/test_strategies.py in a fresh process, because the
 logical devices and the cluster must be set before TensorFlow runs an op:
 
-  strategy_worker.py mirrored OUT          2 logical CPUs, MirroredStrategy
+  strategy_worker.py mirrored OUT CASES    2 logical CPUs, MirroredStrategy;
+                                           CASES: "transforms" (parameter
+                                           clips, model.fit) or "rewrites"
+                                           (linear and upstream rewrites)
   strategy_worker.py multiworker OUT TASK WORKERS
                                            one process per worker; WORKERS:
                                            a JSON list of host:port, which
@@ -63,11 +66,25 @@ def make_optimizer(K, kind):
 
 
 def make_plan(gg, model, group):
-  clip = (gg.transforms.clip_by_norm(CLIP) if group == "clip"
-          else gg.transforms.clip_by_global_norm(CLIP))
-  return (gg.KerasPlan(model)
-          .transform_upstream("l2", gg.transforms.scale(UPSTREAM))
-          .transform_gradients("l2", clip))
+  """The plan of case ``group``.
+
+  "clip", "global": upstream scale, then a nonlinear parameter transform
+  (on the sum over replicas); "scale": linear transforms only; "value": an
+  element-wise upstream clip; "norm": an upstream clip of the whole tensor,
+  which sees each replica's own examples.
+  """
+  t = gg.transforms
+  plan = gg.KerasPlan(model)
+  if group in ("clip", "global", "scale"):
+    plan.transform_upstream("l2", t.scale(UPSTREAM))
+    plan.transform_gradients("l2", {"clip": t.clip_by_norm(CLIP),
+                                    "global": t.clip_by_global_norm(CLIP),
+                                    "scale": t.scale(0.5)}[group])
+  elif group == "value":
+    plan.transform_upstream("l2", t.clip_by_value(-CLIP, CLIP))
+  else:
+    plan.transform_upstream("l2", t.clip_by_norm(CLIP))
+  return plan
 
 
 def loss_of(model, x, y):
@@ -131,10 +148,13 @@ def compare(gg, K, kind, group, strategy, local, replicas):
   got = distributed(gg, K, kind, group, strategy, local)
   ref = one_device(gg, K, kind, group, 1)
   per_replica = one_device(gg, K, kind, group, replicas)
+
+  def diff(xs, ys):
+    return max(float(np.max(np.abs(a - b))) for a, b in zip(xs, ys))
+
   return {"flavour": K.__name__, "optimizer": kind, "group": group,
-          "diff": max(float(np.max(np.abs(a - b))) for a, b in zip(got, ref)),
-          "per_replica_diff": max(float(np.max(np.abs(a - b)))
-                                  for a, b in zip(per_replica, ref)),
+          "diff": diff(got, ref), "per_replica_diff": diff(per_replica, ref),
+          "vs_per_replica": diff(got, per_replica),
           "weights": [w.tolist() for w in got]}
 
 
@@ -224,10 +244,16 @@ def main():
 
     def local(batch):
       return tf.constant(batch[task * half:(task + 1) * half])
+  cases = sys.argv[3] if mode == "mirrored" else "transforms"
+  if cases == "rewrites":
+    import keras  # pylint: disable=g-import-not-at-top
+    runs = [(keras, "keras3", g) for g in ("scale", "value", "norm")]
+  else:
+    runs = [(K, kind, g) for K, kind in flavours() for g in ("clip", "global")]
   results = [compare(gg, K, kind, group, strategy, local, replicas)
-             for K, kind in flavours() for group in ("clip", "global")]
+             for K, kind, group in runs]
   fits = []
-  if mode == "mirrored":
+  if mode == "mirrored" and cases == "transforms":
     fits = [fit_case(gg, K, strategy) for K, kind in flavours()
             if kind != "legacy"]
   with open(out, "w", encoding="utf-8") as f:
