@@ -193,31 +193,26 @@ def _class_names(name: str) -> List[str]:
   return [n.name for n in _parse(name).body if isinstance(n, ast.ClassDef)]
 
 
-def test_module_file_names_are_unique_apart_from_those_renamed_elsewhere():
-  dup = _duplicates(_file_names)
-  assert not {n: ms for n, ms in dup.items() if n not in _RENAMED_ELSEWHERE}
+_NAMES = [(_file_names, _RENAMED_ELSEWHERE),
+          (_class_names, _CLASSES_RENAMED_ELSEWHERE)]
+
+
+@pytest.mark.parametrize("names_of, known", _NAMES,
+                         ids=["module file", "top-level class"])
+def test_names_are_unique_apart_from_those_renamed_elsewhere(names_of, known):
+  dup = _duplicates(names_of)
+  assert not {n: ms for n, ms in dup.items() if n not in known}
 
 
 @pytest.mark.xfail(strict=False,
-                   reason="_backward and _override are renamed where the "
+                   reason="the module files _backward and _override and the "
+                          "classes Kind and Overriding are renamed where the "
                           "engine and the per-layer policy move; no other "
                           "duplicate remains")
-def test_module_file_names_are_unique():
-  assert not _duplicates(_file_names)
-
-
-def test_class_names_are_unique_apart_from_those_renamed_elsewhere():
-  dup = _duplicates(_class_names)
-  assert not {n: ms for n, ms in dup.items()
-              if n not in _CLASSES_RENAMED_ELSEWHERE}
-
-
-@pytest.mark.xfail(strict=False,
-                   reason="Kind and Overriding are renamed where the engine "
-                          "and the per-layer policy move; no other duplicate "
-                          "remains")
-def test_class_names_are_unique():
-  assert not _duplicates(_class_names)
+@pytest.mark.parametrize("names_of", [n for n, _ in _NAMES],
+                         ids=["module file", "top-level class"])
+def test_names_are_unique(names_of):
+  assert not _duplicates(names_of)
 
 
 def _long_docstrings(names) -> Dict[str, int]:
