@@ -32,7 +32,7 @@ from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core._declaration_model import Declaration, Declarations
 from graphgrad.core._gradients import aggregate
 from graphgrad.methods import _pcgrad, _replacement
-from graphgrad.plan import _loss_scale, _op_override, _recompute
+from graphgrad.plan import _loss_scale_optimizer, _op_override, _recompute
 from graphgrad.plan._engine import Rewrite, Segments
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources, TransformContext
@@ -89,7 +89,7 @@ class Options:
       (``linear="fused"``) instead of being called on the gradient.
     loss_scale: the loss scale ``S`` of a loss-scale optimizer (a tensor),
       or ``None``: the plan then backpropagates ``loss * S`` and its
-      transforms see gradients divided by ``S`` (see ``_loss_scale``).
+      transforms see gradients divided by ``S`` (see ``_loss_scale_optimizer``).
     recompute: what ``plan.recompute`` declared, or ``None``.
   """
   gate_gradients: int = GATE_OP
@@ -282,7 +282,7 @@ class _Executor:
     for fn in fns:
       if isinstance(fn, GroupTransform):
         new = _checks.checked_group(
-            _loss_scale.unscaled(fn, self.options.loss_scale),
+            _loss_scale_optimizer.unscaled(fn, self.options.loss_scale),
             [out[i] for i in idx], self._context(layer, "gradients"),
             f"transform_gradients({layer!r}, {fn!r})")
         for i, g in zip(idx, new):
@@ -331,11 +331,11 @@ class _Executor:
     """The loss's gradient: 1, or the loss scale."""
     if self.options.loss_scale is None:
       return tf.ones_like(self.loss, name="seed")
-    return _loss_scale.seed(self.loss, self.options.loss_scale)
+    return _loss_scale_optimizer.seed(self.loss, self.options.loss_scale)
 
   def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:
-    out = _checks.checked(_loss_scale.unscaled(fn, self.options.loss_scale),
+    out = _checks.checked(_loss_scale_optimizer.unscaled(fn, self.options.loss_scale),
                           grad, ctx, where)
     self.trace.append(TraceRecord(ctx, grad, out))
     return out

@@ -31,7 +31,7 @@ from graphgrad.plan import (
   _arguments,
   _declaration_checks,
   _executor,
-  _loss_scale,
+  _loss_scale_optimizer,
   _op_override,
   _optimizer,
   _picture,
@@ -568,17 +568,17 @@ class GradientPlan:
     """
     check_graph_mode("GradientPlan.apply_gradients", self._loss)
     _optimizer.check_optimizer(optimizer)
-    scale = _loss_scale.loss_scale_of(optimizer)
+    scale = _loss_scale_optimizer.loss_scale_of(optimizer)
     if scale is None:
       gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
     else:  # as its minimize(): the gradients of loss * S, then / S
       self._declarations.freeze()
-      _loss_scale.check_declarations(self._declarations)
+      _loss_scale_optimizer.check_declarations(self._declarations)
       with self._loss.graph.as_default():
         options = dataclasses.replace(self._options, loss_scale=scale())
       built = _executor.build(self._loss, lambda: self.net, self._var_list,
                               self._declarations, options, self._resources)
-      gv = [(g, v) for g, v in _loss_scale.unscale(
+      gv = [(g, v) for g, v in _loss_scale_optimizer.unscale(
           optimizer, built.grads_and_vars) if g is not None]
     if not gv:
       raise _errors.NotConnectedError(
