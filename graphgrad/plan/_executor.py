@@ -335,8 +335,8 @@ class _Executor:
 
   def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:
-    out = _checks.checked(_loss_scale_optimizer.unscaled(fn, self.options.loss_scale),
-                          grad, ctx, where)
+    unscaled = _loss_scale_optimizer.unscaled(fn, self.options.loss_scale)
+    out = _checks.checked(unscaled, grad, ctx, where)
     self.trace.append(TraceRecord(ctx, grad, out))
     return out
 
