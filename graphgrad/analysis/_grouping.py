@@ -207,7 +207,8 @@ def group_by_ops(fwd_ops, groups, scopes, mapped, claimed, consumers):
     groups: layer name -> variables, from :func:`group_variables`.
     scopes: layer name -> name scopes, from :func:`group_variables`.
     mapped: the layer names the ``layers=`` mapping gave.
-    claimed: op name -> layer, by scope and reads (see ``_assign_ops``).
+    claimed: returns op name -> layer, by scope and reads (``_assign_ops``);
+      called only when some variable has no scope of its own.
     consumers: tensor name -> consuming forward ops.
 
   Returns:
@@ -219,7 +220,8 @@ def group_by_ops(fwd_ops, groups, scopes, mapped, claimed, consumers):
   if not eligible:
     return groups, scopes, {}
   var_group = {v.op.name: name for name in eligible for v in groups[name]}
-  free = lambda op: claimed.get(op.name) in (None, *eligible)  # noqa: E731
+  owners_by_scope = claimed()
+  free = lambda op: owners_by_scope.get(op.name) in (None, *eligible)  # noqa: E731
   parametric = []
   weights: Set[str] = set()
   for op in sorted(fwd_ops, key=_compat.op_id):
