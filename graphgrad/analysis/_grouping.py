@@ -234,7 +234,6 @@ def group_by_ops(fwd_ops, groups, scopes, mapped, claimed, consumers):
       weights.update(v for _, v, _ in reads)
   union = _Union()
   ops_of: Dict[str, List[tf.Operation]] = collections.defaultdict(list)
-  followed: Dict[str, List[str]] = {}
   owners = []
   for op, reads in parametric:
     owner = _owner([g for g, _, _ in reads], mapped, union)
@@ -243,7 +242,6 @@ def group_by_ops(fwd_ops, groups, scopes, mapped, claimed, consumers):
     ops_of[owner].extend(o for g, _, between in reads
                          if union.find(g) == union.find(owner)
                          for o in between)
-    followed[op.name] = [owner]
     for follow, between, group in _follows(op, var_group, weights, consumers,
                                            free):
       if group in mapped and group != owner:
@@ -297,7 +295,7 @@ def _regrouped(groups, scopes, mapped, union, ops_of, owners):
     if name in union.parent:
       merged[union.find(name)].append(name)
   new_name: Dict[str, str] = {}
-  taken = {n for n in groups if n not in union.parent}
+  taken = {n for n in groups if n not in union.parent} | set(mapped)
   for root in sorted(merged, key=lambda r: _compat.op_id(first[r])
                      if r in first else -1):
     if root in mapped or root not in first:

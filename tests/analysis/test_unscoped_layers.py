@@ -94,3 +94,15 @@ def test_a_variable_name_points_to_its_layer(graph):
                            r"belongs to the layer of the op that uses it.*"
                            r"Declare on 'MatMul'"):
     gg.GradientPlan(loss).transform_gradients("w1", gg.transforms.scale(2.0))
+
+
+def test_a_mapped_name_is_never_taken_by_an_automatic_layer(graph):
+  x = tf.constant(np.ones((3, 4), np.float32))
+  w0, b0, w1 = _v(4, 5), _v(5, seed=1), _v(5, 2, seed=2)
+  loss = tf.reduce_sum(tf.matmul(tf.nn.relu(tf.matmul(x, w0) + b0), w1))
+  net = gg.analyze(loss, layers={"MatMul": [w1]})
+  assert net.names == ("MatMul_layer", "MatMul")
+  assert net["MatMul_layer"].variables == (w0, b0)
+  assert [op.type for op in net["MatMul"].ops if op.type == "MatMul"] == [
+      "MatMul"]
+  assert list(net.graph.edges) == [("MatMul_layer", "MatMul")]
