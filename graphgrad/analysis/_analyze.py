@@ -113,7 +113,7 @@ def analyze(loss: tf.Tensor, layers: Optional[LayerSpec] = None,
   consumers = _graph_util.forward_consumers(fwd_ops)
   var_groups, scopes, members = _grouping.group_by_ops(
       fwd_ops, var_groups, scopes, set(layers or ()),
-      _assign_ops(fwd_ops, var_groups, scopes), consumers)
+      lambda: _assign_ops(fwd_ops, var_groups, scopes), consumers)
   op_layer = _op_layers(fwd_ops, var_groups, scopes, op_graph, op_order,
                         consumers, loss, members)
   layer_objs = _layers(fwd_ops, var_groups, scopes, op_graph, op_layer,

@@ -207,7 +207,8 @@ def group_by_ops(fwd_ops, groups, scopes, mapped, claimed, consumers):
     groups: layer name -> variables, from :func:`group_variables`.
     scopes: layer name -> name scopes, from :func:`group_variables`.
     mapped: the layer names the ``layers=`` mapping gave.
-    claimed: op name -> layer, by scope and reads (see ``_assign_ops``).
+    claimed: returns op name -> layer, by scope and reads (``_assign_ops``);
+      called only when some variable has no scope of its own.
     consumers: tensor name -> consuming forward ops.
 
   Returns:
@@ -219,7 +220,8 @@ def group_by_ops(fwd_ops, groups, scopes, mapped, claimed, consumers):
   if not eligible:
     return groups, scopes, {}
   var_group = {v.op.name: name for name in eligible for v in groups[name]}
-  free = lambda op: claimed.get(op.name) in (None, *eligible)  # noqa: E731
+  owners_by_scope = claimed()
+  free = lambda op: owners_by_scope.get(op.name) in (None, *eligible)  # noqa: E731
   parametric = []
   weights: Set[str] = set()
   for op in sorted(fwd_ops, key=_compat.op_id):
@@ -232,7 +234,6 @@ def group_by_ops(fwd_ops, groups, scopes, mapped, claimed, consumers):
       weights.update(v for _, v, _ in reads)
   union = _Union()
   ops_of: Dict[str, List[tf.Operation]] = collections.defaultdict(list)
-  followed: Dict[str, List[str]] = {}
   owners = []
   for op, reads in parametric:
     owner = _owner([g for g, _, _ in reads], mapped, union)
@@ -241,7 +242,6 @@ def group_by_ops(fwd_ops, groups, scopes, mapped, claimed, consumers):
     ops_of[owner].extend(o for g, _, between in reads
                          if union.find(g) == union.find(owner)
                          for o in between)
-    followed[op.name] = [owner]
     for follow, between, group in _follows(op, var_group, weights, consumers,
                                            free):
       if group in mapped and group != owner:
@@ -295,7 +295,7 @@ def _regrouped(groups, scopes, mapped, union, ops_of, owners):
     if name in union.parent:
       merged[union.find(name)].append(name)
   new_name: Dict[str, str] = {}
-  taken = {n for n in groups if n not in union.parent}
+  taken = {n for n in groups if n not in union.parent} | set(mapped)
   for root in sorted(merged, key=lambda r: _compat.op_id(first[r])
                      if r in first else -1):
     if root in mapped or root not in first:

@@ -56,6 +56,15 @@ def lookup(net, name, arg: str) -> str:
         f"so it is not a layer of the plan. Make them trainable "
         f"(trainable=True) to transform them, or transform one of the layers "
         f"with trainable variables: {', '.join(net.names)}")
+  holder = [net.layer_of_variable(v) for v in net.variables
+            if v.op.name == name.split(":")[0]]
+  if holder:
+    raise _errors.LayerNotFoundError(
+        f"`{arg}` {name!r} is a variable of the layer {holder[0]!r}, not a "
+        f"layer: a variable with no scope of its own belongs to the layer of "
+        f"the op that uses it, named after that op. Declare on "
+        f"{holder[0]!r}, or name the layer yourself with "
+        f"gg.analyze(loss, layers={{'name': [variables]}}).")
   inside = [l.name for l in net.layers if name.startswith(l.name + "/")]
   if inside:
     raise _errors.LayerNotFoundError(

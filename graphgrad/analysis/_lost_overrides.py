@@ -55,11 +55,11 @@ class LostOverride:
 
 def override_name(op: tf.Operation) -> Optional[str]:
   """The op's ``_gradient_op_type`` (its ``gradient_override_map`` name)."""
-  try:
-    value = op.get_attr("_gradient_op_type")
-  except (ValueError, TypeError):
+  # Reading the NodeDef is several times cheaper than a failing get_attr.
+  attr = op.node_def.attr
+  if "_gradient_op_type" not in attr:
     return None
-  return value.decode() if isinstance(value, bytes) else str(value)
+  return attr["_gradient_op_type"].s.decode()
 
 
 def find(fwd_ops: Sequence[tf.Operation], layer_of: Dict[str, Optional[str]],
