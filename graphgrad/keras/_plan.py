@@ -90,7 +90,7 @@ class KerasPlan(tf.Module, Overriding):
     self._index = LayerIndex(model)
     self._declarations = Declarations(self._index.find, owner="KerasPlan")
     self._methods = _methods.MethodVariables()
-    self._resources = Resources()
+    self._resources = Resources(modules=[self._methods])
     self._open_tape: Optional[PlanTape] = None
 
   # -- declaring -----------------------------------------------------------
