@@ -99,7 +99,7 @@ class KerasPlan(tf.Module, LayerOverriding):
     self._index = LayerIndex(model)
     self._declarations = Declarations(self._index.find, owner="KerasPlan")
     self._methods = _methods.MethodVariables()
-    self._resources = Resources()
+    self._resources = Resources(modules=[self._methods])
     self._open_tape: Optional[PlanTape] = None
     # The float16 warning, logged once per plan.
     self._unscaled_warned: List[bool] = self._no_dependency([])

@@ -11,10 +11,11 @@ All work in float64 on ``G = J J^T`` of ``k`` tasks, never on the
 * :func:`cagrad_weights`: the CAGrad inner problem over the simplex, exact
   for ``k <= EXACT_MAX_TASKS``.
 * :func:`nash_weights`: the Nash bargaining solution ``G a = 1 / a``, by
-  damped Newton steps on ``a^T G a / 2 - sum log a``.
+  damped Newton steps on ``a^T G a / 2 - sum log a`` until converged.
 """
 
 import itertools
+from typing import Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -172,27 +173,44 @@ def _cagrad_candidates(gram, b, phi, k):
   return tf.concat(out, axis=0)
 
 
+NASH_TOL = 1e-10
+
+
 def nash_weights(gram: tf.Tensor, start: tf.Tensor, steps: int
-                 ) -> tf.Tensor:
+                 ) -> Tuple[tf.Tensor, tf.Tensor]:
   """``a > 0`` with ``G a = 1 / a``: damped Newton from ``start``.
 
   The solution minimises the self-concordant ``a^T G a / 2 - sum log a``;
   the step ``1 / (1 + lambda)`` (``lambda`` the Newton decrement) keeps ``a``
   positive and converges from any start, quadratically once ``lambda <
-  1/4``, where full steps are taken.
+  1/4``, where full steps are taken. ``start`` is first scaled to the best
+  multiple of itself (``t^2 = k / start^T G start``). The steps stop once
+  ``max |a_i (G a)_i - 1| <= NASH_TOL``, or after ``steps``.
+
+  Returns:
+    ``(a, residual)``, ``residual`` the final ``max |a_i (G a)_i - 1|``.
   """
   k = start.shape[0]
   eye = tf.eye(k, dtype=_F64)
+  a0 = tf.cast(start, _F64)
+  curv = tf.reduce_sum(a0 * tf.linalg.matvec(gram, a0))
+  a0 = tf.where(curv > 0, a0 * tf.sqrt(k / tf.where(curv > 0, curv, 1.)),
+                a0)
 
-  def body(n, a):
+  def residual(a):
+    return tf.reduce_max(tf.abs(a * tf.linalg.matvec(gram, a) - 1.))
+
+  def body(n, a, _):
     grad = tf.linalg.matvec(gram, a) - 1. / a
     hess = gram + eye / (a * a)[:, None] * eye
     delta = tf.linalg.solve(hess, grad[:, None])[:, 0]
     lam = tf.sqrt(tf.maximum(tf.reduce_sum(grad * delta), 0.))
     step = tf.where(lam < 0.25, tf.constant(1., _F64), 1. / (1. + lam))
     new = a - step * delta
-    return n + 1, tf.where(new > 0, new, a * 0.5)
+    new = tf.where(new > 0, new, a * 0.5)
+    return n + 1, new, residual(new)
 
-  _, a = tf.while_loop(lambda n, a: n < steps, body,
-                       [tf.constant(0), tf.cast(start, _F64)])
-  return a
+  _, a, res = tf.while_loop(
+      lambda n, a, res: (n < steps) & (res > NASH_TOL), body,
+      [tf.constant(0), a0, residual(a0)])
+  return a, res

@@ -12,7 +12,12 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.transforms import _scaled
 from graphgrad.transforms._group import GroupTransform
-from graphgrad.transforms._transforms import Transform, TransformContext, chain
+from graphgrad.transforms._transforms import (
+  Transform,
+  TransformContext,
+  _Fn,
+  chain,
+)
 
 
 def compose(fns: Sequence[Transform]) -> Transform:
@@ -40,7 +45,17 @@ def checked(fn: Transform, grad: Gradient, ctx: TransformContext,
     return _scaled.around(grad, lambda g: check_result(
         g, _call(fn, (g, ctx), where, "transform"), where))
   return check_result(grad, _call(fn, (grad, ctx), where, "transform"),
-                      where)
+                      where, at_run_time=not _keeps_shape(fn),
+                      transform=fn)
+
+
+def _keeps_shape(fn) -> bool:
+  """True for graphgrad's own transforms, which keep shape by construction
+  (a wrapped callable or a user's subclass is checked at run time)."""
+  parts = getattr(fn, "parts", None) or ()
+  return bool(parts) and all(
+      type(p).__module__.startswith("graphgrad.") and not isinstance(p, _Fn)
+      for p in parts)
 
 
 def _call(fn, args, where: str, kind: str):
@@ -131,9 +146,14 @@ def graph_error(where: str, kind: str, tensor, expected) -> Exception:
       f"gradient lives, {fix}.")
 
 
-def check_result(grad: Gradient, out: Gradient, where: str) -> Gradient:
+def check_result(grad: Gradient, out: Gradient, where: str,
+                 at_run_time: bool = True, transform=None) -> Gradient:
   """Checks that a transform's result ``out`` keeps ``grad``'s shape, dtype
-  and tf.Graph."""
+  and tf.Graph: statically, and with ``at_run_time`` also at run time where
+  a static shape is not fully known. Messages name ``transform`` if given.
+  """
+  what = ("the transform" if transform is None
+          else f"the transform {transform!r}")
   if grad is None:
     return out
   before = grad.values if isinstance(grad, tf.IndexedSlices) else grad
@@ -159,7 +179,39 @@ def check_result(grad: Gradient, out: Gradient, where: str) -> Gradient:
   if after.dtype != before.dtype or not after.shape.is_compatible_with(
       before.shape):
     raise _errors.IncompatibleGradientError(
-        f"{where}: the transform changed the gradient from shape "
+        f"{where}: {what} changed the gradient from shape "
         f"{before.shape} {before.dtype.name} to shape {after.shape} "
         f"{after.dtype.name}. A transform must keep shape and dtype.")
-  return out
+  if not at_run_time or (before.shape.is_fully_defined()
+                         and after.shape.is_fully_defined()):
+    return out
+  checked_after = _assert_same_shape(before, after, f"{where}: {what}")
+  if isinstance(out, tf.IndexedSlices):
+    return tf.IndexedSlices(checked_after, out.indices, out.dense_shape)
+  return checked_after
+
+
+def _assert_same_shape(before: tf.Tensor, after: tf.Tensor,
+                       where: str) -> tf.Tensor:
+  """``after``, once a run-time check found it of ``before``'s shape.
+
+  Added only where a static shape is not fully known; the check fails with
+  an ``InvalidArgumentError`` naming ``where`` (the declaration, the layer
+  and the transform) and both run-time shapes.
+  """
+  with tf.name_scope("check_shape"):
+    want, got = tf.shape(before), tf.shape(after)
+    if before.shape.rank is not None and (
+        before.shape.rank == after.shape.rank):
+      same = tf.reduce_all(tf.equal(want, got))
+    else:
+      same = tf.cond(tf.equal(tf.size(want), tf.size(got)),
+                     lambda: tf.reduce_all(tf.equal(want, got)),
+                     lambda: tf.constant(False))
+    message = (f"{where} returned a gradient of another "
+               f"shape (static {after.shape} for {before.shape}); a "
+               f"transform must keep the shape. Run-time shapes, the "
+               f"gradient's then the transform's:")
+    check = tf.debugging.Assert(same, [message, want, got])
+    with tf.control_dependencies([check]):
+      return tf.identity(after)

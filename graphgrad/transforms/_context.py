@@ -15,7 +15,7 @@ Example:
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import tensorflow as tf
 
@@ -32,8 +32,9 @@ class Resources:
   convention (``"feedback_alignment/B"``).
   """
 
-  def __init__(self):
+  def __init__(self, modules: Sequence[tf.Module] = ()):
     self._values: Dict[Key, Any] = {}
+    self._modules = tuple(modules)
 
   def get_or_create(self, layer: Optional[str], name: str,
                     create: Callable[[], T]) -> T:
@@ -60,18 +61,35 @@ class Resources:
     return {n: v for (l, n), v in self._values.items() if l == layer}
 
   def variables(self) -> Tuple[tf.Variable, ...]:
-    """Every ``tf.Variable`` among the values (also inside lists, tuples)."""
-    found = []
-    for value in self._values.values():
-      items = value if isinstance(value, (list, tuple)) else [value]
-      found += [v for v in items if isinstance(v, tf.Variable)]
-    return tuple(found)
+    """Every ``tf.Variable`` the plan's transforms and methods made.
+
+    Found among the values, inside lists, tuples and dicts, inside
+    ``tf.Module`` values (a stateful method's state), and in the
+    ``modules`` given at construction (a Keras plan's method variables).
+    """
+    found: Dict[int, tf.Variable] = {}
+    for value in (*self._values.values(), *self._modules):
+      for v in _variables_in(value):
+        found.setdefault(id(v), v)
+    return tuple(found.values())
 
   def __len__(self) -> int:
     return len(self._values)
 
   def __repr__(self) -> str:
     return f"Resources({list(self._values)})"
+
+
+def _variables_in(value) -> List[tf.Variable]:
+  if isinstance(value, tf.Variable):
+    return [value]
+  if isinstance(value, tf.Module):
+    return list(value.variables)
+  if isinstance(value, dict):
+    value = list(value.values())
+  if isinstance(value, (list, tuple)):
+    return [v for item in value for v in _variables_in(item)]
+  return []
 
 
 @dataclasses.dataclass(frozen=True)
