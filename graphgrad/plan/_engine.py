@@ -92,6 +92,9 @@ class Segments:
     gradients_fn: what each segment calls instead of ``tf.gradients``, with
       the same arguments (the plan's gradient overrides, see ``_override``).
     overridden: the names of the ops ``gradients_fn`` overrides.
+    spans: whether spans of linear layers may share one call; ``False``
+      when ``gradients_fn`` differentiates copies of the forward ops
+      (``plan.recompute``), which a span's per-op factors cannot reach.
   """
 
   def __init__(self, net: LayerGraph, variables,
@@ -101,7 +104,7 @@ class Segments:
                outputs_fn: Optional[Dict[str, Callable]] = None,
                read_layers: Sequence[str] = (),
                gradients_fn: Optional[Callable] = None,
-               overridden: Sequence[str] = ()):
+               overridden: Sequence[str] = (), spans: bool = True):
     self.net = net
     self.gradients_fn = gradients_fn or tf.compat.v1.gradients
     self.variables = {v.op.name: v for v in variables}
@@ -129,7 +132,8 @@ class Segments:
         net, self.cuts, self.variables,
         {n: rw.factor for n, rw in self.upstream.items()
          if rw.factor is not None}, self._special,
-        enabled=_hooks.available(), overridden=set(overridden))
+        enabled=spans and _hooks.available(),
+        overridden=set(overridden))
 
   def schedule(self) -> List[Group]:
     """Returns the cut groups in execution order, with their segments."""

@@ -223,7 +223,8 @@ class _Executor:
         read_layers=[c for n, fn in backward.items()
                      for c in (fn.cuts(self.net, n) if hasattr(fn, "cuts")
                                else [])],
-        gradients_fn=self.gradients_fn, overridden=self.overridden)
+        gradients_fn=self.gradients_fn, overridden=self.overridden,
+        spans=self.options.recompute is None)
     by_name = {v.op.name: v for v in reached}
     reduce = None
     if self.options.reduce_fn is not None:
