@@ -31,6 +31,7 @@ def main(argv=None):
   tf.config.set_logical_device_configuration(
       cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas)
   import keras  # pylint: disable=g-import-not-at-top
+
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
 
   rng = np.random.default_rng(0)
