@@ -1,7 +1,9 @@
-"""Notebook 04 (TF1 to TF2 migration) runs top to bottom, committed run."""
+"""Notebooks 04 (TF1 to TF2 migration) and 06 (training at scale) run top
+to bottom, and are committed run."""
 
 import os
 import pathlib
+import re
 
 import nbclient
 import nbformat
@@ -45,3 +47,40 @@ def test_notebook_04_executes(monkeypatch, legacy):
   # The hand recipe's TF2 failure, in the words of each Keras.
   assert ("has never been called" if legacy is None
           else "has no inbound nodes") in text
+
+
+TRAINING = ROOT / "notebooks" / "06_training_at_scale.ipynb"
+
+
+def test_notebook_06_is_committed_with_outputs():
+  nb = nbformat.read(TRAINING, as_version=4)
+  code = [c for c in nb.cells if c.cell_type == "code"]
+  assert code and all(c.execution_count is not None for c in code)
+  assert all(c.outputs for c in code)
+  assert not any("graphgrad._" in c.source for c in code)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_compat.TF_VERSION < (2, 16),
+                    reason="the notebook shows TF2 with Keras 3, which TF 2.15 "
+                           "does not bundle")
+@pytest.mark.parametrize("legacy", LEGACY_MODES)
+def test_notebook_06_executes(monkeypatch, legacy):
+  set_keras_mode(monkeypatch, legacy)
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+      [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  nb = nbformat.read(TRAINING, as_version=4)
+  client = nbclient.NotebookClient(
+      nb, timeout=300, kernel_name="python3",
+      resources={"metadata": {"path": str(TRAINING.parent)}})
+  client.execute()  # raises CellExecutionError on any failing cell
+  text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                 for o in c.outputs)
+  assert "fit vs hand-written loop" in text and "replicas: 2" in text
+  errors = [float(e) for e in re.findall(
+      r"loss_scale=optimizer: largest difference to float32 ([\d.e+-]+)",
+      text)]
+  unscaled = [float(e) for e in re.findall(
+      r"loss_scale=None: largest difference to float32 ([\d.e+-]+)", text)]
+  assert errors and errors[0] < 2e-4 < unscaled[0]

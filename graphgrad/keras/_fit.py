@@ -29,10 +29,11 @@ _METHODS = ("train_step", "fit", "train_on_batch")
 
 def flavour(model) -> str:
   """``"keras3"`` or ``"tf_keras"``: which Keras the model's class is of."""
-  for cls in type(model).__mro__:
-    top = cls.__module__.split(".", 1)[0]
-    if top in ("keras", "tf_keras"):
-      return "keras3" if top == "keras" else "tf_keras"
+  if callable(getattr(model, "train_step", None)):
+    for cls in type(model).__mro__:
+      top = cls.__module__.split(".", 1)[0]
+      if top in ("keras", "tf_keras"):
+        return "keras3" if top == "keras" else "tf_keras"
   raise _errors.GraphGradError(
       f"plan.attach(): the plan's model must be a Keras 3 or tf-keras Model "
       f"with a train_step; got {type(model).__name__}. Build the plan on "
@@ -44,8 +45,6 @@ class Attachment:
 
   def __init__(self, plan, labels=None, step_tensor=lambda: None):
     model = plan.model
-    if not callable(getattr(model, "train_step", None)):
-      flavour(object())  # raises: not a Model
     self.plan = plan
     self.model = model
     self.flavour = flavour(model)
