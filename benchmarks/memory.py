@@ -5,9 +5,10 @@ ResNet-50 (batch 32) and an LSTM (``dynamic_rnn``). Variants:
 ``minimize()`` and ``GradientPlan(loss).recompute()`` (``keep=None``).
 
 Each peak comes from a fresh process (``python -m benchmarks.memory
-MODEL VARIANT``): it builds the model and the variant, runs one step to
-warm up (the ResNet: none), calls ``tf.config.experimental.
-reset_memory_stats("CPU:0")``, runs one step and reads
+child MODEL VARIANT WARMUP``): it builds the model and the variant, runs
+``WARMUP`` steps (the LSTM one, the others none), calls
+``tf.config.experimental.reset_memory_stats("CPU:0")``, runs one step and
+reads
 ``get_memory_info("CPU:0")["peak"]``. TensorFlow tracks the CPU allocator's
 peak only with ``TF_CPU_ALLOCATOR_USE_BFC=true``, which the child sets.
 Step time is measured side by side: one more fresh process per model holds
@@ -163,7 +164,7 @@ def _cases(tiny: bool):
   if tiny:
     return [("mlp4x32x64", "MLP depth 4, width 32, batch 64", 4, 1, 1, 2)]
   cases = [(f"mlp{d}x256x4096", f"MLP depth {d}, width 256, batch 4096", d,
-            3, 1, 4) for d in MLP_DEPTHS]
+            3, 0, 3) for d in MLP_DEPTHS]
   cases += [("resnet50_32x224", "tf-slim ResNet-50, batch 32, 224x224", 0,
              1, 0, 0),
             ("lstm", "LSTM (dynamic_rnn, LSTMCell(128), 40 steps, batch 64)",
@@ -178,6 +179,8 @@ def run(config: benchmarks.Config) -> benchmarks.SuiteResult:
       continue
     log.info("memory: %s", model)
     row: Dict = {"model": model, "label": label, "depth": depth}
+    reps = min(reps, config.reps)
+    steps = min(steps, config.reps)
     for variant in VARIANTS:
       figures = [_run_child(["child", model, variant, str(warmup)])
                  for _ in range(reps)]

@@ -61,16 +61,9 @@ def is_random(op: tf.Operation) -> bool:
   return op.type in _RANDOM
 
 
-def separators(net: LayerGraph) -> Tuple[List[Tuple[tf.Tensor, int]], int]:
-  """Forward tensors that every path from the inputs to the loss crosses.
-
-  Returns ``([(tensor, position among the activations)], activations)``.
-
-  Among the activations (the ops downstream of a parameter, less the
-  parameter reads and what only they feed), in topological order: a tensor
-  whose op no differentiable edge jumps over. A skip connection's add (or
-  the ReLU after it) is one; a tensor inside a residual block is not.
-  """
+def _activations(net: LayerGraph) -> Dict[str, int]:
+  """Forward ops downstream of a parameter, less the parameter subgraph:
+  op name -> position in a topological order."""
   g = net.op_graph
   ops = [g.nodes[n]["op"] for n in nx.topological_sort(g)]
   variables = {v.op.name for v in net.variables}
@@ -87,6 +80,21 @@ def separators(net: LayerGraph) -> Tuple[List[Tuple[tf.Tensor, int]], int]:
              for t in ins):
       # downstream of a parameter: on a path along which gradients flow
       act[op.name] = len(act)
+  return act
+
+
+def separators(net: LayerGraph) -> Tuple[List[Tuple[tf.Tensor, int]], int]:
+  """Forward tensors that every path from the inputs to the loss crosses.
+
+  Returns ``([(tensor, position among the activations)], activations)``.
+
+  Among the activations (the ops downstream of a parameter, less the
+  parameter reads and what only they feed), in topological order: a tensor
+  whose op no differentiable edge jumps over. A skip connection's add (or
+  the ReLU after it) is one; a tensor inside a residual block is not.
+  """
+  g = net.op_graph
+  act = _activations(net)
   order = sorted(act, key=act.__getitem__)
   last: Dict[str, int] = {}
   for name in order:
@@ -406,3 +414,62 @@ class _Call:
 
 def stop_gradients_or_empty(stops) -> list:
   return [] if stops is None else _as_list(stops)
+
+
+# -- estimates -----------------------------------------------------------------
+
+
+def _bytes(t: tf.Tensor) -> int:
+  """Static size of ``t`` in bytes; an unknown dimension counts as 1."""
+  if t.shape.rank is None:
+    return t.dtype.size
+  n = 1
+  for d in t.shape:
+    n *= d if d is not None else 1
+  return n * t.dtype.size
+
+
+def memory_report(net: LayerGraph, keep: Optional[Sequence[str]] = None
+                  ) -> str:
+  """Each layer's activation bytes and the estimated peak of the backward
+  pass's activations, without and with ``recompute(keep)``.
+
+  The estimate counts the static sizes of the forward ops' floating-point
+  outputs (an unknown dimension, such as the batch, counts as 1, so the
+  figures are then per example). Without recompute every activation is
+  kept; with it, the kept tensors plus the largest segment between two of
+  them.
+  """
+  g = net.op_graph
+  act = _activations(net)
+  sizes: List[Tuple[tf.Operation, int]] = []
+  for name in sorted(act, key=act.__getitem__):
+    op = g.nodes[name]["op"]
+    sizes.append((op, sum(_bytes(t) for t in op.outputs
+                          if _graph_util.differentiable(t))))
+  per_layer: Dict[str, int] = collections.Counter()
+  for op, b in sizes:
+    per_layer[net.layer_of(op) or "(glue)"] += b
+  kept = kept_tensors(net, Recompute(None if keep is None else tuple(keep)))
+  kept_ops = {t.op.name for t in kept}
+  total = sum(b for _, b in sizes)
+  segments, current = [], 0
+  for op, b in sizes:
+    if op.name in kept_ops:
+      segments.append(current)
+      current = 0
+    else:
+      current += b
+  segments.append(current)
+  with_rc = sum(_bytes(t) for t in kept) + max(segments)
+  unknown = any(d is None for op, _ in sizes for t in op.outputs
+                if t.shape.rank is not None for d in t.shape)
+  unit = " (per example: the batch dimension is unknown)" if unknown else ""
+  width = max([len(n) for n in per_layer] + [5])
+  lines = [f"activation bytes per layer{unit}", ""]
+  lines += [f"  {name:<{width}}  {b:>14,}" for name, b in per_layer.items()]
+  lines += ["", f"estimated peak of kept activations{unit}:",
+            f"  without recompute: {total:,} bytes",
+            f"  with recompute():  {with_rc:,} bytes ({len(kept)} kept "
+            f"tensors: {', '.join(t.name for t in kept) or 'none'})"]
+  return "\n".join(lines)

@@ -5,6 +5,8 @@ Each case builds the same plan twice on one tf.Graph, once with
 once per run, so a redrawn dropout mask would show as a difference).
 """
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -307,3 +309,16 @@ def test_keeps_activations_only_at_kept_layers(graph):
       ("Tanh", "BiasAdd", "MatMul"))}
   assert activations == kept
   assert trainable("l0")
+
+
+def test_memory_report_counts_activation_bytes(graph):
+  loss = _chain(3)  # batch 16, width 8, float32: 512 bytes per tensor
+  text = _recompute.memory_report(gg.analyze(loss), keep=["l1"])
+  # MatMul, BiasAdd and Tanh per layer; Square and the scalar Sum are glue.
+  for name in ("l0", "l1", "l2"):
+    assert re.search(rf"^  {name}\s+1,536$", text, re.M), text
+  assert re.search(r"^  \(glue\)\s+516$", text, re.M)
+  assert "without recompute: 5,124 bytes" in text
+  # l1's output kept (512) plus the larger segment: l0 and l1's first two
+  # ops (2,560) against l2 and the glue (2,052).
+  assert "with recompute():  3,072 bytes (1 kept tensors: l1/Tanh:0)" in text
