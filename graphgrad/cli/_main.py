@@ -200,6 +200,10 @@ def _inspect(args) -> int:
       print(net.summary())
       _print_ops_without_gradient(net)
       _print_lost_overrides(net)
+      if args.memory:
+        from graphgrad.plan import _recompute
+        print()
+        print(_recompute.memory_report(net))
       if args.dot:
         net.draw(args.dot)
         print(f"\nwrote {args.dot}")
@@ -330,6 +334,9 @@ def _add_inspect(sub, common: argparse.ArgumentParser) -> None:
                        help="also write the layer graph as Graphviz DOT")
   inspect.add_argument("--png", metavar="FILE",
                        help="also draw the layer graph to a PNG file")
+  inspect.add_argument("--memory", action="store_true",
+                       help="print each layer's activation bytes and the "
+                            "estimated peak with and without recompute()")
   inspect.set_defaults(func=_inspect)
 
 

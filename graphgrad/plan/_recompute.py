@@ -61,45 +61,85 @@ def is_random(op: tf.Operation) -> bool:
   return op.type in _RANDOM
 
 
-def choose_keep(net: LayerGraph) -> List[str]:
-  """About ``sqrt(n)`` layers, evenly spread, each an articulation point.
+def _activations(net: LayerGraph) -> Dict[str, int]:
+  """Forward ops downstream of a parameter, less the parameter subgraph:
+  op name -> position in a topological order."""
+  g = net.op_graph
+  ops = [g.nodes[n]["op"] for n in nx.topological_sort(g)]
+  variables = {v.op.name for v in net.variables}
+  param: Set[str] = set()
+  act: Dict[str, int] = {}
+  for op in ops:
+    ins = list(op.inputs)
+    if (op.type not in _READS - {"ReadVariableOp"} and all(
+        t.op.name in variables or t.op.name in param
+        or not _graph_util.differentiable(t) or _scalar(t) for t in ins)
+        and any(t.op.name in variables or t.op.name in param for t in ins)):
+      param.add(op.name)
+    elif any(t.op.name in act or t.op.name in param or t.op.name in variables
+             for t in ins):
+      # downstream of a parameter: on a path along which gradients flow
+      act[op.name] = len(act)
+  return act
 
-  An articulation point of the layer graph (undirected, with one node
-  before the first layers and one after the last) is a layer that every
-  path from the inputs to the loss crosses, so a skip connection never
-  jumps over its outputs.
+
+def separators(net: LayerGraph) -> Tuple[List[Tuple[tf.Tensor, int]], int]:
+  """Forward tensors that every path from the inputs to the loss crosses.
+
+  Returns ``([(tensor, position among the activations)], activations)``.
+
+  Among the activations (the ops downstream of a parameter, less the
+  parameter reads and what only they feed), in topological order: a tensor
+  whose op no differentiable edge jumps over. A skip connection's add (or
+  the ReLU after it) is one; a tensor inside a residual block is not.
   """
-  g = net.graph
-  names = list(net.names)
-  if len(names) < 3:
-    return []
-  und = nx.Graph()
-  und.add_nodes_from(names)
-  und.add_edges_from((a, b) for a, b in g.edges if a != b)
-  src, dst = object(), object()
-  und.add_edges_from((src, n) for n in names if not any(
-      p != n for p in g.predecessors(n)))
-  und.add_edges_from((n, dst) for n in names if not any(
-      s != n for s in g.successors(n)) or net.reaches_loss_directly(n))
-  points = set(nx.articulation_points(und)) - {src, dst}
-  pos = {n: i for i, n in enumerate(names)}
-  candidates = sorted(points, key=pos.__getitem__)
-  k = max(1, int(round(math.sqrt(len(names)))) - 1)
-  chosen: List[str] = []
+  g = net.op_graph
+  act = _activations(net)
+  order = sorted(act, key=act.__getitem__)
+  last: Dict[str, int] = {}
+  for name in order:
+    op = g.nodes[name]["op"]
+    last[name] = max([act[c.name] for t in op.outputs
+                      if _graph_util.differentiable(t)
+                      for c in t.consumers() if c.name in act], default=-1)
+  found: List[Tuple[tf.Tensor, int]] = []
+  reach = -1
+  for name in order:
+    op = g.nodes[name]["op"]
+    outs = [t for t in op.outputs if _graph_util.differentiable(t)
+            and any(c.name in act for c in t.consumers())]
+    if (reach <= act[name] and len(outs) == 1 and last[name] > act[name]
+        and name != net.loss.op.name
+        and not _graph_util.in_control_flow(op)):
+      found.append((outs[0], act[name]))
+    reach = max(reach, last[name])
+  return found, len(act)
+
+
+def choose_tensors(net: LayerGraph) -> List[tf.Tensor]:
+  """About ``sqrt(n)`` of the :func:`separators`, for ``n`` layers, evenly
+  spread along the activations."""
+  candidates, total = separators(net)
+  k = max(1, int(round(math.sqrt(len(net.names)))) - 1)
+  chosen: Dict[str, tf.Tensor] = {}
   for i in range(1, k + 1):
-    target = i * len(names) / (k + 1)
-    free = [c for c in candidates if c not in chosen]
+    target = i * total / (k + 1)
+    free = [(t, p) for t, p in candidates if t.name not in chosen]
     if not free:
       break
-    chosen.append(min(free, key=lambda c: abs(pos[c] - target)))
-  return sorted(chosen, key=pos.__getitem__)
+    t, _ = min(free, key=lambda c: abs(c[1] - target))
+    chosen[t.name] = t
+  return list(chosen.values())
 
 
 def kept_tensors(net: LayerGraph, spec: Recompute) -> List[tf.Tensor]:
-  """The tensors the backward pass keeps: the kept layers' outputs."""
-  keep = choose_keep(net) if spec.keep is None else list(spec.keep)
-  kept = [t for n in keep for t in net[n].outputs
-          if _graph_util.differentiable(t)]
+  """The tensors the backward pass keeps: the kept layers' outputs, or
+  with ``keep=None`` the tensors :func:`choose_tensors` picks."""
+  if spec.keep is None:
+    kept = choose_tensors(net)
+  else:
+    kept = [t for n in spec.keep for t in net[n].outputs
+            if _graph_util.differentiable(t)]
   # Indices follow the forward order: a kept tensor's segment is above
   # every kept tensor it depends on.
   return sorted(kept, key=lambda t: net.topo_index(t.op))
@@ -374,3 +414,62 @@ class _Call:
 
 def stop_gradients_or_empty(stops) -> list:
   return [] if stops is None else _as_list(stops)
+
+
+# -- estimates -----------------------------------------------------------------
+
+
+def _bytes(t: tf.Tensor) -> int:
+  """Static size of ``t`` in bytes; an unknown dimension counts as 1."""
+  if t.shape.rank is None:
+    return t.dtype.size
+  n = 1
+  for d in t.shape:
+    n *= d if d is not None else 1
+  return n * t.dtype.size
+
+
+def memory_report(net: LayerGraph, keep: Optional[Sequence[str]] = None
+                  ) -> str:
+  """Each layer's activation bytes and the estimated peak of the backward
+  pass's activations, without and with ``recompute(keep)``.
+
+  The estimate counts the static sizes of the forward ops' floating-point
+  outputs (an unknown dimension, such as the batch, counts as 1, so the
+  figures are then per example). Without recompute every activation is
+  kept; with it, the kept tensors plus the largest segment between two of
+  them.
+  """
+  g = net.op_graph
+  act = _activations(net)
+  sizes: List[Tuple[tf.Operation, int]] = []
+  for name in sorted(act, key=act.__getitem__):
+    op = g.nodes[name]["op"]
+    sizes.append((op, sum(_bytes(t) for t in op.outputs
+                          if _graph_util.differentiable(t))))
+  per_layer: Dict[str, int] = collections.Counter()
+  for op, b in sizes:
+    per_layer[net.layer_of(op) or "(glue)"] += b
+  kept = kept_tensors(net, Recompute(None if keep is None else tuple(keep)))
+  kept_ops = {t.op.name for t in kept}
+  total = sum(b for _, b in sizes)
+  segments, current = [], 0
+  for op, b in sizes:
+    if op.name in kept_ops:
+      segments.append(current)
+      current = 0
+    else:
+      current += b
+  segments.append(current)
+  with_rc = sum(_bytes(t) for t in kept) + max(segments)
+  unknown = any(d is None for op, _ in sizes for t in op.outputs
+                if t.shape.rank is not None for d in t.shape)
+  unit = " (per example: the batch dimension is unknown)" if unknown else ""
+  width = max([len(n) for n in per_layer] + [5])
+  lines = [f"activation bytes per layer{unit}", ""]
+  lines += [f"  {name:<{width}}  {b:>14,}" for name, b in per_layer.items()]
+  lines += ["", f"estimated peak of kept activations{unit}:",
+            f"  without recompute: {total:,} bytes",
+            f"  with recompute():  {with_rc:,} bytes ({len(kept)} kept "
+            f"tensors: {', '.join(t.name for t in kept) or 'none'})"]
+  return "\n".join(lines)

@@ -5,6 +5,8 @@ Each case builds the same plan twice on one tf.Graph, once with
 once per run, so a redrawn dropout mask would show as a difference).
 """
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -70,10 +72,12 @@ def test_chain_is_bit_for_bit(graph):
   _compare(_chain(), exact=True, case="chain")
 
 
-def test_keep_none_picks_about_sqrt_n_articulation_layers(graph):
+def test_keep_none_picks_about_sqrt_n_separators(graph):
   loss = _chain(16)
-  keep = _recompute.choose_keep(gg.analyze(loss))
-  assert keep == ["l4", "l8", "l12"]  # four segments of four layers
+  kept = [t.name for t in _recompute.kept_tensors(
+      gg.analyze(loss), _recompute.Recompute())]
+  # Three boundaries, four segments of about four layers each.
+  assert [k.split("/")[0] for k in kept] == ["l4", "l8", "l12"], kept
 
 
 def test_explicit_keep_and_keep_nothing(graph):
@@ -93,10 +97,11 @@ def _residual(x):
 def test_skip_connections(graph):
   x = tf1.placeholder(tf.float32, [None, 8])
   loss = _residual(x)
-  net = gg.analyze(loss)
-  keep = _recompute.choose_keep(net)
-  # No layer inside a residual block: a skip would jump over it.
-  assert all(k.endswith("_b") or k in ("stem", "head") for k in keep)
+  kept = [t.name for t in _recompute.kept_tensors(
+      gg.analyze(loss), _recompute.Recompute())]
+  # Only tensors that no skip jumps over: a block's output, never inside.
+  assert kept and all(n.startswith("Relu") or n.startswith("stem/")
+                      for n in kept), kept
   _compare(loss, feed_dict=feed(x), case="skip connections")
   # A kept layer that a skip jumps over: still exact, only less saved.
   _compare(loss, keep=["b1_a", "b2_a"], feed_dict=feed(x))
@@ -304,3 +309,16 @@ def test_keeps_activations_only_at_kept_layers(graph):
       ("Tanh", "BiasAdd", "MatMul"))}
   assert activations == kept
   assert trainable("l0")
+
+
+def test_memory_report_counts_activation_bytes(graph):
+  loss = _chain(3)  # batch 16, width 8, float32: 512 bytes per tensor
+  text = _recompute.memory_report(gg.analyze(loss), keep=["l1"])
+  # MatMul, BiasAdd and Tanh per layer; Square and the scalar Sum are glue.
+  for name in ("l0", "l1", "l2"):
+    assert re.search(rf"^  {name}\s+1,536$", text, re.M), text
+  assert re.search(r"^  \(glue\)\s+516$", text, re.M)
+  assert "without recompute: 5,124 bytes" in text
+  # l1's output kept (512) plus the larger segment: l0 and l1's first two
+  # ops (2,560) against l2 and the glue (2,052).
+  assert "with recompute():  3,072 bytes (1 kept tensors: l1/Tanh:0)" in text
