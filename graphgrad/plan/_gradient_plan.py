@@ -575,11 +575,13 @@ class GradientPlan:
       self._declarations.freeze()
       _loss_scale_optimizer.check_declarations(self._declarations)
       with self._loss.graph.as_default():
-        options = dataclasses.replace(self._options, loss_scale=scale())
+        current = scale()
+      options = dataclasses.replace(self._options, loss_scale=current)
       built = _executor.build(self._loss, lambda: self.net, self._var_list,
                               self._declarations, options, self._resources)
-      gv = [(g, v) for g, v in _loss_scale_optimizer.unscale(
-          optimizer, built.grads_and_vars) if g is not None]
+      with self._loss.graph.as_default():
+        gv = [(g, v) for g, v in _loss_scale_optimizer.unscale(
+            current, built.grads_and_vars) if g is not None]
     if not gv:
       raise _errors.NotConnectedError(
           f"no variable has a gradient from the loss {self._loss.name}; "

@@ -2,9 +2,10 @@
 
 Given that optimizer, ``GradientPlan.apply_gradients`` does what its
 ``minimize()`` does: the plan backpropagates ``loss * S`` (its seed is the
-loss scale ``S``), the parameter gradients are multiplied by ``1 / S`` with
-the optimizer's own unscaling, and the optimizer's ``apply_gradients`` skips
-a non-finite step and updates a dynamic scale. In between, every transform
+loss scale ``S``), the parameter gradients are multiplied by ``1 / S`` as
+the optimizer's own unscaling does, and the optimizer's ``apply_gradients``
+skips a non-finite step and updates a dynamic scale. In between, every
+transform
 sees the unscaled gradient, in float32 where the gradient is float16:
 :func:`unscaled` casts in, divides by ``S``, transforms, multiplies by ``S``
 and casts back. TensorFlow's loss scales are powers of two, so both
@@ -28,19 +29,38 @@ def loss_scale_of(optimizer) -> Optional[Callable[[], Any]]:
   """The loss scale of a TF1 loss-scale optimizer, else ``None``.
 
   Returns the ``LossScale`` object; calling it gives the current scale as a
-  tensor. TensorFlow keeps it in the optimizer's ``_loss_scale`` (the
-  optimizer has no public accessor); ``minimize()`` reads the same object.
+  tensor, the very object ``minimize()`` reads. The optimizer has no
+  accessor of its own for it; it tracks it as its checkpoint dependency
+  ``loss_scale``, which the public ``tf.train.TrackableView`` lists.
+
+  Raises:
+    GraphGradError: if the optimizer tracks no callable ``loss_scale``.
   """
   if not isinstance(optimizer, _MPLSO):
     return None
-  return optimizer._loss_scale  # pylint: disable=protected-access
+  scale = dict(tf.train.TrackableView(optimizer).children(optimizer)).get(
+      "loss_scale")
+  if not callable(scale):
+    raise _errors.GraphGradError(
+        f"apply_gradients: the MixedPrecisionLossScaleOptimizer {optimizer!r} "
+        f"tracks no callable `loss_scale` dependency (got {scale!r}), so its "
+        f"loss scale cannot be read on this TensorFlow "
+        f"{tf.__version__}. Apply the plan with the optimizer it wraps, or "
+        f"with a Keras LossScaleOptimizer inside a KerasPlan.")
+  return scale
 
 
-def unscale(optimizer, grads_and_vars):
-  """``(g / S, v)`` pairs, with the optimizer's own unscaling ops."""
-  grads = [g for g, _ in grads_and_vars]
-  unscaled = optimizer._unscale_grads(grads)  # pylint: disable=protected-access
-  return list(zip(unscaled, [v for _, v in grads_and_vars]))
+def unscale(scale: tf.Tensor, grads_and_vars):
+  """``(g * (1 / S), v)`` pairs: the optimizer's own unscaling arithmetic."""
+  reciprocal = 1 / scale
+  out = []
+  for g, v in grads_and_vars:
+    if isinstance(g, tf.IndexedSlices):
+      g = tf.IndexedSlices(g.values * reciprocal, g.indices, g.dense_shape)
+    elif g is not None:
+      g = g * reciprocal
+    out.append((g, v))
+  return out
 
 
 def check_declarations(declarations) -> None:

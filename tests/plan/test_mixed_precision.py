@@ -180,3 +180,18 @@ def test_refuses_declarations_loss_scaling_would_change(graph):
                            r"combine_tasks\('l1'\) compute gradients of "
                            r"their own"):
     plan.apply_gradients(opt)
+
+
+def test_a_loss_scale_tensorflow_does_not_list_is_refused(graph, monkeypatch):
+  # The scale is read through the public tf.train.TrackableView: a
+  # TensorFlow whose optimizer no longer tracks it there is refused by name.
+  monkeypatch.setattr(tf.train.TrackableView, "children",
+                      lambda self, obj, **kw: {})
+  x, y, out, loss = _model()
+  plan = gg.GradientPlan(loss)
+  opt = MPLSO(tf1.train.GradientDescentOptimizer(LR), 2.0**15)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"tracks no callable `loss_scale` dependency "
+                           r"\(got None\).*Apply the plan with the optimizer "
+                           r"it wraps"):
+    plan.apply_gradients(opt)
