@@ -15,23 +15,6 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "graphgrad"
 
-# Modules that another change of the same release is rewriting; their names
-# and docstrings are fixed there.
-_RENAMED_ELSEWHERE = {"_backward", "_declarations", "_linear", "_override",
-                      "_plan"}
-_CLASSES_RENAMED_ELSEWHERE = {"Kind", "Overriding"}
-_REWRITTEN_ELSEWHERE = {
-    "graphgrad._compat", "graphgrad.plan._engine", "graphgrad.plan._cuts",
-    "graphgrad.plan._chains", "graphgrad.plan._executor",
-    "graphgrad.plan._backprop", "graphgrad.plan._override",
-    "graphgrad.plan._declarations", "graphgrad.plan._hooks",
-    "graphgrad.plan._reach", "graphgrad.keras._backward",
-    "graphgrad.keras._tape", "graphgrad.keras._tasks",
-    "graphgrad.keras._intercept", "graphgrad.keras._methods",
-    "graphgrad.keras._override", "graphgrad.keras._linear",
-    "graphgrad.keras._plan", "graphgrad.methods._backward",
-    "graphgrad.methods._fa", "graphgrad.methods._dfa",
-    "graphgrad.methods._synthetic"}
 _MAX_DOCSTRING_LINES = 15
 
 
@@ -171,8 +154,6 @@ def test_every_import_goes_to_its_own_folder_or_a_lower_floor():
   assert not wrong
 
 
-@pytest.mark.xfail(strict=False,
-                   reason="until the declarations move to graphgrad.core")
 def test_keras_does_not_import_plan():
   assert not _floor_violations("keras", ("plan",))
 
@@ -193,23 +174,7 @@ def _class_names(name: str) -> List[str]:
   return [n.name for n in _parse(name).body if isinstance(n, ast.ClassDef)]
 
 
-_NAMES = [(_file_names, _RENAMED_ELSEWHERE),
-          (_class_names, _CLASSES_RENAMED_ELSEWHERE)]
-
-
-@pytest.mark.parametrize("names_of, known", _NAMES,
-                         ids=["module file", "top-level class"])
-def test_names_are_unique_apart_from_those_renamed_elsewhere(names_of, known):
-  dup = _duplicates(names_of)
-  assert not {n: ms for n, ms in dup.items() if n not in known}
-
-
-@pytest.mark.xfail(strict=False,
-                   reason="the module files _backward and _override and the "
-                          "classes Kind and Overriding are renamed where the "
-                          "engine and the per-layer policy move; no other "
-                          "duplicate remains")
-@pytest.mark.parametrize("names_of", [n for n, _ in _NAMES],
+@pytest.mark.parametrize("names_of", [_file_names, _class_names],
                          ids=["module file", "top-level class"])
 def test_names_are_unique(names_of):
   assert not _duplicates(names_of)
@@ -224,12 +189,5 @@ def _long_docstrings(names) -> Dict[str, int]:
   return found
 
 
-def test_module_docstrings_fit_on_fifteen_lines():
-  assert not _long_docstrings(set(MODULES) - _REWRITTEN_ELSEWHERE)
-
-
-@pytest.mark.xfail(strict=False,
-                   reason="the modules of the engine, the Keras executor and "
-                          "the TensorFlow internals are rewritten elsewhere")
 def test_every_module_docstring_fits_on_fifteen_lines():
   assert not _long_docstrings(MODULES)
