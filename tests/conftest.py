@@ -19,6 +19,10 @@ import tensorflow as tf  # noqa: E402
 
 tf1 = tf.compat.v1
 
+# Scripts that the subprocess tests run: they read sys.argv when imported, so
+# the doctest collection (--doctest-modules) must not import them.
+collect_ignore = ["distributed/keras_fit_worker.py"]
+
 
 @pytest.fixture
 def graph():
