@@ -28,7 +28,8 @@ def test_the_notebooks_exist():
   assert [p.name for p in sorted((ROOT / "notebooks").glob("*.ipynb"))] == [
       "01_seed_walkthrough.ipynb", "02_gradient_reversal.ipynb",
       "03_inspect_a_legacy_graph.ipynb", "04_tf2_migration.ipynb",
-      "05_legacy_surgery.ipynb", "06_training_at_scale.ipynb"]
+      "05_legacy_surgery.ipynb", "06_training_at_scale.ipynb",
+      "07_saving_memory.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
