@@ -256,9 +256,11 @@ def output_losses(model, y, y_pred, sample_weight,
   preds = nest.flatten(y_pred)
   n = len(preds)
   losses = _by_output(model, model.loss, n, "loss")
-  if len(losses) != n or any(
-      isinstance(l, (list, tuple, dict)) for l in losses):
+  if len(losses) != n:
     raise _refuse(model, f"{len(losses)} losses for {n} outputs")
+  if any(isinstance(l, (list, tuple, dict)) for l in losses):
+    raise _refuse(model, "a nested structure, an output's loss is itself a "
+                  "list or dict")
   targets = (_by_output(model, y, n, "y") if isinstance(y, dict)
              else nest.flatten(y))
   if len(targets) != n:
