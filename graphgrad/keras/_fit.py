@@ -107,7 +107,7 @@ class Attachment:
       self._loss_weights = model.get_compile_config().get("loss_weights")
     optimizer = getattr(model, "optimizer", None)
     if (not plan.declarations.backward or optimizer is None
-        or _built(optimizer)):
+        or _built(optimizer) or self._made(optimizer)):
       return
     batch = _first_batch(x, y, batch_size)
     if batch is None:
@@ -124,6 +124,12 @@ class Attachment:
     log.info("graphgrad KerasPlan on %s: optimizer built with %d method "
              "variables for fit", model.name,
              len(variables) - len(model.trainable_variables))
+
+  def _made(self, optimizer) -> bool:
+    """A tf-keras optimizer (no public ``built``; it builds from the
+    variables it is given) once the methods' variables are made."""
+    return not hasattr(optimizer, "built") and len(
+        self.plan.trainable_variables) > len(self.model.trainable_variables)
 
   def _task_losses(self) -> Optional[List[Any]]:
     return list(self._recorded) if self.has_tasks else None
@@ -160,17 +166,17 @@ _MISSING = object()
 
 def _reset_functions(model) -> None:
   """Drops the traced train step, so that the next fit traces the new one."""
-  for name in ("train_function", "_train_function_cache"):
-    if name in model.__dict__ or hasattr(model, name):
-      try:
-        setattr(model, name, None)
-      except AttributeError:
-        pass
+  try:
+    model.train_function = None
+  except AttributeError:
+    pass
 
 
 def _built(optimizer) -> bool:
+  """Keras 3's public ``built``; tf-keras' optimizers have none, and their
+  ``build`` does nothing once built."""
   inner = getattr(optimizer, "inner_optimizer", None)
-  if getattr(optimizer, "built", False) or getattr(optimizer, "_built", False):
+  if getattr(optimizer, "built", False):
     return True
   return inner is not None and _built(inner)
 
