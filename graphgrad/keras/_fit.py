@@ -12,7 +12,7 @@ The plan's state (method variables, its own step) is saved with each
 the model's own methods; nothing of graphgrad is ever saved with the model.
 """
 
-import contextlib
+import inspect
 import logging
 import os
 from typing import Any, Dict, List, Optional
@@ -52,6 +52,7 @@ class Attachment:
     self.step_tensor = step_tensor
     self._saved: Dict[str, Any] = {}
     self._recorded: List[Any] = []
+    self._loss_weights: Any = None
     step = (_keras3_step if self.flavour == "keras3" else _tf_keras_step)
     self._step = lambda data: step(self, data)
 
@@ -102,9 +103,11 @@ class Attachment:
   def _prepare(self, x, y, batch_size) -> None:
     """Makes the methods' variables before the optimizer is built."""
     plan, model = self.plan, self.model
+    if self.has_tasks:  # eagerly: the config serializes the optimizer
+      self._loss_weights = model.get_compile_config().get("loss_weights")
     optimizer = getattr(model, "optimizer", None)
     if (not plan.declarations.backward or optimizer is None
-        or _built(optimizer)):
+        or _built(optimizer) or self._made(optimizer)):
       return
     batch = _first_batch(x, y, batch_size)
     if batch is None:
@@ -114,13 +117,19 @@ class Attachment:
       with self.tape(bx, by) as tape:
         y_pred = model(bx, training=True)
         loss = _loss(self, bx, by, y_pred, bw)
-      tape.grads_and_vars(loss, task_losses=self._task_losses())
+      tape.grads_and_vars(loss[1], task_losses=self._task_losses())
       variables = list(plan.trainable_variables)
       if hasattr(optimizer, "build"):
         optimizer.build(variables)
     log.info("graphgrad KerasPlan on %s: optimizer built with %d method "
              "variables for fit", model.name,
              len(variables) - len(model.trainable_variables))
+
+  def _made(self, optimizer) -> bool:
+    """A tf-keras optimizer (no public ``built``; it builds from the
+    variables it is given) once the methods' variables are made."""
+    return not hasattr(optimizer, "built") and len(
+        self.plan.trainable_variables) > len(self.model.trainable_variables)
 
   def _task_losses(self) -> Optional[List[Any]]:
     return list(self._recorded) if self.has_tasks else None
@@ -134,22 +143,22 @@ class Attachment:
 
   # -- per-output losses ---------------------------------------------------
 
-  @contextlib.contextmanager
-  def recording(self, y, y_pred):
-    """Records each output's compiled loss while the step's loss is built."""
+  def output_losses(self, y, y_pred, sample_weight):
+    """Keeps the compiled per-output losses of this step (the task losses)
+    and returns the compiled loss as their weighted sum; None without
+    tasks."""
     if not self.has_tasks:
-      yield
-      return
-    self._recorded = []
-    with _recorded_losses(self.flavour, self.model, y, y_pred,
-                          self._recorded):
-      yield
+      return None
+    pairs = output_losses(self.model, y, y_pred, sample_weight,
+                          self._loss_weights)
+    self._recorded = [value for value, _ in pairs]
     if len(self._recorded) < 2:
       raise _errors.GraphGradError(
           f"model.fit with combine_tasks/project_conflicts: the task losses "
           f"are the compiled per-output losses, but {len(self._recorded)} "
           f"output(s) have a loss. Compile a loss for each task output, "
           f"e.g. compile(loss=['mse', 'mse']) or a dict by output name.")
+    return compiled_total(self.model, pairs)
 
 
 _MISSING = object()
@@ -157,17 +166,17 @@ _MISSING = object()
 
 def _reset_functions(model) -> None:
   """Drops the traced train step, so that the next fit traces the new one."""
-  for name in ("train_function", "_train_function_cache"):
-    if name in model.__dict__ or hasattr(model, name):
-      try:
-        setattr(model, name, None)
-      except AttributeError:
-        pass
+  try:
+    model.train_function = None
+  except AttributeError:
+    pass
 
 
 def _built(optimizer) -> bool:
+  """Keras 3's public ``built``; tf-keras' optimizers have none, and their
+  ``build`` does nothing once built."""
   inner = getattr(optimizer, "inner_optimizer", None)
-  if getattr(optimizer, "built", False) or getattr(optimizer, "_built", False):
+  if getattr(optimizer, "built", False):
     return True
   return inner is not None and _built(inner)
 
@@ -192,97 +201,259 @@ def _unpack(which: str, data):
 
 
 def _loss(att: Attachment, x, y, y_pred, sample_weight):
+  """The model's own loss (its metrics and checks) and the loss to
+  differentiate: with tasks, the same sum spelled out over the task losses,
+  so that the plan sees each."""
   model = att.model
-  with att.recording(y, y_pred):
-    if att.flavour == "keras3":
-      return model._compute_loss(  # pylint: disable=protected-access
-          x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-    return model.compute_loss(x, y, y_pred, sample_weight)
+  if att.flavour == "keras3" and "training" in inspect.signature(
+      model.compute_loss).parameters:
+    loss = model.compute_loss(
+        x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+  else:
+    loss = model.compute_loss(x, y, y_pred, sample_weight)
+  total = att.output_losses(y, y_pred, sample_weight)
+  return loss, (loss if total is None else total)
 
 
-@contextlib.contextmanager
-def _recorded_losses(which: str, model, y, y_pred, out: list):
-  """Wraps the compiled per-output loss functions to record their values.
+def _refuse(model, reason: str):
+  return _errors.GraphGradError(
+      f"model.fit with combine_tasks/project_conflicts: compile(loss=...) of "
+      f"{model.name} must give one loss per model output (a list or tuple "
+      f"in output order, a dict by output name, or one loss for all); "
+      f"received loss={model.loss!r}: {reason}. Compile one loss (a name, "
+      f"a function or a Loss object) per output, or None for an output "
+      f"without a loss.")
 
-  Keras computes the compiled losses output by output and returns only
-  their weighted sum; the task losses of a combination are those values.
+
+def _by_output(model, value, n: int, what: str) -> list:
+  """``value`` (one per output, a dict by output name, or one for all) as a
+  list in output order."""
+  names = list(getattr(model, "output_names", None) or [])
+  if isinstance(value, dict):
+    if not names or set(value) - set(names):
+      raise _refuse(model, f"{what} keys {sorted(value)} are not the "
+                    f"output names {names}")
+    return [value.get(name) for name in names]
+  if isinstance(value, (list, tuple)):
+    return list(value)
+  return [value] * n
+
+
+def output_losses(model, y, y_pred, sample_weight,
+                  loss_weights=None) -> List[Any]:
+  """Each model output's compiled loss and its loss weight (or None).
+
+  Resolved from the public ``model.loss`` (compile's ``loss`` argument) and
+  ``loss_weights`` (``model.get_compile_config()["loss_weights"]``, read
+  eagerly) as Keras resolves them, with each output's targets and sample
+  weights.
+
+  Raises:
+    GraphGradError: a ``loss`` structure other than one loss per output,
+      or a model whose ``compute_loss`` is its own.
   """
+  import keras  # pylint: disable=g-import-not-at-top
+  which = flavour(model)
+  base = keras.Model if which == "keras3" else _tf_keras_model()
+  if type(model).compute_loss is not base.compute_loss:
+    raise _refuse(model, "the model overrides compute_loss, whose task "
+                  "losses graphgrad cannot see")
+  nest = keras.tree if which == "keras3" else tf.nest
+  preds = nest.flatten(y_pred)
+  n = len(preds)
+  losses = _by_output(model, model.loss, n, "loss")
+  if len(losses) != n:
+    raise _refuse(model, f"{len(losses)} losses for {n} outputs")
+  if any(isinstance(l, (list, tuple, dict)) for l in losses):
+    raise _refuse(model, "a nested structure, an output's loss is itself a "
+                  "list or dict")
+  targets = (_by_output(model, y, n, "y") if isinstance(y, dict)
+             else nest.flatten(y))
+  if len(targets) != n:
+    raise _refuse(model, f"{len(targets)} targets for {n} outputs")
+  weights = (_by_output(model, sample_weight, n, "sample_weight")
+             if isinstance(sample_weight, (dict, list, tuple))
+             else [sample_weight] * n)
+  factors = ([None] * n if loss_weights is None
+             else _by_output(model, loss_weights, n, "loss_weights"))
+  out = []
+  for loss, target, pred, weight, factor in zip(losses, targets, preds,
+                                                weights, factors):
+    if loss is None or target is None:
+      continue
+    fn = _resolved(which, model, loss)
+    out.append((fn(target, pred, sample_weight=weight), factor))
+  return out
+
+
+def _tf_keras_model():
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  return tf_keras.Model
+
+
+def compiled_total(model, pairs):
+  """The compiled loss from ``output_losses``' pairs and ``model.losses``,
+  in the operations and order of the model's Keras."""
+  replicas = tf.distribute.get_strategy().num_replicas_in_sync
+  if flavour(model) == "keras3":
+    import keras  # pylint: disable=g-import-not-at-top
+    floatx = keras.backend.floatx()
+    values = []
+    for value, factor in pairs:
+      value = tf.cast(value, floatx)
+      values.append(value if factor is None else tf.multiply(value, factor))
+    losses = [sum(values)]
+    for extra in model.losses:
+      if not extra.dtype.is_floating:
+        extra = tf.cast(extra, floatx)
+      extra = tf.reduce_sum(extra)
+      if replicas > 1:
+        extra = tf.multiply(extra, tf.cast(1.0 / replicas, extra.dtype))
+      losses.append(extra)
+    return losses[0] if len(losses) == 1 else tf.reduce_sum(losses)
+  scale = (lambda v: v * (1.0 / replicas)) if replicas > 1 else (
+      lambda v: v)
+  values = []
+  for value, factor in pairs:
+    values.append(scale(value if factor is None else value * factor))
+  if model.losses:
+    extras = list(model.losses)
+    dtype = extras[0].dtype
+    values.append(scale(tf.add_n([tf.cast(e, dtype) for e in extras])))
+  return tf.add_n(values)
+
+
+def _resolved(which: str, model, loss):
+  """A compiled loss as the Loss object Keras makes of it."""
   if which == "keras3":
-    container = model._compile_loss  # pylint: disable=protected-access
-    attr = "_flat_losses"
-  else:
-    container = model.compiled_loss
-    attr = "_losses"
-  if container is None:
-    yield
-    return
-  if which == "keras3" and not container.built:
-    container.build(y, y_pred)
-  elif which == "tf_keras" and not container._built:  # pylint: disable=protected-access
-    container.build(y_pred)  # as its __call__ does first
-  entries = getattr(container, attr, None) or []
-
-  def recorder(fn):
-    def loss(*args, **kwargs):
-      value = fn(*args, **kwargs)
-      out.append(value)
-      return value
-    return loss
-
-  saved = list(entries)
-  if which == "keras3":
-    entries[:] = [(path, recorder(fn), w, name)
-                  for path, fn, w, name in saved]
-  else:
-    entries[:] = [None if fn is None else _Recorded(fn, recorder(fn))
-                  for fn in saved]
-  try:
-    yield
-  finally:
-    entries[:] = saved
+    import keras  # pylint: disable=g-import-not-at-top
+    if isinstance(loss, str) and loss.lower() in ("crossentropy", "ce"):
+      raise _refuse(model, f"{loss!r} picks its loss from the data; name "
+                    f"the crossentropy, e.g. 'binary_crossentropy'")
+    fn = keras.losses.get(loss)
+    if isinstance(fn, keras.losses.Loss):
+      return fn
+    return _keras3_function_loss(fn, loss if isinstance(loss, str) else
+                                 getattr(fn, "__name__", "loss"))
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  fn = tf_keras.losses.get(loss)
+  if isinstance(fn, tf_keras.losses.Loss):
+    return fn
+  return _tf_keras_function_loss(fn)
 
 
-class _Recorded:
-  """A tf-keras loss object whose call records; its other fields delegate."""
+def _keras3_function_loss(fn, name: str):
+  """Keras 3's wrapper of a loss function: the ranks of targets and
+  predictions made equal, then Loss's reduction and replica scaling."""
+  import keras  # pylint: disable=g-import-not-at-top
 
-  def __init__(self, loss_obj, call):
-    self._loss_obj = loss_obj
-    self._call = call
+  class FunctionLoss(keras.losses.Loss):
 
-  def __call__(self, *args, **kwargs):
-    return self._call(*args, **kwargs)
+    def call(self, y_true, y_pred):
+      y_true, y_pred = _same_rank(y_true, y_pred)
+      return fn(y_true, y_pred)
 
-  def __getattr__(self, name):
-    return getattr(self._loss_obj, name)
+  return FunctionLoss(name=name)
+
+
+def _same_rank(a, b):
+  """Squeezes or expands a trailing 1 where the ranks differ by one."""
+  ra, rb = len(a.shape), len(b.shape)
+  if ra == rb + 1 and a.shape[-1] == 1:
+    return (a, tf.expand_dims(b, -1)) if rb == 1 else (tf.squeeze(a, -1), b)
+  if rb == ra + 1 and b.shape[-1] == 1:
+    return (tf.expand_dims(a, -1), b) if ra == 1 else (a, tf.squeeze(b, -1))
+  return a, b
+
+
+def _tf_keras_function_loss(fn):
+  """tf-keras' wrapper of a loss function, with its mean over the batch
+  spelled out: tf-keras refuses that reduction in a replica context unless
+  the loss comes from compile()."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+
+  class PerExample(tf_keras.losses.Loss):
+
+    def call(self, y_true, y_pred):
+      ry, rp = len(y_true.shape), len(y_pred.shape)
+      if rp == ry + 1 and y_pred.shape[-1] == 1:
+        y_pred = tf.squeeze(y_pred, -1)
+      elif ry == rp + 1 and y_true.shape[-1] == 1:
+        y_true = tf.squeeze(y_true, -1)
+      return fn(y_true, y_pred)
+
+  per_example = PerExample(reduction=tf_keras.losses.Reduction.NONE)
+
+  def loss(y_true, y_pred, sample_weight=None):
+    values = per_example(y_true, y_pred, sample_weight=sample_weight)
+    return tf.math.divide_no_nan(tf.reduce_sum(values),
+                                 tf.cast(tf.size(values), values.dtype))
+
+  return loss
 
 
 # -- the train steps ---------------------------------------------------------
 
 def _keras3_step(att: Attachment, data):
   """Keras 3's ``Model.train_step`` (TensorFlow backend) with the plan."""
-  from keras.src import tree  # pylint: disable=g-import-not-at-top
-  from keras.src.losses import loss as loss_module  # pylint: disable=g-import-not-at-top
+  import keras  # pylint: disable=g-import-not-at-top
   model = att.model
   x, y, sample_weight = _unpack("keras3", data)
   with att.tape(x, y) as tape:
-    if model._call_has_training_arg:  # pylint: disable=protected-access
+    if "training" in _call_parameters(model):
       y_pred = model(x, training=True)
     else:
       y_pred = model(x)
-    loss = _loss(att, x, y, y_pred, sample_weight)
-    model._loss_tracker.update_state(  # pylint: disable=protected-access
-        loss_module.unscale_loss_for_distribution(loss),
-        sample_weight=tf.shape(
-            next(i for i in tree.flatten(x) if i is not None))[0])
+    loss, target = _loss(att, x, y, y_pred, sample_weight)
+    tracker = _loss_tracker(model)
+    if tracker is not None:
+      tracker.update_state(
+          _unscaled_for_replicas(loss),
+          sample_weight=tf.shape(
+              next(i for i in keras.tree.flatten(x) if i is not None))[0])
     if model.optimizer is not None:
-      loss = model.optimizer.scale_loss(loss)
+      target = model.optimizer.scale_loss(target)
   if model.trainable_weights:
     model.optimizer.apply_gradients(
-        tape.grads_and_vars(loss, task_losses=att._task_losses()))  # pylint: disable=protected-access
+        tape.grads_and_vars(target, task_losses=att._task_losses()))  # pylint: disable=protected-access
   else:
     log.warning("graphgrad KerasPlan on %s: the model has no trainable "
                 "weights.", model.name)
   return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def _call_parameters(model):
+  params = getattr(model, "call_signature_parameters", None)
+  if params is None:
+    params = list(inspect.signature(model.call).parameters)
+  return params
+
+
+def _loss_tracker(model):
+  """The mean of the loss that ``fit`` logs: the metric named ``loss``."""
+  return next((m for m in model.metrics if m.name == "loss"), None)
+
+
+def _unscaled_for_replicas(loss):
+  """The loss times the number of replicas, as Keras logs it: each
+  replica's loss is divided by that number for the sum over replicas."""
+  replicas = tf.distribute.get_strategy().num_replicas_in_sync
+  if replicas > 1:
+    return tf.multiply(loss, tf.cast(replicas, loss.dtype))
+  return loss
+
+
+def _validated(model, y, loss):
+  """tf-keras' own checks of a step's targets and loss."""
+  if model.loss and y is None:
+    raise _errors.GraphGradError(
+        f"model.fit on {model.name}: y (the targets) must be given, since "
+        f"the model is compiled with loss={model.loss!r}; received no "
+        f"targets. Pass y to fit(), or (x, y) batches of a dataset.")
+  if loss is None:
+    raise _errors.GraphGradError(
+        f"model.fit on {model.name}: the model must have a loss; received "
+        f"none from compile() or add_loss(). Pass compile(loss=...).")
 
 
 def _tf_keras_step(att: Attachment, data):
@@ -297,9 +468,9 @@ def _tf_keras_step(att: Attachment, data):
   scaling = hasattr(optimizer, "get_scaled_loss")
   with att.tape(x, y) as tape:
     y_pred = model(x, training=True)
-    loss = _loss(att, x, y, y_pred, sample_weight)
-    target = optimizer.get_scaled_loss(loss) if scaling else loss
-  model._validate_target_and_loss(y, loss)  # pylint: disable=protected-access
+    loss, total = _loss(att, x, y, y_pred, sample_weight)
+    target = optimizer.get_scaled_loss(total) if scaling else total
+  _validated(model, y, loss)
   pairs = tape.grads_and_vars(target, task_losses=att._task_losses())  # pylint: disable=protected-access
   if scaling:
     grads = optimizer.get_unscaled_gradients([g for g, _ in pairs])

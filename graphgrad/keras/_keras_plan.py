@@ -101,8 +101,9 @@ class KerasPlan(tf.Module, LayerOverriding):
     self._methods = _methods.MethodVariables()
     self._resources = Resources(modules=[self._methods])
     self._open_tape: Optional[PlanTape] = None
-    # The float16 warning, logged once per plan.
-    self._unscaled_warned: List[bool] = self._no_dependency([])
+    # The float16 warning, logged once per plan (a bool: tf.Module tracks
+    # no bools).
+    self._unscaled_warned = False
     self._attached: Optional[_fit.Attachment] = None
 
   # -- declaring -----------------------------------------------------------
@@ -327,7 +328,8 @@ class KerasPlan(tf.Module, LayerOverriding):
       return _loss_scale.ScaledTape(self._view(), persistent,
                                     watch_accessed_variables, labels,
                                     loss_scale)
-    _loss_scale.warn_unscaled(self, self._unscaled_warned)
+    if not self._unscaled_warned:
+      self._unscaled_warned = _loss_scale.warn_unscaled(self)
     return PlanTape(self._view(), persistent, watch_accessed_variables, labels)
 
   def attach(self, labels=None) -> "KerasPlan":

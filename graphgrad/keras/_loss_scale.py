@@ -143,15 +143,18 @@ def nonlinear(declarations) -> bool:
              for d in declarations.tasks.values())
 
 
-def warn_unscaled(plan, warned: list) -> None:
-  """Logs once per plan: a float16 model, a non-linear plan, no loss scale."""
-  if warned or not float16_model(plan.model) or not nonlinear(
-      plan.declarations):
-    return
-  warned.append(True)
+def warn_unscaled(plan) -> bool:
+  """Logs when a float16 model has a non-linear plan and no loss scale.
+
+  Returns:
+    True when it logged: the caller logs once per plan.
+  """
+  if not float16_model(plan.model) or not nonlinear(plan.declarations):
+    return False
   log.warning(
       "graphgrad KerasPlan on %s: the model computes in float16 and the "
       "plan has non-linear declarations, but the tape has no loss scale, so "
       "they see the loss-scaled gradients of a loss-scale optimizer. Pass "
       "it: `with plan.tape(loss_scale=optimizer) as tape:` (or the scale "
       "as a number).", plan.model.name)
+  return True

@@ -176,6 +176,91 @@ def test_multi_output_tasks_come_from_the_compiled_losses(K):
   _close(model, ref)
 
 
+def _regularized(K, loss, loss_weights):
+  """Two outputs and a kernel regularizer, compiled."""
+  init = K.initializers.RandomNormal(stddev=0.5, seed=3)
+  inp = K.Input((3,))
+  h = K.layers.Dense(4, activation="tanh", name="l2", kernel_initializer=init,
+                     kernel_regularizer=K.regularizers.L2(0.01))(inp)
+  outs = [K.layers.Dense(2, name=f"out{i}", kernel_initializer=init)(h)
+          for i in range(2)]
+  model = K.Model(inp, outs)
+  model.compile(K.optimizers.SGD(0.1), loss=loss, loss_weights=loss_weights)
+  return model
+
+
+@pytest.mark.parametrize("loss", [["mse", "mae"], "mse", "dict"])
+def test_task_losses_sum_to_keras_own_compiled_loss(K, loss):
+  from graphgrad.keras import _fit
+  kind = "list" if isinstance(loss, list) else loss
+  model = _regularized(K, loss, None)
+  names = list(model.output_names)
+  if loss == "dict":
+    loss = {names[0]: "mae", names[1]: K.losses.MeanSquaredError()}
+  weights = None if kind == "mse" else {names[0]: 0.3, names[1]: 2.0}
+  wa, wb = (1.0, 1.0) if weights is None else (0.3, 2.0)
+  model = _regularized(K, loss, weights)
+  x, (ya, yb) = _data(outputs=2)
+  sw = np.linspace(0.5, 1.5, ROWS).astype(np.float32)
+  y_pred = model(x, training=True)
+  targets = [tf.constant(ya), tf.constant(yb)]  # as fit passes them
+  pairs = _fit.output_losses(model, targets, y_pred, tf.constant(sw),
+                             model.get_compile_config()["loss_weights"])
+  assert [w for _, w in pairs] == ([None, None] if weights is None
+                                   else [0.3, 2.0])
+  mine = _fit.compiled_total(model, pairs)
+  keras_own = model.compute_loss(x, targets, y_pred, tf.constant(sw))
+  np.testing.assert_allclose(float(mine), float(keras_own), rtol=1e-6)
+  # Independently: numpy from the equations of mse, mae and the penalties.
+  pa, pb = (np.asarray(p) for p in y_pred)
+  fa, fb = {"list": (np.square, np.abs), "mse": (np.square, np.square),
+            "dict": (np.abs, np.square)}[kind]
+  per_a = fa(pa - ya).mean(-1)
+  per_b = fb(pb - yb).mean(-1)
+  kernel = np.asarray(model.layers[1].kernel)
+  want = (wa * (per_a * sw).sum() / ROWS + wb * (per_b * sw).sum() / ROWS
+          + 0.01 * np.square(kernel).sum())
+  np.testing.assert_allclose(float(mine), want, rtol=1e-5)
+
+
+def test_task_losses_refuse_what_they_cannot_resolve(K):
+  model = _model(K, outputs=2)
+  gg.KerasPlan(model).project_conflicts("l2").attach()
+  model.compile(K.optimizers.SGD(0.1), loss=[["mse"], "mse"])
+  x, (ya, yb) = _data(outputs=2)
+  with pytest.raises(gg.GraphGradError, match=r"one loss per model output.*"
+                     r"received loss=.*'mse'.*: a nested structure"):
+    model.fit(x, [ya, yb], batch_size=BATCH, epochs=1, verbose=0)
+  if K.__name__ == "keras":
+    model = _model(K, outputs=2)
+    gg.KerasPlan(model).project_conflicts("l2").attach()
+    model.compile(K.optimizers.SGD(0.1), loss=["crossentropy", "mse"])
+    with pytest.raises(gg.GraphGradError, match="picks its loss from the "
+                       "data; name the crossentropy"):
+      model.fit(x, [ya, yb], batch_size=BATCH, epochs=1, verbose=0)
+
+  from graphgrad.keras import _fit
+  y_pred = model(x)
+  with pytest.raises(gg.GraphGradError, match=r"loss keys \['nope'\] are "
+                     r"not the output names"):
+    model.loss = {"nope": "mse"}
+    _fit.output_losses(model, [ya, yb], y_pred, None)
+  with pytest.raises(gg.GraphGradError, match="1 targets for 2 outputs"):
+    model.loss = ["mse", "mse"]
+    _fit.output_losses(model, [ya], y_pred, None)
+
+  class Own(K.Model):
+    def compute_loss(self, *args, **kwargs):  # pylint: disable=useless-parent-delegation
+      return super().compute_loss(*args, **kwargs)
+
+  inner = _model(K, outputs=2)
+  model = Own(inner.inputs, inner.outputs)
+  gg.KerasPlan(model).project_conflicts("l2").attach()
+  model.compile(K.optimizers.SGD(0.1), loss=["mse", "mse"])
+  with pytest.raises(gg.GraphGradError, match="overrides compute_loss"):
+    model.fit(x, [ya, yb], batch_size=BATCH, epochs=1, verbose=0)
+
+
 def test_synthetic_modules_are_trained_by_fit(K):
   model = _model(K)
   ref = _twin(K, model)
@@ -271,6 +356,17 @@ def test_attach_errors(K):
   x, y = _data()
   with pytest.raises(gg.GraphGradError, match="1 output"):
     one.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+
+
+def test_tf_keras_fit_without_targets_is_refused():
+  K = pytest.importorskip("tf_keras")
+  model = _model(K)
+  gg.KerasPlan(model).attach()
+  model.compile(K.optimizers.SGD(0.1), loss="mse")
+  x, _ = _data()
+  with pytest.raises(gg.GraphGradError, match="y \\(the targets\\) must be "
+                     "given.*received no targets"):
+    model.fit(x, batch_size=BATCH, epochs=1, verbose=0)
 
 
 def test_fit_logs_nothing_at_warning_level(K, caplog):
