@@ -151,7 +151,11 @@ def test_select(select):
     assert gg.analyze(tf.reduce_sum(logits)).names == ("conv1", "out")
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
-      np.testing.assert_array_equal(sess.run(logits, {"x:0": X}), expected)
+      # The frozen and the thawed graph share no ops (constants against
+      # variables), and oneDNN may sum a convolution in another order in
+      # each: equal to float32 rounding of the O(1) logits, not bit for bit.
+      np.testing.assert_allclose(sess.run(logits, {"x:0": X}), expected,
+                                 rtol=1e-6, atol=1e-7)
 
 
 def test_a_path_that_is_not_a_graph_def(tmp_path):
