@@ -23,6 +23,21 @@ def test_notebook_04_is_committed_with_outputs():
   assert all(c.outputs for c in code)
 
 
+def _executed_text(monkeypatch, legacy, path) -> str:
+  """Executes the notebook at ``path`` in the Keras mode; returns its text."""
+  set_keras_mode(monkeypatch, legacy)
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+      [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  nb = nbformat.read(path, as_version=4)
+  client = nbclient.NotebookClient(
+      nb, timeout=300, kernel_name="python3",
+      resources={"metadata": {"path": str(path.parent)}})
+  client.execute()  # raises CellExecutionError on any failing cell
+  return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                 for o in c.outputs)
+
+
 @pytest.mark.skipif(_compat.TF_VERSION < (2, 16),
                     reason="the notebook shows TF2 with Keras 3, which TF 2.15 "
                            "does not bundle")
@@ -32,17 +47,7 @@ def test_notebook_04_executes(monkeypatch, legacy):
   # runs with TF_USE_LEGACY_KERAS=1 (tf-keras), which the README tells
   # tf.compat.v1.layers users to set. It must import this checkout's
   # graphgrad, installed or not.
-  set_keras_mode(monkeypatch, legacy)
-  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
-  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-      [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-  nb = nbformat.read(NOTEBOOK, as_version=4)
-  client = nbclient.NotebookClient(
-      nb, timeout=300, kernel_name="python3",
-      resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-  client.execute()  # raises CellExecutionError on any failing cell
-  text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                 for o in c.outputs)
+  text = _executed_text(monkeypatch, legacy, NOTEBOOK)
   assert "equal within rtol=1e-5, atol=1e-6" in text
   # The hand recipe's TF2 failure, in the words of each Keras.
   assert ("has never been called" if legacy is None
@@ -66,17 +71,7 @@ def test_notebook_06_is_committed_with_outputs():
                            "does not bundle")
 @pytest.mark.parametrize("legacy", LEGACY_MODES)
 def test_notebook_06_executes(monkeypatch, legacy):
-  set_keras_mode(monkeypatch, legacy)
-  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
-  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-      [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-  nb = nbformat.read(TRAINING, as_version=4)
-  client = nbclient.NotebookClient(
-      nb, timeout=300, kernel_name="python3",
-      resources={"metadata": {"path": str(TRAINING.parent)}})
-  client.execute()  # raises CellExecutionError on any failing cell
-  text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                 for o in c.outputs)
+  text = _executed_text(monkeypatch, legacy, TRAINING)
   assert "fit vs hand-written loop" in text and "replicas: 2" in text
   errors = [float(e) for e in re.findall(
       r"loss_scale=optimizer: largest difference to float32 ([\d.e+-]+)",
