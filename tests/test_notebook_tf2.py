@@ -14,13 +14,16 @@ from graphgrad import _compat
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "04_tf2_migration.ipynb"
+TRAINING = ROOT / "notebooks" / "06_training_at_scale.ipynb"
 
 
-def test_notebook_04_is_committed_with_outputs():
-  nb = nbformat.read(NOTEBOOK, as_version=4)
+@pytest.mark.parametrize("path", [NOTEBOOK, TRAINING], ids=lambda p: p.stem)
+def test_notebook_is_committed_with_outputs(path):
+  nb = nbformat.read(path, as_version=4)
   code = [c for c in nb.cells if c.cell_type == "code"]
   assert code and all(c.execution_count is not None for c in code)
   assert all(c.outputs for c in code)
+  assert not any("graphgrad._" in c.source for c in code)
 
 
 def _executed_text(monkeypatch, legacy, path) -> str:
@@ -53,16 +56,6 @@ def test_notebook_04_executes(monkeypatch, legacy):
   assert ("has never been called" if legacy is None
           else "has no inbound nodes") in text
 
-
-TRAINING = ROOT / "notebooks" / "06_training_at_scale.ipynb"
-
-
-def test_notebook_06_is_committed_with_outputs():
-  nb = nbformat.read(TRAINING, as_version=4)
-  code = [c for c in nb.cells if c.cell_type == "code"]
-  assert code and all(c.execution_count is not None for c in code)
-  assert all(c.outputs for c in code)
-  assert not any("graphgrad._" in c.source for c in code)
 
 
 @pytest.mark.slow
