@@ -77,13 +77,13 @@ def _demo(args) -> int:
         f"argument --batch-size: the demo has {len(problem.x_train)} training "
         f"examples, so a batch holds at most {len(problem.x_train)}; got "
         f"{args.batch_size}")
-  runs = {label: _demo_run(tf, demo, args, label)
-          for label in ("plain backprop", "graphgrad plan")}
-  print("training both side by side: plain backprop, and the seed's plan "
-        f"(l2 parameter gradients x0.8, noise stddev {args.noise} on the "
-        "upstream into l1)")
+  runs = {label: _demo_run(tf, demo, args, label) for label in _DEMO_RUNS}
+  print("training three copies side by side under Adam:")
+  for label, what in _DEMO_RUNS.items():
+    print(f"  {label:<15} {what.format(noise=args.noise)}")
   _demo_train(runs, problem.batches(args.batch_size, args.seed), args.steps)
   _demo_report(runs, problem)
+  print(_DEMO_READING)
   if args.plot:
     try:
       _plot_curves(args.plot, {k: r["curve"] for k, r in runs.items()},
@@ -109,6 +109,29 @@ def _check_demo_args(args) -> None:
     _args.check_output("--plot", args.plot)
 
 
+_DEMO_RUNS = {
+    "plain backprop": "optimizer.minimize(loss)",
+    "seed plan": "the seed's plan: l2_dense's parameter gradients x0.8, "
+                 "noise (stddev {noise}) on the upstream gradient into "
+                 "l1_dense",
+    "reversed plan": "transform_upstream('l2_dense', reverse()): l1_dense "
+                     "gets the negated upstream gradient",
+}
+
+_DEMO_READING = """
+How to read it:
+  seed plan      trains like plain backprop. Adam divides each step by a
+                 running estimate of the gradient's size, so l2_dense's x0.8
+                 cancels (the warning above says so), and the noise is small
+                 beside the upstream gradient. Under plain SGD the same x0.8
+                 acts as a smaller learning rate for l2_dense.
+  reversed plan  l1_dense climbs the loss that l2_dense descends: the loss
+                 stays high and the test accuracy near chance. This is the
+                 gradient reversal of domain-adversarial training, applied
+                 to the whole upstream gradient (notebook 02 applies it to
+                 one head's share with transform_edge)."""
+
+
 def _demo_run(tf, demo, args, label: str) -> dict:
   """One of the two runs: its graph, session, train op and loss curve."""
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
@@ -123,13 +146,16 @@ def _demo_run(tf, demo, args, label: str) -> dict:
       train = opt.minimize(loss)
     else:
       net = gg.analyze(loss)
-      print(net.summary())
-      print()
-      plan = (gg.GradientPlan(loss, net)
-              .transform_gradients("l2_dense", gg.transforms.scale(0.8))
-              .transform_upstream("l2_dense",
-                                  gg.transforms.add_noise(args.noise,
-                                                          seed=args.seed)))
+      if label == "seed plan":
+        print(net.summary())
+        print()
+      plan = gg.GradientPlan(loss, net)
+      if label == "seed plan":
+        plan.transform_gradients("l2_dense", gg.transforms.scale(0.8))
+        plan.transform_upstream(
+            "l2_dense", gg.transforms.add_noise(args.noise, seed=args.seed))
+      else:
+        plan.transform_upstream("l2_dense", gg.transforms.reverse())
       train = plan.apply_gradients(opt)
     sess = tf.compat.v1.Session(graph=graph)
     sess.run(tf.compat.v1.global_variables_initializer())
@@ -285,10 +311,11 @@ def _add_demo(sub, common: argparse.ArgumentParser) -> None:
   """Registers ``graphgrad demo`` on ``sub``, with the ``common`` flags."""
   demo = sub.add_parser(
       "demo", parents=[common],
-      help="train the seed network plainly and with a gradient plan",
+      help="train the seed network plainly and with two gradient plans",
       description="Builds the two-layer seed network, prints its layer table, "
-                  "then trains plain backprop and the seed's gradient plan "
-                  "side by side on a fixed synthetic problem.")
+                  "then trains plain backprop, the seed's gradient plan and a "
+                  "gradient-reversal plan side by side on a fixed synthetic "
+                  "problem, and says how to read the results.")
   demo.add_argument("--steps", type=_args.positive_int, default=300,
                     help="training steps per run (default 300)")
   demo.add_argument("--seed", type=_args.non_negative_int, default=0,
@@ -300,7 +327,7 @@ def _add_demo(sub, common: argparse.ArgumentParser) -> None:
   demo.add_argument("--noise", type=_args.non_negative_float, default=0.01,
                     help="stddev of the upstream noise (default 0.01)")
   demo.add_argument("--plot", metavar="FILE",
-                    help="write the loss curves of both runs to FILE "
+                    help="write the loss curves of the three runs to FILE "
                          "(.png, .svg or .pdf)")
   demo.set_defaults(func=_demo)
 

@@ -175,21 +175,27 @@ def test_no_command_prints_help_and_fails(capsys):
   assert "usage: graphgrad" in capsys.readouterr().out
 
 
-def test_demo_trains_both_runs(capsys):
+def test_demo_trains_three_runs_and_shows_the_reversal(capsys):
   assert _cli.main(["demo", "--steps", "40", "--seed", "1"]) == 0
   out = capsys.readouterr()
   assert "l1_dense -> l2_dense" in out.out  # the layer table
   rows = {}
   for line in out.out.splitlines():
     m = re.match(
-        r"(plain backprop|graphgrad plan)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
-        line)
+        r"(plain backprop|seed plan|reversed plan)\s+([\d.]+)\s+([\d.]+)"
+        r"\s+([\d.]+)$", line)
     if m:
       rows[m.group(1)] = [float(v) for v in m.groups()[1:]]
-  assert set(rows) == {"plain backprop", "graphgrad plan"}
-  for train_loss, test_loss, acc in rows.values():
+  assert set(rows) == {"plain backprop", "seed plan", "reversed plan"}
+  for label in ("plain backprop", "seed plan"):
+    train_loss, test_loss, acc = rows[label]
     assert 0 < train_loss < 0.6931 and 0 < test_loss  # better than chance
     assert 0.5 < acc <= 1.0
+  # The reversed upstream gradient makes l1_dense climb the loss: a visible
+  # effect, far beyond the run-to-run spread of the two other runs.
+  assert rows["reversed plan"][1] > rows["plain backprop"][1] + 0.2
+  assert rows["reversed plan"][2] < rows["plain backprop"][2] - 0.1
+  assert "How to read it:" in out.out
   assert "40/40" in out.err  # the progress output
 
 
