@@ -12,6 +12,7 @@ recorded as a :class:`TraceRecord`, which ``plan.summaries()`` reads.
 """
 
 import dataclasses
+import functools
 from typing import (
   Any,
   Callable,
@@ -188,6 +189,8 @@ class _Executor:
         by_name = self._segmented(
             [v for v in self.var_list if v.op.name in known])
       out = [(by_name.get(v.op.name), v) for v in self.var_list]
+      if self.declarations.parameter_tasks is not None:
+        self._combine_parameters(self.declarations.parameter_tasks, out)
       for layer, fns in self.declarations.gradients.items():
         self._transform_parameters(layer, fns, out)
       out += self.extra
@@ -275,6 +278,28 @@ class _Executor:
                                   gradients=self.gradients_fn)
 
   # -- parameter gradients ---------------------------------------------------
+
+  def _combine_parameters(self, declared: Declaration,
+                          out: GradsAndVars) -> None:
+    """The task combination in parameter space, on its entries of ``out``.
+
+    Each task loss takes one call of the plan's gradient function (as every
+    segment does), to the combined variables only.
+    """
+    layers = declared.layers
+    idx = [i for i, (_, v) in enumerate(out)
+           if layers is None or self.net.layer_of_variable(v) in layers]
+    if not idx:
+      return
+    gradients = functools.partial(self.gradients_fn,
+                                  **self.options.gradients_kwargs)
+    reduce = None if self.options.reduce_fn is None else self._reduce
+    run = _pcgrad.parameter_rewrite(self.loss, declared.losses or (),
+                                    declared.method, self.resources,
+                                    gradients, reduce)
+    new = run([out[i][0] for i in idx], [out[i][1] for i in idx])
+    for i, g in zip(idx, new):
+      out[i] = (g, out[i][1])
 
   def _transform_parameters(self, layer: str, fns, out: GradsAndVars) -> None:
     """Applies ``layer``'s parameter transforms to its entries of ``out``."""
