@@ -39,7 +39,13 @@ def _tasks(outs, labels):
 
 
 def _declare(plan, method, tf1_tasks=None, layers=("features",),
-             upstream=False):
+             upstream=False, at="output"):
+  if at == "parameters":  # one declaration over the layers (None: all)
+    if tf1_tasks is None:
+      plan.combine_tasks(layers, method, at=at)
+    else:
+      plan.combine_tasks(layers, tf1_tasks, method, at=at)
+    return plan
   for layer in layers:
     if tf1_tasks is None:
       plan.combine_tasks(layer, method)
@@ -109,6 +115,36 @@ def test_every_method_is_equal_on_both_plans(name, flavour, traced):
   plain = _tf1(weights, x, labels, gg.mtl.sum(), steps=1)[0]
   changed = not np.allclose(want[0]["base/kernel"], plain["base/kernel"])
   assert changed == (name != "sum"), name
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_in_parameter_space_is_equal_on_both_plans(name):
+  got, (weights, x, labels), _ = _tf2(keras, METHODS[name](), False,
+                                      layers=None, at="parameters")
+  want = _tf1(weights, x, labels, METHODS[name](), layers=None,
+              at="parameters")
+  _assert_equal_runs(got, want, name)
+  output = _tf1(weights, x, labels, METHODS[name](), steps=1)[0]
+  plain = _tf1(weights, x, labels, gg.mtl.sum(), steps=1)[0]
+  for key in want[0]:  # the heads' gradients change too, except for sum
+    if key.startswith("head"):
+      assert np.allclose(want[0][key], plain[key]) == (name == "sum"), key
+  # Linear weights (sum, mean) give the same below the output level; and
+  # the mean of these tasks conflicts with neither, so DualProj keeps it.
+  # The others weigh the tasks by their parameter gradients instead.
+  same = name in ("sum", "mean", "dualproj")
+  assert np.allclose(want[0]["base/kernel"], output["base/kernel"],
+                     rtol=1e-5, atol=1e-6) == same, name
+
+
+@pytest.mark.parametrize("flavour,traced", RUNS[1:],
+                         ids=["keras3-function", "tf_keras-eager"])
+def test_pcgrad_over_two_layers_is_equal_on_both_plans(flavour, traced):
+  K = keras if flavour == "keras3" else tf.keras
+  kw = dict(layers=["base", "features"], at="parameters")
+  got, (weights, x, labels), _ = _tf2(K, gg.mtl.pcgrad(), traced, **kw)
+  want = _tf1(weights, x, labels, gg.mtl.pcgrad(), **kw)
+  _assert_equal_runs(got, want, "pcgrad")
 
 
 @pytest.mark.parametrize("name", ["upgrad", "pcgrad", "gradvac"])
