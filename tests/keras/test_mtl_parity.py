@@ -192,3 +192,41 @@ def test_checkpoint_saves_the_state(tmp_path):
   tf.train.Checkpoint(plan=plan).restore(path).assert_existing_objects_matched()
   np.testing.assert_array_equal(state.alpha.numpy(), saved)
   assert int(state.step.numpy()) == 2
+
+
+def test_keras_parameter_level_arguments_and_task_losses():
+  model = keras_cases.keras_model(CASE, keras)
+  x, labels = keras_cases.batch(CASE)
+  plan = gg.KerasPlan(model)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"^combine_tasks: `at` must be one of 'output', "
+                           r"'parameters'; got 'param'"):
+    plan.combine_tasks("features", gg.mtl.pcgrad(), at="param")
+  with pytest.raises(gg.GraphGradError,
+                     match=r"with at='output' `layers` must be one layer"):
+    plan.combine_tasks(None, gg.mtl.pcgrad())
+  model.get_layer("base").trainable = False
+  with pytest.raises(gg.GraphGradError,
+                     match=r"layer\(s\) 'base' hold no trainable variable"):
+    plan.combine_tasks(["base", "features"], gg.mtl.pcgrad(),
+                       at="parameters")
+  model.get_layer("base").trainable = True
+  plan.combine_tasks(["base", "features"], gg.mtl.pcgrad(), at="parameters")
+  with pytest.raises(gg.GraphGradError, match=r"already combines task "
+                                              r"gradients in parameter space"):
+    plan.combine_tasks(None, gg.mtl.mgda(), at="parameters")
+
+  def grads(task_losses):
+    with plan.tape() as tape:
+      terms = _tasks(model(tf.constant(x)), labels)
+      loss = tf.add_n(terms)
+    return tape.gradient(loss, task_losses=task_losses(terms))
+  with pytest.raises(gg.GraphGradError,
+                     match=r"task losses for the combination "
+                           r"at='parameters' \(dict key 'parameters'\); got "
+                           r"None"):
+    grads(lambda terms: {"features": terms})
+  by_key = grads(lambda terms: {"parameters": terms})
+  as_list = grads(lambda terms: terms)
+  for a, b in zip(by_key, as_list):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)

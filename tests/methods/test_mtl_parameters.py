@@ -264,3 +264,53 @@ def test_reduce_fn_reduces_each_task_before_the_combination(graph):
   # MGDA's weights do not change when every gradient doubles.
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, 2.0 * w, rtol=1e-5, atol=1e-6)
+
+
+def test_combine_tasks_refuses_bad_arguments(graph):
+  loss, losses = _two_tasks()
+  plan = gg.GradientPlan(loss)
+  pc = gg.mtl.pcgrad()
+  with pytest.raises(gg.GraphGradError,
+                     match=r"^combine_tasks: `at` must be one of 'output', "
+                           r"'parameters'; got 'params'\. Pass at='output'"):
+    plan.combine_tasks("l1", losses, pc, at="params")
+  with pytest.raises(gg.GraphGradError,
+                     match=r"with at='output' `layers` must be one layer.*"
+                           r"got \['l0', 'l1'\]\..*at='parameters'"):
+    plan.combine_tasks(["l0", "l1"], losses, pc)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"`layers` must name at least one layer; got an "
+                           r"empty list"):
+    plan.combine_tasks([], losses, pc, at="parameters")
+  with pytest.raises(gg.GraphGradError,
+                     match=r"`layers` names 'l1' more than once"):
+    plan.combine_tasks(["l1", "l1"], losses, pc, at="parameters")
+  with pytest.raises(gg.LayerNotFoundError, match=r"nope"):
+    plan.combine_tasks(["l1", "nope"], losses, pc, at="parameters")
+  with pytest.raises(gg.GraphGradError, match=r"`method` must be a task-"):
+    plan.combine_tasks(None, losses, lambda g: g[0], at="parameters")
+  assert plan.declarations.parameter_tasks is None  # nothing left behind
+  plan.combine_tasks("l1", losses, pc, at="parameters")
+  with pytest.raises(gg.GraphGradError,
+                     match=r"already combines task gradients in parameter "
+                           r"space, over \['l1'\] with pcgrad\(.*\); declare "
+                           r"it once, with every layer"):
+    plan.combine_tasks("l0", losses, gg.mtl.mgda(), at="parameters")
+  # A layer none of whose variables the plan differentiates.
+  only_l1 = gg.GradientPlan(loss, var_list=tf1.trainable_variables("l1/"))
+  with pytest.raises(gg.GraphGradError,
+                     match=r"layer\(s\) 'l0' hold no variable this plan "
+                           r"differentiates \(its var_list\)"):
+    only_l1.combine_tasks(["l0", "l1"], losses, pc, at="parameters")
+
+
+def test_a_loss_scale_optimizer_refuses_the_parameter_level(graph):
+  loss, losses = _two_tasks()
+  plan = gg.GradientPlan(loss).combine_tasks(None, losses, gg.mtl.pcgrad(),
+                                             at="parameters")
+  opt = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+      tf1.train.GradientDescentOptimizer(0.1), loss_scale=8.0)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"combine_tasks\(at='parameters'\) compute "
+                           r"gradients of their own"):
+    plan.apply_gradients(opt)
