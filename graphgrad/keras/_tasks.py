@@ -132,9 +132,8 @@ def parameter_grads(tape, target, losses, flat_s: List[Any],
       lambda make: variables.state("combine_tasks/parameters", make),
       "combine_tasks_parameters_state")
   with tf.name_scope("combine_tasks_parameters"):
-    new = _pcgrad.combine_parameters(method, per_task,
-                                     [flat_g[i] for i in chosen], sources,
-                                     state)
+    rest = _pcgrad.without_tasks([flat_g[i] for i in chosen], per_task)
+    new = _pcgrad.combine_parameters(method, per_task, rest, sources, state)
   for i, g in zip(chosen, new):
     out[i] = g
   return out

@@ -228,38 +228,45 @@ def combine_flat(method: Any, per_task: Sequence[Sequence[Gradient]],
 
 
 def combine_parameters(method: Any, per_task: Sequence[Sequence[Gradient]],
-                       grads: Sequence[Gradient], variables: Sequence[Any],
+                       rest: Sequence[Gradient], variables: Sequence[Any],
                        state=None) -> List[Gradient]:
   """The parameter-space task combination of both executors.
 
-  With ``G`` the plan's gradient of each variable and ``g_i`` task ``i``'s
-  share in it, each variable's gradient becomes ``G - sum_i g_i +
-  method.combine([g_1, ..., g_k])``, the task gradients of all
-  ``variables`` flattened into one vector each (:func:`combine_flat`).
+  Each variable gets ``rest + method.combine([g_1, ..., g_k])``, the task
+  gradients of all ``variables`` flattened into one vector each
+  (:func:`combine_flat`); ``rest`` is what the loss gives besides the tasks'
+  shares, ``G - sum_i g_i`` (:func:`without_tasks`).
 
   Args:
     method: a task-combination method.
     per_task: one list of gradients per task, aligned with ``variables``.
-    grads: the plan's gradient of each variable (``None``: not reached).
+    rest: the rest of each variable's gradient (``None``: zero).
     variables: the variables.
     state: the method's state for this plan, or ``None``.
 
   Returns:
-    One gradient per variable, dense where a task reaches it; ``grads[t]``
+    One gradient per variable, dense where a task reaches it; ``rest[t]``
     where none does.
   """
   like = [tf.convert_to_tensor(v) for v in variables]
   combined = combine_flat(method, per_task, like, state)
+  return [r if c is None else c if r is None else tf.convert_to_tensor(r) + c
+          for r, c in zip(rest, combined)]
+
+
+def without_tasks(grads: Sequence[Gradient],
+                  per_task: Sequence[Sequence[Gradient]]) -> List[Gradient]:
+  """``G - sum_i g_i`` per variable: the gradient less the tasks' shares."""
   out: List[Gradient] = []
-  for t, (g, c) in enumerate(zip(grads, combined)):
-    if c is None:  # no task reaches this variable
+  for t, g in enumerate(grads):
+    shares = [tf.convert_to_tensor(gs[t]) for gs in per_task
+              if gs[t] is not None]
+    if not shares:
       out.append(g)
-      continue
-    rest = -tf.add_n([tf.convert_to_tensor(gs[t]) for gs in per_task
-                      if gs[t] is not None])
-    if g is not None:
-      rest = tf.convert_to_tensor(g) + rest
-    out.append(rest + c)
+    elif g is None:
+      out.append(-tf.add_n(shares))
+    else:
+      out.append(tf.convert_to_tensor(g) - tf.add_n(shares))
   return out
 
 
@@ -271,32 +278,45 @@ def parameter_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
   :func:`combine_parameters`, with ``g_i = dL/dL_i * dL_i/dtheta``: one
   call of the plan's ``gradients`` per task loss (from that loss to the
   variables; the plan's gradient overrides apply), plus one from the loss
-  to the task losses for ``dL/dL_i``. ``reduce(variables, grads)`` (the
-  plan's ``reduce_fn``) reduces each task's gradients before they are
-  combined, as the plan's own are. A stateful method's state is made once,
-  in ``resources`` under ``(None, "combine_tasks/parameters/state")``.
+  to the task losses for ``dL/dL_i``. ``grads`` is the plan's gradient
+  ``G`` of each variable, or ``None`` when the plan made none for these
+  variables because it rewrites nothing else: the rest is then one more
+  call from the loss with the task losses held constant
+  (``stop_gradients``), which crosses only the unlisted terms.
+  ``reduce(variables, grads)`` (the plan's ``reduce_fn``) reduces each
+  task's gradients, and that rest, as the plan's own are. A stateful
+  method's state is made once, in ``resources`` under ``(None,
+  "combine_tasks/parameters/state")``.
   """
+  def reduced(gs, variables):
+    if reduce is None:
+      return list(gs)
+    found = [t for t, g in enumerate(gs) if g is not None]
+    out = list(gs)
+    if found:
+      for t, r in zip(found, reduce([variables[t] for t in found],
+                                    [gs[t] for t in found])):
+        out[t] = r
+    return out
+
   def run(grads, variables):
+    variables = list(variables)
     with tf.name_scope("combine_tasks_parameters"):
       weights = gradients(loss, list(losses))
-      per_task = []
-      for l, w in zip(losses, weights):
-        gs = (gradients(l, list(variables), grad_ys=w) if w is not None
-              else [None] * len(variables))
-        if reduce is not None:
-          found = [t for t, g in enumerate(gs) if g is not None]
-          reduced = reduce([variables[t] for t in found],
-                           [gs[t] for t in found]) if found else []
-          gs = list(gs)
-          for t, r in zip(found, reduced):
-            gs[t] = r
-        per_task.append(gs)
+      per_task = [reduced(gradients(l, variables, grad_ys=w), variables)
+                  if w is not None else [None] * len(variables)
+                  for l, w in zip(losses, weights)]
+      if grads is None:
+        rest = reduced(gradients(loss, variables,
+                                 stop_gradients=list(losses)), variables)
+      else:
+        rest = without_tasks(grads, per_task)
       state = task_state(
           method, active_tasks(per_task),
           lambda make: resources.get_or_create(
               None, "combine_tasks/parameters/state", make),
           "combine_tasks_parameters_state")
-      return combine_parameters(method, per_task, grads, variables, state)
+      return combine_parameters(method, per_task, rest, variables, state)
   return run
 
 

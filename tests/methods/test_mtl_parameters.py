@@ -314,3 +314,24 @@ def test_a_loss_scale_optimizer_refuses_the_parameter_level(graph):
                      match=r"combine_tasks\(at='parameters'\) compute "
                            r"gradients of their own"):
     plan.apply_gradients(opt)
+
+
+def test_backward_rewrites_act_on_the_plans_gradient_only(graph):
+  # The task gradients are plain backpropagation; an upstream rewrite above
+  # the combined layer acts on the plan's gradient G, as at the outputs.
+  loss, (la, lb) = _two_tasks(weights=(1.0, 1.0))
+  reg = loss - la - lb
+  plan = gg.GradientPlan(loss).transform_upstream(
+      "l1", gg.transforms.scale(0.5)).combine_tasks(
+          "l0", [la, lb], gg.mtl.pcgrad(), at="parameters")
+  gv = plan.compute_gradients()
+  l0 = tf1.trainable_variables("l0/")
+  got, through, by_reg, ga, gb = evaluate([
+      [g for g, v in gv if v in l0], tf1.gradients(la + lb, l0),
+      tf1.gradients(reg, l0), tf1.gradients(la, l0), tf1.gradients(lb, l0)])
+  combined = _split(np_pcgrad([_flat(ga), _flat(gb)]), ga)
+  assert _flat(ga) @ _flat(gb) < 0
+  for k in range(len(l0)):
+    big_g = 0.5 * through[k] + by_reg[k]
+    np.testing.assert_allclose(got[k], big_g - ga[k] - gb[k] + combined[k],
+                               rtol=1e-5, atol=1e-6)
