@@ -96,10 +96,10 @@ def _split(flat, like):
 class _Authors:
   """PCGrad_tf.py's optimizer, re-implemented: numpy projection, TF Adam."""
 
-  def __init__(self, style, lr):
+  def __init__(self, build, lr):
     self.graph = tf.Graph()
     with self.graph.as_default():
-      losses = _model(style)
+      losses = build()
       self.variables = tf1.trainable_variables()
       self.per_task = [
           [g if g is not None else tf.zeros_like(v)
@@ -128,7 +128,7 @@ class _Authors:
 @pytest.mark.parametrize("every", ["none", "names"])
 @pytest.mark.parametrize("style", STYLES)
 def test_pcgrad_over_every_layer_is_the_authors_optimizer(style, every):
-  ref = _Authors(style, lr=0.05)
+  ref = _Authors(lambda: _model(style), lr=0.05)
   _, flat = ref.gradients()
   dots = [flat[i] @ flat[j] for i in range(3) for j in range(i + 1, 3)]
   assert min(dots) < 0  # the tasks conflict, so PCGrad projects
@@ -335,3 +335,41 @@ def test_backward_rewrites_act_on_the_plans_gradient_only(graph):
     big_g = 0.5 * through[k] + by_reg[k]
     np.testing.assert_allclose(got[k], big_g - ga[k] - gb[k] + combined[k],
                                rtol=1e-5, atol=1e-6)
+
+
+def _heads():
+  """docs/multi-task.md's two task losses on a shared trunk, no scopes."""
+  x = tf.constant(X)
+  h = tf.nn.relu(tf.matmul(x, tf1.get_variable(
+      "w", initializer=np.random.default_rng(5).normal(
+          size=(4, 6)).astype(np.float32))))
+  ya = tf.matmul(h, tf1.get_variable("wa", initializer=np.ones(
+      (6, 1), np.float32)))[:, 0]
+  yb = tf.matmul(h, tf1.get_variable("wb", initializer=np.full(
+      (6, 1), 0.5, np.float32)))[:, 0]
+  return [tf.reduce_mean(tf.square(ya - T)),
+          tf.reduce_mean(tf.square(yb)) - 2.0 * tf.reduce_mean(ya)]
+
+
+def test_the_migration_from_pcgrad_tf_py():
+  ref = _Authors(_heads, lr=0.05)
+  with tf.Graph().as_default():
+    loss_a, loss_b = _heads()
+    var_list = tf1.trainable_variables()
+    # docs/multi-task.md, "From PCGrad_tf.py" (learning rate 0.05 here):
+    plan = gg.GradientPlan(loss_a + loss_b, var_list=var_list)
+    plan.combine_tasks(None, [loss_a, loss_b], gg.mtl.pcgrad(),
+                       at="parameters")
+    train_op = plan.apply_gradients(tf1.train.AdamOptimizer(0.05))
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      _, (a, b) = ref.gradients()
+      assert a @ b < 0
+      for step in range(3):
+        sess.run(train_op)
+        ref.step()
+        for got, want, v in zip(sess.run(var_list), ref.values(), var_list):
+          np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6,
+                                     err_msg=f"step {step} {v.op.name}")
+      plain = sess.run(tf1.gradients(loss_a + loss_b, var_list))
+  assert np.abs(_flat(plain) - _flat(ref.gradients()[0])).max() > 1e-2
