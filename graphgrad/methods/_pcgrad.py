@@ -2,12 +2,10 @@
 
 ``plan.combine_tasks(layer, losses, method)`` makes the gradient ``g`` at
 the layer's outputs ``T`` ``g - sum_i g_i + method.combine([g_1, ...])``,
-``g_i = dL/dL_i * dL_i/dT``; with ``at="parameters"`` the same holds for
-the gradients of the layers' variables, ``g_i = dL/dL_i * dL_i/dtheta``.
-Both executors call :func:`combine_flat`, which flattens each task's
-gradients into one vector (zeros where a task does not reach a tensor).
-:class:`PCGrad` (Yu et al., 2020) is one method; ``plan.project_conflicts``
-uses it at the outputs.
+``g_i = dL/dL_i * dL_i/dT``; ``at="parameters"`` does it for the layers'
+variables. Both executors call :func:`combine_flat`, which flattens each
+task's gradients into one vector (zeros where a task does not reach one).
+:class:`PCGrad` (Yu et al., 2020) is one method.
 
 Example:
   >>> import tensorflow as tf
