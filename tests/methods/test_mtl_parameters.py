@@ -373,3 +373,21 @@ def test_the_migration_from_pcgrad_tf_py():
                                      err_msg=f"step {step} {v.op.name}")
       plain = sess.run(tf1.gradients(loss_a + loss_b, var_list))
   assert np.abs(_flat(plain) - _flat(ref.gradients()[0])).max() > 1e-2
+
+
+def test_sparse_task_gradients_are_combined_densely(graph):
+  table = tf1.get_variable("emb", initializer=np.arange(
+      12, dtype=np.float32).reshape(6, 2))
+  rows = tf.nn.embedding_lookup(table, tf.constant([0, 2, 2]))
+  la = tf.reduce_sum(rows[:, 0])
+  lb = -0.5 * tf.reduce_sum(rows)
+  plan = gg.GradientPlan(la + lb).combine_tasks(None, [la, lb],
+                                                gg.mtl.pcgrad(),
+                                                at="parameters")
+  (g, _), = plan.compute_gradients()
+  assert isinstance(g, tf.Tensor)  # IndexedSlices made dense
+  ga, gb = evaluate([tf.convert_to_tensor(tf1.gradients(la, table)[0]),
+                     tf.convert_to_tensor(tf1.gradients(lb, table)[0])])
+  assert (ga * gb).sum() < 0
+  want = np_pcgrad([ga.ravel(), gb.ravel()]).reshape(6, 2)
+  np.testing.assert_allclose(evaluate(g), want, rtol=1e-6)
