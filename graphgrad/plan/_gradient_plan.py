@@ -332,9 +332,13 @@ class GradientPlan:
     and the plan's backward rewrites act on ``G`` only: each ``g_i`` is the
     plain backward pass of ``L_i`` (with the plan's gradient overrides).
     Variables outside ``layers`` keep the plan's gradient ``G``. It costs
-    one backward pass per task loss, to those variables, on top of the
-    plan's own. With ``reduce_fn`` each task's gradients are reduced before
-    they are combined. A plan has at most one such declaration.
+    one backward pass per task loss, to those variables; when nothing else
+    rewrites the backward pass, the plan's own pass skips them and their
+    ``G - sum_i g_i`` is a pass over the loss with the task losses held
+    constant (``stop_gradients``), which crosses only the unlisted terms, so
+    with every layer it costs what ``PCGrad_tf.py`` costs. With
+    ``reduce_fn`` each task's gradients are reduced before they are
+    combined. A plan has at most one such declaration.
 
     Args:
       layers: ``at="output"``: the shared layer, whose outputs feed the task
