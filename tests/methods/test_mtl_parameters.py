@@ -391,3 +391,37 @@ def test_sparse_task_gradients_are_combined_densely(graph):
   assert (ga * gb).sum() < 0
   want = np_pcgrad([ga.ravel(), gb.ravel()]).reshape(6, 2)
   np.testing.assert_allclose(evaluate(g), want, rtol=1e-6)
+
+
+def _matmuls_added(build):
+  """MatMul ops ``build(la, lb)`` adds to _two_tasks' tf.Graph."""
+  with tf.Graph().as_default() as g:
+    loss, (la, lb) = _two_tasks(weights=(1.0, 1.0))
+    before = len(g.get_operations())
+    build(loss, la, lb)
+    return sum(op.type == "MatMul" for op in g.get_operations()[before:])
+
+
+def test_without_other_rewrites_it_backpropagates_as_the_authors_do():
+  # k task passes to every variable and a pass over the regulariser only:
+  # no pass of the summed loss through the layers on top.
+  def authors(loss, la, lb):
+    for l in (la, lb):
+      tf1.gradients(l, tf1.trainable_variables())
+
+  def plan(loss, la, lb):
+    gg.GradientPlan(loss).combine_tasks(
+        None, [la, lb], gg.mtl.pcgrad(), at="parameters").compute_gradients()
+
+  def with_rewrite(loss, la, lb):
+    gg.GradientPlan(loss).transform_upstream(
+        "l1", gg.transforms.clip_by_value(-1.0, 1.0)).combine_tasks(
+            None, [la, lb], gg.mtl.pcgrad(),
+            at="parameters").compute_gradients()
+
+  def summed(loss, la, lb):
+    tf1.gradients(loss, tf1.trainable_variables())
+  assert _matmuls_added(plan) == _matmuls_added(authors)
+  # With a backward rewrite the plan's own pass comes on top.
+  assert _matmuls_added(with_rewrite) > _matmuls_added(authors) + (
+      _matmuls_added(summed) // 2)
