@@ -3,7 +3,8 @@
 A plan is a list of declarations: "rewrite the upstream gradient of layer
 ``L`` with ``fn``", "rewrite ``L``'s parameter gradients", "rewrite the edge
 ``lower -> upper``", "replace ``L``'s backward pass", "combine the task
-gradients at ``L``", "give the op ``o`` the backward pass ``fn``".
+gradients at ``L``'s outputs", "combine the task gradients of the parameters
+of ``L1, L2, ...``", "give the op ``o`` the backward pass ``fn``".
 :class:`Declarations` holds them in declaration order and checks each one
 once, when it is declared: the layer names (through the resolver its plan
 gives it), the callables, group versus per-tensor transforms, duplicates,
@@ -48,6 +49,7 @@ class DeclarationKind(enum.Enum):
   EDGE = "edge"
   BACKWARD = "backward"
   TASKS = "tasks"
+  PARAMETER_TASKS = "parameter_tasks"
   OVERRIDE = "override"
 
 _TRANSFORMS = (DeclarationKind.UPSTREAM, DeclarationKind.GRADIENTS,
@@ -74,6 +76,9 @@ class Declaration:
     method: the task-combination method (``combine(grads)``); else ``None``.
     op: what an override matches: ``(match, key)``, ``match`` one of
       ``"name"``, ``"type"``, ``"layer"``; else ``None``.
+    layers: the layers of a task combination in parameter space, or
+      ``None`` for every variable the plan differentiates (``layer`` is
+      then ``""``); ``None`` for the other kinds.
   """
   kind: DeclarationKind
   layer: str
@@ -82,6 +87,7 @@ class Declaration:
   losses: Optional[Tuple[Any, ...]] = None
   method: Any = None
   op: Optional[Tuple[str, str]] = None
+  layers: Optional[Tuple[str, ...]] = None
 
 
 class Declarations:
@@ -162,11 +168,7 @@ class Declarations:
   def add_tasks(self, layer, losses: Optional[Sequence[Any]],
                 method, validate: Validate = None) -> None:
     name = self._layer(layer, "layer")
-    if not callable(getattr(method, "combine", None)):
-      raise _errors.GraphGradError(
-          f"combine_tasks: `method` must be a task-combination method with "
-          f"a combine(grads) method, such as gg.mtl.pcgrad(); got "
-          f"{type(method).__name__} {method!r}.")
+    _check_method(method)
     if name in self.tasks:
       raise _errors.GraphGradError(
           f"combine_tasks: layer {name!r} already combines task gradients "
@@ -176,6 +178,49 @@ class Declarations:
         DeclarationKind.TASKS, name,
         losses=None if losses is None else tuple(losses), method=method),
         validate)
+
+  def add_parameter_tasks(self, layers, losses: Optional[Sequence[Any]],
+                          method, validate: Validate = None) -> None:
+    """Records a task combination over the parameters of ``layers``.
+
+    ``layers`` is a layer reference, a list of them, or ``None`` for every
+    variable the plan differentiates. A plan has at most one.
+    """
+    names = self.resolve_layers(layers, "combine_tasks")
+    _check_method(method)
+    before = self.parameter_tasks
+    if before is not None:
+      raise _errors.GraphGradError(
+          f"combine_tasks(at='parameters'): this plan already combines task "
+          f"gradients in parameter space, over "
+          f"{'every layer' if before.layers is None else list(before.layers)}"
+          f" with {before.method!r}; declare it once, with every layer "
+          f"(a list of names, or layers=None for all).")
+    self._add(Declaration(
+        DeclarationKind.PARAMETER_TASKS, "",
+        losses=None if losses is None else tuple(losses), method=method,
+        layers=names), validate)
+
+  def resolve_layers(self, layers, caller: str) -> Optional[Tuple[str, ...]]:
+    """Canonical names of a layer reference or a list of them (``None``
+    stays ``None``: every layer); refuses an empty list or a repeat."""
+    if layers is None:
+      self._check_open()
+      return None
+    many = isinstance(layers, (list, tuple))
+    refs = list(layers) if many else [layers]
+    if not refs:
+      raise _errors.GraphGradError(
+          f"{caller}: `layers` must name at least one layer; got an empty "
+          f"{type(layers).__name__}. Pass a layer name, a list of names, or "
+          f"None for every layer.")
+    names = [self._layer(r, "layers") for r in refs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+      raise _errors.GraphGradError(
+          f"{caller}: `layers` names {', '.join(map(repr, twice))} more than "
+          f"once; got {refs!r}. Name each layer once.")
+    return tuple(names)
 
   def add_override(self, op: Tuple[str, str], fn, caller: str,
                    validate: Validate = None) -> None:
@@ -263,6 +308,12 @@ class Declarations:
     return {d.layer: d for d in self.of_kind(DeclarationKind.TASKS)}
 
   @property
+  def parameter_tasks(self) -> Optional[Declaration]:
+    """The task combination in parameter space, or ``None``."""
+    found = self.of_kind(DeclarationKind.PARAMETER_TASKS)
+    return found[0] if found else None
+
+  @property
   def overrides(self) -> Dict[Tuple[str, str], Any]:
     """``(match, key)`` -> the override's gradient function."""
     return {d.op: d.fn for d in self.of_kind(DeclarationKind.OVERRIDE) if d.op}
@@ -296,6 +347,10 @@ class Declarations:
              ("tasks", sorted(self.tasks))]
     if self.overrides:
       parts.append(("overrides", sorted(k for _, k in self.overrides)))
+    params = self.parameter_tasks
+    if params is not None:
+      parts.append(("parameter_tasks", "all" if params.layers is None
+                    else list(params.layers)))
     return ", ".join(f"{k}={v}" for k, v in parts)
 
   # -- helpers -------------------------------------------------------------
@@ -306,17 +361,28 @@ class Declarations:
     self._items.append(declaration)
 
   def _layer(self, layer, arg: str) -> str:
+    self._check_open()
+    return self._resolve(layer, arg)
+
+  def _check_open(self) -> None:
     if self._frozen:
       raise _errors.GraphGradError(
           f"this {self._owner} is already built (its gradients were "
           f"computed, or a tape was opened); declare every rewrite before "
           f"that, or make a new {self._owner}.")
-    return self._resolve(layer, arg)
 
   @staticmethod
   def _per_tensor(fn, method: str) -> Transform:
     not_group(fn, method)
     return as_transform(fn)
+
+
+def _check_method(method) -> None:
+  if not callable(getattr(method, "combine", None)):
+    raise _errors.GraphGradError(
+        f"combine_tasks: `method` must be a task-combination method with "
+        f"a combine(grads) method, such as gg.mtl.pcgrad(); got "
+        f"{type(method).__name__} {method!r}.")
 
 
 def _chained(pairs) -> Dict[Any, Transform]:

@@ -98,7 +98,9 @@ class Attachment:
 
   @property
   def has_tasks(self) -> bool:
-    return bool(self.plan.declarations.tasks)
+    declarations = self.plan.declarations
+    return (bool(declarations.tasks)
+            or declarations.parameter_tasks is not None)
 
   def _prepare(self, x, y, batch_size) -> None:
     """Makes the methods' variables before the optimizer is built."""

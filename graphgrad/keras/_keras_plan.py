@@ -230,19 +230,22 @@ class KerasPlan(tf.Module, LayerOverriding):
     return self
 
   def project_conflicts(self, layer: LayerRef, losses=None,
-                        shuffle: bool = True,
+                        shuffle: bool = False,
                         seed: Optional[int] = None) -> "KerasPlan":
-    """Applies PCGrad to the task gradients at a shared layer's outputs.
+    """Applies PCGrad's projection to the task gradients at a layer's outputs.
 
     ``combine_tasks(layer, gg.mtl.pcgrad(shuffle, seed))``, as
-    ``GradientPlan.project_conflicts``. In TF2 the task losses exist only in
+    ``GradientPlan.project_conflicts``: the output-level variant of PCGrad;
+    the paper's, over all parameters, is ``combine_tasks(None,
+    gg.mtl.pcgrad(), at="parameters")``. In TF2 the task losses exist only in
     the step: leave ``losses`` out here and pass them to
     ``tape.gradient(loss, task_losses=[loss_a, loss_b])``.
 
     Args:
       layer: the shared layer, whose outputs feed the task heads.
       losses: must be ``None`` on a KerasPlan.
-      shuffle: take the other tasks in a random order at each step.
+      shuffle: take the other tasks in a random order at each step
+        (``False`` by default: list order).
       seed: op-level seed of the shuffles.
 
     Returns:
@@ -261,14 +264,24 @@ class KerasPlan(tf.Module, LayerOverriding):
           "loss_b]).")
     return self.combine_tasks(layer, _pcgrad.pcgrad(shuffle, seed))
 
-  def combine_tasks(self, layer: LayerRef, method) -> "KerasPlan":
-    """Combines the task gradients at ``layer``'s outputs with ``method``.
+  def combine_tasks(self, layers, method, at: str = "output") -> "KerasPlan":
+    """Combines the task gradients at a shared layer with ``method``.
 
-    As ``GradientPlan.combine_tasks``: ``g`` becomes ``g - sum_i g_i +
+    As ``GradientPlan.combine_tasks``. ``at="output"`` (the default): ``g``
+    at ``layers``' outputs (one layer) becomes ``g - sum_i g_i +
     method.combine([g_1, ..., g_k])`` (a ``gg.mtl`` method; ``g_i``: task
-    ``i``'s flattened gradients at every output of every call, concatenated),
-    then the layer's upstream transform. A stateful method's state is made
-    once per plan and layer in ``method_variables.states``, which
+    ``i``'s flattened gradients at every output of every call,
+    concatenated), then the layer's upstream transform.
+    ``at="parameters"``: the same for the gradients of the variables of
+    ``layers`` (a layer, a list of them, or ``None`` for every trainable
+    variable of the model among the gradient's sources), each task's
+    gradients of all of them flattened into one vector, as the PCGrad
+    authors' optimizer does; other variables keep the plan's gradient. It
+    costs one more pass over the tape per task loss. Inside
+    ``strategy.run`` each replica combines its own task gradients.
+
+    A stateful method's state is made once per plan and layer (or once for
+    the parameter level) in ``method_variables.states``, which
     ``tf.train.Checkpoint(plan=plan)`` saves. Task losses go to
     ``tape.gradient(loss, task_losses=[...])``.
 
@@ -286,11 +299,36 @@ class KerasPlan(tf.Module, LayerOverriding):
       [[0.5, 1.5]]
 
     Raises:
-      LayerNotFoundError: if ``layer`` is not in the model.
-      GraphGradError: if ``method`` has no ``combine``, the layer already
-        combines task gradients, or a tape was opened.
+      LayerNotFoundError: if a layer is not in the model.
+      GraphGradError: if ``at`` is neither ``"output"`` nor
+        ``"parameters"``, ``method`` has no ``combine``, the layer (or the
+        plan, in parameter space) already combines task gradients, a listed
+        built layer has no trainable variable, or a tape was opened.
     """
-    self._declarations.add_tasks(layer, None, method)
+    if _pcgrad.check_at(at) == "parameters":
+      names = self._declarations.resolve_layers(layers, "combine_tasks")
+
+      def validate():
+        # An unbuilt layer is not checked: its variables do not exist yet.
+        empty = [n for n in names or ()
+                 if getattr(self._index[n], "built", False)
+                 and not self._index[n].trainable_weights]
+        if empty:
+          raise _errors.GraphGradError(
+              f"combine_tasks(at='parameters'): layer(s) "
+              f"{', '.join(map(repr, empty))} hold no trainable variable, so "
+              f"there is nothing to combine there. Name layers with "
+              f"trainable variables.")
+      self._declarations.add_parameter_tasks(names, None, method,
+                                             validate=validate)
+      return self
+    if isinstance(layers, (list, tuple)) or layers is None:
+      raise _errors.GraphGradError(
+          f"combine_tasks: with at='output' `layers` must be one layer, at "
+          f"whose outputs the task gradients are combined; got {layers!r}. "
+          f"Name one layer, or pass at='parameters' to combine the task "
+          f"gradients of several layers' variables.")
+    self._declarations.add_tasks(layers, None, method)
     return self
 
   # -- running -------------------------------------------------------------

@@ -87,6 +87,10 @@ def check(declarations) -> None:
   odd = [p for p, fn in declarations.backward.items() if method_of(fn) is None]
   odd += [p for p, d in declarations.tasks.items()
           if getattr(d.method, "name", None) not in _HOMOGENEOUS_TASKS]
+  params = declarations.parameter_tasks
+  if params is not None and getattr(params.method, "name",
+                                    None) not in _HOMOGENEOUS_TASKS:
+    odd.append("combine_tasks(at='parameters')")
   if odd:
     log.warning(
         "graphgrad KerasPlan: under a loss scale, the backward replacements "
@@ -139,8 +143,11 @@ def nonlinear(declarations) -> bool:
   if any(method_of(fn) in (None, "synthetic")
          for fn in declarations.backward.values()):
     return True
+  tasks = list(declarations.tasks.values())
+  if declarations.parameter_tasks is not None:
+    tasks.append(declarations.parameter_tasks)
   return any(getattr(d.method, "name", None) not in _HOMOGENEOUS_TASKS
-             for d in declarations.tasks.values())
+             for d in tasks)
 
 
 def warn_unscaled(plan) -> bool:

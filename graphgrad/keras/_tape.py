@@ -75,7 +75,8 @@ class PlanTape:
     self._run = Interceptor(plan, labels)
     # Task gradients take extra backward passes over the same recording.
     self._tape = tf.GradientTape(
-        persistent=persistent or bool(plan.declarations.tasks),
+        persistent=persistent or bool(plan.declarations.tasks)
+        or plan.declarations.parameter_tasks is not None,
         watch_accessed_variables=watch_accessed_variables)
     self._entered = False
     self._last = BackwardStep()
@@ -150,7 +151,10 @@ class PlanTape:
     plan = self._plan
     if sources is None:
       sources = list(plan.model.trainable_variables)
-    step = BackwardStep(task_deltas=self._task_deltas(target, task_losses))
+    by_layer = _tasks.losses_by_layer(
+        plan.declarations.tasks, task_losses,
+        parameters=plan.declarations.parameter_tasks is not None)
+    step = BackwardStep(task_deltas=self._task_deltas(target, by_layer))
     with self._run.backward(step):
       grads = self._tape.gradient(target, sources, output_gradients,
                                   unconnected_gradients)
@@ -158,10 +162,15 @@ class PlanTape:
     self._check_edges(step)
     todo = [(p, fn) for p, fns in plan.declarations.gradients.items()
             for fn in fns if not is_identity(fn)]
-    if not todo and not step.extra:
+    params = plan.declarations.parameter_tasks
+    if not todo and not step.extra and params is None:
       return grads
     flat_s = tf.nest.flatten(sources)
     flat_g = tf.nest.flatten(grads)
+    if params is not None:
+      flat_g = self._parameter_tasks(params, target,
+                                     by_layer[_tasks.PARAMETERS], flat_s,
+                                     flat_g)
     self._methods_grads(step, flat_s, flat_g)
     # Under tf.distribute: the transforms see the sum over replicas.
     flat_g = _replicas.transform_parameters(flat_s, flat_g, todo,
@@ -237,13 +246,29 @@ class PlanTape:
             self._run.context(path, "gradients", variable=var),
             f"transform_gradients({path!r}) on {var.name}")
 
-  def _task_deltas(self, target, task_losses) -> Dict[str, List[list]]:
+  def _parameter_tasks(self, declared, target, losses, flat_s, flat_g):
+    """The task combination in parameter space, on the chosen sources:
+    the variables of its layers (every variable for ``layers=None``)."""
+    if declared.layers is None:
+      chosen = [i for i, x in enumerate(flat_s) if tf_variable(x) is not None]
+    else:
+      mine = {v.ref() for p in declared.layers
+              for v in self._plan.own_variables(p)}
+      chosen = [i for i, x in enumerate(flat_s) if tf_variable(x) is not None
+                and tf_variable(x).ref() in mine]
+    with self._run.backward(BackwardStep(plain=True)), tf.name_scope(
+        self._plan.name):
+      return _tasks.parameter_grads(self._tape, target, losses, flat_s,
+                                    flat_g, chosen, declared.method,
+                                    self._plan.method_variables)
+
+  def _task_deltas(self, target, by_layer) -> Dict[str, List[list]]:
     """Task layer -> what its task combination adds, per call and output."""
     tasks = self._plan.declarations.tasks
-    by_layer = _tasks.losses_by_layer(tasks, task_losses)
     deltas: Dict[str, List[list]] = {}
     with self._run.backward(BackwardStep(plain=True)):
-      for path, losses in by_layer.items():
+      for path in tasks:
+        losses = by_layer[path]
         deltas[path] = _tasks.task_deltas(
             self._tape, target, losses, self._run.outputs[path],
             tasks[path].method, path, self._plan.method_variables)

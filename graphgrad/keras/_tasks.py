@@ -5,12 +5,14 @@ one shape in, one out (see ``graphgrad.methods._pcgrad``). The plan rewrites
 the gradient ``g`` at a shared layer's outputs (over all its calls) to
 ``g - sum_i g_i + combine([g_1, g_2, ...])``, as ``GradientPlan`` does, with
 each task's gradients at the output tensors flattened and concatenated into
-one vector (:func:`~graphgrad.methods._pcgrad.combine_flat`). A stateful
-method's state is made once per plan and layer in the plan's tracked
+one vector (:func:`~graphgrad.methods._pcgrad.combine_flat`); in parameter
+space, the gradients of the layers' variables the same way
+(:func:`parameter_grads`). A stateful method's state is made once per plan
+and layer in the plan's tracked
 :class:`~graphgrad.keras._methods.MethodVariables`.
 """
 
-from typing import List
+from typing import Any, List, Optional
 
 import tensorflow as tf
 
@@ -19,9 +21,18 @@ from graphgrad.core._gradients import is_float
 from graphgrad.keras._methods import MethodVariables
 from graphgrad.methods import _pcgrad
 
+# The key of the parameter-level task losses in a ``task_losses`` dict.
+PARAMETERS = "parameters"
 
-def losses_by_layer(tasks, task_losses):
-  """``layer -> [task loss]`` for every task declaration, or raises."""
+
+def losses_by_layer(tasks, task_losses, parameters: bool = False):
+  """``layer -> [task loss]`` for every task declaration, or raises.
+
+  With ``parameters`` (a combination in parameter space is declared), its
+  losses are under the key :data:`PARAMETERS`.
+  """
+  if parameters:
+    tasks = list(tasks) + [PARAMETERS]
   if not tasks:
     if task_losses is not None:
       raise _errors.GraphGradError(
@@ -41,9 +52,12 @@ def losses_by_layer(tasks, task_losses):
               else task_losses)
     if (losses is None or tf.is_tensor(losses)
         or not isinstance(losses, (list, tuple)) or len(losses) < 2):
+      what = (f"layer {layer!r}" if layer != PARAMETERS or not parameters
+              else f"the combination at='parameters' (dict key "
+                   f"{PARAMETERS!r})")
       raise _errors.GraphGradError(
           f"tape.gradient: `task_losses` must be a list of at least two "
-          f"scalar task losses for layer {layer!r}; got {losses!r}. Pass "
+          f"scalar task losses for {what}; got {losses!r}. Pass "
           f"e.g. task_losses=[loss_a, loss_b].")
     out[layer] = list(losses)
   return out
@@ -62,12 +76,7 @@ def task_deltas(tape, target, losses, calls, method, path: str,
     path: the task layer's path, which keys the method's state.
     variables: the plan's method variables, where the state lives.
   """
-  weights = tape.gradient(target, losses)
-  for i, w in enumerate(weights):
-    if w is None:
-      raise _errors.NotConnectedError(
-          f"tape.gradient: the loss does not depend on `task_losses[{i}]`. "
-          f"List the task losses whose (weighted) sum is the loss.")
+  weights = _weights(tape, target, losses)
   flat = [t for outs in calls for t in outs]
   floats = [i for i, t in enumerate(flat) if is_float(t)]
   like = [flat[i] for i in floats]
@@ -91,3 +100,51 @@ def task_deltas(tape, target, losses, calls, method, path: str,
     out.append(delta[start:start + len(outs)])
     start += len(outs)
   return out
+
+
+def parameter_grads(tape, target, losses, flat_s: List[Any],
+                    flat_g: List[Any], chosen: List[int], method,
+                    variables: MethodVariables) -> List[Any]:
+  """``flat_g`` with the task combination in parameter space applied.
+
+  For the sources at ``chosen``: ``G - sum_i g_i + combine([g_i])``, with
+  ``g_i = dL/dL_i * dL_i/dtheta`` from the tape, one pass per task loss.
+
+  Args:
+    tape: the persistent tape that recorded the step.
+    target: the plan's loss.
+    losses: the task losses.
+    flat_s: the gradient's sources, flattened.
+    flat_g: the plan's gradients of them.
+    chosen: the positions in ``flat_s`` of the combined variables.
+    method: the task-combination method.
+    variables: the plan's method variables, where the state lives.
+  """
+  out = list(flat_g)
+  if not chosen:
+    return out
+  weights = _weights(tape, target, losses)
+  sources = [flat_s[i] for i in chosen]
+  per_task = [tape.gradient(l, sources, output_gradients=w)
+              for l, w in zip(losses, weights)]
+  state = _pcgrad.task_state(
+      method, _pcgrad.active_tasks(per_task),
+      lambda make: variables.state("combine_tasks/parameters", make),
+      "combine_tasks_parameters_state")
+  with tf.name_scope("combine_tasks_parameters"):
+    rest = _pcgrad.without_tasks([flat_g[i] for i in chosen], per_task)
+    new = _pcgrad.combine_parameters(method, per_task, rest, sources, state)
+  for i, g in zip(chosen, new):
+    out[i] = g
+  return out
+
+
+def _weights(tape, target, losses) -> List[Optional[tf.Tensor]]:
+  """``dL/dL_i`` for each task loss; raises for one the loss misses."""
+  weights = tape.gradient(target, losses)
+  for i, w in enumerate(weights):
+    if w is None:
+      raise _errors.NotConnectedError(
+          f"tape.gradient: the loss does not depend on `task_losses[{i}]`. "
+          f"List the task losses whose (weighted) sum is the loss.")
+  return weights

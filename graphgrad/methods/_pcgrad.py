@@ -1,11 +1,11 @@
-"""Task combination at a shared layer's outputs, and PCGrad.
+"""Task combination, at a layer's outputs or in parameter space, and PCGrad.
 
 ``plan.combine_tasks(layer, losses, method)`` makes the gradient ``g`` at
 the layer's outputs ``T`` ``g - sum_i g_i + method.combine([g_1, ...])``,
-``g_i = dL/dL_i * dL_i/dT``. Both executors call :func:`combine_flat`, which
-flattens each task's gradients at ``T`` into one vector (zeros where a task
-does not reach a tensor). :class:`PCGrad` (Yu et al., 2020) is one method;
-``plan.project_conflicts`` uses it.
+``g_i = dL/dL_i * dL_i/dT``; ``at="parameters"`` does it for the layers'
+variables. Both executors call :func:`combine_flat`, which flattens each
+task's gradients into one vector (zeros where a task does not reach one).
+:class:`PCGrad` (Yu et al., 2020) is one method.
 
 Example:
   >>> import tensorflow as tf
@@ -32,14 +32,14 @@ def _dot(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> tf.Tensor:
 
 
 def project(per_loss: Sequence[Sequence[Gradient]],
-            like: Sequence[tf.Tensor], shuffle: bool = True,
+            like: Sequence[tf.Tensor], shuffle: bool = False,
             seed: Optional[int] = None) -> List[Gradient]:
   """PCGrad of per-loss gradients, summed over losses.
 
   Each task gradient ``g_i`` is the list of its gradients at the tensors
   ``like`` (``None``: the loss does not reach that tensor, taken as zero).
-  For every ``i``, ``g_i^PC`` starts at ``g_i``; for every other ``j``, in a
-  random order drawn anew at each step (``shuffle``) or in list order,
+  For every ``i``, ``g_i^PC`` starts at ``g_i``; for every other ``j``, in
+  list order or in a random order drawn anew at each step (``shuffle``),
 
       if g_i^PC . g_j < 0:  g_i^PC <- g_i^PC - (g_i^PC . g_j) / ||g_j||^2 g_j,
 
@@ -95,7 +95,7 @@ class PCGrad(TaskMethod):
 
   name = "pcgrad"
 
-  def __init__(self, shuffle: bool = True, seed: Optional[int] = None):
+  def __init__(self, shuffle: bool = False, seed: Optional[int] = None):
     self.shuffle, self.seed = shuffle, seed
 
   def combine(self, grads, state=None, name=None):
@@ -110,19 +110,26 @@ class PCGrad(TaskMethod):
     return f"shuffle={self.shuffle!r}, seed={self.seed!r}"
 
 
-def pcgrad(shuffle: bool = True, seed: Optional[int] = None) -> PCGrad:
+def pcgrad(shuffle: bool = False, seed: Optional[int] = None) -> PCGrad:
   """PCGrad (Yu et al., 2020, "Gradient Surgery for Multi-Task Learning").
 
   For every task ``i``, ``g_i^PC`` starts at ``g_i``; for every other task
-  ``j`` (in a random order drawn at each step with ``shuffle``), when
-  ``g_i^PC . g_j < 0``, ``g_i^PC <- g_i^PC - (g_i^PC . g_j) / ||g_j||^2 g_j``,
-  with dot products over the whole flattened tensor, batch included.
-  ``combine`` returns ``sum_i g_i^PC``. It is what
-  ``plan.project_conflicts`` computes, and TorchJD's ``PCGrad``.
+  ``j`` (in list order, or in a random order drawn at each step with
+  ``shuffle``), when ``g_i^PC . g_j < 0``, ``g_i^PC <- g_i^PC - (g_i^PC .
+  g_j) / ||g_j||^2 g_j`` (the original ``g_j``), with dot products over the
+  whole flattened tensor. ``combine`` returns ``sum_i g_i^PC``: the paper's
+  Algorithm 1. The authors' ``PCGrad_tf.py`` takes the tasks in list order
+  (its ``tf.random.shuffle`` result is unused), as the default here; its
+  loop also visits ``j = i``, which the paper leaves out and this does too.
+  With ``plan.combine_tasks(None, losses, pcgrad(), at="parameters")`` it
+  is the authors' optimizer; ``plan.project_conflicts`` applies it at a
+  layer's outputs instead. TorchJD's ``PCGrad`` draws a random order, as
+  ``shuffle=True`` does.
 
   Args:
     shuffle: take the other tasks in a random order, drawn at each step
-      (with two tasks the order does not matter).
+      (with two tasks the order does not matter). ``False`` by default, as
+      the authors' code.
     seed: op-level seed of the shuffles.
 
   Returns:
@@ -133,8 +140,8 @@ def pcgrad(shuffle: bool = True, seed: Optional[int] = None) -> PCGrad:
 
   Example:
     >>> import graphgrad as gg
-    >>> gg.mtl.pcgrad(seed=1)
-    pcgrad(shuffle=True, seed=1)
+    >>> gg.mtl.pcgrad()
+    pcgrad(shuffle=False, seed=None)
     >>> g = [tf.constant([1., 0.]), tf.constant([-1., 1.])]
     >>> gg.mtl.pcgrad().combine(g).numpy()
     array([0.5, 1.5], dtype=float32)
@@ -146,6 +153,20 @@ def pcgrad(shuffle: bool = True, seed: Optional[int] = None) -> PCGrad:
 
 
 # -- the executors' adapter ----------------------------------------------------
+
+# Where ``combine_tasks`` combines the task gradients (its ``at=``).
+LEVELS = ("output", "parameters")
+
+
+def check_at(at, caller: str = "combine_tasks") -> str:
+  """``at`` if it names a level of task combination; else raises."""
+  if not isinstance(at, str) or at not in LEVELS:
+    raise _errors.GraphGradError(
+        f"{caller}: `at` must be one of {', '.join(map(repr, LEVELS))}; got "
+        f"{at!r}. Pass at='output' (the default: the task gradients at the "
+        f"layer's outputs) or at='parameters' (the task gradients of the "
+        f"layers' variables, as one vector, as PCGrad_tf.py does).")
+  return at
 
 def task_state(method: Any, k: int, get_or_create: Callable, name: str):
   """A stateful method's state for one (plan, layer), made on first use.
@@ -202,6 +223,99 @@ def combine_flat(method: Any, per_task: Sequence[Sequence[Gradient]],
   parts = tf.split(out, tf.stack([tf.size(y) for y in like]))
   return [tf.reshape(p, tf.shape(y)) if r else None
           for p, y, r in zip(parts, like, reached)]
+
+
+def combine_parameters(method: Any, per_task: Sequence[Sequence[Gradient]],
+                       rest: Sequence[Gradient], variables: Sequence[Any],
+                       state=None) -> List[Gradient]:
+  """The parameter-space task combination of both executors.
+
+  Each variable gets ``rest + method.combine([g_1, ..., g_k])``, the task
+  gradients of all ``variables`` flattened into one vector each
+  (:func:`combine_flat`); ``rest`` is what the loss gives besides the tasks'
+  shares, ``G - sum_i g_i`` (:func:`without_tasks`).
+
+  Args:
+    method: a task-combination method.
+    per_task: one list of gradients per task, aligned with ``variables``.
+    rest: the rest of each variable's gradient (``None``: zero).
+    variables: the variables.
+    state: the method's state for this plan, or ``None``.
+
+  Returns:
+    One gradient per variable, dense where a task reaches it; ``rest[t]``
+    where none does.
+  """
+  like = [tf.convert_to_tensor(v) for v in variables]
+  combined = combine_flat(method, per_task, like, state)
+  return [r if c is None else c if r is None else tf.convert_to_tensor(r) + c
+          for r, c in zip(rest, combined)]
+
+
+def without_tasks(grads: Sequence[Gradient],
+                  per_task: Sequence[Sequence[Gradient]]) -> List[Gradient]:
+  """``G - sum_i g_i`` per variable: the gradient less the tasks' shares."""
+  out: List[Gradient] = []
+  for t, g in enumerate(grads):
+    shares = [tf.convert_to_tensor(gs[t]) for gs in per_task
+              if gs[t] is not None]
+    if not shares:
+      out.append(g)
+    elif g is None:
+      out.append(-tf.add_n(shares))
+    else:
+      out.append(tf.convert_to_tensor(g) - tf.add_n(shares))
+  return out
+
+
+def parameter_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
+                      method: Any, resources: Resources,
+                      gradients: Callable, reduce: Optional[Callable] = None):
+  """The TF1 engine's rewrite ``(grads, variables) -> grads``.
+
+  :func:`combine_parameters`, with ``g_i = dL/dL_i * dL_i/dtheta``: one
+  call of the plan's ``gradients`` per task loss (from that loss to the
+  variables; the plan's gradient overrides apply), plus one from the loss
+  to the task losses for ``dL/dL_i``. ``grads`` is the plan's gradient
+  ``G`` of each variable, or ``None`` when the plan made none for these
+  variables because it rewrites nothing else: the rest is then one more
+  call from the loss with the task losses held constant
+  (``stop_gradients``), which crosses only the unlisted terms.
+  ``reduce(variables, grads)`` (the plan's ``reduce_fn``) reduces each
+  task's gradients, and that rest, as the plan's own are. A stateful
+  method's state is made once, in ``resources`` under ``(None,
+  "combine_tasks/parameters/state")``.
+  """
+  def reduced(gs, variables):
+    if reduce is None:
+      return list(gs)
+    found = [t for t, g in enumerate(gs) if g is not None]
+    out = list(gs)
+    if found:
+      for t, r in zip(found, reduce([variables[t] for t in found],
+                                    [gs[t] for t in found])):
+        out[t] = r
+    return out
+
+  def run(grads, variables):
+    variables = list(variables)
+    with tf.name_scope("combine_tasks_parameters"):
+      weights = gradients(loss, list(losses))
+      per_task = [reduced(gradients(l, variables, grad_ys=w), variables)
+                  if w is not None else [None] * len(variables)
+                  for l, w in zip(losses, weights)]
+      if grads is None:
+        rest = reduced(gradients(loss, variables,
+                                 stop_gradients=list(losses)), variables)
+      else:
+        rest = without_tasks(grads, per_task)
+      state = task_state(
+          method, active_tasks(per_task),
+          lambda make: resources.get_or_create(
+              None, "combine_tasks/parameters/state", make),
+          "combine_tasks_parameters_state")
+      return combine_parameters(method, per_task, rest, variables, state)
+  return run
 
 
 def _concat(grads: Sequence[tf.Tensor]) -> tf.Tensor:

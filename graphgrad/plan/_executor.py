@@ -12,6 +12,7 @@ recorded as a :class:`TraceRecord`, which ``plan.summaries()`` reads.
 """
 
 import dataclasses
+import functools
 from typing import (
   Any,
   Callable,
@@ -20,6 +21,7 @@ from typing import (
   List,
   Optional,
   Sequence,
+  Set,
   Tuple,
 )
 
@@ -179,15 +181,22 @@ class _Executor:
     if self.options.recompute is not None:
       self.gradients_fn = self._recomputing(self.gradients_fn)
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
-      if not self.declarations.rewrites_backward:
+      params = self.declarations.parameter_tasks
+      chosen = set() if params is None else self._combined(params)
+      plain = not self.declarations.rewrites_backward
+      if plain:
         # The very call Optimizer.compute_gradients makes; unreached
-        # variables get None from it.
-        by_name = self._whole(self.var_list)
+        # variables get None from it. The parameter-space combination
+        # rebuilds its variables' gradients from the tasks' and the rest.
+        rest = [v for v in self.var_list if v.op.name not in chosen]
+        by_name = self._whole(rest) if rest else {}
       else:
         known = self.net.op_graph
         by_name = self._segmented(
             [v for v in self.var_list if v.op.name in known])
       out = [(by_name.get(v.op.name), v) for v in self.var_list]
+      if params is not None:
+        self._combine_parameters(params, out, chosen, plain)
       for layer, fns in self.declarations.gradients.items():
         self._transform_parameters(layer, fns, out)
       out += self.extra
@@ -275,6 +284,36 @@ class _Executor:
                                   gradients=self.gradients_fn)
 
   # -- parameter gradients ---------------------------------------------------
+
+  def _combined(self, declared: Declaration) -> Set[str]:
+    """The op names of the variables a parameter-space combination takes."""
+    layers = declared.layers
+    return {v.op.name for v in self.var_list
+            if layers is None or self.net.layer_of_variable(v) in layers}
+
+  def _combine_parameters(self, declared: Declaration, out: GradsAndVars,
+                          chosen: Set[str], plain: bool) -> None:
+    """The task combination in parameter space, on its entries of ``out``.
+
+    Each task loss takes one call of the plan's gradient function (as every
+    segment does), to the combined variables only. With ``plain`` (nothing
+    else rewrites the backward pass) their entries of ``out`` are empty and
+    the rest of their gradient is one more call that crosses only the
+    loss's unlisted terms.
+    """
+    idx = [i for i, (_, v) in enumerate(out) if v.op.name in chosen]
+    if not idx:
+      return
+    gradients = functools.partial(self.gradients_fn,
+                                  **self.options.gradients_kwargs)
+    reduce = None if self.options.reduce_fn is None else self._reduce
+    run = _pcgrad.parameter_rewrite(self.loss, declared.losses or (),
+                                    declared.method, self.resources,
+                                    gradients, reduce)
+    new = run(None if plain else [out[i][0] for i in idx],
+              [out[i][1] for i in idx])
+    for i, g in zip(idx, new):
+      out[i] = (g, out[i][1])
 
   def _transform_parameters(self, layer: str, fns, out: GradsAndVars) -> None:
     """Applies ``layer``'s parameter transforms to its entries of ``out``."""

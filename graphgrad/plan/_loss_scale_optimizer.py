@@ -77,6 +77,8 @@ def check_declarations(declarations) -> None:
   """
   bad = [f"combine_tasks({k!r})" for k in declarations.tasks] + [
       f"replace_backward({k!r})" for k in declarations.backward]
+  if declarations.parameter_tasks is not None:
+    bad.append("combine_tasks(at='parameters')")
   if bad:
     raise _errors.GraphGradError(
         f"apply_gradients: a MixedPrecisionLossScaleOptimizer scales the "

@@ -153,16 +153,22 @@ def test_train_on_batch_evaluate_and_detach(K):
   _close(model, plain_ref)
 
 
-def test_multi_output_tasks_come_from_the_compiled_losses(K):
+def _pcgrad_at(plan, at):
+  layers = "l2" if at == "output" else None
+  return plan.combine_tasks(layers, gg.mtl.pcgrad(), at=at)
+
+
+@pytest.mark.parametrize("at", ["output", "parameters"])
+def test_multi_output_tasks_come_from_the_compiled_losses(K, at):
   model = _model(K, outputs=2)
   ref = _twin(K, model, outputs=2)
-  gg.KerasPlan(model).project_conflicts("l2", shuffle=False).attach()
+  _pcgrad_at(gg.KerasPlan(model), at).attach()
   x, (ya, yb) = _data(outputs=2)
   model.compile(K.optimizers.SGD(0.1), loss=["mse", "mse"],
                 loss_weights=[1.0, 0.5])
   model.fit(x, [ya, yb], batch_size=BATCH, epochs=2, shuffle=False,
             verbose=0)
-  plan = gg.KerasPlan(ref).project_conflicts("l2", shuffle=False)
+  plan = _pcgrad_at(gg.KerasPlan(ref), at)
   opt = K.optimizers.SGD(0.1)
   for _ in range(2):
     for i in range(0, ROWS, BATCH):

@@ -39,7 +39,13 @@ def _tasks(outs, labels):
 
 
 def _declare(plan, method, tf1_tasks=None, layers=("features",),
-             upstream=False):
+             upstream=False, at="output"):
+  if at == "parameters":  # one declaration over the layers (None: all)
+    if tf1_tasks is None:
+      plan.combine_tasks(layers, method, at=at)
+    else:
+      plan.combine_tasks(layers, tf1_tasks, method, at=at)
+    return plan
   for layer in layers:
     if tf1_tasks is None:
       plan.combine_tasks(layer, method)
@@ -111,6 +117,36 @@ def test_every_method_is_equal_on_both_plans(name, flavour, traced):
   assert changed == (name != "sum"), name
 
 
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_in_parameter_space_is_equal_on_both_plans(name):
+  got, (weights, x, labels), _ = _tf2(keras, METHODS[name](), False,
+                                      layers=None, at="parameters")
+  want = _tf1(weights, x, labels, METHODS[name](), layers=None,
+              at="parameters")
+  _assert_equal_runs(got, want, name)
+  output = _tf1(weights, x, labels, METHODS[name](), steps=1)[0]
+  plain = _tf1(weights, x, labels, gg.mtl.sum(), steps=1)[0]
+  for key in want[0]:  # the heads' gradients change too, except for sum
+    if key.startswith("head"):
+      assert np.allclose(want[0][key], plain[key]) == (name == "sum"), key
+  # Linear weights (sum, mean) give the same below the output level; and
+  # the mean of these tasks conflicts with neither, so DualProj keeps it.
+  # The others weigh the tasks by their parameter gradients instead.
+  same = name in ("sum", "mean", "dualproj")
+  assert np.allclose(want[0]["base/kernel"], output["base/kernel"],
+                     rtol=1e-5, atol=1e-6) == same, name
+
+
+@pytest.mark.parametrize("flavour,traced", RUNS[1:],
+                         ids=["keras3-function", "tf_keras-eager"])
+def test_pcgrad_over_two_layers_is_equal_on_both_plans(flavour, traced):
+  K = keras if flavour == "keras3" else tf.keras
+  kw = dict(layers=["base", "features"], at="parameters")
+  got, (weights, x, labels), _ = _tf2(K, gg.mtl.pcgrad(), traced, **kw)
+  want = _tf1(weights, x, labels, gg.mtl.pcgrad(), **kw)
+  _assert_equal_runs(got, want, "pcgrad")
+
+
 @pytest.mark.parametrize("name", ["upgrad", "pcgrad", "gradvac"])
 def test_an_upstream_transform_acts_after_the_combination_on_both(name):
   got, (weights, x, labels), _ = _tf2(keras, METHODS[name](), True,
@@ -156,3 +192,41 @@ def test_checkpoint_saves_the_state(tmp_path):
   tf.train.Checkpoint(plan=plan).restore(path).assert_existing_objects_matched()
   np.testing.assert_array_equal(state.alpha.numpy(), saved)
   assert int(state.step.numpy()) == 2
+
+
+def test_keras_parameter_level_arguments_and_task_losses():
+  model = keras_cases.keras_model(CASE, keras)
+  x, labels = keras_cases.batch(CASE)
+  plan = gg.KerasPlan(model)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"^combine_tasks: `at` must be one of 'output', "
+                           r"'parameters'; got 'param'"):
+    plan.combine_tasks("features", gg.mtl.pcgrad(), at="param")
+  with pytest.raises(gg.GraphGradError,
+                     match=r"with at='output' `layers` must be one layer"):
+    plan.combine_tasks(None, gg.mtl.pcgrad())
+  model.get_layer("base").trainable = False
+  with pytest.raises(gg.GraphGradError,
+                     match=r"layer\(s\) 'base' hold no trainable variable"):
+    plan.combine_tasks(["base", "features"], gg.mtl.pcgrad(),
+                       at="parameters")
+  model.get_layer("base").trainable = True
+  plan.combine_tasks(["base", "features"], gg.mtl.pcgrad(), at="parameters")
+  with pytest.raises(gg.GraphGradError, match=r"already combines task "
+                                              r"gradients in parameter space"):
+    plan.combine_tasks(None, gg.mtl.mgda(), at="parameters")
+
+  def grads(task_losses):
+    with plan.tape() as tape:
+      terms = _tasks(model(tf.constant(x)), labels)
+      loss = tf.add_n(terms)
+    return tape.gradient(loss, task_losses=task_losses(terms))
+  with pytest.raises(gg.GraphGradError,
+                     match=r"task losses for the combination "
+                           r"at='parameters' \(dict key 'parameters'\); got "
+                           r"None"):
+    grads(lambda terms: {"features": terms})
+  by_key = grads(lambda terms: {"parameters": terms})
+  as_list = grads(lambda terms: terms)
+  for a, b in zip(by_key, as_list):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)

@@ -232,6 +232,22 @@ def test_gg_mtl_pcgrad_is_the_plans_pcgrad():
   assert repr(gg.mtl.pcgrad(False, 3)) == "pcgrad(shuffle=False, seed=3)"
 
 
+def test_pcgrad_takes_the_tasks_in_list_order_by_default(graph, rng):
+  # As the authors' PCGrad_tf.py, whose tf.random.shuffle result is unused.
+  assert repr(gg.mtl.pcgrad()) == "pcgrad(shuffle=False, seed=None)"
+  loss, losses, _, _, _ = _two_task_net(rng)
+  plan = gg.GradientPlan(loss).project_conflicts("trunk", losses)
+  assert repr(plan.declarations.tasks["trunk"].method) == (
+      "pcgrad(shuffle=False, seed=None)")
+  gs = [rng.normal(size=5).astype(np.float32) for _ in range(3)]
+  gs[1] = -gs[0] + 0.3 * gs[1]
+  gs[2] = -gs[0] - 0.5 * gs[1] + 0.3 * gs[2]
+  out = gg.mtl.pcgrad().combine([tf.constant(g) for g in gs])
+  with tf1.Session() as sess:
+    for _ in range(5):  # the same order at every run
+      np.testing.assert_allclose(sess.run(out), np_pcgrad(gs), rtol=1e-5)
+
+
 def test_combine_tasks_errors(graph, rng):
   loss, losses, _, _, _ = _two_task_net(rng)
   plan = gg.GradientPlan(loss)
