@@ -132,7 +132,8 @@ def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
         factor=(fn.linear_factor if fn is not None and plan.fuse_linear
                 else None),
         replace=None if replace is None else lambda gs, chain_rule: (
-            run.replace(step, path, replace, xs, outs, gs, chain_rule)),
+            run.replace(step, path, replace, inner, xs, outs, gs,
+                        chain_rule)),
         override=None if override is None else (
             lambda gs: overridden(run, path, override, xs, outs, gs)))
   result = layer_backward(rules, g, _TapeVJP(inner, outs, xs, variables, own))

@@ -265,7 +265,8 @@ class _Executor:
 
   def _backward_hook(self, layer: str, fn: Callable) -> Callable:
     return _replacement.engine_hook(self.net, layer, fn, self.resources,
-                                 self.extra)
+                                    self.extra, self.gradients_fn,
+                                    self.options.gradients_kwargs)
 
   def _tasks_hook(self, declared: Declaration) -> Callable:
     return _pcgrad.output_rewrite(self.loss, declared.losses or (),
