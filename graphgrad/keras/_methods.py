@@ -149,10 +149,13 @@ class TapeBackward:
     self.variables = variables
     # Tensors the tape recorded nothing behind: stopping at them is free.
     self._leaves = {t.ref() for t in self.inputs}
+    self._as_leaf: Dict[Any, tf.Tensor] = {}
 
   def vjp(self, ys, xs, grad_ys, stop) -> List[Gradient]:
+    # A product dense() recomputed is a source (and a stop) as its leaf.
+    xs = [self._as_leaf.get(x.ref(), x) for x in xs]
     for s in stop:
-      if s.ref() not in self._leaves:
+      if self._as_leaf.get(s.ref(), s).ref() not in self._leaves:
         raise _errors.GraphGradError(
             f"replace_backward({self.path!r}): context.vjp(stop=...) got "
             f"{_text(s)}; on a KerasPlan it can stop only at the context's "
@@ -179,13 +182,16 @@ class TapeBackward:
           f"{who} needs a [batch, features] input. Flatten it first "
           f"(keras.layers.Flatten).")
     w = tf.cast(kernel, x.dtype)
-    # The product is recomputed unrecorded, and recorded from there on:
-    # nothing but the product leads from x to the outputs below.
+    z = tf.matmul(x, w)
+    # The outputs are recomputed from a leaf copy of the product: as a
+    # source or a stop, the product is that leaf, so that nothing but the
+    # product leads from x to them, as in the layer's call.
     with self.tape.stop_recording():
-      z = tf.matmul(x, w)
-    self.tape.watch(z)
-    self._leaves.add(z.ref())
-    y = z if bias is None else tf.nn.bias_add(z, tf.cast(bias, z.dtype))
+      leaf = tf.identity(z)
+    self.tape.watch(leaf)
+    self._leaves.add(leaf.ref())
+    self._as_leaf[z.ref()] = leaf
+    y = leaf if bias is None else tf.nn.bias_add(leaf, tf.cast(bias, z.dtype))
     y = act(y) if act is not None else y
     return _replacement.DenseMatMul(data=x, kernel=w, pre=z, outputs=(y,))
 

@@ -45,8 +45,8 @@ class DenseMatMul:
   Attributes:
     data: the tensor the kernel multiplies.
     kernel: the kernel as the product reads it.
-    pre: the product, a tensor that :meth:`BackwardContext.vjp` can
-      differentiate ``outputs`` for (and stop at).
+    pre: the product. :meth:`BackwardContext.vjp` differentiates
+      ``outputs`` for it (or stops at it), and it for ``data``.
     outputs: one tensor per ``context.outputs``, computed through ``pre``.
     kernel_index: the kernel's operand position, 0 (``kernel @ data``) or
       1 (``data @ kernel``).
