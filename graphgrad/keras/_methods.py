@@ -18,6 +18,7 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.core._gradients import dense
 from graphgrad.keras._layer_index import tf_variable
+from graphgrad.keras._tape_backward import call_vjp
 from graphgrad.methods import _replacement
 
 GradsAndVars = List[Tuple[Gradient, tf.Variable]]
@@ -166,7 +167,7 @@ class TapeBackward:
       return [None] * len(xs)
     grads = None if grad_ys is None else [dense(g) for g in grad_ys]
     with self.tape.stop_recording():
-      return list(self.tape.gradient(ys, xs, output_gradients=grads))
+      return call_vjp(self.tape, ys, xs, grads)
 
   def variable(self, key, init, trainable, name) -> tf.Variable:
     head, _, rest = key.partition("/")
