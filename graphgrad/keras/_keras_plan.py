@@ -219,15 +219,7 @@ class KerasPlan(tf.Module, LayerOverriding):
     check = getattr(fn, "check", None)
     if callable(check):  # e.g. DFA's ambiguous default error layer
       check(self._layers(), path)
-
-    def no_override():
-      if ("layer", path) in self._declarations.overrides:
-        raise _errors.GraphGradError(
-            f"replace_backward: layer {path!r} already has an override "
-            f"(override_gradient or straight_through), which computes what "
-            f"its inputs get; a layer has one of the two. Replace the "
-            f"backward pass of a layer without an override.")
-    self._declarations.add_backward(path, fn, validate=no_override)
+    self._declarations.add_backward(path, fn)
     return self
 
   def project_conflicts(self, layer: LayerRef, losses=None,

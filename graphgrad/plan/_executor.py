@@ -29,7 +29,7 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
-from graphgrad.core._declaration_model import Declaration, Declarations
+from graphgrad.core._declaration_model import Declarations, TasksDeclaration
 from graphgrad.core._gradients import aggregate
 from graphgrad.methods import _pcgrad, _replacement
 from graphgrad.plan import _loss_scale_optimizer, _op_override, _recompute
@@ -268,7 +268,7 @@ class _Executor:
                                     self.extra, self.gradients_fn,
                                     self.options.gradients_kwargs)
 
-  def _tasks_hook(self, declared: Declaration) -> Callable:
+  def _tasks_hook(self, declared: TasksDeclaration) -> Callable:
     return _pcgrad.output_rewrite(self.loss, declared.losses or (),
                                   declared.method,
                                   f"combine_tasks_{declared.layer}",
