@@ -216,10 +216,9 @@ class KerasPlan(tf.Module, LayerOverriding):
         not ``Dense``.
     """
     path = self._index.find(layer, "layer")
-    check = getattr(fn, "check", None)
-    if callable(check):  # e.g. DFA's ambiguous default error layer
-      check(self._layers(), path)
-    self._declarations.add_backward(path, fn)
+    check = getattr(fn, "check", None)  # e.g. DFA's ambiguous error layer
+    self._declarations.add_backward(path, fn, validate=(
+        (lambda: check(self._layers(), path)) if callable(check) else None))
     return self
 
   def project_conflicts(self, layer: LayerRef, losses=None,
