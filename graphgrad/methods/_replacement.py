@@ -52,6 +52,12 @@ class DenseMatMul:
       1 (``data @ kernel``).
     transpose_a: the product's ``transpose_a``.
     transpose_b: the product's ``transpose_b``.
+
+  Example:
+    >>> x, w = tf.ones([2, 3]), tf.ones([3, 4])
+    >>> d = DenseMatMul(data=x, kernel=w, pre=x @ w, outputs=())
+    >>> d.fan_out, float(d.product(2.0 * w)[0, 0])  # feedback's B in W's place
+    (4, 6.0)
   """
   data: tf.Tensor
   kernel: tf.Tensor
