@@ -6,12 +6,12 @@ Example:
   feedback_alignment(seed=0)
 """
 
-from graphgrad.keras._methods import KerasBackwardContext
 from graphgrad.methods._dfa import direct_feedback_alignment
 from graphgrad.methods._fa import feedback_alignment
 from graphgrad.methods._replacement import (
                                  BackwardContext,
                                  BackwardResult,
+                                 DenseMatMul,
                                  Replacement,
                                  feedback_matrix_value,
 )
@@ -22,8 +22,11 @@ from graphgrad.methods._synthetic import (
 )
 
 __all__ = [
-    "BackwardContext", "BackwardResult", "KerasBackwardContext",
-    "Replacement", "SyntheticModule",
+    "BackwardContext", "BackwardResult", "DenseMatMul",
+    "KerasBackwardContext", "Replacement", "SyntheticModule",
     "direct_feedback_alignment", "feedback_alignment",
     "feedback_matrix_value", "module_values", "synthetic",
 ]
+
+# The name the one context type had on a KerasPlan.
+KerasBackwardContext = BackwardContext

@@ -4,13 +4,14 @@ A plan is a list of declarations: "rewrite the upstream gradient of layer
 ``L`` with ``fn``", "rewrite ``L``'s parameter gradients", "rewrite the edge
 ``lower -> upper``", "replace ``L``'s backward pass", "combine the task
 gradients at ``L``'s outputs", "combine the task gradients of the parameters
-of ``L1, L2, ...``", "give the op ``o`` the backward pass ``fn``".
-:class:`Declarations` holds them in declaration order and checks each one
-once, when it is declared: the layer names (through the resolver its plan
-gives it), the callables, group versus per-tensor transforms, duplicates,
-and declaring after the plan was built. ``GradientPlan`` (the segment
-engine) and ``KerasPlan`` (its tape) read them through the read-only
-accessors.
+of ``L1, L2, ...``", "give the op ``o`` the backward pass ``fn``", each a
+small dataclass of its own kind. :class:`Declarations` holds them in
+declaration order and checks each one once, for both plans, when it is
+declared: the layer names (through the resolver its plan gives it), the
+callables, group versus per-tensor transforms, duplicates, conflicts (a
+layer's override or its replacement, not both), and declaring after the
+plan was built. ``GradientPlan`` (the segment engine) and ``KerasPlan``
+(its tape) read them through the read-only accessors.
 """
 
 import dataclasses
@@ -18,12 +19,15 @@ import enum
 from typing import (
   Any,
   Callable,
+  ClassVar,
   Dict,
   Iterator,
   List,
   Optional,
   Sequence,
   Tuple,
+  Type,
+  TypeVar,
 )
 
 from graphgrad import _errors
@@ -52,8 +56,6 @@ class DeclarationKind(enum.Enum):
   PARAMETER_TASKS = "parameter_tasks"
   OVERRIDE = "override"
 
-_TRANSFORMS = (DeclarationKind.UPSTREAM, DeclarationKind.GRADIENTS,
-               DeclarationKind.EDGE)
 
 # How an override names what it overrides: an op's name, every op of a type,
 # or (KerasPlan) the call of a layer.
@@ -62,32 +64,93 @@ MATCHES = ("name", "type", "layer")
 
 @dataclasses.dataclass(frozen=True)
 class Declaration:
-  """One declaration of a plan.
+  """One declaration of a plan; each kind is a subclass of its own.
 
   Attributes:
-    kind: what is rewritten.
-    layer: the layer (``lower`` for an edge); for an override, the layer
-      whose call is overridden, else ``""``.
-    fn: the transform, group transform, backward replacement or override
-      gradient function; ``None`` for a task combination.
-    upper: ``upper`` of an edge; else ``None``.
-    losses: the task losses of a task combination (``None`` where the
-      executor gets them later, as ``KerasPlan`` does inside its tape).
-    method: the task-combination method (``combine(grads)``); else ``None``.
-    op: what an override matches: ``(match, key)``, ``match`` one of
-      ``"name"``, ``"type"``, ``"layer"``; else ``None``.
-    layers: the layers of a task combination in parameter space, or
-      ``None`` for every variable the plan differentiates (``layer`` is
-      then ``""``); ``None`` for the other kinds.
+    layer: the layer it is declared on (``lower`` for an edge; for an
+      override, the layer whose call is overridden, else ``""``).
   """
-  kind: DeclarationKind
+  kind: ClassVar[DeclarationKind]
   layer: str
-  fn: Any = None
-  upper: Optional[str] = None
-  losses: Optional[Tuple[Any, ...]] = None
-  method: Any = None
-  op: Optional[Tuple[str, str]] = None
-  layers: Optional[Tuple[str, ...]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class UpstreamDeclaration(Declaration):
+  """``transform_upstream(layer, fn)``."""
+  kind: ClassVar[DeclarationKind] = DeclarationKind.UPSTREAM
+  fn: Transform
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientsDeclaration(Declaration):
+  """``transform_gradients(layer, fn)``: a transform or a group transform."""
+  kind: ClassVar[DeclarationKind] = DeclarationKind.GRADIENTS
+  fn: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class EdgeDeclaration(Declaration):
+  """``transform_edge(lower, upper, fn)``; ``layer`` is ``lower``."""
+  kind: ClassVar[DeclarationKind] = DeclarationKind.EDGE
+  upper: str
+  fn: Transform
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardDeclaration(Declaration):
+  """``replace_backward(layer, fn)``."""
+  kind: ClassVar[DeclarationKind] = DeclarationKind.BACKWARD
+  fn: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TasksDeclaration(Declaration):
+  """``combine_tasks(layer, losses, method)``.
+
+  Attributes:
+    losses: the task losses (``None`` where the executor gets them later,
+      as ``KerasPlan`` does inside its tape).
+    method: the task-combination method (``combine(grads)``).
+  """
+  kind: ClassVar[DeclarationKind] = DeclarationKind.TASKS
+  losses: Optional[Tuple[Any, ...]]
+  method: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterTasksDeclaration(Declaration):
+  """``combine_tasks(layers, losses, method, at="parameters")``; ``layer``
+  is ``""``.
+
+  Attributes:
+    layers: the layers whose variables' task gradients are combined, or
+      ``None`` for every variable the plan differentiates.
+    losses: the task losses (``None`` where the executor gets them later,
+      as ``KerasPlan`` does inside its tape).
+    method: the task-combination method (``combine(grads)``).
+  """
+  kind: ClassVar[DeclarationKind] = DeclarationKind.PARAMETER_TASKS
+  layers: Optional[Tuple[str, ...]]
+  losses: Optional[Tuple[Any, ...]]
+  method: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class OverrideDeclaration(Declaration):
+  """``override_gradient`` / ``straight_through``.
+
+  Attributes:
+    op: what it matches: ``(match, key)``, ``match`` one of ``"name"``,
+      ``"type"``, ``"layer"``.
+    fn: the gradient function.
+  """
+  kind: ClassVar[DeclarationKind] = DeclarationKind.OVERRIDE
+  op: Tuple[str, str]
+  fn: Any
+
+
+_TRANSFORMS = (UpstreamDeclaration, GradientsDeclaration, EdgeDeclaration)
+D = TypeVar("D", bound=Declaration)
 
 
 class Declarations:
@@ -132,13 +195,13 @@ class Declarations:
   def add_upstream(self, layer, fn, validate: Validate = None) -> None:
     name = self._layer(layer, "layer")
     fn = self._per_tensor(fn, "transform_upstream")
-    self._add(Declaration(DeclarationKind.UPSTREAM, name, fn), validate)
+    self._add(UpstreamDeclaration(name, fn), validate)
 
   def add_gradients(self, layer, fn, validate: Validate = None) -> None:
     name = self._layer(layer, "layer")
     if not isinstance(fn, GroupTransform):
       fn = as_transform(fn)
-    self._add(Declaration(DeclarationKind.GRADIENTS, name, fn), validate)
+    self._add(GradientsDeclaration(name, fn), validate)
 
   def add_edge(self, lower, upper, fn, validate: Validate = None) -> None:
     lo = self._layer(lower, "lower")
@@ -148,7 +211,7 @@ class Declarations:
           f"transform_edge: `lower` and `upper` are both {lo!r}; an edge "
           f"joins two layers. Use transform_upstream({lo!r}, fn) instead.")
     fn = self._per_tensor(fn, "transform_edge")
-    self._add(Declaration(DeclarationKind.EDGE, lo, fn, upper=up), validate)
+    self._add(EdgeDeclaration(lo, up, fn), validate)
 
   def add_backward(self, layer, fn, validate: Validate = None) -> None:
     name = self._layer(layer, "layer")
@@ -163,7 +226,13 @@ class Declarations:
           f"replace_backward: layer {name!r} already has the replacement "
           f"{self.backward[name]!r}; a layer's backward pass is replaced "
           f"once. Make a new {self._owner} to try another.")
-    self._add(Declaration(DeclarationKind.BACKWARD, name, fn), validate)
+    if ("layer", name) in self.overrides:
+      raise _errors.GraphGradError(
+          f"replace_backward: layer {name!r} already has an override "
+          f"(override_gradient or straight_through), which computes what "
+          f"its inputs get; a layer has one of the two. Replace the "
+          f"backward pass of a layer without an override.")
+    self._add(BackwardDeclaration(name, fn), validate)
 
   def add_tasks(self, layer, losses: Optional[Sequence[Any]],
                 method, validate: Validate = None) -> None:
@@ -174,10 +243,8 @@ class Declarations:
           f"combine_tasks: layer {name!r} already combines task gradients "
           f"with {self.tasks[name].method!r}; declare it once, with every "
           f"task loss.")
-    self._add(Declaration(
-        DeclarationKind.TASKS, name,
-        losses=None if losses is None else tuple(losses), method=method),
-        validate)
+    self._add(TasksDeclaration(
+        name, None if losses is None else tuple(losses), method), validate)
 
   def add_parameter_tasks(self, layers, losses: Optional[Sequence[Any]],
                           method, validate: Validate = None) -> None:
@@ -196,10 +263,9 @@ class Declarations:
           f"{'every layer' if before.layers is None else list(before.layers)}"
           f" with {before.method!r}; declare it once, with every layer "
           f"(a list of names, or layers=None for all).")
-    self._add(Declaration(
-        DeclarationKind.PARAMETER_TASKS, "",
-        losses=None if losses is None else tuple(losses), method=method,
-        layers=names), validate)
+    self._add(ParameterTasksDeclaration(
+        "", names, None if losses is None else tuple(losses), method),
+        validate)
 
   def resolve_layers(self, layers, caller: str) -> Optional[Tuple[str, ...]]:
     """Canonical names of a layer reference or a list of them (``None``
@@ -249,8 +315,13 @@ class Declarations:
           f"{caller}: {key!r} already has a backward pass in this plan; an "
           f"op's gradient is overridden once. Make a new {self._owner} to "
           f"try another.")
-    self._add(Declaration(DeclarationKind.OVERRIDE,
-                          key if match == "layer" else "", fn, op=op),
+    if match == "layer" and key in self.backward:
+      raise _errors.GraphGradError(
+          f"{caller}: layer {key!r} already has the backward replacement "
+          f"{self.backward[key]!r}, which computes what its inputs get; a "
+          f"layer has one of the two. Override a layer without "
+          f"replace_backward.")
+    self._add(OverrideDeclaration(key if match == "layer" else "", op, fn),
               validate)
 
   def freeze(self) -> None:
@@ -269,8 +340,9 @@ class Declarations:
   def __len__(self) -> int:
     return len(self._items)
 
-  def of_kind(self, kind: DeclarationKind) -> Tuple[Declaration, ...]:
-    return tuple(d for d in self._items if d.kind is kind)
+  def of_kind(self, kind: Type[D]) -> Tuple[D, ...]:
+    """The declarations of one kind (a :class:`Declaration` subclass)."""
+    return tuple(d for d in self._items if isinstance(d, kind))
 
   @property
   def upstream(self) -> Dict[str, Transform]:
@@ -279,51 +351,51 @@ class Declarations:
     Layers whose transforms compose to the identity are left out: they need
     no rewrite at all.
     """
-    out = _chained((d.layer, d.fn)
-                   for d in self.of_kind(DeclarationKind.UPSTREAM))
+    out = _chained((d.layer, d.fn) for d in self.of_kind(UpstreamDeclaration))
     return {k: fn for k, fn in out.items() if not is_identity(fn)}
 
   @property
   def edges(self) -> Dict[Tuple[str, str], Transform]:
     """``(lower, upper)`` -> the edge's transforms chained in order."""
     return _chained(((d.layer, d.upper), d.fn)
-                    for d in self.of_kind(DeclarationKind.EDGE))
+                    for d in self.of_kind(EdgeDeclaration))
 
   @property
   def gradients(self) -> Dict[str, Tuple[Any, ...]]:
     """Layer -> its parameter transforms (group ones included), in order."""
     out: Dict[str, Tuple[Any, ...]] = {}
-    for d in self.of_kind(DeclarationKind.GRADIENTS):
+    for d in self.of_kind(GradientsDeclaration):
       out[d.layer] = out.get(d.layer, ()) + (d.fn,)
     return out
 
   @property
   def backward(self) -> Dict[str, Any]:
     """Layer -> its backward replacement."""
-    return {d.layer: d.fn for d in self.of_kind(DeclarationKind.BACKWARD)}
+    return {d.layer: d.fn for d in self.of_kind(BackwardDeclaration)}
 
   @property
-  def tasks(self) -> Dict[str, Declaration]:
+  def tasks(self) -> Dict[str, TasksDeclaration]:
     """Layer -> its task-combination declaration."""
-    return {d.layer: d for d in self.of_kind(DeclarationKind.TASKS)}
+    return {d.layer: d for d in self.of_kind(TasksDeclaration)}
 
   @property
-  def parameter_tasks(self) -> Optional[Declaration]:
+  def parameter_tasks(self) -> Optional[ParameterTasksDeclaration]:
     """The task combination in parameter space, or ``None``."""
-    found = self.of_kind(DeclarationKind.PARAMETER_TASKS)
+    found = self.of_kind(ParameterTasksDeclaration)
     return found[0] if found else None
 
   @property
   def overrides(self) -> Dict[Tuple[str, str], Any]:
     """``(match, key)`` -> the override's gradient function."""
-    return {d.op: d.fn for d in self.of_kind(DeclarationKind.OVERRIDE) if d.op}
+    return {d.op: d.fn for d in self.of_kind(OverrideDeclaration)}
 
   @property
   def layers(self) -> Tuple[str, ...]:
     """Every layer named by a declaration, in first-declared order."""
     names: List[str] = []
     for d in self._items:
-      names += ([d.layer] if d.layer else []) + ([d.upper] if d.upper else [])
+      names += [d.layer] if d.layer else []
+      names += [d.upper] if isinstance(d, EdgeDeclaration) else []
     return tuple(dict.fromkeys(names))
 
   @property
@@ -331,7 +403,7 @@ class Declarations:
     """True when a declared transform reads the global step (annealed noise):
     the executor then advances it."""
     return any(getattr(d.fn, "reads_global_step", False) for d in self._items
-               if d.kind in _TRANSFORMS)
+               if isinstance(d, _TRANSFORMS))
 
   @property
   def rewrites_backward(self) -> bool:

@@ -254,16 +254,13 @@ class Interceptor:
                             global_step=self.plan.step_tensor(),
                             resources=self.plan.resources, **kw)
 
-  def replace(self, step: BackwardStep, path, fn, xs, outs, upstream,
+  def replace(self, step: BackwardStep, path, fn, inner, xs, outs, upstream,
               chain_rule) -> list:
-    """Runs the replacement ``fn`` of one call; its pairs go to ``step``."""
-    plan = self.plan
-    ctx = _methods.KerasBackwardContext(
-        layer=plan.layer(path), name=path, inputs=tuple(xs),
-        outputs=tuple(outs), upstream=tuple(upstream),
-        upstream_of=step.upstream_of, chain_rule=chain_rule,
-        variables=plan.method_variables, labels=self.labels)
+    """Runs the replacement ``fn`` of one call, whose ``inner`` tape is its
+    VJP; its pairs go to ``step``."""
     with tf.name_scope(f"replace_backward_{path}".replace("/", "_")):
-      grads, extra = _methods.run(fn, ctx, plan.error_layer(path))
+      grads, extra = _methods.run(fn, self.plan, path, inner, xs, outs,
+                                  upstream, step.upstream_of, chain_rule,
+                                  self.labels)
     step.extra += extra
     return grads

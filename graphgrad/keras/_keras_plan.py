@@ -196,7 +196,8 @@ class KerasPlan(tf.Module, LayerOverriding):
     give, for the same ``seed``, the feedback matrices and initial modules
     of ``GradientPlan``; ``synthetic`` takes its labels from
     ``plan.tape(labels=y)``. A user-written ``fn`` maps a
-    ``KerasBackwardContext`` to one gradient per ``context.inputs`` tensor.
+    ``gg.backward.BackwardContext`` to one gradient per ``context.inputs``
+    tensor; its ``check`` and ``cuts``, if any, see the model's layers.
 
     Args:
       layer: a Keras layer name (or ``"outer/inner"`` path, or the layer).
@@ -215,18 +216,9 @@ class KerasPlan(tf.Module, LayerOverriding):
         not ``Dense``.
     """
     path = self._index.find(layer, "layer")
-    _methods.check(fn, self.layer(path), path)
-    # an ambiguous default is refused when declared
-    _methods.error_layer(fn, path, self._model, self._index)
-
-    def no_override():
-      if ("layer", path) in self._declarations.overrides:
-        raise _errors.GraphGradError(
-            f"replace_backward: layer {path!r} already has an override "
-            f"(override_gradient or straight_through), which computes what "
-            f"its inputs get; a layer has one of the two. Replace the "
-            f"backward pass of a layer without an override.")
-    self._declarations.add_backward(path, fn, validate=no_override)
+    check = getattr(fn, "check", None)  # e.g. DFA's ambiguous error layer
+    self._declarations.add_backward(path, fn, validate=(
+        (lambda: check(self._layers(), path)) if callable(check) else None))
     return self
 
   def project_conflicts(self, layer: LayerRef, losses=None,
@@ -468,15 +460,18 @@ class KerasPlan(tf.Module, LayerOverriding):
   # -- what the tape reads ------------------------------------------------
 
   def _view(self) -> PlanView:
-    tops = [self._error_layer(p) for p in self._declarations.backward]
+    layers = self._layers()
+    reads = [c for p, fn in self._declarations.backward.items()
+             for c in (fn.cuts(layers, p) if callable(getattr(fn, "cuts", None))
+                       else [])]
     return PlanView(
         declarations=self._declarations, model=self._model, name=self.name,
         resources=self._resources, method_variables=self._methods,
         fuse_linear=self._fuse_linear,
-        read_layers=tuple(dict.fromkeys(t for t in tops if t is not None)),
+        read_layers=tuple(dict.fromkeys(reads)), layers=layers,
         layer_names=tuple(self._index.paths), layer=self.layer,
         own_variables=lambda path: layer_variables(self._index[path]),
-        step_tensor=self._step_tensor, error_layer=self._error_layer,
+        step_tensor=self._step_tensor,
         enter_tape=self._enter_tape, exit_tape=self._exit_tape)
 
   def _step_tensor(self):
@@ -496,9 +491,8 @@ class KerasPlan(tf.Module, LayerOverriding):
   def _exit_tape(self, tape: PlanTape) -> None:
     self._open_tape = None if self._open_tape is tape else self._open_tape
 
-  def _error_layer(self, path: str) -> Optional[str]:
-    return _methods.error_layer(self._declarations.backward.get(path), path,
-                                self._model, self._index)
+  def _layers(self) -> _methods.KerasLayers:
+    return _methods.KerasLayers(self._model, self._index)
 
   def __repr__(self):
     return (f"KerasPlan(model={self._model.name}, "

@@ -107,14 +107,5 @@ class LayerOverriding:
           f"change. Put the op in a layer of its own (e.g. "
           f"tf.keras.layers.Lambda(tf.round, name='quant')) and pass that "
           f"layer's name. ({e})") from e
-
-    def no_replacement():
-      if path in self._declarations.backward:
-        raise _errors.GraphGradError(
-            f"{caller}: layer {path!r} already has the backward replacement "
-            f"{self._declarations.backward[path]!r}, which computes what its "
-            f"inputs get; a layer has one of the two. Override a layer "
-            f"without replace_backward.")
-    self._declarations.add_override(("layer", path), fn, caller,
-                                    validate=no_replacement)
+    self._declarations.add_override(("layer", path), fn, caller)
     return self

@@ -17,7 +17,6 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.keras._layer_index import tf_variable
-from graphgrad.keras._methods import method_of
 from graphgrad.keras._tape import PlanTape
 from graphgrad.transforms import _scaled
 
@@ -77,14 +76,15 @@ def _scalar(value) -> tf.Tensor:
 def check(declarations) -> None:
   """Refuses declarations that loss scaling would make silently wrong."""
   for path, fn in declarations.backward.items():
-    if method_of(fn) == "synthetic":
+    if getattr(fn, "name", None) == "synthetic":
       raise _errors.GraphGradError(
           f"plan.tape(loss_scale=...): replace_backward({path!r}, "
           f"synthetic()) trains its module on the gradients it predicts, "
           f"which loss scaling multiplies by the scale; it is not supported "
           f"with a loss scale. Train this plan in float32 (no "
           f"mixed_float16 policy), or drop the synthetic replacement.")
-  odd = [p for p, fn in declarations.backward.items() if method_of(fn) is None]
+  odd = [p for p, fn in declarations.backward.items()
+         if not getattr(fn, "homogeneous", False)]
   odd += [p for p, d in declarations.tasks.items()
           if getattr(d.method, "name", None) not in _HOMOGENEOUS_TASKS]
   params = declarations.parameter_tasks
@@ -140,7 +140,7 @@ def nonlinear(declarations) -> bool:
   fns += [fn for fns_ in declarations.gradients.values() for fn in fns_]
   if any(getattr(fn, "linear_factor", None) is None for fn in fns):
     return True
-  if any(method_of(fn) in (None, "synthetic")
+  if any(not getattr(fn, "homogeneous", False)
          for fn in declarations.backward.values()):
     return True
   tasks = list(declarations.tasks.values())

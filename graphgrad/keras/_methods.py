@@ -1,28 +1,25 @@
-"""The backward replacements of ``gg.backward`` on Keras layers.
+"""The Keras tape's side of a backward replacement's context.
 
-Feedback alignment, DFA and synthetic gradients run the equations of their
-``gg.backward`` replacement on the tensors a Keras layer's ``call`` saw:
-the projection and the modules are the replacement's own methods, and their
-variables (feedback matrices, synthetic-gradient modules) are made once per
-plan from the same seeds and keys as on a ``GradientPlan``, in the plan's
-:class:`MethodVariables`, which ``tf.train.Checkpoint`` saves. A
-user-written replacement maps a :class:`KerasBackwardContext` to one
-gradient per ``context.inputs`` tensor (or a ``BackwardResult``), checked as
-on a ``GradientPlan``.
+A ``gg.backward`` replacement runs on a Keras layer call as on a
+``GradientPlan``: the tape makes a ``gg.backward.BackwardContext`` whose
+executor is a :class:`TapeBackward` (the VJP is the tape that recorded the
+call, on which the replacement's own ops are recorded too; a dense layer is
+a ``Dense`` layer's kernel product; variables live in the plan's
+:class:`MethodVariables`, which ``tf.train.Checkpoint`` saves), and calls
+the replacement. A replacement's ``check`` and ``cuts`` see the model's
+layers as :class:`KerasLayers`.
 """
 
-import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
+from graphgrad.core._gradients import dense
 from graphgrad.keras._layer_index import tf_variable
+from graphgrad.keras._tape_backward import call_vjp
 from graphgrad.methods import _replacement
-from graphgrad.methods._dfa import DirectFeedbackAlignment
-from graphgrad.methods._fa import FeedbackAlignment
-from graphgrad.methods._synthetic import SyntheticGradients
 
 GradsAndVars = List[Tuple[Gradient, tf.Variable]]
 
@@ -30,12 +27,13 @@ GradsAndVars = List[Tuple[Gradient, tf.Variable]]
 class MethodVariables(tf.Module):
   """The variables a plan's training methods own, by key.
 
-  Keys are ``"feedback_alignment/<layer>"``, ``"dfa_<i>/<layer>"`` (the
-  feedback matrices, as the TF1 plan keys them) and
-  ``"synthetic/<layer>/<i>/kernel_<j>"`` (``bias_<j>``). The values are
-  ``tf.Variable`` objects, tracked for ``tf.train.Checkpoint``. ``states``
-  holds the state modules of stateful task-combination methods (GradVac,
-  Nash-MTL), by ``"combine_tasks/<layer>"``, tracked as well.
+  A replacement's ``context.variable(key, ...)`` on layer ``<layer>`` is
+  kept under ``"<first part of key>/<layer>/<rest of key>"``:
+  ``"feedback_alignment/<layer>"``, ``"dfa_<i>/<layer>"`` (the feedback
+  matrices) and ``"synthetic/<layer>/<i>/kernel_<j>"`` (``bias_<j>``). The
+  values are ``tf.Variable`` objects, tracked for ``tf.train.Checkpoint``.
+  ``states`` holds the state modules of stateful task-combination methods
+  (GradVac, Nash-MTL), by ``"combine_tasks/<layer>"``, tracked as well.
   """
 
   def __init__(self):
@@ -65,228 +63,170 @@ class MethodVariables(tf.Module):
     return self.states[key]
 
 
-@dataclasses.dataclass(frozen=True)
-class KerasBackwardContext:
-  """What a backward replacement sees of one call of a Keras layer.
-
-  Attributes:
-    layer: the Keras layer whose backward pass is replaced.
-    name: its path in the model (``"outer/inner"`` for a nested layer).
-    inputs: the floating-point tensors the call received; return one
-      gradient per tensor, in this order.
-    outputs: the floating-point tensors it returned.
-    upstream: the gradients at ``outputs`` (after the layer's upstream
-      transform); entries may be ``None``.
-    upstream_of: ``path -> [grad per output]``: the complete gradient at
-      the outputs of a layer above (one the replacement reads, such as the
-      error layer of direct feedback alignment).
-    chain_rule: ``() -> [grad per input]``: what plain backpropagation of
-      ``upstream`` through the call gives.
-    variables: the plan's :class:`MethodVariables`.
-    labels: the ``labels`` given to ``plan.tape(labels=...)``, or ``None``.
-
-  Example:
-    A replacement that sends half of the chain rule's gradient below ``l2``:
-
-    >>> import tensorflow as tf, graphgrad as gg
-    >>> ones = dict(use_bias=False, kernel_initializer="ones")
-    >>> model = tf.keras.Sequential([
-    ...     tf.keras.Input((1,)), tf.keras.layers.Dense(1, name="l1", **ones),
-    ...     tf.keras.layers.Dense(1, name="l2", **ones)])
-    >>> halved = lambda ctx: [0.5 * g for g in ctx.chain_rule()]
-    >>> plan = gg.KerasPlan(model).replace_backward("l2", halved)
-    >>> with plan.tape() as tape:
-    ...   loss = tf.reduce_sum(3.0 * model(tf.constant([[2.0]])))
-    >>> [g.numpy().tolist() for g in tape.gradient(loss)]  # l1, l2 kernels
-    [[[3.0]], [[6.0]]]
-  """
-  layer: Any
-  name: str
-  inputs: Sequence[tf.Tensor]
-  outputs: Sequence[tf.Tensor]
-  upstream: Sequence[Gradient]
-  upstream_of: Callable[[str], List[Gradient]]
-  chain_rule: Callable[[], List[Gradient]]
-  variables: MethodVariables
-  labels: Optional[tf.Tensor] = None
-
-
-_FIX = "Give the model's input a static shape (keras.Input(shape=...))."
-
-
-def _matrix(ctx: KerasBackwardContext, key: str,
-            value: Callable[[], tf.Tensor]) -> tf.Variable:
-  """The fixed matrix under ``key``, made once from ``value()``."""
-  return ctx.variables.get(f"{key}/{ctx.name}", value, trainable=False,
-                           name="B")
-
-
-# -- feedback alignment --------------------------------------------------------
-
-def dense_parts(layer, path: str):
+def dense_parts(layer, path: str, who: str):
   """``(kernel, bias, activation)`` of a Dense layer, or raises."""
   kernel = tf_variable(getattr(layer, "kernel", None))
   if kernel is None or kernel.shape.rank != 2 or not hasattr(
       layer, "activation"):
     raise _errors.UnsupportedGraphError(
-        f"feedback_alignment: layer {path!r} ({type(layer).__name__}) must "
-        f"be a built Dense layer, with a 2-D `kernel` and an `activation`. "
-        f"Use direct_feedback_alignment() or synthetic() for other layer "
-        f"types.")
+        f"{who}: layer {path!r} ({type(layer).__name__}) must be a built "
+        f"Dense layer, with a 2-D `kernel` and an `activation`. Use "
+        f"direct_feedback_alignment() or synthetic() for other layer types.")
   bias = tf_variable(getattr(layer, "bias", None))
   return kernel, bias, layer.activation
 
 
-def _feedback_alignment(r, ctx: KerasBackwardContext) -> List[Gradient]:
-  kernel, bias, act = dense_parts(ctx.layer, ctx.name)
-  (x,), (dy,) = ctx.inputs, ctx.upstream
-  if dy is None:
-    return [None]
-  if x.shape.rank != 2:
-    raise _errors.UnsupportedGraphError(
-        f"feedback_alignment: layer {ctx.name!r} got an input of shape "
-        f"{x.shape}; feedback alignment needs a [batch, features] input. "
-        f"Flatten it first (keras.layers.Flatten).")
-  b = _matrix(ctx, "feedback_alignment", lambda: r.matrix_value(
-      ctx.name, kernel.shape, int(kernel.shape[-1])))
-  # delta: the gradient at x @ W, through the bias and activation above it.
-  with tf.GradientTape() as tape:
-    z = tf.matmul(x, tf.cast(kernel, x.dtype))
-    tape.watch(z)
-    y = z if bias is None else tf.nn.bias_add(z, tf.cast(bias, z.dtype))
+class KerasLayers:
+  """A Keras model's layers, as a replacement's ``check`` and ``cuts`` (and
+  ``context.net``) see them in a ``KerasPlan``.
+
+  Args:
+    model: the model.
+    index: the plan's ``LayerIndex`` of it.
+  """
+
+  def __init__(self, model, index):
+    self.model, self._index = model, index
+
+  def __getitem__(self, path: str):
+    """The Keras layer at ``path``."""
+    return self._index[path]
+
+  @property
+  def paths(self) -> Tuple[str, ...]:
+    return self._index.paths
+
+  def find(self, layer, arg: str) -> str:
+    """The path of ``layer``; raises LayerNotFoundError naming ``arg``."""
+    return self._index.find(layer, arg)
+
+  def top_layer(self, who: str, fix: str) -> str:
+    """The last top-level layer holding variables: the model's top.
+
+    Raises:
+      GraphGradError: naming ``who`` and ending with ``fix``, if the model
+        has several outputs, or no layer holds variables yet (unbuilt).
+    """
+    outputs = getattr(self.model, "outputs", None) or ()
+    if len(outputs) > 1:
+      raise _errors.GraphGradError(
+          f"{who}: `error_layer` is needed, because the model has "
+          f"{len(outputs)} outputs. {fix}")
+    tops = [p for p in self.paths if "/" not in p and self[p].weights]
+    if not tops:
+      raise _errors.GraphGradError(
+          f"{who}: `error_layer` is needed, because the model's layers hold "
+          f"no variables yet (it is not built), so the top layer is "
+          f"unknown. {fix} Or build the model first (call it once, or give "
+          f"it a keras.Input).")
+    return tops[-1]
+
+  def check_dense(self, path: str, who: str) -> None:
+    """Refuses a built layer that is not ``Dense``."""
+    layer = self[path]
+    if getattr(layer, "built", False):
+      dense_parts(layer, path, who)
+
+
+class TapeBackward:
+  """The Keras tape's side of one replacement's context.
+
+  ``tape`` is the persistent tape that recorded the layer call; while the
+  replacement runs, it records again (see :func:`run`), so that
+  :meth:`vjp` differentiates what the replacement builds too.
+
+  Args:
+    tape: the call's persistent inner tape.
+    layer: the Keras layer.
+    path: its path.
+    inputs: the call's floating-point inputs, which the tape watched.
+    variables: the plan's :class:`MethodVariables`.
+  """
+
+  def __init__(self, tape: tf.GradientTape, layer, path: str, inputs,
+               variables: MethodVariables):
+    self.tape, self.layer, self.path = tape, layer, path
+    self.inputs = list(inputs)
+    self.variables = variables
+    # Tensors the tape recorded nothing behind: stopping at them is free.
+    self._leaves = {t.ref() for t in self.inputs}
+    self._as_leaf: Dict[Any, tf.Tensor] = {}
+
+  def vjp(self, ys, xs, grad_ys, stop) -> List[Gradient]:
+    # A product dense() recomputed is a source (and a stop) as its leaf.
+    xs = [self._as_leaf.get(x.ref(), x) for x in xs]
+    for s in stop:
+      if self._as_leaf.get(s.ref(), s).ref() not in self._leaves:
+        raise _errors.GraphGradError(
+            f"replace_backward({self.path!r}): context.vjp(stop=...) got "
+            f"{_text(s)}; on a KerasPlan it can stop only at the context's "
+            f"inputs and at context.dense().pre, behind which the tape "
+            f"recorded nothing. Build the tensors to differentiate from "
+            f"those instead.")
+    if not ys or not xs:
+      return [None] * len(xs)
+    grads = None if grad_ys is None else [dense(g) for g in grad_ys]
+    with self.tape.stop_recording():
+      return call_vjp(self.tape, ys, xs, grads)
+
+  def variable(self, key, init, trainable, name) -> tf.Variable:
+    head, _, rest = key.partition("/")
+    full = "/".join(p for p in (head, self.path, rest) if p)
+    return self.variables.get(full, init, trainable, name)
+
+  def dense(self, who: str) -> _replacement.DenseMatMul:
+    kernel, bias, act = dense_parts(self.layer, self.path, who)
+    x = self.inputs[0]  # a Dense call's one input
+    if x.shape.rank != 2:
+      raise _errors.UnsupportedGraphError(
+          f"{who}: layer {self.path!r} got an input of shape {x.shape}; "
+          f"{who} needs a [batch, features] input. Flatten it first "
+          f"(keras.layers.Flatten).")
+    w = tf.cast(kernel, x.dtype)
+    z = tf.matmul(x, w)
+    # The outputs are recomputed from a leaf copy of the product: as a
+    # source or a stop, the product is that leaf, so that nothing but the
+    # product leads from x to them, as in the layer's call.
+    with self.tape.stop_recording():
+      leaf = tf.identity(z)
+    self.tape.watch(leaf)
+    self._leaves.add(leaf.ref())
+    self._as_leaf[z.ref()] = leaf
+    y = leaf if bias is None else tf.nn.bias_add(leaf, tf.cast(bias, z.dtype))
     y = act(y) if act is not None else y
-  delta = tape.gradient(y, z, output_gradients=tf.convert_to_tensor(dy))
-  return [tf.matmul(delta, tf.cast(b, delta.dtype), transpose_b=True)]
+    return _replacement.DenseMatMul(data=x, kernel=w, pre=z, outputs=(y,))
 
 
-# -- direct feedback alignment -------------------------------------------------
-
-def _direct_feedback_alignment(r, ctx: KerasBackwardContext, error_layer):
-  error = [g for g in ctx.upstream_of(error_layer)]
-  if len(error) != 1:
-    raise _errors.GraphGradError(
-        f"direct_feedback_alignment: the error layer {error_layer!r} must "
-        f"have one floating-point output (the logits); it has "
-        f"{len(error)}. Pass error_layer= a layer with a single output.")
-  return r.project(error[0], ctx.inputs, ctx.name,
-                   lambda i, n_err, n_in, value: _matrix(ctx, f"dfa_{i}",
-                                                         value),
-                   fix=_FIX)
+def _text(t) -> str:
+  return t.name if tf.is_symbolic_tensor(t) else f"a tensor of shape {t.shape}"
 
 
-# -- synthetic gradients -------------------------------------------------------
+def run(fn, plan, path: str, tape: tf.GradientTape, xs, outs, upstream,
+        upstream_of, chain_rule, labels) -> Tuple[List[Gradient],
+                                                  GradsAndVars]:
+  """Runs replacement ``fn`` on one call of layer ``path``.
 
-def _module(r, ctx, i, sizes, dtype) -> List[tf.Variable]:
-  """The synthetic module at input ``i``: the TF1 plan's initial values."""
-  prefix = f"synthetic/{ctx.name}/{i}"
-  values: List[tf.Tensor] = []  # the initial values, made on first use
+  The replacement gets a ``BackwardContext`` and runs through
+  ``gg.backward``'s ``run_replacement``, as on the TF1 plan: an exception
+  it raises names the layer, and its result is checked (one gradient like
+  each input, alone or in a ``BackwardResult``).
 
-  def value(k):
-    if not values:
-      values.extend(r.initial_values(ctx.name, i, sizes, dtype))
-    return values[k]
-  made = []
-  for j in range(len(sizes) - 1):
-    made.append(ctx.variables.get(f"{prefix}/kernel_{j}",
-                                  lambda k=2 * j: value(k), True,
-                                  f"kernel_{j}"))
-    made.append(ctx.variables.get(f"{prefix}/bias_{j}",
-                                  lambda k=2 * j + 1: value(k), True,
-                                  f"bias_{j}"))
-  return made
-
-
-def _synthetic(r, ctx: KerasBackwardContext):
-  def train(build):
-    with tf.GradientTape() as tape:
-      module = build()
-    return module, tape.gradient(module.loss, list(module.variables))
-
-  out, extra, _ = r.predict(
-      ctx.inputs, ctx.chain_rule(), ctx.labels, ctx.name,
-      lambda i, sizes, dtype: _module(r, ctx, i, sizes, dtype), train,
-      fix=_FIX)
-  return out, extra
-
-
-# -- dispatch ------------------------------------------------------------------
-
-_METHODS = ((FeedbackAlignment, "feedback_alignment"),
-            (DirectFeedbackAlignment, "direct_feedback_alignment"),
-            (SyntheticGradients, "synthetic"))
-
-def method_of(fn) -> Optional[str]:
-  """``fn``'s name when it is one of gg.backward's methods, else ``None``."""
-  for cls, name in _METHODS:
-    if isinstance(fn, cls):
-      return name
-  return None
-
-
-def check(fn, layer, path: str) -> None:
-  """Refuses, when declared, what the Keras form of ``fn`` cannot do."""
-  method = method_of(fn)
-  if method == "synthetic" and getattr(fn, "labels", None) is not None:
-    raise _errors.GraphGradError(
-        f"replace_backward({path!r}): on a KerasPlan the labels of "
-        f"synthetic(labels=...) only exist inside the training step. "
-        f"Declare gg.backward.synthetic() without labels and pass them "
-        f"each step: `with plan.tape(labels=y_onehot) as tape:`.")
-  if method == "feedback_alignment" and getattr(layer, "built", False):
-    dense_parts(layer, path)
-
-
-def run(fn, ctx: KerasBackwardContext,
-        error_layer: Optional[str]) -> Tuple[List[Gradient], GradsAndVars]:
-  """Runs replacement ``fn`` on one call; returns (grads, extra pairs).
-
-  A user's replacement runs through ``gg.backward``'s ``run_replacement``,
-  as on the TF1 plan: an exception it raises names the layer, and its
-  result is checked (one gradient like each input, of this graph or
-  eager, alone or in a ``BackwardResult``).
+  Returns:
+    ``(gradient per input, (gradient, variable) pairs of its variables)``.
   """
-  method = method_of(fn)
-  where = f"replace_backward({ctx.name!r})"
-  extra: GradsAndVars = []
-  with tf.name_scope(method or "replace_backward"):
-    if method is None:
-      result = _replacement.run_replacement(fn, ctx, where)
-      return list(result.input_grads), list(result.extra_grads_and_vars)
-    if method == "feedback_alignment":
-      grads = _feedback_alignment(fn, ctx)
-    elif method == "direct_feedback_alignment":
-      grads = _direct_feedback_alignment(fn, ctx, error_layer)
-    else:
-      grads, extra = _synthetic(fn, ctx)
-  result = _replacement.checked_result(fn, grads, ctx.inputs, where)
-  return list(result.input_grads), extra
+  layer = plan.layer(path)
+  executor = TapeBackward(tape, layer, path, xs, plan.method_variables)
 
+  def unrecorded_chain_rule():
+    with tape.stop_recording():
+      return chain_rule()
 
-def error_layer(fn, path: str, model, index) -> Optional[str]:
-  """The error layer of ``fn`` if it is DFA's replacement on ``path``.
-
-  DFA projects the gradient at ``fn.error_layer``'s output, by default the
-  last top-level layer that holds variables in ``model``'s ``index``.
-
-  Raises:
-    GraphGradError: if the default is ambiguous (several model outputs) or
-      unknown (the model is not built).
-  """
-  if method_of(fn) != "direct_feedback_alignment":
-    return None
-  if fn.error_layer is not None:
-    return index.find(fn.error_layer, "error_layer")
-  if len(getattr(model, "outputs", None) or ()) > 1:
-    raise _errors.GraphGradError(
-        f"direct_feedback_alignment on {path!r}: `error_layer` is needed, "
-        f"because the model has {len(model.outputs)} outputs. Pass "
-        f"error_layer='...', the layer whose output gradient (the error at "
-        f"the logits) is projected.")
-  tops = [p for p in index.paths if "/" not in p and index[p].weights]
-  if not tops:
-    raise _errors.GraphGradError(
-        f"direct_feedback_alignment on {path!r}: `error_layer` is needed, "
-        f"because the model's layers hold no variables yet (it is not "
-        f"built), so the top layer is unknown. Pass error_layer='...', or "
-        f"build the model first (call it once, or give it a keras.Input).")
-  return tops[-1]
+  ctx = _replacement.BackwardContext(
+      layer=layer, name=path, net=plan.layers, inputs=tuple(xs),
+      outputs=tuple(outs), upstream=tuple(upstream), upstream_of=upstream_of,
+      chain_rule=unrecorded_chain_rule, resources=plan.resources,
+      executor=executor, labels=labels)
+  with tape:  # the replacement's ops are recorded, for context.vjp
+    result = _replacement.run_replacement(fn, ctx,
+                                          f"replace_backward({path!r})")
+  return list(result.input_grads), list(result.extra_grads_and_vars)

@@ -10,7 +10,7 @@ variables the plan's training methods own.
 
 import dataclasses
 import logging
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import tensorflow as tf
 
@@ -38,11 +38,11 @@ class PlanView:
     method_variables: the variables of the plan's training methods.
     fuse_linear: whether a linear upstream rewrite weights one VJP.
     read_layers: layers whose output gradients a replacement reads.
+    layers: the model's layers, as a replacement sees them (``net``).
     layer_names: paths of every layer in the model.
     layer: path -> the Keras layer.
     own_variables: path -> the layer's variables, nested layers' included.
     step_tensor: () -> the global step as a tensor, or ``None``.
-    error_layer: path -> the error layer of DFA on that layer, or ``None``.
     enter_tape: marks a tape open; raises while another one is.
     exit_tape: marks a tape closed.
   """
@@ -53,11 +53,11 @@ class PlanView:
   method_variables: Any
   fuse_linear: bool
   read_layers: Tuple[str, ...]
+  layers: Any
   layer_names: Tuple[str, ...]
   layer: Callable[[str], Any]
   own_variables: Callable[[str], List[tf.Variable]]
   step_tensor: Callable[[], Any]
-  error_layer: Callable[[str], Optional[str]]
   enter_tape: Callable[[Any], None]
   exit_tape: Callable[[Any], None]
 

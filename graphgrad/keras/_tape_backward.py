@@ -60,8 +60,17 @@ def overridden(run, path: str, fn, xs, outs, g) -> list:
   return list(input_grads(call, fn, list(g)))
 
 
+def call_vjp(inner: tf.GradientTape, ys, xs, grads) -> list:
+  """The VJP of one layer call: the gradients of ``ys`` for ``xs`` by the
+  persistent tape ``inner`` that recorded the call.
+
+  The per-layer policy and a replacement's ``context.vjp`` both ask it.
+  """
+  return list(inner.gradient(ys, xs, output_gradients=grads))
+
+
 class _TapeVJP:
-  """The VJP provider of one layer call: its inner tape's ``gradient``."""
+  """The VJP provider of one layer call: :func:`call_vjp`."""
 
   def __init__(self, inner, outs, xs, variables, own):
     self.inner, self.outs, self.xs = inner, outs, xs
@@ -71,8 +80,7 @@ class _TapeVJP:
   def __call__(self, grads, inputs: bool, own: bool, other: bool):
     xs = list(self.xs) if inputs else []
     vs = (self.own if own else []) + (self.other if other else [])
-    res = (self.inner.gradient(self.outs, xs + vs, output_gradients=grads)
-           if xs or vs else [])
+    res = call_vjp(self.inner, self.outs, xs + vs, grads) if xs or vs else []
     n, m = len(xs), len(self.own) if own else 0
     return list(res[:n]), list(res[n:n + m]), list(res[n + m:])
 
@@ -132,7 +140,8 @@ def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
         factor=(fn.linear_factor if fn is not None and plan.fuse_linear
                 else None),
         replace=None if replace is None else lambda gs, chain_rule: (
-            run.replace(step, path, replace, xs, outs, gs, chain_rule)),
+            run.replace(step, path, replace, inner, xs, outs, gs,
+                        chain_rule)),
         override=None if override is None else (
             lambda gs: overridden(run, path, override, xs, outs, gs)))
   result = layer_backward(rules, g, _TapeVJP(inner, outs, xs, variables, own))

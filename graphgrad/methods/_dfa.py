@@ -1,6 +1,6 @@
 """Direct feedback alignment: each layer gets a projection of the top error."""
 
-from typing import Callable, List, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -10,14 +10,21 @@ from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.methods._replacement import (
   Replacement,
-  feedback_matrix,
   feedback_matrix_value,
   static_features,
 )
 from graphgrad.transforms import _validate
 
+_WHICH = ("Pass error_layer='...', the layer whose output gradient (the "
+          "error at the logits) is projected.")
 
-def _error_layer(net: LayerGraph, layer: str, given: Optional[str]) -> str:
+
+def _error_layer(net, layer: str, given: Optional[str]) -> str:
+  """The error layer of DFA on ``layer``: ``given``, or the top layer."""
+  if not isinstance(net, LayerGraph):  # a KerasPlan's layers
+    if given is not None:
+      return net.find(given, "error_layer")
+    return net.top_layer(f"direct_feedback_alignment on {layer!r}", _WHICH)
   if given is not None:
     name = net[given].name
   else:
@@ -26,21 +33,25 @@ def _error_layer(net: LayerGraph, layer: str, given: Optional[str]) -> str:
       raise _errors.GraphGradError(
           f"direct_feedback_alignment: `error_layer` is needed, because "
           f"{len(tops)} layers reach the loss directly "
-          f"({', '.join(tops) or 'none'}). Pass error_layer='...', the layer "
-          f"whose output gradient (the error at the logits) is projected.")
+          f"({', '.join(tops) or 'none'}). {_WHICH}")
     name = tops[0]
   outs = [t for t in net[name].outputs
           if t.dtype.is_floating and not _graph_util.is_handle(t)]
-  if len(outs) != 1:
+  _one_output(name, len(outs))
+  return name
+
+
+def _one_output(name: str, n: int) -> None:
+  if n != 1:
     raise _errors.GraphGradError(
         f"direct_feedback_alignment: the error layer {name!r} must have one "
-        f"floating-point output (the logits); it has {len(outs)}. Pass "
+        f"floating-point output (the logits); it has {n}. Pass "
         f"error_layer= a layer with a single output.")
-  return name
 
 
 class DirectFeedbackAlignment(Replacement):
   name = "direct_feedback_alignment"
+  homogeneous = True
 
   def __init__(self, seed, error_layer, stddev):
     self.seed, self.error_layer, self.stddev = seed, error_layer, stddev
@@ -59,40 +70,26 @@ class DirectFeedbackAlignment(Replacement):
     return feedback_matrix_value(self.seed, f"dfa_{index}", layer,
                                  [n_err, n_in], stddev, dtype)
 
-  def project(self, error, inputs, layer: str, matrix: Callable,
-              **fix) -> List:
-    """``e B_x`` for each input ``x``: what every executor sends below.
-
-    Args:
-      error: the gradient at the error layer's output, or ``None``.
-      inputs: the layer's input tensors.
-      layer: the layer's name, which seeds ``B``.
-      matrix: ``(index, n_err, n_in, value) -> B``, the executor's variable
-        of initial ``value()`` for input ``index``.
-      **fix: ``fix=`` ends the message for an unknown dimension.
-    """
-    if error is None:
+  def backward(self, context):
+    """``e B_x`` for each input ``x``, ``e`` the error layer's gradient."""
+    top = _error_layer(context.net, context.name, self.error_layer)
+    error = list(context.upstream_of(top))
+    _one_output(top, len(error))
+    inputs = context.inputs
+    if error[0] is None:
       return [None] * len(inputs)
-    error = tf.convert_to_tensor(error)
-    n_err = static_features(error, "direct_feedback_alignment error", **fix)
-    e = tf.reshape(error, [-1, n_err])
+    e = tf.convert_to_tensor(error[0])
+    n_err = static_features(e, "direct_feedback_alignment error")
+    e = tf.reshape(e, [-1, n_err])
     out = []
     for i, t in enumerate(inputs):
-      n_in = static_features(t, f"direct_feedback_alignment on {layer!r}",
-                             **fix)
-      b = matrix(i, n_err, n_in, lambda i=i, n_in=n_in: self.matrix_value(
-          layer, i, n_err, n_in))
+      n_in = static_features(
+          t, f"direct_feedback_alignment on {context.name!r}")
+      b = context.variable(f"dfa_{i}", lambda i=i, n_in=n_in: (
+          self.matrix_value(context.name, i, n_err, n_in)))
       g = tf.matmul(tf.cast(e, t.dtype), tf.cast(b, t.dtype))
       out.append(tf.reshape(g, tf.shape(t)))
     return out
-
-  def backward(self, context):
-    top = _error_layer(context.net, context.layer.name, self.error_layer)
-    error, = [g for g in context.upstream_of(top)]
-    return self.project(
-        error, context.inputs, context.layer.name,
-        lambda i, n_err, n_in, value: feedback_matrix(context, f"dfa_{i}",
-                                                      value))
 
   def __repr__(self):
     return (f"direct_feedback_alignment(seed={self.seed!r}, "

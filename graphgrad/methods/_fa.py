@@ -5,51 +5,28 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from graphgrad import _errors
 from graphgrad._types import sum_gradients
-from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.methods._replacement import (
   Replacement,
-  feedback_matrix,
   feedback_matrix_value,
+  kernel_matmul,
 )
 from graphgrad.transforms import _validate
 
 
-def _kernel_matmul(net: LayerGraph, layer: str):
-  """(op, kernel operand index) of the layer's one MatMul with a kernel."""
-  owned = {v.op.name for v in net[layer].variables}
-  found, types = [], sorted({op.type for op in net[layer].ops})
-  for op in net[layer].ops:
-    if op.type != "MatMul":
-      continue
-    for i, t in enumerate(op.inputs):
-      src = t.op
-      while src.type in ("Identity", "Cast") and src.inputs and (
-          _graph_util.read_variable_source(src) is None):
-        src = src.inputs[0].op
-      if _graph_util.read_variable_source(src) in owned:
-        found.append((op, i))
-  if len(found) != 1:
-    raise _errors.UnsupportedGraphError(
-        f"feedback_alignment: layer {layer!r} must be a dense layer, with "
-        f"exactly one MatMul against one of its own 2-D variables; found "
-        f"{len(found)} such MatMul ops among its op types "
-        f"({', '.join(types)}). Use direct_feedback_alignment() or "
-        f"synthetic() for other layer types, or group the layer so that it "
-        f"holds one dense kernel.")
-  return found[0]
-
-
 class FeedbackAlignment(Replacement):
   name = "feedback_alignment"
+  homogeneous = True
 
   def __init__(self, seed, stddev):
     self.seed, self.stddev = seed, stddev
 
   def check(self, net, layer):
-    _kernel_matmul(net, layer)
+    if isinstance(net, LayerGraph):
+      kernel_matmul(net, layer, self.name)
+    else:  # a KerasPlan's layers: a built layer must be Dense
+      net.check_dense(layer, self.name)
 
   def matrix_value(self, layer: str, shape, fan_out: int,
                    dtype=tf.float32) -> tf.Tensor:
@@ -67,35 +44,26 @@ class FeedbackAlignment(Replacement):
                                  dtype)
 
   def backward(self, context):
-    mm, k = _kernel_matmul(context.net, context.layer.name)
-    kernel, data = mm.inputs[k], mm.inputs[1 - k]
-    out = mm.outputs[0]
-    fan = int(out.shape[-1]) if k == 1 else int(out.shape[0])
-    b = feedback_matrix(context, self.name, lambda: self.matrix_value(
-        context.layer.name, kernel.shape, fan))
-    ys = [y for y, g in zip(context.outputs, context.upstream) if g is not None]
-    gys = [g for g in context.upstream if g is not None]
     inputs = list(context.inputs)
+    d = context.dense(self.name)
+    kernel = d.kernel
+    b = context.variable(self.name, lambda: self.matrix_value(
+        context.name, kernel.shape, d.fan_out))
+    ys = [y for y, g in zip(d.outputs, context.upstream) if g is not None]
+    gys = [g for g in context.upstream if g is not None]
     if not ys or not inputs:
       return [None] * len(inputs)
-    # delta: the gradient at the MatMul's output, through the layer's ops
+    # delta: the gradient at the kernel product, through the layer's ops
     # above it (bias, an activation inside the layer).
-    delta, = tf.compat.v1.gradients(ys, [out], grad_ys=gys,
-                                    stop_gradients=inputs)
-    # Paths from the inputs to the outputs that bypass the MatMul.
-    bypass = tf.compat.v1.gradients(ys, inputs, grad_ys=gys,
-                                    stop_gradients=inputs + [out])
+    delta, = context.vjp(ys, [d.pre], gys, stop=inputs)
+    # Paths from the inputs to the outputs that bypass the product.
+    bypass = context.vjp(ys, inputs, gys, stop=inputs + [d.pre])
     if delta is None:
       return bypass
-    # d(data) with B in place of the kernel: the MatMul's own gradient rule.
-    operands = [None, None]
-    operands[k], operands[1 - k] = tf.cast(b, kernel.dtype), data
-    swapped = tf.matmul(operands[0], operands[1],
-                        transpose_a=mm.get_attr("transpose_a"),
-                        transpose_b=mm.get_attr("transpose_b"))
-    d_data, = tf.compat.v1.gradients(swapped, [data], grad_ys=[delta])
-    through = tf.compat.v1.gradients([data], inputs, grad_ys=[d_data],
-                                     stop_gradients=inputs)
+    # d(data) with B in place of the kernel: the product's own gradient.
+    swapped = d.product(tf.cast(b, kernel.dtype))
+    d_data, = context.vjp([swapped], [d.data], [delta])
+    through = context.vjp([d.data], inputs, [d_data], stop=inputs)
     return [sum_gradients([a, c]) for a, c in zip(bypass, through)]
 
   def __repr__(self):
@@ -132,7 +100,9 @@ def feedback_alignment(seed: Optional[int] = None,
     GraphGradError: if ``seed`` is not an int, or ``stddev`` is not a
       positive finite number.
     UnsupportedGraphError: at ``replace_backward``, for a layer that is not
-      dense (no MatMul against its own kernel, e.g. a convolution).
+      dense (no MatMul against its own kernel, e.g. a convolution; in a
+      ``KerasPlan``, a built layer that is not ``Dense``), and in a
+      ``KerasPlan``'s step, for an input that is not ``[batch, features]``.
 
   Example:
     >>> feedback_alignment(seed=0)

@@ -6,10 +6,11 @@ own parameter gradients still come from the true upstream gradient. A
 replacement is a :class:`Replacement` (or any callable) mapping a
 :class:`BackwardContext` to one gradient per input tensor, or to a
 :class:`BackwardResult` that also carries the ``(gradient, variable)`` pairs
-of variables it trains itself. Such variables are made once per plan, in
-its :class:`~graphgrad.transforms.Resources`, from deterministic initial
-values (:func:`feedback_matrix_value`, ``module_values``) that every
-executor calls.
+of variables it trains itself. Both plans make the one context type: it
+differentiates through the executor's VJP (``context.vjp``) and keeps the
+replacement's variables, made once per plan from deterministic initial
+values (:func:`feedback_matrix_value`, ``module_values``), in the plan's
+store (``context.variable``). The TF1 engine's side of it is here.
 """
 
 import dataclasses
@@ -19,6 +20,7 @@ from typing import (
   Callable,
   List,
   Optional,
+  Protocol,
   Sequence,
   Tuple,
   Union,
@@ -29,20 +31,90 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient, gradient_values
-from graphgrad.analysis._layer_graph import Layer, LayerGraph
+from graphgrad.analysis import _graph_util
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources
 
 
 @dataclasses.dataclass(frozen=True)
-class BackwardContext:
-  """What a backward replacement sees of one layer.
+class DenseMatMul:
+  """A dense layer's kernel product ``pre = data @ kernel``, as one executor
+  found it: what :meth:`BackwardContext.dense` gives.
 
   Attributes:
-    layer: the :class:`~graphgrad.Layer` whose backward pass is replaced.
-    net: the analysed layer graph.
-    inputs: the layer's input tensors that need a gradient; return one
-      gradient per tensor, in this order.
+    data: the tensor the kernel multiplies.
+    kernel: the kernel as the product reads it.
+    pre: the product. :meth:`BackwardContext.vjp` differentiates
+      ``outputs`` for it (or stops at it), and it for ``data``.
+    outputs: one tensor per ``context.outputs``, computed through ``pre``.
+    kernel_index: the kernel's operand position, 0 (``kernel @ data``) or
+      1 (``data @ kernel``).
+    transpose_a: the product's ``transpose_a``.
+    transpose_b: the product's ``transpose_b``.
+
+  Example:
+    >>> x, w = tf.ones([2, 3]), tf.ones([3, 4])
+    >>> d = DenseMatMul(data=x, kernel=w, pre=x @ w, outputs=())
+    >>> d.fan_out, float(d.product(2.0 * w)[0, 0])  # feedback's B in W's place
+    (4, 6.0)
+  """
+  data: tf.Tensor
+  kernel: tf.Tensor
+  pre: tf.Tensor
+  outputs: Sequence[tf.Tensor]
+  kernel_index: int = 1
+  transpose_a: bool = False
+  transpose_b: bool = False
+
+  @property
+  def fan_out(self) -> int:
+    """The product's output features."""
+    return int(self.pre.shape[-1] if self.kernel_index == 1
+               else self.pre.shape[0])
+
+  def product(self, kernel: tf.Tensor) -> tf.Tensor:
+    """``data`` times ``kernel`` in the place of the layer's kernel."""
+    operands = [self.data, self.data]
+    operands[self.kernel_index] = kernel
+    return tf.matmul(operands[0], operands[1], transpose_a=self.transpose_a,
+                     transpose_b=self.transpose_b)
+
+
+class BackwardExecutor(Protocol):
+  """What an executor gives a :class:`BackwardContext`: its VJP, its store
+  of method variables and its view of a dense layer."""
+
+  def vjp(self, ys: Sequence[tf.Tensor], xs: Sequence[Any],
+          grad_ys: Optional[Sequence[Gradient]],
+          stop: Sequence[tf.Tensor]) -> List[Gradient]:
+    """The gradients of ``ys`` for ``xs``, none flowing back via ``stop``."""
+
+  def variable(self, key: str, init: Callable[[], tf.Tensor],
+               trainable: bool, name: str) -> tf.Variable:
+    """The layer's variable under ``key``, made from ``init()`` once."""
+
+  def dense(self, who: str) -> DenseMatMul:
+    """The layer's kernel product; raises UnsupportedGraphError if none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardContext:
+  """What a backward replacement sees of one layer, in either plan.
+
+  ``GradientPlan`` and ``KerasPlan`` both make this one type; only
+  ``layer`` and ``net`` hold what each executor analysed.
+
+  Attributes:
+    layer: the layer whose backward pass is replaced: a
+      :class:`~graphgrad.Layer` in a ``GradientPlan``, the Keras layer in a
+      ``KerasPlan``.
+    name: the layer's name (its ``"outer/inner"`` path in a Keras model).
+    net: the layers the plan analysed: the :class:`~graphgrad.LayerGraph`
+      of a ``GradientPlan``, the model's layers in a ``KerasPlan``.
+    inputs: the layer's input tensors that need a gradient (a Keras
+      call's floating-point inputs); return one gradient per tensor, in
+      this order.
     outputs: the layer's output tensors.
     upstream: the gradients at ``outputs`` (after the layer's upstream
       transforms, if any); entries may be ``None``.
@@ -52,16 +124,101 @@ class BackwardContext:
     chain_rule: ``() -> [grad per input]``: builds what plain
       backpropagation of ``upstream`` through the layer gives.
     resources: the plan's store, where the replacement keeps what it
-      creates once per plan (``resources.get_or_create(layer, name, make)``).
+      creates once per plan (``resources.get_or_create(name, key, make)``).
+    executor: the executor's VJP, variable store and dense-layer view,
+      which :meth:`vjp`, :meth:`variable` and :meth:`dense` call.
+    labels: the labels given to a ``KerasPlan``'s ``plan.tape(labels=...)``,
+      else ``None``.
+
+  Example:
+    A replacement that sends half of the chain rule's gradient below ``l2``:
+
+    >>> import tensorflow as tf, graphgrad as gg
+    >>> ones = dict(use_bias=False, kernel_initializer="ones")
+    >>> model = tf.keras.Sequential([
+    ...     tf.keras.Input((1,)), tf.keras.layers.Dense(1, name="l1", **ones),
+    ...     tf.keras.layers.Dense(1, name="l2", **ones)])
+    >>> halved = lambda ctx: [0.5 * g for g in ctx.chain_rule()]
+    >>> plan = gg.KerasPlan(model).replace_backward("l2", halved)
+    >>> with plan.tape() as tape:
+    ...   loss = tf.reduce_sum(3.0 * model(tf.constant([[2.0]])))
+    >>> [g.numpy().tolist() for g in tape.gradient(loss)]  # l1, l2 kernels
+    [[[3.0]], [[6.0]]]
   """
-  layer: Layer
-  net: LayerGraph
+  layer: Any
+  name: str
+  net: Any
   inputs: Sequence[tf.Tensor]
   outputs: Sequence[tf.Tensor]
   upstream: Sequence[Gradient]
   upstream_of: Callable[[str], List[Gradient]]
   chain_rule: Callable[[], List[Gradient]]
   resources: Resources
+  executor: BackwardExecutor
+  labels: Optional[tf.Tensor] = None
+
+  def vjp(self, ys: Sequence[tf.Tensor], xs: Sequence[Any],
+          grad_ys: Optional[Sequence[Gradient]] = None,
+          stop: Sequence[tf.Tensor] = ()) -> List[Gradient]:
+    """The gradients of ``ys`` for ``xs``, by the plan's own VJP.
+
+    ``tf.gradients`` through the plan's gradient function (its overrides
+    included) in a ``GradientPlan``; the tape that recorded the layer call
+    in a ``KerasPlan``, on which everything the replacement builds is
+    recorded too.
+
+    Args:
+      ys: tensors of the layer (``outputs``) or built by the replacement.
+      xs: tensors or variables to differentiate for.
+      grad_ys: one gradient per ``ys`` tensor; ``None`` for ones.
+      stop: tensors no gradient flows back through, as ``tf.gradients``'
+        ``stop_gradients``. On a ``KerasPlan`` these can be only the
+        context's ``inputs`` and ``dense().pre``: its tape recorded nothing
+        behind them.
+
+    Returns:
+      One gradient (or ``None``, where unconnected) per ``xs`` entry.
+
+    Raises:
+      GraphGradError: on a ``KerasPlan``, for another ``stop`` tensor.
+    """
+    return list(self.executor.vjp(list(ys), list(xs),
+                                  None if grad_ys is None else list(grad_ys),
+                                  list(stop)))
+
+  def variable(self, key: str, init: Callable[[], tf.Tensor],
+               trainable: bool = False, name: str = "B") -> tf.Variable:
+    """The replacement's variable ``key`` of this layer, made once per plan.
+
+    In a ``GradientPlan`` it is kept in ``resources`` under ``(name of the
+    layer, key)``; in a ``KerasPlan`` in ``plan.method_variables``, under
+    ``"<first part of key>/<layer>/<rest of key>"``, which
+    ``tf.train.Checkpoint`` saves.
+
+    Args:
+      key: what the variable is, prefixed by the replacement's name
+        (``"feedback_alignment"``, ``"synthetic/0/kernel_0"``).
+      init: makes its initial value; called once.
+      trainable: whether the plan's optimizer may train it.
+      name: the variable's own name.
+    """
+    return self.executor.variable(key, init, trainable, name)
+
+  def dense(self, who: str = "feedback_alignment") -> DenseMatMul:
+    """The layer's kernel product, found by the executor.
+
+    In a ``GradientPlan``: the layer's one MatMul against one of its own
+    2-D variables, in the op graph. In a ``KerasPlan``: a ``Dense`` layer's
+    ``x @ kernel``, recomputed from the call's input, with ``outputs``
+    through its bias and activation.
+
+    Args:
+      who: names the caller in messages.
+
+    Raises:
+      UnsupportedGraphError: for a layer that is not dense.
+    """
+    return self.executor.dense(who)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +242,12 @@ class Replacement:
   A subclass implements :meth:`backward`, mapping a :class:`BackwardContext`
   to one gradient (or ``None``) per ``context.inputs`` tensor, each shaped
   like its tensor, or to a :class:`BackwardResult` when it also trains
-  variables of its own. :meth:`check` refuses, when the replacement is
-  declared, layers it cannot handle; :meth:`cuts` names the layers whose
-  output gradients :meth:`backward` reads with ``context.upstream_of``.
-  What it creates once per plan goes in ``context.resources``. A plain
-  callable taking the context works too.
+  variables of its own. It differentiates with ``context.vjp`` and keeps its
+  variables with ``context.variable``, so that it runs on both plans.
+  :meth:`check` refuses, when the replacement is declared, layers it cannot
+  handle; :meth:`cuts` names the layers whose output gradients
+  :meth:`backward` reads with ``context.upstream_of``. A plain callable
+  taking the context works too.
 
   Example:
     >>> import tensorflow as tf, graphgrad as gg
@@ -107,11 +265,22 @@ class Replacement:
   """
 
   name = "replacement"
+  # Whether what backward() sends below scales with context.upstream (then
+  # a loss scale passes through it unchanged).
+  homogeneous = False
 
-  def check(self, net: LayerGraph, layer: str) -> None:
-    """Raises a ``GraphGradError`` if ``layer`` cannot be handled."""
+  def check(self, net: Any, layer: str) -> None:
+    """Raises a ``GraphGradError`` if ``layer`` cannot be handled.
 
-  def cuts(self, net: LayerGraph, layer: str) -> List[str]:
+    Args:
+      net: the plan's layers, as ``context.net``: a ``LayerGraph`` in a
+        ``GradientPlan``, the model's layers in a ``KerasPlan``.
+      layer: the layer's name.
+    """
+
+  def cuts(self, net: Any, layer: str) -> List[str]:
+    """The layers whose output gradients ``backward`` reads (``net`` as in
+    :meth:`check`)."""
     return []
 
   def backward(self, context: BackwardContext
@@ -127,9 +296,9 @@ class Replacement:
 def run_replacement(fn: Callable, context: Any, where: str) -> BackwardResult:
   """Calls ``fn(context)`` and checks one gradient per input, shaped like it.
 
-  Every executor runs a replacement through here: the TF1 segment engine
-  (with a :class:`BackwardContext`) and ``KerasPlan`` (with its
-  ``KerasBackwardContext``); both contexts have ``inputs``.
+  Every executor runs a replacement through here, with the
+  :class:`BackwardContext` it made: the TF1 segment engine and the Keras
+  tape.
 
   Args:
     fn: the replacement.
@@ -213,19 +382,87 @@ def _check_gradient(fn, g, t, where: str) -> None:
         f"{t.shape} {t.dtype.name}. Return a gradient shaped like the input.")
 
 
+def kernel_matmul(net: LayerGraph, layer: str, who: str
+                  ) -> Tuple[tf.Operation, int]:
+  """(op, kernel operand index) of ``layer``'s one MatMul with a kernel.
+
+  Raises:
+    UnsupportedGraphError: naming ``who``, if the layer has no such MatMul,
+      or several.
+  """
+  owned = {v.op.name for v in net[layer].variables}
+  found, types = [], sorted({op.type for op in net[layer].ops})
+  for op in net[layer].ops:
+    if op.type != "MatMul":
+      continue
+    for i, t in enumerate(op.inputs):
+      src = t.op
+      while src.type in ("Identity", "Cast") and src.inputs and (
+          _graph_util.read_variable_source(src) is None):
+        src = src.inputs[0].op
+      if _graph_util.read_variable_source(src) in owned:
+        found.append((op, i))
+  if len(found) != 1:
+    raise _errors.UnsupportedGraphError(
+        f"{who}: layer {layer!r} must be a dense layer, with exactly one "
+        f"MatMul against one of its own 2-D variables; found {len(found)} "
+        f"such MatMul ops among its op types ({', '.join(types)}). Use "
+        f"direct_feedback_alignment() or synthetic() for other layer types, "
+        f"or group the layer so that it holds one dense kernel.")
+  return found[0]
+
+
+class GraphBackward:
+  """The TF1 segment engine's side of a :class:`BackwardContext`.
+
+  Its VJP is the plan's gradient function (``tf.gradients`` with the plan's
+  overrides and options); its variables are kept in the plan's resources;
+  a dense layer is found in the op graph.
+  """
+
+  def __init__(self, net: LayerGraph, layer: str, resources: Resources,
+               gradients: Callable, options: dict, outputs: Sequence):
+    self.net, self.layer, self.resources = net, layer, resources
+    self.gradients, self.options = gradients, options
+    self.outputs = tuple(outputs)
+
+  def vjp(self, ys, xs, grad_ys, stop) -> List[Gradient]:
+    if not ys or not xs:
+      return [None] * len(xs)
+    return list(self.gradients(ys, xs, grad_ys=grad_ys,
+                               stop_gradients=list(stop), **self.options))
+
+  def variable(self, key, init, trainable, name) -> tf.Variable:
+    return self.resources.get_or_create(
+        self.layer, key,
+        lambda: tf.compat.v1.Variable(init(), trainable=trainable, name=name))
+
+  def dense(self, who: str) -> DenseMatMul:
+    mm, k = kernel_matmul(self.net, self.layer, who)
+    return DenseMatMul(data=mm.inputs[1 - k], kernel=mm.inputs[k],
+                       pre=mm.outputs[0], outputs=self.outputs,
+                       kernel_index=k,
+                       transpose_a=mm.get_attr("transpose_a"),
+                       transpose_b=mm.get_attr("transpose_b"))
+
+
 def engine_hook(net: LayerGraph, name: str, fn: Callable,
                 resources: Resources,
-                extra: List[Tuple[Gradient, tf.Variable]]) -> Callable:
+                extra: List[Tuple[Gradient, tf.Variable]],
+                gradients: Callable, options: dict) -> Callable:
   """Wraps ``fn`` for the segment engine: its arguments in, checked
   gradients out; the result's extra ``(gradient, variable)`` pairs go to
-  ``extra``. An exception ``fn`` raises becomes a ``GraphGradError`` naming
-  the layer."""
+  ``extra``. ``gradients(ys, xs, grad_ys=, stop_gradients=, **options)``
+  is the context's VJP: the plan's gradient function. An exception ``fn``
+  raises becomes a ``GraphGradError`` naming the layer."""
   def run(layer, outputs, upstream, inputs, upstream_of, chain_rule):
-    ctx = BackwardContext(layer=net[layer], net=net, inputs=tuple(inputs),
-                          outputs=tuple(outputs), upstream=tuple(upstream),
-                          upstream_of=upstream_of, chain_rule=chain_rule,
-                          resources=resources)
-    with tf.name_scope(f"replace_backward_{ctx.layer.name}".replace("/", "_")):
+    ctx = BackwardContext(
+        layer=net[layer], name=net[layer].name, net=net, inputs=tuple(inputs),
+        outputs=tuple(outputs), upstream=tuple(upstream),
+        upstream_of=upstream_of, chain_rule=chain_rule, resources=resources,
+        executor=GraphBackward(net, net[layer].name, resources, gradients,
+                               options, outputs))
+    with tf.name_scope(f"replace_backward_{ctx.name}".replace("/", "_")):
       result = run_replacement(fn, ctx, f"replace_backward({name!r})")
     extra.extend(result.extra_grads_and_vars)
     return result.input_grads
@@ -267,16 +504,9 @@ def feedback_matrix_value(seed: Optional[int], name: str, layer: str, shape,
       dtype=dtype)
 
 
-def feedback_matrix(context: BackwardContext, key: str,
-                    value: Callable[[], tf.Tensor]) -> tf.Variable:
-  """A fixed matrix with initial ``value()``, one variable per plan."""
-  return context.resources.get_or_create(
-      context.layer.name, f"{key}/B",
-      lambda: tf.compat.v1.Variable(value(), trainable=False, name="B"))
-
-
 def static_features(t: tf.Tensor, what: str, fix: str = (
-    "Give the input a static shape (tf.ensure_shape or set_shape).")) -> int:
+    "Give the input a static shape (tf.ensure_shape or set_shape in a "
+    "tf.Graph; keras.Input(shape=...) for a Keras model).")) -> int:
   """The number of features per example of ``t``: its non-batch dims' size.
 
   Raises:

@@ -1,12 +1,14 @@
 """Synthetic gradients: a trained module predicts a layer's input gradient."""
 
 import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad._types import Gradient
+from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.methods._replacement import (
   BackwardContext,
   BackwardResult,
@@ -72,87 +74,63 @@ class SyntheticGradients(Replacement):
     self.loss_weight = loss_weight
     self.seed = seed
 
+  def check(self, net, layer):
+    if self.labels is not None and not isinstance(net, LayerGraph):
+      raise _errors.GraphGradError(
+          f"replace_backward({layer!r}): on a KerasPlan the labels of "
+          f"synthetic(labels=...) only exist inside the training step. "
+          f"Declare gg.backward.synthetic() without labels and pass them "
+          f"each step: `with plan.tape(labels=y_onehot) as tape:`.")
+
   def initial_values(self, layer: str, index: int, sizes: Sequence[int],
                      dtype=tf.float32) -> List[tf.Tensor]:
     """The initial values of the module at ``layer``'s input ``index``, as
     every executor makes them (see :func:`module_values`)."""
     return module_values(self.seed, layer, index, sizes, dtype)
 
-  def _variables(self, context, index, sizes, dtype) -> List[tf.Variable]:
-    layer = context.layer.name
-    def make():
-      values = self.initial_values(layer, index, sizes, dtype)
-      return [tf.compat.v1.Variable(
-          v, name=f"{'kernel' if j % 2 == 0 else 'bias'}_{j // 2}")
-              for j, v in enumerate(values)]
-    return context.resources.get_or_create(
-        layer, f"synthetic/variables_{index}", make)
-
   def modules(self, plan) -> Dict[str, SyntheticModule]:
     """Input tensor name -> its :class:`SyntheticModule`, in one built plan.
 
     Args:
-      plan: a built plan that declared this replacement (on any number of
-        layers); each plan has its own modules.
+      plan: a built ``GradientPlan`` that declared this replacement (on any
+        number of layers); each plan has its own modules.
     """
     layers = [l for l, r in plan.declarations.backward.items() if r is self]
     return {m.input.name: m for l in layers
             for m in plan.resources.of_layer(l).values()
-            if isinstance(m, SyntheticModule) and m.input is not None}
+            if isinstance(m, SyntheticModule) and m.input is not None
+            and tf.is_symbolic_tensor(m.input)}
 
-  def predict(self, inputs, true, labels, layer: str, variables_of: Callable,
-              train: Callable, **fix):
-    """Synthetic gradients at ``inputs``: what every executor sends below.
-
-    Args:
-      inputs: the layer's input tensors.
-      true: the chain rule's gradient at each input (``None`` where the
-        input does not reach the outputs).
-      labels: the labels the modules are conditioned on, or ``None``.
-      layer: the layer's name, which seeds the modules.
-      variables_of: ``(index, sizes, dtype) -> variables`` of the module at
-        input ``index`` (the executor's store).
-      train: ``build -> (module, grads)``: calls ``build()`` and returns
-        the gradients of the module's loss for its variables.
-      **fix: ``fix=`` ends the message for an unknown dimension.
-
-    Returns:
-      ``(gradient per input, (grad, var) pairs, {index: SyntheticModule})``.
-    """
+  def backward(self, context: BackwardContext) -> BackwardResult:
+    """Each input's module's prediction below; its pairs to train it."""
+    labels = self.labels if self.labels is not None else context.labels
     out: List[Optional[tf.Tensor]] = []
-    extra: List[Tuple[tf.Tensor, tf.Variable]] = []
-    modules: Dict[int, SyntheticModule] = {}
-    for i, (x, target) in enumerate(zip(inputs, true)):
+    extra: List[Tuple[Gradient, tf.Variable]] = []
+    for i, (x, target) in enumerate(zip(context.inputs, context.chain_rule())):
       if target is None:  # the input does not reach the outputs
         out.append(None)
         continue
-      module, grads = train(lambda i=i, x=x, target=target: self._module(
-          labels, layer, i, x, target, variables_of, fix))
+      module = self._module(context, labels, i, x, target)
+      grads = context.vjp([module.loss], list(module.variables))
       extra += zip(grads, module.variables)
-      modules[i] = module
+      context.resources.put(context.name, f"synthetic/module_{i}", module)
       out.append(module.prediction)
-    return out, extra, modules
-
-  def backward(self, context: BackwardContext) -> BackwardResult:
-    layer = context.layer.name
-
-    def train(build):
-      module = build()
-      return module, tf.compat.v1.gradients(module.loss,
-                                            list(module.variables))
-
-    out, extra, modules = self.predict(
-        context.inputs, context.chain_rule(), self.labels, layer,
-        lambda i, sizes, dtype: self._variables(context, i, sizes, dtype),
-        train)
-    for i, module in modules.items():
-      context.resources.put(layer, f"synthetic/module_{i}", module)
     return BackwardResult(out, extra)
 
-  def _module(self, labels, layer, i, x, target, variables_of,
-              fix) -> SyntheticModule:
-    z, n = module_input(x, labels, layer, **fix)
-    variables = variables_of(i, [int(z.shape[-1]), *self.hidden, n], x.dtype)
+  def _module(self, context, labels, i, x, target) -> SyntheticModule:
+    z, n = module_input(x, labels, context.name)
+    sizes = [int(z.shape[-1]), *self.hidden, n]
+    values: List[tf.Tensor] = []  # the initial values, made on first use
+
+    def value(k):
+      if not values:
+        values.extend(self.initial_values(context.name, i, sizes, x.dtype))
+      return values[k]
+    variables = [context.variable(
+        f"synthetic/{i}/{'kernel' if k % 2 == 0 else 'bias'}_{k // 2}",
+        lambda k=k: value(k), trainable=True,
+        name=f"{'kernel' if k % 2 == 0 else 'bias'}_{k // 2}")
+                 for k in range(2 * (len(sizes) - 1))]
     prediction = tf.reshape(mlp(z, variables), tf.shape(x), name="prediction")
     target = tf.stop_gradient(tf.convert_to_tensor(target), name="target")
     loss = tf.multiply(tf.cast(self.loss_weight, x.dtype),
@@ -240,8 +218,8 @@ def _check_hidden(hidden) -> Tuple[int, ...]:
   return hidden
 
 
-def module_input(x: tf.Tensor, labels: Optional[tf.Tensor], layer: str,
-                 fix: Optional[str] = None) -> Tuple[tf.Tensor, int]:
+def module_input(x: tf.Tensor, labels: Optional[tf.Tensor],
+                 layer: str) -> Tuple[tf.Tensor, int]:
   """A synthetic module's input at ``x`` of ``layer``, and ``x``'s features.
 
   ``[stop_gradient(x), labels]``, each flattened to ``[batch, n]``; both
@@ -249,13 +227,12 @@ def module_input(x: tf.Tensor, labels: Optional[tf.Tensor], layer: str,
 
   Raises:
     UnsupportedGraphError: if ``x`` or ``labels`` has an unknown non-batch
-      dimension; ``fix`` (if given) ends the message.
+      dimension.
   """
-  more = {} if fix is None else {"fix": fix}
-  n = static_features(x, f"synthetic on {layer!r}", **more)
+  n = static_features(x, f"synthetic on {layer!r}")
   feats = [tf.reshape(tf.stop_gradient(x), [-1, n])]
   if labels is not None:
-    n_labels = static_features(labels, "synthetic `labels`", **more)
+    n_labels = static_features(labels, "synthetic `labels`")
     cast = tf.cast(tf.stop_gradient(labels), x.dtype)
     feats.append(tf.reshape(cast, [-1, n_labels]))
   return (tf.concat(feats, 1) if len(feats) > 1 else feats[0]), n

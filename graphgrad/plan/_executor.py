@@ -31,7 +31,11 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
-from graphgrad.core._declaration_model import Declaration, Declarations
+from graphgrad.core._declaration_model import (
+  Declarations,
+  ParameterTasksDeclaration,
+  TasksDeclaration,
+)
 from graphgrad.core._gradients import aggregate
 from graphgrad.methods import _pcgrad, _replacement
 from graphgrad.plan import _loss_scale_optimizer, _op_override, _recompute
@@ -274,9 +278,10 @@ class _Executor:
 
   def _backward_hook(self, layer: str, fn: Callable) -> Callable:
     return _replacement.engine_hook(self.net, layer, fn, self.resources,
-                                 self.extra)
+                                    self.extra, self.gradients_fn,
+                                    self.options.gradients_kwargs)
 
-  def _tasks_hook(self, declared: Declaration) -> Callable:
+  def _tasks_hook(self, declared: TasksDeclaration) -> Callable:
     return _pcgrad.output_rewrite(self.loss, declared.losses or (),
                                   declared.method,
                                   f"combine_tasks_{declared.layer}",
@@ -285,14 +290,15 @@ class _Executor:
 
   # -- parameter gradients ---------------------------------------------------
 
-  def _combined(self, declared: Declaration) -> Set[str]:
+  def _combined(self, declared: ParameterTasksDeclaration) -> Set[str]:
     """The op names of the variables a parameter-space combination takes."""
     layers = declared.layers
     return {v.op.name for v in self.var_list
             if layers is None or self.net.layer_of_variable(v) in layers}
 
-  def _combine_parameters(self, declared: Declaration, out: GradsAndVars,
-                          chosen: Set[str], plain: bool) -> None:
+  def _combine_parameters(self, declared: ParameterTasksDeclaration,
+                          out: GradsAndVars, chosen: Set[str],
+                          plain: bool) -> None:
     """The task combination in parameter space, on its entries of ``out``.
 
     Each task loss takes one call of the plan's gradient function (as every

@@ -29,7 +29,7 @@ class Resources:
   Values are created at most once per ``(layer, name)`` key, in creation
   order. ``layer`` is the layer the resource belongs to (``None`` for a
   plan-wide one); ``name`` says what it is, prefixed by its creator's name by
-  convention (``"feedback_alignment/B"``).
+  convention (``"feedback_alignment"``, ``"synthetic/0/kernel_0"``).
   """
 
   def __init__(self, modules: Sequence[tf.Module] = ()):

@@ -147,6 +147,52 @@ def test_user_replacement_gets_the_keras_context(K):
   assert not np.allclose(got[0], _grads(plain, model, x)[0][0])
 
 
+class _HalfThroughKernel(gg.backward.Replacement):
+  """Half of what the kernel product sends below, by context.dense and
+  context.vjp alone (as the TF1 test of the same name)."""
+
+  name = "half_through_kernel"
+
+  def backward(self, context):
+    d = context.dense()
+    delta, = context.vjp(d.outputs, [d.pre], context.upstream,
+                         stop=context.inputs)
+    return context.vjp([d.pre], context.inputs, [0.5 * delta])
+
+
+def test_a_replacement_differentiates_through_the_context_vjp(K):
+  inp = K.Input((6,))
+  l1 = K.layers.Dense(5, activation="relu", name="l1")
+  l2 = K.layers.Dense(3, activation="tanh", name="l2")
+  model = K.Model(inp, l2(l1(inp)))
+  x = _x()
+  plan = gg.KerasPlan(model).replace_backward("l2", _HalfThroughKernel())
+  got = [g for g, _ in _grads(plan, model, x)]
+  # By hand: l1 trains on 0.5 * delta W^T, delta the gradient at x @ W.
+  with tf.GradientTape(persistent=True) as tape:
+    h = l1(x)
+    z = tf.matmul(h, l2.kernel)
+    loss = tf.reduce_sum(tf.sin(tf.tanh(z + l2.bias)))
+  delta = tape.gradient(loss, z)
+  d_h = 0.5 * tf.matmul(delta, l2.kernel, transpose_b=True)
+  want = (tape.gradient(h, [l1.kernel, l1.bias], output_gradients=d_h)
+          + tape.gradient(loss, [l2.kernel, l2.bias]))
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def test_the_context_vjp_stops_only_where_the_tape_recorded_nothing(K):
+  model = _chain(K)
+  plan = gg.KerasPlan(model).replace_backward(
+      "l2", lambda ctx: ctx.vjp(ctx.outputs, ctx.inputs, ctx.upstream,
+                                stop=ctx.outputs))
+  with pytest.raises(gg.GraphGradError,
+                     match=r"replace_backward\('l2'\): context.vjp\(stop="
+                           r"\.\.\.\) got .*it can stop only at the "
+                           r"context's inputs and at context.dense\(\).pre"):
+    _grads(plan, model, _x())
+
+
 @pytest.mark.parametrize("bad, match", [
     (lambda ctx: [], r"returned 0 gradients for 1 input tensors"),
     (lambda ctx: [tf.zeros([2])], r"returned a gradient of shape \(2,\)"),

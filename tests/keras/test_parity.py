@@ -60,6 +60,21 @@ def _tasks(name, outs, labels):
   return [ce(labels[0], outs[0]), -0.2 * ce(labels[0][::-1], outs[0])]
 
 
+class _ScaledVJP(gg.backward.Replacement):
+  """A user's replacement written once for both plans: ``c`` times the
+  chain rule, through ``context.vjp``, with ``c`` a variable of the plan
+  (``context.variable``), 0.5 until the test sets it."""
+
+  name = "scaled_vjp"
+
+  def backward(self, context):
+    c = context.variable(self.name, lambda: tf.constant(0.5), name="B")
+    pairs = [(y, g) for y, g in zip(context.outputs, context.upstream)
+             if g is not None]
+    return context.vjp([y for y, _ in pairs], context.inputs,
+                       [c * g for _, g in pairs], stop=context.inputs)
+
+
 def _declare(decl, shape, plan, tf1_side, labels=None, tasks=None):
   s = SHAPES[shape]
   T, B = gg.transforms, gg.backward
@@ -92,6 +107,9 @@ def _declare(decl, shape, plan, tf1_side, labels=None, tasks=None):
     for layer in s["replaced"]:
       plan.replace_backward(layer, B.synthetic(
           hidden=(4,), seed=5, labels=labels if tf1_side else None))
+  elif decl == "user_vjp":
+    for layer in s["replaced"]:
+      plan.replace_backward(layer, _ScaledVJP())
   elif decl == "project_conflicts":
     if tf1_side:
       plan.project_conflicts(s["shared"], tasks)
@@ -212,7 +230,7 @@ def _compare(got, want, where):
 
 DECLARATIONS = ["upstream", "gradients", "clip_by_global_norm", "trust_ratio",
                 "edge", "feedback_alignment", "upstream+feedback_alignment",
-                "dfa", "synthetic",
+                "dfa", "synthetic", "user_vjp",
                 "project_conflicts"]
 
 

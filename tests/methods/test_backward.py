@@ -416,14 +416,64 @@ def test_feedback_matrices_are_made_once_per_plan_and_equal_for_one_seed():
     other = gg.GradientPlan(loss).replace_backward("l2", fa)
     one.compute_gradients()
     other.compute_gradients()
-    b1, b2 = (p.resources.get("l2", "feedback_alignment/B")
+    b1, b2 = (p.resources.get("l2", "feedback_alignment")
               for p in (one, other))
-    b3 = one.resources.get("l3", "dfa_0/B")
+    b3 = one.resources.get("l3", "dfa_0")
     assert b1 is not b2 and one.resources.variables() == (b3, b1)
     v1, v2, v3 = evaluate([b1, b2, b3])
   np.testing.assert_array_equal(v1, v2)
   np.testing.assert_allclose(v1, expected[0], rtol=1e-6)
   np.testing.assert_allclose(v3, expected[1], rtol=1e-6)
+
+
+class _HalfThroughKernel(B.Replacement):
+  """Half of what the kernel product sends below, by context.dense and
+  context.vjp alone."""
+
+  name = "half_through_kernel"
+
+  def backward(self, context):
+    d = context.dense()
+    delta, = context.vjp(d.outputs, [d.pre], context.upstream,
+                         stop=context.inputs)
+    return context.vjp([d.pre], context.inputs, [0.5 * delta])
+
+
+def test_a_replacement_differentiates_through_the_context_vjp(graph):
+  loss, logits, (h,) = _mlp(2, tf.tanh)
+  gv = gg.GradientPlan(loss).replace_backward(
+      "l2", _HalfThroughKernel()).compute_gradients()
+  w = trainable("l2")[0]
+  delta = tf1.gradients(loss, logits)[0] * (1 - logits**2)  # through tanh
+  ref_l1 = tf1.gradients(h, trainable("l1"),
+                         grad_ys=0.5 * tf.matmul(delta, w, transpose_b=True))
+  got_l1, got_l2, ref_l1, true_l2 = evaluate(
+      [grads_of(gv, "l1"), grads_of(gv, "l2"), ref_l1,
+       tf1.gradients(loss, trainable("l2"))])
+  for a, e in zip(got_l1 + got_l2, ref_l1 + true_l2):
+    np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-7)
+
+
+def test_the_context_vjp_takes_the_plans_overrides(graph):
+  x = tf.constant(X)
+  h = tf.nn.relu(dense(x, 4, "l1"))
+  with tf1.variable_scope("q"):
+    w = tf1.get_variable("w", initializer=tf.constant(
+        np.linspace(-1.0, 1.0, 12).reshape(4, 3), tf.float32))
+    m = 4.0 * tf.matmul(h, w)
+    q = tf.round(m) / 4.0
+  loss = tf.reduce_sum(tf.square(q - 0.3))
+  gv = (gg.GradientPlan(loss).straight_through("Round")
+        .replace_backward("q", lambda ctx: ctx.vjp(ctx.outputs, ctx.inputs,
+                                                   ctx.upstream))
+        .compute_gradients())
+  # The straight-through estimator by hand: round's gradient is identity.
+  ste = (m + tf.stop_gradient(tf.round(m) - m)) / 4.0
+  ref = tf1.gradients(tf.reduce_sum(tf.square(ste - 0.3)), trainable("l1"))
+  got, ref = evaluate([grads_of(gv, "l1"), ref])
+  assert np.any(got[0] != 0)
+  for a, e in zip(got, ref):
+    np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-7)
 
 
 def test_a_replacement_returns_extra_grads_andtrainable(graph):

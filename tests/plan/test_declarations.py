@@ -77,6 +77,41 @@ def test_overrides_are_declarations_of_their_own_kind():
     d.add_override(("name", "Round"), half, "straight_through")
 
 
+@pytest.mark.parametrize("owner", ["GradientPlan", "KerasPlan"])
+def test_a_layer_has_an_override_or_a_replacement_not_both(owner):
+  d = Declarations(resolve=lambda name, arg: name, owner=owner)
+  half = lambda op, g: 0.5 * g  # noqa: E731
+  same = lambda ctx: list(ctx.upstream)  # noqa: E731
+  d.add_override(("layer", "quant"), half, "straight_through")
+  with pytest.raises(gg.GraphGradError,
+                     match=r"replace_backward: layer 'quant' already has an "
+                           r"override .*a layer has one of the two"):
+    d.add_backward("quant", same)
+  d.add_backward("fc2", same)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"straight_through: layer 'fc2' already has the "
+                           r"backward replacement .*a layer has one of the "
+                           r"two"):
+    d.add_override(("layer", "fc2"), half, "straight_through")
+  # An op's override inside a replaced layer is no conflict: the
+  # replacement's context.vjp takes it.
+  d.add_override(("name", "fc2/Round"), half, "override_gradient")
+  assert [type(x).__name__ for x in d] == [
+      "OverrideDeclaration", "BackwardDeclaration", "OverrideDeclaration"]
+  assert d.backward == {"fc2": same} and len(d.overrides) == 2
+
+
+def test_each_kind_is_a_dataclass_of_its_own():
+  d = Declarations(resolve=lambda name, arg: name, owner="GradientPlan")
+  d.add_edge("l1", "l2", T.reverse(0.3))
+  d.add_tasks("l1", [1.0, 2.0], gg.mtl.pcgrad())
+  edge, tasks = d
+  assert (edge.layer, edge.upper, edge.kind) == ("l1", "l2",
+                                                 DeclarationKind.EDGE)
+  assert tasks.losses == (1.0, 2.0) and d.tasks == {"l1": tasks}
+  assert not hasattr(edge, "losses") and not hasattr(tasks, "upper")
+
+
 def test_plan_accessors_and_trace(graph):
   loss, h = _two_layers()
   plan = gg.GradientPlan(loss, name="gg")
