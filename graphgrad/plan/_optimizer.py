@@ -11,7 +11,10 @@ must update the variables when a session runs it:
   control dependencies of ``tf.function``, so they run inside one, called in
   the tf.Graph; its call op is the train op, and their variables live in the
   tf.Graph, where ``Saver`` sees them;
-* an optimizer class, or an object without ``apply_gradients``, is refused.
+* an optimizer class, or an object without ``apply_gradients``, is refused;
+* so is a wrapper that acts in ``compute_gradients`` (Horovod's all-reduce,
+  a differential-privacy optimizer, PCGrad): a plan computes the gradients
+  itself and calls only ``apply_gradients``, so that work would be skipped.
 """
 
 from typing import Optional
@@ -26,6 +29,12 @@ _FIX = ("Pass an optimizer instance, e.g. "
         "tf.keras.optimizers.SGD(0.1).")
 
 V1, KERAS_V2, KERAS, OTHER = "v1", "keras_v2", "keras", "other"
+
+# Wrappers whose compute_gradients hands back the gradients of the optimizer
+# they wrap unchanged: the aggregation (or the loss scaling, which the plan
+# applies itself) happens in apply_gradients.
+_PASS_THROUGH = (tf.compat.v1.train.SyncReplicasOptimizer,
+                 tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer)
 
 
 def _is_keras(cls) -> bool:
@@ -68,6 +77,7 @@ def check_optimizer(optimizer) -> str:
         f"{optimizer.__name__}. Create one: "
         f"{optimizer.__name__}(learning_rate=...).")
   if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+    _check_gradient_step(optimizer)
     return V1
   cls = type(optimizer)
   if _is_v2(cls):
@@ -79,7 +89,36 @@ def check_optimizer(optimizer) -> str:
         f"`optimizer` must have an apply_gradients(grads_and_vars, "
         f"global_step, name) method, like tf.compat.v1.train.AdamOptimizer; "
         f"got {cls.__name__}. {_FIX}")
+  _check_gradient_step(optimizer)
   return OTHER
+
+
+def _check_gradient_step(optimizer) -> None:
+  """Refuses an optimizer whose class does its own work in
+  ``compute_gradients``, which a plan never calls.
+
+  Raises:
+    GraphGradError: naming the class and what to declare instead.
+  """
+  owner = next((c for c in type(optimizer).__mro__
+                if "compute_gradients" in vars(c)), None)
+  if (owner is None or owner is tf.compat.v1.train.Optimizer
+      or issubclass(owner, _PASS_THROUGH)
+      or owner.__module__.split(".")[0] == "graphgrad"):
+    return
+  cls = type(optimizer)
+  raise _errors.GraphGradError(
+      f"`optimizer` {cls.__module__}.{cls.__name__} overrides "
+      f"compute_gradients (in {owner.__name__}), which a plan never calls: "
+      f"the plan computes the gradients itself and calls only "
+      f"apply_gradients, so that method's work would be skipped. Declare "
+      f"it in the plan and apply with the optimizer it wraps: for an "
+      f"all-reduce (Horovod's DistributedOptimizer), "
+      f"gg.GradientPlan(loss, reduce_fn=...); for a differential-privacy "
+      f"optimizer, plan.privatize(l2_norm_clip, noise_multiplier); for "
+      f"PCGrad, plan.combine_tasks(layers, losses, gg.mtl.pcgrad(), "
+      f"at=\"parameters\"). Wrappers that act in apply_gradients "
+      f"(SyncReplicasOptimizer, gg.AfterAggregation) are accepted.")
 
 
 def train_op(optimizer, grads_and_vars: GradsAndVars, graph: tf.Graph,

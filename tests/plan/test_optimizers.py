@@ -200,3 +200,108 @@ def test_keras_optimizer_keeps_sparse_gradients_correct(graph, module):
   grad = np.zeros((4, 2), np.float32)
   grad[0], grad[2] = 0.5, 1.0  # row 2 is looked up twice
   np.testing.assert_array_equal(after, before - np.float32(LR) * grad)
+
+
+# -- wrappers that act in compute_gradients ---------------------------------
+
+class _HorovodLike:
+  """As horovod.tensorflow.DistributedOptimizer: a subclass of the wrapped
+  optimizer's class, made at run time, whose compute_gradients all-reduces."""
+
+  def __init__(self, optimizer):
+    self._optimizer = optimizer
+
+  def compute_gradients(self, *args, **kwargs):
+    gv = self._optimizer.compute_gradients(*args, **kwargs)
+    return [(g / 2.0 + g / 2.0, v) for g, v in gv]  # a two-replica mean
+
+  def apply_gradients(self, *args, **kwargs):
+    return self._optimizer.apply_gradients(*args, **kwargs)
+
+
+def _horovod_like(optimizer):
+  cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+             {k: v for k, v in vars(_HorovodLike).items()
+              if k in ("compute_gradients", "apply_gradients")})
+  wrapped = cls.__new__(cls)
+  wrapped.__dict__.update(optimizer.__dict__)
+  wrapped._optimizer = optimizer
+  return wrapped
+
+
+class PCGradLike(tf1.train.Optimizer):
+  """As PCGrad_tf.py: projects the task gradients in compute_gradients."""
+
+  def __init__(self, optimizer):
+    super().__init__(use_locking=False, name="PCGrad")
+    self._optimizer = optimizer
+
+  def compute_gradients(self, loss, var_list=None, **kwargs):
+    losses = loss if isinstance(loss, list) else [loss]
+    per_task = [self._optimizer.compute_gradients(l, var_list)
+                for l in losses]
+    return per_task[0]
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+
+
+class DPGradientDescentLike(tf1.train.GradientDescentOptimizer):
+  """As tensorflow_privacy's DP optimizers: clip and noise in
+  compute_gradients, plain apply_gradients."""
+
+  def compute_gradients(self, loss, var_list=None, **kwargs):
+    gv = super().compute_gradients(loss, var_list, **kwargs)
+    return [(tf.clip_by_norm(g, 1.0) + tf.random.normal(tf.shape(g)), v)
+            for g, v in gv]
+
+
+class DuckWithComputeGradients:
+  def compute_gradients(self, loss, var_list=None):
+    return []
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    return tf.no_op()
+
+
+@pytest.mark.parametrize("make, cls, owner", [
+    (lambda: _horovod_like(tf1.train.GradientDescentOptimizer(LR)),
+     "GradientDescentOptimizer", "GradientDescentOptimizer"),
+    (lambda: PCGradLike(tf1.train.AdamOptimizer(1e-3)), "PCGradLike",
+     "PCGradLike"),
+    (lambda: DPGradientDescentLike(LR), "DPGradientDescentLike",
+     "DPGradientDescentLike"),
+    (DuckWithComputeGradients, "DuckWithComputeGradients",
+     "DuckWithComputeGradients"),
+], ids=["horovod", "pcgrad", "dp", "duck"])
+def test_a_wrapper_acting_in_compute_gradients_is_refused(graph, make, cls,
+                                                          owner):
+  _, loss = _net()
+  plan = gg.GradientPlan(loss)
+  with pytest.raises(
+      gg.GraphGradError,
+      match=rf"`optimizer` \S*\.{cls} overrides compute_gradients \(in "
+      rf"{owner}\), which a plan never calls.*for an all-reduce \(Horovod's "
+      r"DistributedOptimizer\), gg.GradientPlan\(loss, reduce_fn=\.\.\.\); "
+      r"for a differential-privacy optimizer, plan\.privatize\(l2_norm_clip, "
+      r"noise_multiplier\); for PCGrad, plan\.combine_tasks\(layers, losses, "
+      r"gg\.mtl\.pcgrad\(\), at=\"parameters\"\)"):
+    plan.apply_gradients(make())
+  # Nothing was added to the tf.Graph's train ops: the refusal is up front.
+  with pytest.raises(gg.GraphGradError, match="overrides compute_gradients"):
+    gg.AfterAggregation(make(), plan.net)
+
+
+def test_pass_through_wrappers_take_the_sgd_step(graph):
+  """SyncReplicasOptimizer and AfterAggregation override compute_gradients
+  too, but only hand the inner optimizer's gradients on."""
+  plan, variables, ref = _plan_and_reference()
+  inner = gg.AfterAggregation(tf1.train.GradientDescentOptimizer(LR),
+                              plan.net)
+  train = plan.apply_gradients(inner)
+  w0, g, w1, _ = _step(train, variables, ref)
+  _assert_sgd_step(w0, g, w1)
+  step = tf1.train.get_or_create_global_step()
+  sync = tf1.train.SyncReplicasOptimizer(
+      tf1.train.GradientDescentOptimizer(LR), replicas_to_aggregate=1)
+  plan.apply_gradients(sync, global_step=step)  # not refused
