@@ -15,7 +15,7 @@ inside ``tf.function``.
 """
 
 import logging
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -25,6 +25,7 @@ from graphgrad.core._layer_policy import check_linear
 from graphgrad.keras import _fit, _loss_scale, _methods
 from graphgrad.keras._layer_index import (
   LayerIndex,
+  check_group_parameters,
   check_parameters,
   is_keras_layer,
   layer_variables,
@@ -133,11 +134,18 @@ class KerasPlan(tf.Module, LayerOverriding):
     self._declarations.add_upstream(layer, fn)
     return self
 
-  def transform_gradients(self, layer: LayerRef, fn) -> "KerasPlan":
+  def transform_gradients(self, layer: Union[LayerRef, Sequence[LayerRef]],
+                          fn) -> "KerasPlan":
     """Rewrites each of ``layer``'s own parameter gradients.
 
+    With a list of layers, ``fn`` sees their parameter gradients together,
+    after each layer's own ``transform_gradients``: a
+    ``clip_by_global_norm(1.0)`` over every variable, after a layer-wise
+    scale, is ``transform_gradients(plan.layer_names, clip)``.
+
     Args:
-      layer: a Keras layer name (or ``"outer/inner"`` path, or the layer).
+      layer: a Keras layer name (or ``"outer/inner"`` path, or the layer),
+        or a list of them (every layer: :attr:`layer_names`).
       fn: a transform or a callable ``g -> g`` keeping shape and dtype,
         applied to each gradient (summed over all paths); or a
         ``gg.transforms.GroupTransform`` (``clip_by_global_norm``,
@@ -154,6 +162,11 @@ class KerasPlan(tf.Module, LayerOverriding):
         layer is built and holds no trainable variable (all non-trainable,
         or none at all).
     """
+    if isinstance(layer, (list, tuple)):
+      self._declarations.add_gradients(
+          [self._index.find(l, "layer") for l in layer], fn,
+          validate=lambda paths: check_group_parameters(self._index, paths))
+      return self
     path = self._index.find(layer, "layer")
     self._declarations.add_gradients(path, fn, validate=lambda: (
         check_parameters(self._index, path)))

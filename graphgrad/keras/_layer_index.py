@@ -79,6 +79,24 @@ def check_parameters(index: "LayerIndex", path: str) -> None:
       f"fn) for the gradient it passes below, or {others}.")
 
 
+def check_group_parameters(index: "LayerIndex", paths) -> None:
+  """Refuses a group ``transform_gradients`` whose layers all fail
+  :func:`check_parameters`; a group may hold layers without variables.
+
+  Raises:
+    GraphGradError: the first layer's refusal, when none has parameters.
+  """
+  first = None
+  for path in paths:
+    try:
+      check_parameters(index, path)
+      return
+    except _errors.GraphGradError as e:
+      first = first or e
+  if first is not None:
+    raise first
+
+
 class LayerIndex:
   """Every layer of a model's tree, by path and by Keras name.
 

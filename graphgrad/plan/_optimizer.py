@@ -17,6 +17,7 @@ must update the variables when a session runs it:
   itself and calls only ``apply_gradients``, so that work would be skipped.
 """
 
+import logging
 from typing import Optional
 
 import tensorflow as tf
@@ -27,6 +28,8 @@ from graphgrad._types import GradsAndVars
 _FIX = ("Pass an optimizer instance, e.g. "
         "tf.compat.v1.train.AdamOptimizer(1e-3) or "
         "tf.keras.optimizers.SGD(0.1).")
+
+log = logging.getLogger("graphgrad")
 
 V1, KERAS_V2, KERAS, OTHER = "v1", "keras_v2", "keras", "other"
 
@@ -175,11 +178,21 @@ def apply(optimizer, grads_and_vars: GradsAndVars, global_step=None,
   """
   kind = check_optimizer(optimizer)
   named = {"name": name} if name else {}
-  if kind in (V1, OTHER):
-    return optimizer.apply_gradients(grads_and_vars, global_step=global_step,
-                                     **named)
   grads_and_vars = list(grads_and_vars)
-  if kind == KERAS_V2:
+  if kind in (V1, OTHER):
+    graph = (global_step.graph if global_step is not None
+             else tf.compat.v1.get_default_graph())
+    before = len(graph.get_operations())
+    update = optimizer.apply_gradients(grads_and_vars,
+                                       global_step=global_step, **named)
+    if global_step is None or writes_variable(
+        graph.get_operations()[before:], global_step):
+      return update
+    # BERT's AdamWeightDecayOptimizer takes global_step and ignores it.
+    log.info("%s.apply_gradients did not increment global_step %s; the plan "
+             "increments it after the update.", type(optimizer).__name__,
+             global_step.name)
+  elif kind == KERAS_V2:
     update = optimizer.apply_gradients(grads_and_vars)
   else:
     update = _in_function(optimizer, grads_and_vars)
@@ -189,6 +202,26 @@ def apply(optimizer, grads_and_vars: GradsAndVars, global_step=None,
   with tf.control_dependencies([update]):
     step = tf.compat.v1.assign_add(global_step, 1, name=name)
   return step if isinstance(step, tf.Operation) else step.op
+
+
+def writes_variable(ops, variable) -> bool:
+  """True when one of ``ops`` assigns to ``variable`` (``AssignAdd``,
+  ``AssignVariableOp``, a fused ``Apply*`` kernel...): a structural check,
+  without running anything.
+
+  Example:
+    >>> with tf.Graph().as_default() as g:
+    ...   step = tf.compat.v1.train.get_or_create_global_step()
+    ...   n = len(g.get_operations())
+    ...   _ = tf.compat.v1.assign_add(step, 1)
+    ...   print(writes_variable(g.get_operations()[n:], step))
+    True
+  """
+  target = variable.op
+  return any(op.inputs and op.inputs[0].op is target
+             and (op.type.startswith(("Assign", "ResourceApply", "Apply",
+                                      "ScatterAdd", "ResourceScatter")))
+             for op in ops)
 
 
 def _in_function(optimizer, grads_and_vars) -> tf.Operation:

@@ -1,5 +1,6 @@
 """Which optimizers GradientPlan.apply_gradients accepts, and what they do."""
 
+import bert_optimization
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -305,3 +306,59 @@ def test_pass_through_wrappers_take_the_sgd_step(graph):
   sync = tf1.train.SyncReplicasOptimizer(
       tf1.train.GradientDescentOptimizer(LR), replicas_to_aggregate=1)
   plan.apply_gradients(sync, global_step=step)  # not refused
+
+
+# -- the global step ----------------------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda: tf1.train.GradientDescentOptimizer(LR),
+    lambda: tf1.train.AdamOptimizer(LR),
+    lambda: bert_optimization.AdamWeightDecayOptimizer(LR),
+    lambda: tf_keras.optimizers.legacy.SGD(LR),
+    lambda: keras.optimizers.SGD(LR),
+], ids=["v1", "adam", "bert", "tf_keras_legacy", "keras3"])
+def test_global_step_advances_exactly_once_per_run(graph, make):
+  plan, _, _ = _plan_and_reference()
+  step = tf1.train.get_or_create_global_step()
+  train = plan.apply_gradients(make(), global_step=step)
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    counts = []
+    for _ in range(3):
+      sess.run(train)
+      counts.append(int(sess.run(step)))
+  assert counts == [1, 2, 3]
+
+
+def test_bert_warmup_learning_rate_leaves_zero_and_weights_move(graph):
+  """With BERT's warmup the first rate is 0: only an advancing step makes
+  the second run move anything."""
+  plan, variables, _ = _plan_and_reference()
+  step = tf1.train.get_or_create_global_step()
+  lr = bert_optimization.learning_rate(step, 0.1, num_train_steps=10,
+                                       num_warmup_steps=2)
+  train = plan.apply_gradients(
+      bert_optimization.AdamWeightDecayOptimizer(lr), global_step=step)
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    w0 = sess.run(variables)
+    sess.run(train)  # step 0: lr 0
+    w1 = sess.run(variables)
+    sess.run(train)  # step 1: lr 0.05
+    w2 = sess.run(variables)
+  for a, b, c in zip(w0, w1, w2):
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(c - b).max() > 1e-3
+
+
+def test_writes_variable_reads_the_graph_not_a_run(graph):
+  step = tf1.train.get_or_create_global_step()
+  ref_step = tf1.Variable(0, use_resource=False, name="ref_step")
+  g = tf1.get_default_graph()
+  n = len(g.get_operations())
+  tf1.assign_add(ref_step, 1)
+  tf1.assign(step, step + 1)
+  ops = g.get_operations()[n:]
+  assert _optimizer.writes_variable(ops, step)
+  assert _optimizer.writes_variable(ops, ref_step)
+  assert not _optimizer.writes_variable(ops[:1], step)
