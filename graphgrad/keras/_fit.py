@@ -15,6 +15,7 @@ the model's own methods; nothing of graphgrad is ever saved with the model.
 import inspect
 import logging
 import os
+import weakref
 from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
@@ -25,6 +26,18 @@ log = logging.getLogger("graphgrad")
 
 # The model methods attach() replaces on the instance.
 _METHODS = ("train_step", "fit", "train_on_batch")
+
+# id(model) -> the Attachment installed on it, so that a second plan is
+# refused instead of silently replacing the first.
+_INSTALLED: "weakref.WeakValueDictionary[int, Attachment]" = (
+    weakref.WeakValueDictionary())
+
+
+def attachment_of(model) -> Optional["Attachment"]:
+  """The attachment whose ``train_step`` the model's ``fit`` runs, or
+  ``None``."""
+  att = _INSTALLED.get(id(model))
+  return att if att is not None and att.installed else None
 
 
 def flavour(model) -> str:
@@ -58,8 +71,21 @@ class Attachment:
 
   # -- install -------------------------------------------------------------
 
+  @property
+  def installed(self) -> bool:
+    """True while the model's ``fit`` runs this attachment's step."""
+    return (self.model.__dict__.get("train_step") is self._step
+            and _INSTALLED.get(id(self.model)) is self)
+
   def install(self) -> None:
     model = self.model
+    other = attachment_of(model)
+    if other is not None:
+      raise _errors.GraphGradError(
+          f"plan.attach(): the model {model.name} already has a plan "
+          f"attached ({other.plan!r}); attaching a second would replace it "
+          f"while the first still said it was attached. Call detach() on "
+          f"the attached plan first, or add this plan's declarations to it.")
     for name in _METHODS:
       self._saved[name] = model.__dict__.get(name, _MISSING)
     fit, train_on_batch = model.fit, model.train_on_batch
@@ -78,10 +104,16 @@ class Attachment:
     object.__setattr__(model, "train_step", self._step)
     object.__setattr__(model, "fit", planned_fit)
     object.__setattr__(model, "train_on_batch", planned_train_on_batch)
+    _INSTALLED[id(model)] = self
     _reset_functions(model)
 
   def uninstall(self) -> None:
+    """Restores the model's own methods, unless they were replaced since
+    (then they are not this attachment's to restore)."""
     model = self.model
+    if not self.installed:
+      return
+    del _INSTALLED[id(model)]
     for name, saved in self._saved.items():
       if saved is _MISSING:
         model.__dict__.pop(name, None)

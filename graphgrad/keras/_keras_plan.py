@@ -366,10 +366,11 @@ class KerasPlan(tf.Module, LayerOverriding):
       The plan, for chaining.
 
     Raises:
-      GraphGradError: if the plan is already attached, or its model is not
-        a Keras 3 or tf-keras ``Model``.
+      GraphGradError: if the plan is already attached, another plan is
+        attached to the model (detach it first), or the model is not a
+        Keras 3 or tf-keras ``Model``.
     """
-    if self._attached is not None:
+    if self.attached:
       raise _errors.GraphGradError(
           f"plan.attach(): this plan is already attached to "
           f"{self._model.name}; attaching again would apply it twice. Call "
@@ -389,8 +390,10 @@ class KerasPlan(tf.Module, LayerOverriding):
 
   @property
   def attached(self) -> bool:
-    """True between :meth:`attach` and :meth:`detach`."""
-    return self._attached is not None
+    """True while the model's ``fit`` runs this plan: between
+    :meth:`attach` and :meth:`detach`, unless the model's ``train_step`` was
+    replaced since."""
+    return self._attached is not None and self._attached.installed
 
   # -- public accessors ---------------------------------------------------
 
