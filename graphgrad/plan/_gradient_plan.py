@@ -538,6 +538,8 @@ class GradientPlan:
       self._built = _executor.build(
           self._loss, lambda: self.net, self._var_list, self._declarations,
           self._options, self._resources)
+      _declaration_checks.warn_without_gradient(
+          self.net, self._built.grads_and_vars)
       d = self._declarations
       log.info("graphgrad plan on %s: %d variables, %d upstream, %d "
                "gradient, %d edge transforms", self._loss.name,
