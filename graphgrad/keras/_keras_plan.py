@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core._declaration_model import Declarations
+from graphgrad.core._inert import bottom_layer_advice
 from graphgrad.core._layer_policy import check_linear
 from graphgrad.keras import _fit, _loss_scale, _methods
 from graphgrad.keras._layer_index import (
@@ -29,6 +30,7 @@ from graphgrad.keras._layer_index import (
   check_parameters,
   is_keras_layer,
   layer_variables,
+  nothing_below,
   tf_variable,
 )
 from graphgrad.keras._layer_override import LayerOverriding
@@ -106,6 +108,7 @@ class KerasPlan(tf.Module, LayerOverriding):
     # no bools).
     self._unscaled_warned = False
     self._attached: Optional[_fit.Attachment] = None
+    self._warned_bottom: set = set()
 
   # -- declaring -----------------------------------------------------------
 
@@ -130,8 +133,16 @@ class KerasPlan(tf.Module, LayerOverriding):
       LayerNotFoundError: if ``layer`` is not in the model.
       GraphGradError: if ``fn`` is not callable or is a group transform, or
         a tape was opened.
+
+    On the bottom layer of a ``Sequential`` or functional model (no layer
+    with trainable variables before it) it changes nothing, and warns once.
     """
     self._declarations.add_upstream(layer, fn)
+    path = self._index.find(layer, "layer")
+    bottom, above = nothing_below(self._model, path)
+    if bottom and path not in self._warned_bottom:
+      self._warned_bottom.add(path)
+      log.warning("%s", bottom_layer_advice(path, above))
     return self
 
   def transform_gradients(self, layer: Union[LayerRef, Sequence[LayerRef]],

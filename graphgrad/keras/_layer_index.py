@@ -97,6 +97,32 @@ def check_group_parameters(index: "LayerIndex", paths) -> None:
     raise first
 
 
+def nothing_below(model, path: str) -> Tuple[bool, List[str]]:
+  """Whether no layer with trainable variables can feed ``path``, and the
+  layers right above it, in a ``Sequential`` or functional model.
+
+  Their ``model.layers`` is in topological order, so every layer that feeds
+  a top-level layer comes before it. Anything else (a nested path, a
+  subclassed model, an unbuilt layer before it) answers ``(False, [])``:
+  unknown, so nothing to warn about.
+  """
+  kinds = {c.__name__ for c in type(model).__mro__}
+  layers = list(getattr(model, "layers", ()) or ())
+  names = [l.name for l in layers]
+  if "/" in path or not kinds & {"Sequential", "Functional"} or (
+      path not in names):
+    return False, []
+  i = names.index(path)
+  before = layers[:i]
+  if not all(getattr(l, "built", False) for l in before):
+    return False, []
+  if any(l.trainable_weights for l in before):
+    return False, []
+  above = ([l.name for l in layers[i + 1:i + 2]]
+           if "Sequential" in kinds else [])
+  return True, above
+
+
 class LayerIndex:
   """Every layer of a model's tree, by path and by Keras name.
 

@@ -25,6 +25,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.analysis import _control_flow, _graph_util, _no_gradient
 from graphgrad.analysis._layer_graph import LayerGraph
+from graphgrad.core._inert import bottom_layer_advice
 
 log = logging.getLogger("graphgrad")
 
@@ -163,45 +164,14 @@ def check_declaration(net, method: str, name: str,
   if (method == "transform_upstream" and reason is None
       and key not in warned and not nx.ancestors(net.graph, name)):
     warned.add(key)
-    log.warning("%s", bottom_layer_advice(net, name))
+    log.warning("%s", bottom_layer_advice(
+        name, sorted(net.graph.successors(name))))
   if reason is not None and key not in warned:
     warned.add(key)
     log.warning("%s(%r) changes nothing below the layer: %s. Group the "
                 "computation into the layer (gg.analyze(loss, layers=...) or "
                 "depth=...), or declare it on a layer whose outputs depend "
                 "on its inputs.", method, name, reason)
-
-
-def bottom_layer_advice(net, name: str) -> str:
-  """What ``transform_upstream`` on a layer with no layer below it means.
-
-  The upstream transform rewrites only what the layer passes below; its own
-  parameters see the unmodified upstream gradient. With nothing below, it
-  changes nothing. The likely intents: the layer's own parameter gradients,
-  or the gradient the layer receives from the layers above (declared on
-  those).
-
-  Example:
-    >>> import tensorflow as tf, graphgrad as gg
-    >>> with tf.Graph().as_default():
-    ...   net = gg.analyze(gg.demo.two_layer_loss())
-    >>> print(bottom_layer_advice(net, "l1"))  # doctest: +NORMALIZE_WHITESPACE
-    transform_upstream('l1') changes nothing: no layer with trainable
-    variables lies below 'l1', and its own parameters get the unmodified
-    upstream gradient. For l1's parameter gradients declare
-    transform_gradients('l1', fn); for what l1 receives from the layer
-    above, declare transform_upstream on that layer: transform_upstream('l2',
-    fn).
-  """
-  above = sorted(net.graph.successors(name))
-  upper = (f"; for what {name} receives from the layer above, declare "
-           f"transform_upstream on that layer: "
-           + " or ".join(f"transform_upstream({u!r}, fn)" for u in above)
-           if above else "")
-  return (f"transform_upstream({name!r}) changes nothing: no layer with "
-          f"trainable variables lies below {name!r}, and its own parameters "
-          f"get the unmodified upstream gradient. For {name}'s parameter "
-          f"gradients declare transform_gradients({name!r}, fn){upper}.")
 
 
 def warn_without_gradient(net: LayerGraph, grads_and_vars) -> bool:
