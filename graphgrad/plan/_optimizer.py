@@ -5,16 +5,15 @@ must update the variables when a session runs it:
 
 * ``tf.compat.v1.train.Optimizer`` and its wrappers (``SyncReplicasOptimizer``,
   Horovod's, ``gg.AfterAggregation``) are called as they are;
-* tf-keras' legacy ``OptimizerV2`` has no ``global_step`` argument, so the
-  step is incremented after its update;
+* one that ignores ``global_step`` (BERT's), and tf-keras' legacy
+  ``OptimizerV2``, get the step incremented after their update;
 * the newer Keras optimizers (tf-keras' and Keras 3's) rely on the automatic
-  control dependencies of ``tf.function``, so they run inside one, called in
-  the tf.Graph; its call op is the train op, and their variables live in the
-  tf.Graph, where ``Saver`` sees them;
-* an optimizer class, or an object without ``apply_gradients``, is refused;
-* so is a wrapper that acts in ``compute_gradients`` (Horovod's all-reduce,
-  a differential-privacy optimizer, PCGrad): a plan computes the gradients
-  itself and calls only ``apply_gradients``, so that work would be skipped.
+  control dependencies of ``tf.function``, so they run inside one, whose
+  call op is the train op; their variables live in the tf.Graph;
+* an optimizer class, an object without ``apply_gradients``, and a wrapper
+  that acts in ``compute_gradients`` (Horovod's all-reduce, a
+  differential-privacy optimizer, PCGrad), whose work a plan, which calls
+  only ``apply_gradients``, would skip, are refused.
 """
 
 import logging

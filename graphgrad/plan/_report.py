@@ -11,10 +11,9 @@ upstream gradient exists only where the plan rewrites the upstream.
 
 A layer is *vanishing* (*exploding*) when ``log10`` of its parameter-gradient
 norm lies more than ``threshold`` (default 2) below (above) the median
-``log10`` of its neighbours' non-zero norms, ``after`` norms with a plan. A
-layer without neighbours is never flagged so. A layer none of whose
-variables gets a gradient (an op without one, ``tf.round``, lies between it
-and the loss) is flagged *no gradient*.
+``log10`` of its neighbours' non-zero norms, ``after`` norms with a plan
+(never without neighbours); *no gradient* when none of its variables gets
+one (``tf.round`` lies between it and the loss).
 """
 
 import math
