@@ -1,7 +1,6 @@
 """Which optimizers can apply a plan's gradients in a tf.compat.v1 graph.
 
-The train op of ``GradientPlan.apply_gradients`` and ``AfterAggregation``
-must update the variables when a session runs it:
+The train op of ``GradientPlan.apply_gradients`` must update the variables:
 
 * ``tf.compat.v1.train.Optimizer`` and its wrappers (``SyncReplicasOptimizer``,
   Horovod's, ``gg.AfterAggregation``) are called as they are;
@@ -10,10 +9,9 @@ must update the variables when a session runs it:
 * the newer Keras optimizers (tf-keras' and Keras 3's) rely on the automatic
   control dependencies of ``tf.function``, so they run inside one, whose
   call op is the train op; their variables live in the tf.Graph;
-* an optimizer class, an object without ``apply_gradients``, and a wrapper
-  that acts in ``compute_gradients`` (Horovod's all-reduce, a
-  differential-privacy optimizer, PCGrad), whose work a plan, which calls
-  only ``apply_gradients``, would skip, are refused.
+* refused: an optimizer class, an object without ``apply_gradients``, and
+  a wrapper acting in ``compute_gradients`` (Horovod, DP, PCGrad), which a
+  plan never calls.
 """
 
 import logging

@@ -6,8 +6,7 @@
 over its variables' norm), ``upstream_norm`` (the norm of the upstream
 gradient at its outputs) and ``zero_upstream`` (the fraction of exact zeros
 in it). With a :class:`~graphgrad.GradientPlan` each figure comes twice:
-``before`` by the plain chain rule, ``after`` from the plan; an ``after``
-upstream gradient exists only where the plan rewrites the upstream.
+``before`` by the chain rule, ``after`` (where it exists) from the plan.
 
 A layer is *vanishing* (*exploding*) when ``log10`` of its parameter-gradient
 norm lies more than ``threshold`` (default 2) below (above) the median
