@@ -192,6 +192,7 @@ def apply(optimizer, grads_and_vars: GradsAndVars, global_step=None,
   elif kind == KERAS_V2:
     update = optimizer.apply_gradients(grads_and_vars)
   else:
+    _check_same_graph(optimizer, tf.compat.v1.get_default_graph())
     update = _in_function(optimizer, grads_and_vars)
   if global_step is None:
     return tf.group(update, name=name) if name else update
@@ -219,6 +220,34 @@ def writes_variable(ops, variable) -> bool:
              and (op.type.startswith(("Assign", "ResourceApply", "Apply",
                                       "ScatterAdd", "ResourceScatter")))
              for op in ops)
+
+
+def _check_same_graph(optimizer, graph: tf.Graph) -> None:
+  """Refuses a Keras optimizer whose step counter lives in another tf.Graph
+  (made there, or in the global graph after ``disable_eager_execution``):
+  traced into ``graph``, its update would be an invalid op, and the session
+  would fail with "Graph is invalid, contains a cycle".
+
+  Raises:
+    GraphGradError: saying where to create the optimizer.
+  """
+  step = optimizer.iterations  # a tf.Variable, or Keras 3's wrapping one
+  step = step if isinstance(step, tf.Variable) else getattr(step, "value",
+                                                            step)
+  try:
+    home = step.graph
+  except AttributeError:  # made eagerly: _in_function says so
+    return
+  if isinstance(home, tf.Graph) and home is not graph and not getattr(
+      home, "building_function", False):
+    cls = type(optimizer)
+    raise _errors.GraphGradError(
+        f"`optimizer` {cls.__module__}.{cls.__name__} was created in another "
+        f"tf.Graph than the loss's: its step counter {step.name} lives "
+        f"there, and the loss's graph cannot use it. Create the optimizer "
+        f"inside `with loss.graph.as_default():` (after "
+        f"tf.compat.v1.disable_eager_execution(), the global graph is not "
+        f"the loss's when the loss was built in a `with tf.Graph()` block).")
 
 
 def _in_function(optimizer, grads_and_vars) -> tf.Operation:

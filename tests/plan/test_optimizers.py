@@ -362,3 +362,23 @@ def test_writes_variable_reads_the_graph_not_a_run(graph):
   assert _optimizer.writes_variable(ops, step)
   assert _optimizer.writes_variable(ops, ref_step)
   assert not _optimizer.writes_variable(ops[:1], step)
+
+
+@pytest.mark.parametrize("module", [tf_keras, keras],
+                         ids=["tf_keras", "keras3"])
+def test_keras_optimizer_from_another_graph_is_refused(module):
+  """Made in the global graph after disable_eager_execution, or in any
+  other tf.Graph: refused at apply_gradients, not by the session later."""
+  with tf.Graph().as_default():
+    opt = module.optimizers.SGD(LR)
+  with tf.Graph().as_default() as graph:
+    plan, _, _ = _plan_and_reference()
+    before = len(graph.get_operations())
+    with pytest.raises(gg.GraphGradError,
+                       match=r"`optimizer` \S+\.SGD was created in another "
+                       r"tf\.Graph than the loss's: its step counter \S+ "
+                       r"lives there.*Create the optimizer inside `with "
+                       r"loss\.graph\.as_default\(\):`"):
+      plan.apply_gradients(opt)
+    assert not [op for op in graph.get_operations()[before:]
+                if op.type in ("PartitionedCall", "StatefulPartitionedCall")]
