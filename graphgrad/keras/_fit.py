@@ -135,6 +135,7 @@ class Attachment:
   def _prepare(self, x, y, batch_size) -> None:
     """Makes the methods' variables before the optimizer is built."""
     plan, model = self.plan, self.model
+    check_gradient_step(getattr(model, "optimizer", None))
     if self.has_tasks:  # eagerly: the config serializes the optimizer
       self._loss_weights = model.get_compile_config().get("loss_weights")
     optimizer = getattr(model, "optimizer", None)
@@ -245,6 +246,46 @@ def _loss(att: Attachment, x, y, y_pred, sample_weight):
     loss = model.compute_loss(x, y, y_pred, sample_weight)
   total = att.output_losses(y, y_pred, sample_weight)
   return loss, (loss if total is None else total)
+
+
+# Where a Keras optimizer computes gradients itself; the plan's step calls
+# only apply_gradients, as Keras 3's own train_step does.
+_COMPUTE = ("minimize", "compute_gradients", "_compute_gradients",
+            "get_gradients")
+
+
+def check_gradient_step(optimizer) -> None:
+  """Refuses an optimizer whose class, outside Keras, overrides a method
+  that computes gradients (a differential-privacy Keras optimizer clips and
+  noises there): the plan's ``fit`` step calls only ``apply_gradients``, so
+  that work would be skipped. One that also reduces in
+  ``_aggregate_gradients`` (Horovod's), which ``apply_gradients`` calls,
+  is accepted.
+
+  Raises:
+    GraphGradError: naming the class, the method and what to do instead.
+  """
+  if optimizer is None:
+    return
+  own = []
+  for cls in type(optimizer).__mro__:
+    if cls.__module__.split(".")[0] in ("keras", "tf_keras", "tensorflow"):
+      break
+    own.append(cls)
+  found = [(m, c) for m in _COMPUTE for c in own if m in vars(c)]
+  if not found or any("_aggregate_gradients" in vars(c) for c in own):
+    return
+  method, cls = found[0]
+  name = type(optimizer).__name__
+  raise _errors.GraphGradError(
+      f"model.fit with a KerasPlan: the optimizer {name} overrides {method} "
+      f"(in {cls.__name__}), which the plan's train step never calls: it "
+      f"computes the gradients with the plan's tape and calls only "
+      f"optimizer.apply_gradients, as Keras 3's own train_step does, so that "
+      f"method's work would be skipped. Declare it in the plan and compile "
+      f"the optimizer it wraps: for differential privacy, "
+      f"plan.privatize(l2_norm_clip, noise_multiplier); for PCGrad, "
+      f"plan.combine_tasks(layers, gg.mtl.pcgrad(), at=\"parameters\").")
 
 
 def _refuse(model, reason: str):

@@ -408,3 +408,34 @@ def test_a_second_plan_is_refused_and_attached_tells_what_fit_runs(K):
   # A train_step put on the model since: the plan no longer runs in fit.
   model.__dict__.pop("train_step")
   assert not second.attached
+
+
+def test_an_optimizer_acting_in_compute_gradients_is_refused(K):
+  """As tensorflow_privacy's DP Keras optimizers: clip and noise where the
+  gradients are computed, which the plan's step never calls."""
+  base = K.optimizers.SGD
+
+  class DPSGDLike(base):
+    def compute_gradients(self, *args, **kwargs):  # tf-keras' hook
+      raise AssertionError("never called by a plan")
+
+    def get_gradients(self, *args, **kwargs):
+      raise AssertionError("never called by a plan")
+
+  class HorovodLike(DPSGDLike):
+    def _aggregate_gradients(self, grads_and_vars):  # reduces here too
+      return [g for g, _ in grads_and_vars]
+
+  model = _model(K)
+  gg.KerasPlan(model).attach()
+  x, y = _data()
+  model.compile(DPSGDLike(0.1), loss="mse")
+  with pytest.raises(gg.GraphGradError,
+                     match=r"the optimizer DPSGDLike overrides "
+                     r"compute_gradients \(in DPSGDLike\), which the plan's "
+                     r"train step never calls.*plan\.privatize\(l2_norm_clip, "
+                     r"noise_multiplier\)"):
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  from graphgrad.keras import _fit  # pylint: disable=g-import-not-at-top
+  _fit.check_gradient_step(HorovodLike(0.1))  # accepted
+  _fit.check_gradient_step(K.optimizers.Adam(0.1))
