@@ -216,10 +216,39 @@ def writes_variable(ops, variable) -> bool:
     True
   """
   target = variable.op
-  return any(op.inputs and op.inputs[0].op is target
-             and (op.type.startswith(("Assign", "ResourceApply", "Apply",
-                                      "ScatterAdd", "ResourceScatter")))
-             for op in ops)
+  calls = []
+  for op in ops:
+    if op.inputs and op.inputs[0].op is target and op.type.startswith(
+        _WRITES):
+      return True
+    if any(t.op is target for t in op.inputs) and any(
+        a.func.name for a in op.node_def.attr.values()):
+      calls.append(op)  # a v2 cond or a function that takes the variable
+  return bool(calls) and _body_writes(calls)
+
+
+_WRITES = ("Assign", "ResourceApply", "Apply", "ScatterAdd",
+           "ResourceScatter")
+
+
+def _body_writes(calls) -> bool:
+  """True when a function ``calls`` call (a ``tf.cond`` branch, say) writes
+  a variable: ``apply_if_finite`` increments the step inside its cond."""
+  library = {f.signature.name: f for f in
+             calls[0].graph.as_graph_def().library.function}
+  todo = [a.func.name for op in calls for a in op.node_def.attr.values()
+          if a.func.name]
+  seen = set()
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in library:
+      continue
+    seen.add(name)
+    for node in library[name].node_def:
+      if node.op.startswith(_WRITES):
+        return True
+      todo += [a.func.name for a in node.attr.values() if a.func.name]
+  return False
 
 
 def _check_same_graph(optimizer, graph: tf.Graph) -> None:
