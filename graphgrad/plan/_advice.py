@@ -24,7 +24,6 @@ _ADAPTIVE_KERNELS = frozenset({
     "ApplyAdagrad", "ApplyAdagradV2", "ApplyAdagradDA", "ApplyRMSProp",
     "ApplyCenteredRMSProp"})
 _ROOTS = frozenset({"Sqrt", "Rsqrt"})
-_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 
 
 def _normalizes(op_type: str) -> bool:
@@ -38,14 +37,15 @@ def is_adaptive(update_ops: Sequence[tf.Operation], grads) -> bool:
 
   Read from its update rule, not its class: among ``update_ops`` (the ops
   its ``apply_gradients`` added, in creation order), a fused adaptive kernel
-  or a square root that depends on one of ``grads``. A Keras optimizer run
-  inside a ``tf.function`` is read from the function's body.
+  or a square root that depends on one of ``grads``. An update inside a
+  ``tf.function`` or a v2 cond (a Keras optimizer, ``apply_if_finite``) is
+  read from the function's body.
   """
   tainted = {g.op for g in _tensors(grads)}
   calls = []
   for op in update_ops:
-    if op.type in _CALLS:
-      calls.append(op)
+    if any(a.func.name for a in op.node_def.attr.values()):
+      calls.append(op)  # a tf.function's call, a v2 cond (apply_if_finite)
     if any(t.op in tainted for t in op.inputs):
       tainted.add(op)
       if _normalizes(op.type):
@@ -66,7 +66,8 @@ def _calls_normalize(calls) -> bool:
   holds an adaptive update rule."""
   library = {f.signature.name: f for f in
              calls[0].graph.as_graph_def().library.function}
-  todo = [op.get_attr("f").name for op in calls]
+  todo = [a.func.name for op in calls for a in op.node_def.attr.values()
+          if a.func.name]
   seen = set()
   while todo:
     name = todo.pop()

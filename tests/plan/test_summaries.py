@@ -203,8 +203,12 @@ class _MomentumByHand(tf1.train.Optimizer):
     (lambda: tf1.train.MomentumOptimizer(0.1, 0.9), False),
     (lambda: keras.optimizers.Adam(1e-3), True),
     (lambda: keras.optimizers.SGD(0.1), False),
+    (lambda: gg.transforms.apply_if_finite(tf1.train.AdamOptimizer(1e-3)),
+     True),
+    (lambda: gg.transforms.apply_if_finite(
+        tf1.train.GradientDescentOptimizer(0.1)), False),
 ], ids=["bert_adam", "momentum_by_hand", "momentum", "keras3_adam",
-        "keras3_sgd"])
+        "keras3_sgd", "adam_if_finite", "sgd_if_finite"])
 def test_adaptive_optimizer_is_read_from_its_update_rule(graph, caplog, make,
                                                          adaptive):
   """BERT's AdamWeightDecayOptimizer is no AdamOptimizer and has no slots:
