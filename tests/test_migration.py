@@ -13,6 +13,7 @@ and PyTorch's backward pre-hook are hand-written in TensorFlow with
 import functools
 import importlib.util
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -141,10 +142,11 @@ def test_tensorpack_gradprocs(source):
         "l1", gg.transforms.scale(0.1))
     mapped = gg.GradientPlan(loss, net).transform_gradients(
         "l2", lambda g: 2.0 * g)
-    # GlobalNormClip clips over every variable: no declaration, one line.
-    plain = gg.GradientPlan(loss, net).compute_gradients()
-    clipped, _ = tf.clip_by_global_norm([g for g, _ in plain], 1.0)
-    ours = [grads_of(scale), grads_of(mapped), clipped]
+    # GlobalNormClip clips over every variable: one group declaration.
+    plan = gg.GradientPlan(loss, net)
+    clipped = plan.transform_gradients(
+        plan.layer_names, gg.transforms.clip_by_global_norm(1.0))
+    ours = [grads_of(scale), grads_of(mapped), grads_of(clipped)]
     got, want = evaluate([ours, [[g for g, _ in r] for r in refs]])
   for a, b in zip(got, want):
     assert_grads_close(a, b)
@@ -383,3 +385,91 @@ def test_worked_example_trains_step_for_step_like_flip_gradient():
            "migration.md").read_text()
   for part in ("flip_gradient", "model", "original", "migrated"):
     assert f'--8<-- "examples/gradient_reversal_migration.py:{part}"' in guide
+
+
+# -- BERT's optimization.py ---------------------------------------------------
+
+def _bert_like(num_layers):
+  """Embeddings and ``num_layers`` encoder blocks of two scopes each, with
+  fixed initial values."""
+  ids = tf.constant([[1, 2, 0, 4], [3, 1, 2, 2]])
+  rng = np.random.default_rng(7)
+  with tf1.variable_scope("bert"):
+    with tf1.variable_scope("embeddings"):
+      table = tf1.get_variable("word_embeddings", initializer=rng.normal(
+          size=(5, 6)).astype(np.float32))
+      h = tf.reshape(tf.gather(table, ids), [8, 6])
+    for i in range(num_layers):
+      with tf1.variable_scope(f"encoder/layer_{i}"):
+        a = dense(h, 6, "attention/output/dense", tf.nn.tanh, seed=i)
+        h = h + dense(a, 6, "output/dense", seed=i)
+  logits = dense(h, 3, "cls")
+  labels = tf.constant([0, 1, 2, 1, 0, 2, 1, 0])
+  return tf.reduce_mean(
+      tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+
+
+def _migration_example(heading):
+  """The first python code block after ``heading`` in docs/migration.md."""
+  text = pathlib.Path(__file__).parents[1].joinpath(
+      "docs", "migration.md").read_text()
+  section = text[text.index(heading):]
+  start = section.index("```python\n") + len("```python\n")
+  return section[start:section.index("```", start)]
+
+
+def test_bert_create_optimizer_with_layerwise_decay(monkeypatch):
+  """The guide's BERT example, run as written, against BERT's own
+  create_optimizer with the layer-wise scales written in by hand: three
+  steps, weights and global step."""
+  import bert_optimization
+  monkeypatch.setitem(sys.modules, "optimization", bert_optimization)
+  num_layers, init_lr, num_train_steps, steps = 2, 0.05, 10, 3
+  with tf.Graph().as_default():
+    loss = _bert_like(num_layers)
+    scope = {"tf": tf, "loss": loss, "init_lr": init_lr,
+             "num_train_steps": num_train_steps, "num_layers": num_layers}
+    exec(_migration_example("## From BERT's optimization.py"), scope)
+    ours = _train(scope["train_op"], scope["global_step"], steps)
+    assert [n for n in scope["plan"].layer_names if "encoder" in n] == [
+        "bert/encoder/layer_0/attention/output/dense",
+        "bert/encoder/layer_0/output/dense",
+        "bert/encoder/layer_1/attention/output/dense",
+        "bert/encoder/layer_1/output/dense"]
+  with tf.Graph().as_default():
+    loss = _bert_like(num_layers)
+    global_step = tf1.train.get_or_create_global_step()
+    lr = tf1.train.polynomial_decay(init_lr, global_step, num_train_steps,
+                                    end_learning_rate=0.0, power=1.0)
+    optimizer = bert_optimization.AdamWeightDecayOptimizer(
+        learning_rate=lr, weight_decay_rate=0.01, beta_1=0.9, beta_2=0.999,
+        epsilon=1e-6, exclude_from_weight_decay=["LayerNorm", "layer_norm",
+                                                 "bias"])
+    tvars = tf1.trainable_variables()
+    grads = tf.gradients(loss, tvars)
+    factors = [0.9 ** (num_layers - 1 - int(v.name.split("/")[2][6:]))
+               if v.name.startswith("bert/encoder/") else 1.0 for v in tvars]
+    grads = [g if f == 1.0 else f * g for f, g in zip(factors, grads)]
+    assert sorted(set(factors)) == [0.9, 1.0]
+    (grads, _) = tf.clip_by_global_norm(grads, clip_norm=1.0)
+    train_op = optimizer.apply_gradients(zip(grads, tvars),
+                                         global_step=global_step)
+    train_op = tf.group(train_op, [global_step.assign(global_step + 1)])
+    theirs = _train(train_op, global_step, steps)
+  assert ours[0] == theirs[0] == steps
+  for name, w in theirs[1].items():
+    np.testing.assert_allclose(ours[1][name], w, rtol=1e-5, atol=1e-7,
+                               err_msg=name)
+
+
+def _train(train_op, global_step, steps):
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    w0 = sess.run(tf1.trainable_variables())
+    for _ in range(steps):
+      sess.run(train_op)
+    w = sess.run({v.op.name: v for v in tf1.trainable_variables()})
+    step = int(sess.run(global_step))
+  # Every weight moved: the step advanced, so the learning rate did too.
+  assert all(np.abs(a - b).max() > 0 for a, b in zip(w0, w.values()))
+  return step, w

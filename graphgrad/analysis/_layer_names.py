@@ -1,9 +1,10 @@
-"""Layer names: what a name that is not a layer is, and which ``depth=`` joins.
+"""Layer names: what a name that is not a layer is, and which scope joins.
 
 :meth:`~graphgrad.LayerGraph.lookup` explains a name that is not a layer: its
 variables are all non-trainable, or the loss does not depend on them, or it
 is a sub-scope of a layer grouped by ``depth=``. :func:`cycle_advice` and
-:func:`depth_hint` say when a larger ``depth=`` makes several layers one.
+:func:`scope_hint` say which ``layers=`` scope prefix makes several layers
+one, leaving every other layer as it is (a ``depth=`` would regroup all).
 """
 
 from typing import List
@@ -92,9 +93,10 @@ def cycle_advice(net, keys) -> str:
 
   Two layers in one scope that feed each other (tf-slim's conv and the
   BatchNorm in its sub-scope, under the default grouping) are resolved by
-  ``depth=``; otherwise the cause is a layer reused in series.
+  one ``layers=`` entry for their common scope; otherwise the cause is a
+  layer reused in series.
   """
-  hint = depth_hint(layers_of(net, keys))
+  hint = scope_hint(layers_of(net, keys))
   if hint:
     return ("The layers feed each other: one layer's scope holds ops on both "
             "sides of the other, as a conv and the BatchNorm in its sub-scope "
@@ -104,14 +106,17 @@ def cycle_advice(net, keys) -> str:
           "applied once, or group the repeated layers into one.")
 
 
-def depth_hint(names) -> str:
-  """A sentence suggesting ``depth=`` when it would make ``names`` one layer.
+def scope_hint(names) -> str:
+  """A sentence suggesting the ``layers=`` entry that makes ``names`` one
+  layer: their common scope prefix, every other layer left as it is.
 
   Example:
-    >>> depth_hint(["net/block1/conv1", "net/block1/conv1/BatchNorm"])
-    " Analysing with gg.analyze(loss, depth=3) makes 'net/block1/conv1' one
-    layer of 'net/block1/conv1', 'net/block1/conv1/BatchNorm'."
-    >>> depth_hint(["a", "b"])
+    >>> scope_hint(["bert/embeddings", "bert/embeddings/LayerNorm"])
+    " Analyse with net = gg.analyze(loss, layers={'bert/embeddings':
+    'bert/embeddings'}) and pass it, gg.GradientPlan(loss, net): that makes
+    'bert/embeddings', 'bert/embeddings/LayerNorm' one layer
+    'bert/embeddings' and leaves every other layer as it is."
+    >>> scope_hint(["a", "b"])
     ''
   """
   names = sorted(set(names))
@@ -125,5 +130,7 @@ def depth_hint(names) -> str:
   if not common:
     return ""
   group = "/".join(parts[0][:common])
-  return (f" Analysing with gg.analyze(loss, depth={common}) makes {group!r} "
-          f"one layer of {', '.join(map(repr, names))}.")
+  return (f" Analyse with net = gg.analyze(loss, layers={{{group!r}: "
+          f"{group!r}}}) and pass it, gg.GradientPlan(loss, net): that makes "
+          f"{', '.join(map(repr, names))} one layer {group!r} and leaves "
+          f"every other layer as it is.")

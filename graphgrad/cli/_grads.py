@@ -23,13 +23,29 @@ def add_parser(sub) -> argparse.ArgumentParser:
                   "backward pass on one batch and prints, per layer, the "
                   "parameter-gradient norm, its ratio to the weights' norm, "
                   "the upstream-gradient norm and the fraction of zero "
-                  "upstream entries; flags vanishing and exploding layers.")
-  p.add_argument("model", metavar="MODEL", help="the .meta file")
+                  "upstream entries; flags vanishing and exploding layers. "
+                  "It runs only the loss's forward and backward pass and the "
+                  "initializers of the variables it reads (or the "
+                  "--checkpoint restore), and refuses a graph whose "
+                  "computation there does I/O unless --allow-io is given.")
+  p.add_argument("model", metavar="MODEL",
+                 help="a MetaGraph (.meta file), a frozen GraphDef (.pb) or "
+                      "a SavedModel directory")
   p.add_argument("--checkpoint", metavar="CKPT",
                  help="checkpoint prefix or directory to restore (default: "
-                      "the variables' initial values)")
+                      "the variables' initial values; a frozen .pb's "
+                      "frozen values)")
   p.add_argument("--loss", metavar="NAME",
-                 help="name of the loss tensor or op (default: guessed)")
+                 help="name of the scalar loss tensor or op (default: "
+                      "guessed)")
+  p.add_argument("--output", metavar="NAME",
+                 help="for a graph without a loss: report the gradients of "
+                      "the sum of this output")
+  p.add_argument("--allow-io", action="store_true",
+                 help="run the graph even if the computation grads runs "
+                      "holds ops that read, write or list files, save or "
+                      "restore checkpoints, write summaries or print "
+                      "(refused by default: a saved graph can carry them)")
   p.add_argument("--feed", metavar="FEED.npz",
                  help="arrays keyed by placeholder name")
   p.add_argument("--depth", metavar="N",
@@ -152,14 +168,19 @@ def build_feed(graph, loss, arrays: Dict, batch: int, seed: int) -> Dict:
   return feed
 
 
-def _restore(sess, graph, checkpoint: Optional[str]) -> str:
+def _restore(sess, graph, checkpoint: Optional[str], variables,
+             frozen: bool) -> str:
+  """Initializes ``variables`` (those the loss reads), or restores the
+  checkpoint; returns what was done, for the report's first line."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   with graph.as_default():
     if checkpoint is None:
-      sess.run(tf1.global_variables_initializer())
+      sess.run(tf1.variables_initializer(list(variables)))
+      if frozen:
+        return "a frozen graph: the variables hold its frozen values"
       return "no --checkpoint: the variables have their initial values"
     prefix = checkpoint
     if os.path.isdir(checkpoint):
@@ -191,18 +212,34 @@ def run(args) -> int:
 
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
   from graphgrad.analysis import _metagraph  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli import _untrusted  # pylint: disable=g-import-not-at-top
+  if args.loss and args.output:
+    raise CommandError(
+        f"--loss {args.loss!r} and --output {args.output!r}: pass one; "
+        f"--output reports the gradients of an output's sum when the graph "
+        f"has no loss.")
   arrays = _read_npz(args.feed) if args.feed else {}
   try:
     graph = load_model(args.model)
     with graph.as_default():
-      if args.loss:
+      if args.output:
+        out = _metagraph.find_loss(graph, args.output, flag="--output")
+        loss = tf.reduce_sum(out, name="graphgrad_output_sum")
+        reason = f"the sum of --output {out.name}"
+      elif args.loss:
         loss, reason = _metagraph.find_loss(graph, args.loss), "--loss"
+        _check_scalar(loss)
       else:
         loss, reason = _metagraph.guess_loss(graph)
+        _check_scalar(loss)
       net = gg.analyze(loss, depth=depth)
       feed = build_feed(graph, loss, arrays, batch, seed)
+      variables = _untrusted.variables_read(graph, loss, feed)
+      if not args.allow_io:
+        _refuse_io(loss, variables, feed, args.checkpoint)
+    frozen = _metagraph.kind_of(args.model) == "frozen GraphDef"
     with tf.compat.v1.Session(graph=graph) as sess:
-      restored = _restore(sess, graph, args.checkpoint)
+      restored = _restore(sess, graph, args.checkpoint, variables, frozen)
       report = gg.gradient_report(sess, net, feed)
   except gg.GraphGradError as e:
     raise CommandError(str(e)) from None
@@ -214,6 +251,32 @@ def run(args) -> int:
   print(report.table())
   _write(args, report)
   return 0
+
+
+def _check_scalar(loss) -> None:
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
+  if loss.shape.rank is None or loss.shape.num_elements() == 1:
+    return
+  raise CommandError(
+      f"the loss {loss.name} has shape {_shape(loss.shape)}, not a scalar: "
+      f"pass a scalar loss with --loss NAME, or --output {loss.op.name} to "
+      f"report the gradients of its sum")
+
+
+def _refuse_io(loss, variables, feed, checkpoint) -> None:
+  """Refuses to run I/O ops a saved graph carries (cli._untrusted)."""
+  from graphgrad.cli import _untrusted  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
+  fetches = [loss.op] + ([] if checkpoint else
+                         [v.initializer for v in variables])
+  found = _untrusted.io_op(_untrusted.ops_run(fetches, list(feed)))
+  if found is not None:
+    name, op_type, kind = found
+    raise CommandError(
+        f"the computation grads would run holds the op {name!r} ({op_type}), "
+        f"which {kind}; grads refuses to run it, as a saved graph can carry "
+        f"anything. Pass --allow-io to run it anyway, if you trust the "
+        f"graph")
 
 
 def _write(args, report) -> None:

@@ -83,9 +83,16 @@ class UpstreamDeclaration(Declaration):
 
 @dataclasses.dataclass(frozen=True)
 class GradientsDeclaration(Declaration):
-  """``transform_gradients(layer, fn)``: a transform or a group transform."""
+  """``transform_gradients(layer, fn)``: a transform or a group transform.
+
+  Attributes:
+    fn: the transform or group transform.
+    group: for a transform of several layers' parameters at once, their
+      names (``layer`` is then ``""``); else ``()``.
+  """
   kind: ClassVar[DeclarationKind] = DeclarationKind.GRADIENTS
   fn: Any
+  group: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,11 +204,26 @@ class Declarations:
     fn = self._per_tensor(fn, "transform_upstream")
     self._add(UpstreamDeclaration(name, fn), validate)
 
-  def add_gradients(self, layer, fn, validate: Validate = None) -> None:
-    name = self._layer(layer, "layer")
+  def add_gradients(self, layer, fn,
+                    validate: Optional[Callable[..., Any]] = None) -> None:
+    """``layer``: a layer, or a list of layers whose parameters ``fn`` sees
+    together (a group transform over all of them), after each layer's own
+    transforms; ``validate`` then takes the list of names."""
     if not isinstance(fn, GroupTransform):
       fn = as_transform(fn)
-    self._add(GradientsDeclaration(name, fn), validate)
+    if not isinstance(layer, (list, tuple)):
+      name = self._layer(layer, "layer")
+      self._add(GradientsDeclaration(name, fn), validate)
+      return
+    names = tuple(dict.fromkeys(self._layer(l, "layer") for l in layer))
+    if not names:
+      raise _errors.GraphGradError(
+          f"transform_gradients: `layer` is an empty {type(layer).__name__}; "
+          f"pass a layer name, or a list of the layers whose parameter "
+          f"gradients the transform sees together (every layer: "
+          f"plan.layer_names).")
+    self._add(GradientsDeclaration("", fn, group=names),
+              (lambda: validate(names)) if validate is not None else None)
 
   def add_edge(self, lower, upper, fn, validate: Validate = None) -> None:
     lo = self._layer(lower, "lower")
@@ -365,8 +387,16 @@ class Declarations:
     """Layer -> its parameter transforms (group ones included), in order."""
     out: Dict[str, Tuple[Any, ...]] = {}
     for d in self.of_kind(GradientsDeclaration):
-      out[d.layer] = out.get(d.layer, ()) + (d.fn,)
+      if not d.group:
+        out[d.layer] = out.get(d.layer, ()) + (d.fn,)
     return out
+
+  @property
+  def gradient_groups(self) -> Tuple[Tuple[Tuple[str, ...], Any], ...]:
+    """``(layers, fn)`` of each parameter transform over several layers at
+    once, in declaration order; applied after every layer's own."""
+    return tuple((d.group, d.fn) for d in self.of_kind(GradientsDeclaration)
+                 if d.group)
 
   @property
   def backward(self) -> Dict[str, Any]:
@@ -413,7 +443,8 @@ class Declarations:
   def summary(self) -> str:
     """``upstream=[...], gradients=[...], ...``, for a plan's repr."""
     parts = [("upstream", sorted(self.upstream)),
-             ("gradients", sorted(self.gradients)),
+             ("gradients", sorted(self.gradients)
+              + [list(g) for g, _ in self.gradient_groups]),
              ("edges", sorted(self.edges)),
              ("backward", sorted(self.backward)),
              ("tasks", sorted(self.tasks))]

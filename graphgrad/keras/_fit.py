@@ -15,6 +15,7 @@ the model's own methods; nothing of graphgrad is ever saved with the model.
 import inspect
 import logging
 import os
+import weakref
 from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
@@ -25,6 +26,18 @@ log = logging.getLogger("graphgrad")
 
 # The model methods attach() replaces on the instance.
 _METHODS = ("train_step", "fit", "train_on_batch")
+
+# id(model) -> the Attachment installed on it, so that a second plan is
+# refused instead of silently replacing the first.
+_INSTALLED: "weakref.WeakValueDictionary[int, Attachment]" = (
+    weakref.WeakValueDictionary())
+
+
+def attachment_of(model) -> Optional["Attachment"]:
+  """The attachment whose ``train_step`` the model's ``fit`` runs, or
+  ``None``."""
+  att = _INSTALLED.get(id(model))
+  return att if att is not None and att.installed else None
 
 
 def flavour(model) -> str:
@@ -58,8 +71,21 @@ class Attachment:
 
   # -- install -------------------------------------------------------------
 
+  @property
+  def installed(self) -> bool:
+    """True while the model's ``fit`` runs this attachment's step."""
+    return (self.model.__dict__.get("train_step") is self._step
+            and _INSTALLED.get(id(self.model)) is self)
+
   def install(self) -> None:
     model = self.model
+    other = attachment_of(model)
+    if other is not None:
+      raise _errors.GraphGradError(
+          f"plan.attach(): the model {model.name} already has a plan "
+          f"attached ({other.plan!r}); attaching a second would replace it "
+          f"while the first still said it was attached. Call detach() on "
+          f"the attached plan first, or add this plan's declarations to it.")
     for name in _METHODS:
       self._saved[name] = model.__dict__.get(name, _MISSING)
     fit, train_on_batch = model.fit, model.train_on_batch
@@ -78,10 +104,16 @@ class Attachment:
     object.__setattr__(model, "train_step", self._step)
     object.__setattr__(model, "fit", planned_fit)
     object.__setattr__(model, "train_on_batch", planned_train_on_batch)
+    _INSTALLED[id(model)] = self
     _reset_functions(model)
 
   def uninstall(self) -> None:
+    """Restores the model's own methods, unless they were replaced since
+    (then they are not this attachment's to restore)."""
     model = self.model
+    if not self.installed:
+      return
+    del _INSTALLED[id(model)]
     for name, saved in self._saved.items():
       if saved is _MISSING:
         model.__dict__.pop(name, None)
@@ -105,6 +137,7 @@ class Attachment:
   def _prepare(self, x, y, batch_size) -> None:
     """Makes the methods' variables before the optimizer is built."""
     plan, model = self.plan, self.model
+    check_gradient_step(getattr(model, "optimizer", None))
     if self.has_tasks:  # eagerly: the config serializes the optimizer
       self._loss_weights = model.get_compile_config().get("loss_weights")
     optimizer = getattr(model, "optimizer", None)
@@ -215,6 +248,46 @@ def _loss(att: Attachment, x, y, y_pred, sample_weight):
     loss = model.compute_loss(x, y, y_pred, sample_weight)
   total = att.output_losses(y, y_pred, sample_weight)
   return loss, (loss if total is None else total)
+
+
+# Where a Keras optimizer computes gradients itself; the plan's step calls
+# only apply_gradients, as Keras 3's own train_step does.
+_COMPUTE = ("minimize", "compute_gradients", "_compute_gradients",
+            "get_gradients")
+
+
+def check_gradient_step(optimizer) -> None:
+  """Refuses an optimizer whose class, outside Keras, overrides a method
+  that computes gradients (a differential-privacy Keras optimizer clips and
+  noises there): the plan's ``fit`` step calls only ``apply_gradients``, so
+  that work would be skipped. One that also reduces in
+  ``_aggregate_gradients`` (Horovod's), which ``apply_gradients`` calls,
+  is accepted.
+
+  Raises:
+    GraphGradError: naming the class, the method and what to do instead.
+  """
+  if optimizer is None:
+    return
+  own = []
+  for cls in type(optimizer).__mro__:
+    if cls.__module__.split(".")[0] in ("keras", "tf_keras", "tensorflow"):
+      break
+    own.append(cls)
+  found = [(m, c) for m in _COMPUTE for c in own if m in vars(c)]
+  if not found or any("_aggregate_gradients" in vars(c) for c in own):
+    return
+  method, cls = found[0]
+  name = type(optimizer).__name__
+  raise _errors.GraphGradError(
+      f"model.fit with a KerasPlan: the optimizer {name} overrides {method} "
+      f"(in {cls.__name__}), which the plan's train step never calls: it "
+      f"computes the gradients with the plan's tape and calls only "
+      f"optimizer.apply_gradients, as Keras 3's own train_step does, so that "
+      f"method's work would be skipped. Declare it in the plan and compile "
+      f"the optimizer it wraps: for differential privacy, "
+      f"plan.privatize(l2_norm_clip, noise_multiplier); for PCGrad, "
+      f"plan.combine_tasks(layers, gg.mtl.pcgrad(), at=\"parameters\").")
 
 
 def _refuse(model, reason: str):

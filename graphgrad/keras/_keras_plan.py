@@ -15,19 +15,22 @@ inside ``tf.function``.
 """
 
 import logging
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core._declaration_model import Declarations
+from graphgrad.core._inert import bottom_layer_advice
 from graphgrad.core._layer_policy import check_linear
 from graphgrad.keras import _fit, _loss_scale, _methods
 from graphgrad.keras._layer_index import (
   LayerIndex,
+  check_group_parameters,
   check_parameters,
   is_keras_layer,
   layer_variables,
+  nothing_below,
   tf_variable,
 )
 from graphgrad.keras._layer_override import LayerOverriding
@@ -105,6 +108,7 @@ class KerasPlan(tf.Module, LayerOverriding):
     # no bools).
     self._unscaled_warned = False
     self._attached: Optional[_fit.Attachment] = None
+    self._warned_bottom: set = set()
 
   # -- declaring -----------------------------------------------------------
 
@@ -129,15 +133,30 @@ class KerasPlan(tf.Module, LayerOverriding):
       LayerNotFoundError: if ``layer`` is not in the model.
       GraphGradError: if ``fn`` is not callable or is a group transform, or
         a tape was opened.
+
+    On the bottom layer of a ``Sequential`` or functional model (no layer
+    with trainable variables before it) it changes nothing, and warns once.
     """
     self._declarations.add_upstream(layer, fn)
+    path = self._index.find(layer, "layer")
+    bottom, above = nothing_below(self._model, path)
+    if bottom and path not in self._warned_bottom:
+      self._warned_bottom.add(path)
+      log.warning("%s", bottom_layer_advice(path, above))
     return self
 
-  def transform_gradients(self, layer: LayerRef, fn) -> "KerasPlan":
+  def transform_gradients(self, layer: Union[LayerRef, Sequence[LayerRef]],
+                          fn) -> "KerasPlan":
     """Rewrites each of ``layer``'s own parameter gradients.
 
+    With a list of layers, ``fn`` sees their parameter gradients together,
+    after each layer's own ``transform_gradients``: a
+    ``clip_by_global_norm(1.0)`` over every variable, after a layer-wise
+    scale, is ``transform_gradients(plan.layer_names, clip)``.
+
     Args:
-      layer: a Keras layer name (or ``"outer/inner"`` path, or the layer).
+      layer: a Keras layer name (or ``"outer/inner"`` path, or the layer),
+        or a list of them (every layer: :attr:`layer_names`).
       fn: a transform or a callable ``g -> g`` keeping shape and dtype,
         applied to each gradient (summed over all paths); or a
         ``gg.transforms.GroupTransform`` (``clip_by_global_norm``,
@@ -154,6 +173,11 @@ class KerasPlan(tf.Module, LayerOverriding):
         layer is built and holds no trainable variable (all non-trainable,
         or none at all).
     """
+    if isinstance(layer, (list, tuple)):
+      self._declarations.add_gradients(
+          [self._index.find(l, "layer") for l in layer], fn,
+          validate=lambda paths: check_group_parameters(self._index, paths))
+      return self
     path = self._index.find(layer, "layer")
     self._declarations.add_gradients(path, fn, validate=lambda: (
         check_parameters(self._index, path)))
@@ -383,10 +407,11 @@ class KerasPlan(tf.Module, LayerOverriding):
       The plan, for chaining.
 
     Raises:
-      GraphGradError: if the plan is already attached, or its model is not
-        a Keras 3 or tf-keras ``Model``.
+      GraphGradError: if the plan is already attached, another plan is
+        attached to the model (detach it first), or the model is not a
+        Keras 3 or tf-keras ``Model``.
     """
-    if self._attached is not None:
+    if self.attached:
       raise _errors.GraphGradError(
           f"plan.attach(): this plan is already attached to "
           f"{self._model.name}; attaching again would apply it twice. Call "
@@ -406,8 +431,10 @@ class KerasPlan(tf.Module, LayerOverriding):
 
   @property
   def attached(self) -> bool:
-    """True between :meth:`attach` and :meth:`detach`."""
-    return self._attached is not None
+    """True while the model's ``fit`` runs this plan: between
+    :meth:`attach` and :meth:`detach`, unless the model's ``train_step`` was
+    replaced since."""
+    return self._attached is not None and self._attached.installed
 
   # -- public accessors ---------------------------------------------------
 

@@ -79,6 +79,50 @@ def check_parameters(index: "LayerIndex", path: str) -> None:
       f"fn) for the gradient it passes below, or {others}.")
 
 
+def check_group_parameters(index: "LayerIndex", paths) -> None:
+  """Refuses a group ``transform_gradients`` whose layers all fail
+  :func:`check_parameters`; a group may hold layers without variables.
+
+  Raises:
+    GraphGradError: the first layer's refusal, when none has parameters.
+  """
+  first = None
+  for path in paths:
+    try:
+      check_parameters(index, path)
+      return
+    except _errors.GraphGradError as e:
+      first = first or e
+  if first is not None:
+    raise first
+
+
+def nothing_below(model, path: str) -> Tuple[bool, List[str]]:
+  """Whether no layer with trainable variables can feed ``path``, and the
+  layers right above it, in a ``Sequential`` or functional model.
+
+  Their ``model.layers`` is in topological order, so every layer that feeds
+  a top-level layer comes before it. Anything else (a nested path, a
+  subclassed model, an unbuilt layer before it) answers ``(False, [])``:
+  unknown, so nothing to warn about.
+  """
+  kinds = {c.__name__ for c in type(model).__mro__}
+  layers = list(getattr(model, "layers", ()) or ())
+  names = [l.name for l in layers]
+  if "/" in path or not kinds & {"Sequential", "Functional"} or (
+      path not in names):
+    return False, []
+  i = names.index(path)
+  before = layers[:i]
+  if not all(getattr(l, "built", False) for l in before):
+    return False, []
+  if any(l.trainable_weights for l in before):
+    return False, []
+  above = ([l.name for l in layers[i + 1:i + 2]]
+           if "Sequential" in kinds else [])
+  return True, above
+
+
 class LayerIndex:
   """Every layer of a model's tree, by path and by Keras name.
 

@@ -138,6 +138,7 @@ def nonlinear(declarations) -> bool:
   fns = list(declarations.upstream.values()) + list(
       declarations.edges.values())
   fns += [fn for fns_ in declarations.gradients.values() for fn in fns_]
+  fns += [fn for _, fn in declarations.gradient_groups]
   if any(getattr(fn, "linear_factor", None) is None for fn in fns):
     return True
   if any(not getattr(fn, "homogeneous", False)

@@ -163,6 +163,9 @@ class PlanTape:
     todo = [(p, fn) for p, fns in plan.declarations.gradients.items()
             for fn in fns if not is_identity(fn)]
     params = plan.declarations.parameter_tasks
+    # Transforms of several layers at once, after every layer's own.
+    todo += [(paths, fn) for paths, fn in plan.declarations.gradient_groups
+             if not is_identity(fn)]
     if not todo and not step.extra and params is None:
       return grads
     flat_s = tf.nest.flatten(sources)
@@ -175,7 +178,7 @@ class PlanTape:
     # Under tf.distribute: the transforms see the sum over replicas.
     flat_g = _replicas.transform_parameters(flat_s, flat_g, todo,
                                             self._transform_layer,
-                                            plan.own_variables, plan.name)
+                                            self._own_variables, plan.name)
     return tf.nest.pack_sequence_as(grads, flat_g)
 
   def grads_and_vars(self, target, task_losses=None) -> List[Tuple[Any, Any]]:
@@ -222,8 +225,15 @@ class PlanTape:
       if v is not None and v.ref() in by_ref:
         flat_g[i] = add_dense(by_ref[v.ref()])
 
+  def _own_variables(self, path) -> List[tf.Variable]:
+    """The variables of the layer ``path``, or of a tuple of layers."""
+    paths = path if isinstance(path, tuple) else (path,)
+    return [v for p in paths for v in self._plan.own_variables(p)]
+
   def _transform_layer(self, path, fn, flat_s, flat_g) -> None:
-    own = {v.ref() for v in self._plan.own_variables(path)}
+    own = {v.ref() for v in self._own_variables(path)}
+    if isinstance(path, tuple):  # a group: one name, in messages and context
+      path = path[0] if len(path) == 1 else ", ".join(path)
     # position in the flat sources -> the layer's own tf.Variable there
     mine: Dict[int, tf.Variable] = {}
     for i, s in enumerate(flat_s):

@@ -7,20 +7,78 @@ factor. Only epsilon and the first few steps still see it.
 """
 
 import logging
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
+
+import tensorflow as tf
 
 from graphgrad.transforms._transforms import Transform
 
 log = logging.getLogger("graphgrad")
 
-# Class names, so that subclasses and the Keras optimizers are recognised too.
-_ADAPTIVE = frozenset({"AdamOptimizer", "RMSPropOptimizer", "AdagradOptimizer",
-                       "Adam", "AdamW", "RMSprop", "Adagrad"})
+# The update rules that divide by a root of a running average of squared
+# gradients: TensorFlow's fused kernels (also as Resource* and Sparse*), and
+# the square roots an optimizer written out by hand (BERT's
+# AdamWeightDecayOptimizer) takes of a gradient's moments.
+_ADAPTIVE_KERNELS = frozenset({
+    "ApplyAdam", "ApplyAdamWithAmsgrad", "ApplyAdaMax", "ApplyAdadelta",
+    "ApplyAdagrad", "ApplyAdagradV2", "ApplyAdagradDA", "ApplyRMSProp",
+    "ApplyCenteredRMSProp"})
+_ROOTS = frozenset({"Sqrt", "Rsqrt"})
 
 
-def is_adaptive(optimizer) -> bool:
-  """True for an optimizer that normalises each parameter's step."""
-  return any(c.__name__ in _ADAPTIVE for c in type(optimizer).__mro__)
+def _normalizes(op_type: str) -> bool:
+  return (op_type in _ROOTS or
+          op_type.replace("Resource", "").replace("Sparse", "")
+          in _ADAPTIVE_KERNELS)
+
+
+def is_adaptive(update_ops: Sequence[tf.Operation], grads) -> bool:
+  """True when the optimizer's update normalises each parameter's step.
+
+  Read from its update rule, not its class: among ``update_ops`` (the ops
+  its ``apply_gradients`` added, in creation order), a fused adaptive kernel
+  or a square root that depends on one of ``grads``. An update inside a
+  ``tf.function`` or a v2 cond (a Keras optimizer, ``apply_if_finite``) is
+  read from the function's body.
+  """
+  tainted = {g.op for g in _tensors(grads)}
+  calls = []
+  for op in update_ops:
+    if any(a.func.name for a in op.node_def.attr.values()):
+      calls.append(op)  # a tf.function's call, a v2 cond (apply_if_finite)
+    if any(t.op in tainted for t in op.inputs):
+      tainted.add(op)
+      if _normalizes(op.type):
+        return True
+  return bool(calls) and _calls_normalize(calls)
+
+
+def _tensors(grads):
+  for g in grads:
+    if isinstance(g, tf.IndexedSlices):
+      yield g.values
+    elif g is not None:
+      yield g
+
+
+def _calls_normalize(calls) -> bool:
+  """True when a function called by ``calls`` (or by a function it calls)
+  holds an adaptive update rule."""
+  library = {f.signature.name: f for f in
+             calls[0].graph.as_graph_def().library.function}
+  todo = [a.func.name for op in calls for a in op.node_def.attr.values()
+          if a.func.name]
+  seen = set()
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in library:
+      continue
+    seen.add(name)
+    for node in library[name].node_def:
+      if _normalizes(node.op):
+        return True
+      todo += [a.func.name for a in node.attr.values() if a.func.name]
+  return False
 
 
 def pure_scale(fns: Iterable[Transform]) -> Optional[float]:
@@ -39,14 +97,16 @@ def pure_scale(fns: Iterable[Transform]) -> Optional[float]:
   return None if factor == 1.0 else factor
 
 
-def warn_if_scale_cancels(declared, optimizer) -> bool:
+def warn_if_scale_cancels(declared, optimizer,
+                          update_ops: Sequence[tf.Operation], grads) -> bool:
   """Logs one warning when a plan's declarations (``declared``) only scale
-  gradients under ``optimizer``.
+  gradients under ``optimizer``, whose update (``update_ops``, applying
+  ``grads``) is adaptive (:func:`is_adaptive`).
 
   Returns:
     True when a warning was logged.
   """
-  if not is_adaptive(optimizer):
+  if not is_adaptive(update_ops, grads):
     return False
   found = []
   for kind, table in (("transform_gradients", declared.gradients),

@@ -8,7 +8,11 @@ so that every plan says the same thing about the same layer graph:
   the error names that op and what to declare instead;
 * a declaration through which no gradient can reach anything below is
   reported once through the ``graphgrad`` logger (see
-  :func:`check_declaration` for why it warns rather than raises).
+  :func:`check_declaration` for why it warns rather than raises), and so is
+  ``transform_upstream`` on a layer with no layer below it;
+* once built, variables the loss depends on that get no gradient (an op
+  without one, ``tf.round``, lies between them and the loss) are reported
+  once, with the op and the declaration that passes a gradient through it.
 """
 
 import logging
@@ -19,8 +23,9 @@ import networkx as nx
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.analysis import _control_flow, _graph_util
+from graphgrad.analysis import _control_flow, _graph_util, _no_gradient
 from graphgrad.analysis._layer_graph import LayerGraph
+from graphgrad.core._inert import bottom_layer_advice
 
 log = logging.getLogger("graphgrad")
 
@@ -156,12 +161,54 @@ def check_declaration(net, method: str, name: str,
   reason = no_gradient_reason(net, method, name, upper)
   key = (method, name)
   warned = _WARNED.setdefault(net, set())
+  if (method == "transform_upstream" and reason is None
+      and key not in warned and not nx.ancestors(net.graph, name)):
+    warned.add(key)
+    log.warning("%s", bottom_layer_advice(
+        name, sorted(net.graph.successors(name))))
   if reason is not None and key not in warned:
     warned.add(key)
     log.warning("%s(%r) changes nothing below the layer: %s. Group the "
                 "computation into the layer (gg.analyze(loss, layers=...) or "
                 "depth=...), or declare it on a layer whose outputs depend "
                 "on its inputs.", method, name, reason)
+
+
+def warn_without_gradient(net: LayerGraph, grads_and_vars) -> bool:
+  """Logs once when variables the loss depends on get no gradient.
+
+  A ``tf.round`` (or ``Floor``, ``Ceil``, ``Sign``) between two layers has
+  no gradient: ``tf.gradients`` gives the variables below it ``None``, and
+  ``apply_gradients`` would skip them without a word. The warning names the
+  layers, the ops and the declarations that pass a gradient through them.
+
+  Returns:
+    True when a warning was logged.
+  """
+  missing = [v for g, v in grads_and_vars
+             if g is None and net.layer_of_variable(v) is not None]
+  if not missing:
+    return False
+  layers = list(dict.fromkeys(net.layer_of_variable(v) for v in missing))
+  ops = _no_gradient.ops_with_zero_gradient(net.loss, missing)
+  if ops:
+    names = ", ".join(f"{op.name} ({op.type})" for op in ops[:4])
+    first = ops[0]
+    why = (f"the op(s) {names} between them and the loss have no gradient, "
+           f"so nothing reaches below them. To train through "
+           f"{first.name!r}, declare plan.straight_through({first.type!r}) "
+           f"(an identity backward pass) or "
+           f"plan.override_gradient({first.type!r}, fn)")
+  else:
+    why = ("no op between them and the loss passes a gradient. Give the op "
+           "that blocks it a backward pass with plan.straight_through(op) or "
+           "plan.override_gradient(op, fn)")
+  log.warning(
+      "layer(s) %s get no gradient from the loss %s (%d variable(s): %s): "
+      "%s; otherwise apply_gradients skips these variables.",
+      ", ".join(map(repr, layers)), net.loss.name, len(missing),
+      ", ".join(v.op.name for v in missing[:4]), why)
+  return True
 
 
 def check_float_output(net: LayerGraph, name: str) -> None:

@@ -202,7 +202,9 @@ class _Executor:
       if params is not None:
         self._combine_parameters(params, out, chosen, plain)
       for layer, fns in self.declarations.gradients.items():
-        self._transform_parameters(layer, fns, out)
+        self._transform_parameters((layer,), fns, out)
+      for layers, fn in self.declarations.gradient_groups:
+        self._transform_parameters(layers, (fn,), out)
       out += self.extra
       if self.options.gate_gradients == GATE_GRAPH:
         present = [(i, g) for i, (g, _) in enumerate(out) if g is not None]
@@ -321,15 +323,19 @@ class _Executor:
     for i, g in zip(idx, new):
       out[i] = (g, out[i][1])
 
-  def _transform_parameters(self, layer: str, fns, out: GradsAndVars) -> None:
-    """Applies ``layer``'s parameter transforms to its entries of ``out``."""
+  def _transform_parameters(self, layers: Tuple[str, ...], fns,
+                            out: GradsAndVars) -> None:
+    """Applies parameter transforms ``fns`` to the entries of ``out`` of
+    ``layers`` (one layer, or a group seen at once)."""
     idx = [i for i, (_, v) in enumerate(out)
-           if self.net.layer_of_variable(v) == layer]
+           if self.net.layer_of_variable(v) in layers]
+    layer = layers[0] if len(layers) == 1 else list(layers)  # for messages
     for fn in fns:
       if isinstance(fn, GroupTransform):
         new = _checks.checked_group(
             _loss_scale_optimizer.unscaled(fn, self.options.loss_scale),
-            [out[i] for i in idx], self._context(layer, "gradients"),
+            [out[i] for i in idx],
+            self._context(", ".join(layers), "gradients"),
             f"transform_gradients({layer!r}, {fn!r})")
         for i, g in zip(idx, new):
           where = f"transform_gradients({layer!r}, {fn!r}) on {out[i][1].name}"
@@ -338,7 +344,9 @@ class _Executor:
       for i in idx:
         g, v = out[i]
         if g is not None:
-          ctx = self._context(layer, "gradients", variable=v)
+          owner = (layers[0] if len(layers) == 1
+                   else self.net.layer_of_variable(v) or "")
+          ctx = self._context(owner, "gradients", variable=v)
           out[i] = (self._apply(fn, g, ctx,
                                 f"transform_gradients({layer!r}) on {v.name}"),
                     v)

@@ -12,7 +12,7 @@ picture are made from that result.
 
 import dataclasses
 import logging
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
@@ -140,6 +140,11 @@ class GradientPlan:
     return self._net
 
   @property
+  def layer_names(self) -> Tuple[str, ...]:
+    """Every layer's name, in the layer graph's order."""
+    return self.net.names
+
+  @property
   def var_list(self) -> Tuple[tf.Variable, ...]:
     """The variables the plan differentiates, in output order."""
     return self._var_list
@@ -205,15 +210,22 @@ class GradientPlan:
                 self.net, name)))
     return self
 
-  def transform_gradients(self, layer: str, fn) -> "GradientPlan":
+  def transform_gradients(self, layer: Union[str, Sequence[str]],
+                          fn) -> "GradientPlan":
     """Rewrites each of ``layer``'s own parameter gradients.
 
+    With a list of layers, ``fn`` sees their parameter gradients together,
+    after each layer's own ``transform_gradients``: BERT's
+    ``clip_by_global_norm(1.0)`` over every variable, after a layer-wise
+    scale, is ``transform_gradients(plan.layer_names, clip)``.
+
     Args:
-      layer: layer name.
+      layer: layer name, or a list of layer names (every layer:
+        :attr:`layer_names`).
       fn: a transform or a callable ``g -> g`` keeping shape and dtype,
         applied to each gradient; or a ``gg.transforms.GroupTransform``
         (``clip_by_global_norm``, ``trust_ratio``), applied to the layer's
-        ``(grad, var)`` list at once.
+        (or the listed layers') ``(grad, var)`` list at once.
 
     Returns:
       The plan, for chaining.
@@ -221,7 +233,8 @@ class GradientPlan:
     Raises:
       LayerNotFoundError: if ``layer`` is unknown.
       NotConnectedError: if the layer's variables do not reach the loss.
-      GraphGradError: if ``fn`` is not callable or the plan is built.
+      GraphGradError: if ``fn`` is not callable, ``layer`` is an empty
+        list, or the plan is built.
     """
     self._declarations.add_gradients(layer, fn)
     return self
@@ -594,6 +607,8 @@ class GradientPlan:
       self._built = _executor.build(
           self._loss, lambda: self.net, self._var_list, self._declarations,
           self._options, self._resources)
+      _declaration_checks.warn_without_gradient(
+          self.net, self._built.grads_and_vars)
       d = self._declarations
       log.info("graphgrad plan on %s: %d variables, %d upstream, %d "
                "gradient, %d edge transforms", self._loss.name,
@@ -656,12 +671,15 @@ class GradientPlan:
           f"no variable has a gradient from the loss {self._loss.name}; "
           f"variables: {', '.join(v.name for v in self._var_list)}. Check "
           f"that `var_list` holds variables the loss depends on.")
-    if not self._warned_adaptive:
-      self._warned_adaptive = _advice.warn_if_scale_cancels(
-          self._declarations, optimizer)
-    return _optimizer.train_op(
+    before = len(self._loss.graph.get_operations())
+    op = _optimizer.train_op(
         optimizer, gv, self._loss.graph, global_step, name, update_ops,
         advance_global_step=self._declarations.reads_global_step)
+    if not self._warned_adaptive:  # read from the update the optimizer built
+      self._warned_adaptive = _advice.warn_if_scale_cancels(
+          self._declarations, optimizer,
+          self._loss.graph.get_operations()[before:], [g for g, _ in gv])
+    return op
 
   def summaries(self, histograms: bool = False,
                 name: Optional[str] = None) -> tf.Tensor:

@@ -1,19 +1,20 @@
 """Which optimizers can apply a plan's gradients in a tf.compat.v1 graph.
 
-The train op of ``GradientPlan.apply_gradients`` and ``AfterAggregation``
-must update the variables when a session runs it:
+The train op of ``GradientPlan.apply_gradients`` must update the variables:
 
 * ``tf.compat.v1.train.Optimizer`` and its wrappers (``SyncReplicasOptimizer``,
   Horovod's, ``gg.AfterAggregation``) are called as they are;
-* tf-keras' legacy ``OptimizerV2`` has no ``global_step`` argument, so the
-  step is incremented after its update;
+* one that ignores ``global_step`` (BERT's), and tf-keras' legacy
+  ``OptimizerV2``, get the step incremented after their update;
 * the newer Keras optimizers (tf-keras' and Keras 3's) rely on the automatic
-  control dependencies of ``tf.function``, so they run inside one, called in
-  the tf.Graph; its call op is the train op, and their variables live in the
-  tf.Graph, where ``Saver`` sees them;
-* an optimizer class, or an object without ``apply_gradients``, is refused.
+  control dependencies of ``tf.function``, so they run inside one, whose
+  call op is the train op; their variables live in the tf.Graph;
+* refused: an optimizer class, an object without ``apply_gradients``, and
+  a wrapper acting in ``compute_gradients`` (Horovod, DP, PCGrad), which a
+  plan never calls.
 """
 
+import logging
 from typing import Optional
 
 import tensorflow as tf
@@ -25,7 +26,15 @@ _FIX = ("Pass an optimizer instance, e.g. "
         "tf.compat.v1.train.AdamOptimizer(1e-3) or "
         "tf.keras.optimizers.SGD(0.1).")
 
+log = logging.getLogger("graphgrad")
+
 V1, KERAS_V2, KERAS, OTHER = "v1", "keras_v2", "keras", "other"
+
+# Wrappers whose compute_gradients hands back the gradients of the optimizer
+# they wrap unchanged: the aggregation (or the loss scaling, which the plan
+# applies itself) happens in apply_gradients.
+_PASS_THROUGH = (tf.compat.v1.train.SyncReplicasOptimizer,
+                 tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer)
 
 
 def _is_keras(cls) -> bool:
@@ -68,6 +77,7 @@ def check_optimizer(optimizer) -> str:
         f"{optimizer.__name__}. Create one: "
         f"{optimizer.__name__}(learning_rate=...).")
   if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+    _check_gradient_step(optimizer)
     return V1
   cls = type(optimizer)
   if _is_v2(cls):
@@ -79,7 +89,36 @@ def check_optimizer(optimizer) -> str:
         f"`optimizer` must have an apply_gradients(grads_and_vars, "
         f"global_step, name) method, like tf.compat.v1.train.AdamOptimizer; "
         f"got {cls.__name__}. {_FIX}")
+  _check_gradient_step(optimizer)
   return OTHER
+
+
+def _check_gradient_step(optimizer) -> None:
+  """Refuses an optimizer whose class does its own work in
+  ``compute_gradients``, which a plan never calls.
+
+  Raises:
+    GraphGradError: naming the class and what to declare instead.
+  """
+  owner = next((c for c in type(optimizer).__mro__
+                if "compute_gradients" in vars(c)), None)
+  if (owner is None or owner is tf.compat.v1.train.Optimizer
+      or issubclass(owner, _PASS_THROUGH)
+      or owner.__module__.split(".")[0] == "graphgrad"):
+    return
+  cls = type(optimizer)
+  raise _errors.GraphGradError(
+      f"`optimizer` {cls.__module__}.{cls.__name__} overrides "
+      f"compute_gradients (in {owner.__name__}), which a plan never calls: "
+      f"the plan computes the gradients itself and calls only "
+      f"apply_gradients, so that method's work would be skipped. Declare "
+      f"it in the plan and apply with the optimizer it wraps: for an "
+      f"all-reduce (Horovod's DistributedOptimizer), "
+      f"gg.GradientPlan(loss, reduce_fn=...); for a differential-privacy "
+      f"optimizer, plan.privatize(l2_norm_clip, noise_multiplier); for "
+      f"PCGrad, plan.combine_tasks(layers, losses, gg.mtl.pcgrad(), "
+      f"at=\"parameters\"). Wrappers that act in apply_gradients "
+      f"(SyncReplicasOptimizer, gg.AfterAggregation) are accepted.")
 
 
 def train_op(optimizer, grads_and_vars: GradsAndVars, graph: tf.Graph,
@@ -136,13 +175,24 @@ def apply(optimizer, grads_and_vars: GradsAndVars, global_step=None,
   """
   kind = check_optimizer(optimizer)
   named = {"name": name} if name else {}
-  if kind in (V1, OTHER):
-    return optimizer.apply_gradients(grads_and_vars, global_step=global_step,
-                                     **named)
   grads_and_vars = list(grads_and_vars)
-  if kind == KERAS_V2:
+  if kind in (V1, OTHER):
+    graph = (global_step.graph if global_step is not None
+             else tf.compat.v1.get_default_graph())
+    before = len(graph.get_operations())
+    update = optimizer.apply_gradients(grads_and_vars,
+                                       global_step=global_step, **named)
+    if global_step is None or writes_variable(
+        graph.get_operations()[before:], global_step):
+      return update
+    # BERT's AdamWeightDecayOptimizer takes global_step and ignores it.
+    log.info("%s.apply_gradients did not increment global_step %s; the plan "
+             "increments it after the update.", type(optimizer).__name__,
+             global_step.name)
+  elif kind == KERAS_V2:
     update = optimizer.apply_gradients(grads_and_vars)
   else:
+    _check_same_graph(optimizer, tf.compat.v1.get_default_graph())
     update = _in_function(optimizer, grads_and_vars)
   if global_step is None:
     return tf.group(update, name=name) if name else update
@@ -150,6 +200,83 @@ def apply(optimizer, grads_and_vars: GradsAndVars, global_step=None,
   with tf.control_dependencies([update]):
     step = tf.compat.v1.assign_add(global_step, 1, name=name)
   return step if isinstance(step, tf.Operation) else step.op
+
+
+def writes_variable(ops, variable) -> bool:
+  """True when one of ``ops`` assigns to ``variable`` (``AssignAdd``,
+  ``AssignVariableOp``, a fused ``Apply*`` kernel...): a structural check,
+  without running anything.
+
+  Example:
+    >>> with tf.Graph().as_default() as g:
+    ...   step = tf.compat.v1.train.get_or_create_global_step()
+    ...   n = len(g.get_operations())
+    ...   _ = tf.compat.v1.assign_add(step, 1)
+    ...   print(writes_variable(g.get_operations()[n:], step))
+    True
+  """
+  target = variable.op
+  calls = []
+  for op in ops:
+    if op.inputs and op.inputs[0].op is target and op.type.startswith(
+        _WRITES):
+      return True
+    if any(t.op is target for t in op.inputs) and any(
+        a.func.name for a in op.node_def.attr.values()):
+      calls.append(op)  # a v2 cond or a function that takes the variable
+  return bool(calls) and _body_writes(calls)
+
+
+_WRITES = ("Assign", "ResourceApply", "Apply", "ScatterAdd",
+           "ResourceScatter")
+
+
+def _body_writes(calls) -> bool:
+  """True when a function ``calls`` call (a ``tf.cond`` branch, say) writes
+  a variable: ``apply_if_finite`` increments the step inside its cond."""
+  library = {f.signature.name: f for f in
+             calls[0].graph.as_graph_def().library.function}
+  todo = [a.func.name for op in calls for a in op.node_def.attr.values()
+          if a.func.name]
+  seen = set()
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in library:
+      continue
+    seen.add(name)
+    for node in library[name].node_def:
+      if node.op.startswith(_WRITES):
+        return True
+      todo += [a.func.name for a in node.attr.values() if a.func.name]
+  return False
+
+
+def _check_same_graph(optimizer, graph: tf.Graph) -> None:
+  """Refuses a Keras optimizer whose step counter lives in another tf.Graph
+  (made there, or in the global graph after ``disable_eager_execution``):
+  traced into ``graph``, its update would be an invalid op, and the session
+  would fail with "Graph is invalid, contains a cycle".
+
+  Raises:
+    GraphGradError: saying where to create the optimizer.
+  """
+  step = optimizer.iterations  # a tf.Variable, or Keras 3's wrapping one
+  step = step if isinstance(step, tf.Variable) else getattr(step, "value",
+                                                            step)
+  try:
+    home = step.graph
+  except AttributeError:  # made eagerly: _in_function says so
+    return
+  if isinstance(home, tf.Graph) and home is not graph and not getattr(
+      home, "building_function", False):
+    cls = type(optimizer)
+    raise _errors.GraphGradError(
+        f"`optimizer` {cls.__module__}.{cls.__name__} was created in another "
+        f"tf.Graph than the loss's: its step counter {step.name} lives "
+        f"there, and the loss's graph cannot use it. Create the optimizer "
+        f"inside `with loss.graph.as_default():` (after "
+        f"tf.compat.v1.disable_eager_execution(), the global graph is not "
+        f"the loss's when the loss was built in a `with tf.Graph()` block).")
 
 
 def _in_function(optimizer, grads_and_vars) -> tf.Operation:

@@ -6,13 +6,13 @@
 over its variables' norm), ``upstream_norm`` (the norm of the upstream
 gradient at its outputs) and ``zero_upstream`` (the fraction of exact zeros
 in it). With a :class:`~graphgrad.GradientPlan` each figure comes twice:
-``before`` by the plain chain rule, ``after`` from the plan; an ``after``
-upstream gradient exists only where the plan rewrites the upstream.
+``before`` by the chain rule, ``after`` (where it exists) from the plan.
 
 A layer is *vanishing* (*exploding*) when ``log10`` of its parameter-gradient
 norm lies more than ``threshold`` (default 2) below (above) the median
-``log10`` of its neighbours' non-zero norms, ``after`` norms with a plan. A
-layer without neighbours is never flagged.
+``log10`` of its neighbours' non-zero norms, ``after`` norms with a plan
+(never without neighbours); *no gradient* when none of its variables gets
+one (``tf.round`` lies between it and the loss).
 """
 
 import math
@@ -38,7 +38,8 @@ class GradientReport:
     threshold: the flag threshold, in orders of magnitude.
     has_plan: whether the figures have ``after`` values.
     layers: one dict per layer, in topological order, with keys ``name``,
-      ``params``, ``flag`` (``"vanishing"``, ``"exploding"`` or ``None``)
+      ``params``, ``flag`` (``"vanishing"``, ``"exploding"``,
+      ``"no gradient"`` or ``None``)
       and, for each figure, ``{"before": x, "after": y}`` (``after`` is
       ``None`` without a plan or where the plan does not materialise it).
   """
@@ -58,7 +59,8 @@ class GradientReport:
     raise _errors.layer_not_found(name, [r["name"] for r in self.layers])
 
   def flagged(self) -> Dict[str, str]:
-    """Layer name -> ``"vanishing"`` or ``"exploding"``, for flagged layers."""
+    """Layer name -> ``"vanishing"``, ``"exploding"`` or ``"no gradient"``,
+    for flagged layers."""
     return {r["name"]: r["flag"] for r in self.layers if r["flag"]}
 
   def to_dict(self) -> Dict[str, Any]:
@@ -85,7 +87,8 @@ class GradientReport:
     lines.append(f"loss {self.loss}; mean over {self.batches} batch(es); "
                  f"flagged when log10(grad norm) is more than "
                  f"{self.threshold:g} from the median log10 of its "
-                 f"neighbours'")
+                 f"neighbours', 'no gradient' when none of its variables "
+                 f"gets one")
     return "\n".join(lines)
 
   def _cell(self, pair: Dict[str, Optional[float]], percent=False) -> str:
@@ -339,7 +342,10 @@ def _flag(net: LayerGraph, rows: List[Dict[str, Any]], threshold) -> None:
         net.graph.successors(name))
     others = [norm[n] for n in neighbours if norm.get(n)]
     mine = norm[name]
-    if mine is None or not others:
+    if mine is None:  # not one variable of the layer has a gradient
+      r["flag"] = "no gradient"
+      continue
+    if not others:
       continue
     if mine == 0:
       r["flag"] = "vanishing"

@@ -58,7 +58,7 @@ def test_activation_after_an_in_scope_batch_norm_is_not_a_call_site(graph):
   assert net["block/conv/BatchNorm"].call_sites == 1
 
 
-def test_layers_feeding_each_other_suggest_depth(graph):
+def test_layers_feeding_each_other_suggest_their_scope(graph):
   x, out, loss = _conv_bn_relu()
   plan = gg.GradientPlan(loss).transform_upstream(
       "block/conv", gg.transforms.scale(0.5))
@@ -66,13 +66,16 @@ def test_layers_feeding_each_other_suggest_depth(graph):
                      match=r"The layers feed each other: one layer's scope "
                            r"holds ops on both sides of the other, as a conv "
                            r"and the BatchNorm in its sub-scope do under the "
-                           r"default grouping\. Analysing with "
-                           r"gg.analyze\(loss, depth=2\) makes 'block/conv' "
-                           r"one layer of 'block/conv', "
-                           r"'block/conv/BatchNorm'\."):
+                           r"default grouping\. Analyse with net = "
+                           r"gg.analyze\(loss, layers=\{'block/conv': "
+                           r"'block/conv'\}\) and pass it, "
+                           r"gg.GradientPlan\(loss, net\): that makes "
+                           r"'block/conv', 'block/conv/BatchNorm' one layer "
+                           r"'block/conv' and leaves every other layer as it "
+                           r"is\."):
     plan.compute_gradients()
   # The suggestion resolves it: one layer, its upstream rewritten.
-  net = gg.analyze(loss, depth=2)
+  net = gg.analyze(loss, layers={"block/conv": "block/conv"})
   assert net.names == ("block/conv", "top")
   plan = gg.GradientPlan(loss, net).transform_upstream(
       "block/conv", gg.transforms.scale(0.5))
@@ -111,3 +114,62 @@ def test_tf_slim_resnet_blocks_are_called_once(graph, monkeypatch):
     sites = {l.name: l.call_sites for l in gg.analyze(loss, depth=depth)
              if "/block" in l.name}
     assert sites and set(sites.values()) == {1}, sites
+
+
+def _bert_embeddings():
+  """BERT's embedding_postprocessor: the tables in bert/embeddings, its
+  LayerNorm in a sub-scope, its dropout back in bert/embeddings; then two
+  encoder layers."""
+  ids = tf.constant([[1, 2, 0], [3, 1, 2]])
+  rng = np.random.default_rng(0)
+  with tf1.variable_scope("bert"):
+    with tf1.variable_scope("embeddings"):
+      table = tf1.get_variable("word_embeddings", initializer=rng.normal(
+          size=(5, 4)).astype(np.float32))
+      pos = tf1.get_variable("position_embeddings", initializer=rng.normal(
+          size=(3, 4)).astype(np.float32))
+      out = tf.gather(table, ids) + pos
+      with tf1.variable_scope("LayerNorm"):
+        gamma = tf1.get_variable("gamma", initializer=np.full(4, 1.5,
+                                                              np.float32))
+        mean, var = tf.nn.moments(out, [-1], keepdims=True)
+        out = (out - mean) * tf.math.rsqrt(var + 1e-6) * gamma
+      out = out * 0.9  # dropout's scaling, in bert/embeddings
+    h = out
+    for i in range(2):
+      with tf1.variable_scope(f"encoder/layer_{i}/dense"):
+        w = tf1.get_variable("kernel", initializer=rng.normal(
+            size=(4, 4)).astype(np.float32) * 0.5)
+        h = tf.tanh(tf.einsum("bsd,de->bse", h, w))
+  return out, h, tf.reduce_sum(tf.square(h))
+
+
+def test_bert_embeddings_cycle_advice_keeps_the_encoder_layers(graph):
+  """depth=2 would make the whole encoder one layer; the advice's layers=
+  entry joins only the embeddings, and the plan it gives works."""
+  emb, h, loss = _bert_embeddings()
+  plan = (gg.GradientPlan(loss)
+          .transform_upstream("bert/embeddings", gg.transforms.scale(0.5))
+          .transform_upstream("bert/encoder/layer_1/dense",
+                              gg.transforms.scale(0.25)))
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match=r"layers=\{'bert/embeddings': 'bert/embeddings'\}"
+                     ) as e:
+    plan.compute_gradients()
+  assert "depth=" not in str(e.value)
+  net = gg.analyze(loss, layers={"bert/embeddings": "bert/embeddings"})
+  assert net.names == ("bert/embeddings", "bert/encoder/layer_0/dense",
+                       "bert/encoder/layer_1/dense")
+  plan = (gg.GradientPlan(loss, net)
+          .transform_upstream("bert/embeddings", gg.transforms.scale(0.5))
+          .transform_upstream("bert/encoder/layer_1/dense",
+                              gg.transforms.scale(0.25)))
+  got = {v.name: g for g, v in plan.compute_gradients()}
+  # By hand: layer_1's upstream transform scales everything below it.
+  below = [v for v in tf1.trainable_variables()
+           if not v.name.startswith("bert/encoder/layer_1")]
+  top = [v for v in tf1.trainable_variables() if v not in below]
+  want = ([0.25 * tf.convert_to_tensor(g) for g in tf.gradients(loss, below)]
+          + tf.gradients(loss, top))
+  actual, expected = evaluate([[got[v.name] for v in below + top], want])
+  assert_grads_close(actual, expected)

@@ -225,17 +225,29 @@ def test_layer_with_no_path_from_inputs_to_outputs_warns(graph, caplog):
       "of its outputs depends differentiably on its inputs")
 
 
-def test_a_declaration_on_the_bottom_layer_is_quiet(graph, caplog):
+def test_an_upstream_transform_on_the_bottom_layer_warns_once(graph, caplog):
+  """transform_upstream on the bottom layer changes nothing (its own
+  parameters see the plain upstream); an edge transform there acts on its
+  parameters, and a replacement on every layer is a method's usual form."""
   x = tf1.placeholder(tf.float32, [None, 3])
   loss = tf.reduce_sum(dense(dense(x, 3, "stem", tf.tanh), 2, "top"))
   net = gg.analyze(loss)
   assert gg.GradientPlan(loss, net).passes_gradient("stem")
   with caplog.at_level(logging.WARNING, logger="graphgrad"):
     (gg.GradientPlan(loss, net)
-     .transform_upstream("stem", gg.transforms.scale(2.0))
      .transform_edge("stem", "top", gg.transforms.scale(2.0))
      .replace_backward("stem", gg.backward.feedback_alignment(seed=0)))
-  assert not _warnings(caplog)
+    assert not _warnings(caplog)
+    for _ in range(2):
+      gg.GradientPlan(loss, net).transform_upstream(
+          "stem", gg.transforms.scale(0.0))
+  assert _warnings(caplog) == [
+      "transform_upstream('stem') changes nothing: no layer with trainable "
+      "variables lies below 'stem', and its own parameters get the "
+      "unmodified upstream gradient. For stem's parameter gradients declare "
+      "transform_gradients('stem', fn); for what stem receives from the "
+      "layer above, declare transform_upstream on that layer: "
+      "transform_upstream('top', fn)."]
 
 
 def test_combine_tasks_inside_a_v2_cond_names_the_cond(graph, caplog):

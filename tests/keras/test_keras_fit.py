@@ -383,3 +383,65 @@ def test_fit_logs_nothing_at_warning_level(K, caplog):
   with caplog.at_level(logging.WARNING, logger="graphgrad"):
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
   assert not caplog.records
+
+
+def test_a_second_plan_is_refused_and_attached_tells_what_fit_runs(K):
+  model = _model(K)
+  model.compile(K.optimizers.SGD(0.1), loss="mse")
+  x, y = _data()
+  first = gg.KerasPlan(model).attach()
+  # The second plan freezes l2: its parameters get a zero gradient.
+  second = gg.KerasPlan(model).transform_gradients("l2", gg.transforms.zero())
+  with pytest.raises(gg.GraphGradError,
+                     match=r"plan\.attach\(\): the model \S+ already has a "
+                     r"plan attached \(KerasPlan.*\); attaching a second "
+                     r"would replace it .* Call detach\(\) on the attached "
+                     r"plan first"):
+    second.attach()
+  assert first.attached and not second.attached
+  first.detach()
+  second.attach()
+  assert second.attached and not first.attached
+  first.detach()  # not attached: changes nothing
+  assert second.attached
+  l2 = [w.numpy() for w in model.get_layer("l2").weights]
+  l1 = [w.numpy() for w in model.get_layer("l1").weights]
+  model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+  for before, w in zip(l2, model.get_layer("l2").weights):
+    np.testing.assert_array_equal(before, w.numpy())  # second's plan ran
+  assert any(not np.array_equal(a, w.numpy())
+             for a, w in zip(l1, model.get_layer("l1").weights))
+  # A train_step put on the model since: the plan no longer runs in fit.
+  model.__dict__.pop("train_step")
+  assert not second.attached
+
+
+def test_an_optimizer_acting_in_compute_gradients_is_refused(K):
+  """As tensorflow_privacy's DP Keras optimizers: clip and noise where the
+  gradients are computed, which the plan's step never calls."""
+  base = K.optimizers.SGD
+
+  class DPSGDLike(base):
+    def compute_gradients(self, *args, **kwargs):  # tf-keras' hook
+      raise AssertionError("never called by a plan")
+
+    def get_gradients(self, *args, **kwargs):
+      raise AssertionError("never called by a plan")
+
+  class HorovodLike(DPSGDLike):
+    def _aggregate_gradients(self, grads_and_vars):  # reduces here too
+      return [g for g, _ in grads_and_vars]
+
+  model = _model(K)
+  gg.KerasPlan(model).attach()
+  x, y = _data()
+  model.compile(DPSGDLike(0.1), loss="mse")
+  with pytest.raises(gg.GraphGradError,
+                     match=r"the optimizer DPSGDLike overrides "
+                     r"compute_gradients \(in DPSGDLike\), which the plan's "
+                     r"train step never calls.*plan\.privatize\(l2_norm_clip, "
+                     r"noise_multiplier\)"):
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  from graphgrad.keras import _fit  # pylint: disable=g-import-not-at-top
+  _fit.check_gradient_step(HorovodLike(0.1))  # accepted
+  _fit.check_gradient_step(K.optimizers.Adam(0.1))

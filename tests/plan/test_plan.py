@@ -257,3 +257,50 @@ def test_gate_graph_and_options_pass_through(graph):
   ref = gg.GradientPlan(loss).transform_upstream("b", gg.transforms.scale(2.0))
   actual, want = evaluate([grads_of(plan), grads_of(ref)], feed(x))
   assert_grads_close(actual, want)
+
+
+# -- a parameter transform over several layers --------------------------------
+
+def _three_dense():
+  x = tf.constant(np.random.default_rng(5).normal(size=(8, 4)), tf.float32)
+  h = dense(dense(x, 6, "l1", tf.nn.tanh), 5, "l2", tf.nn.tanh)
+  return tf.reduce_sum(tf.square(dense(h, 3, "l3")))
+
+
+def test_group_clip_over_every_layer_follows_layer_scales(graph):
+  """BERT's clip_by_global_norm(1.0) over all variables, after layer-wise
+  scales, against tf.gradients and tf.clip_by_global_norm."""
+  loss = _three_dense()
+  plan = (gg.GradientPlan(loss)
+          .transform_gradients(["l1", "l2", "l3"],
+                               gg.transforms.clip_by_global_norm(1.0))
+          .transform_gradients("l1", gg.transforms.scale(0.5))
+          .transform_gradients("l3", gg.transforms.scale(2.0)))
+  assert plan.layer_names == ("l1", "l2", "l3")
+  raw = tf.gradients(loss, tf1.trainable_variables())
+  scaled = [0.5 * g for g in raw[:2]] + raw[2:4] + [2.0 * g for g in raw[4:]]
+  ref, norm = tf.clip_by_global_norm(scaled, 1.0)
+  got, ref, norm = evaluate([grads_of(plan), ref, norm])
+  assert norm > 2.0  # the clip acts
+  assert_grads_close(got, ref)
+
+
+def test_group_clip_over_some_layers_leaves_the_others(graph):
+  loss = _three_dense()
+  plan = gg.GradientPlan(loss).transform_gradients(
+      ("l1", "l2"), gg.transforms.clip_by_global_norm(0.1))
+  raw = tf.gradients(loss, tf1.trainable_variables())
+  ref, _ = tf.clip_by_global_norm(raw[:4], 0.1)
+  got, ref, raw = evaluate([grads_of(plan), ref, raw])
+  assert_grads_close(got, list(ref) + raw[4:])
+  assert "gradients=[['l1', 'l2']]" in repr(plan)
+
+
+def test_group_of_no_layer_is_refused(graph):
+  plan = gg.GradientPlan(_three_dense())
+  with pytest.raises(gg.GraphGradError,
+                     match=r"transform_gradients: `layer` is an empty list; "
+                     r"pass a layer name, or a list of the layers"):
+    plan.transform_gradients([], gg.transforms.clip_by_global_norm(1.0))
+  with pytest.raises(gg.LayerNotFoundError, match="l9"):
+    plan.transform_gradients(["l1", "l9"], gg.transforms.scale(2.0))

@@ -1,11 +1,13 @@
 """Every error GradientPlan raises, with its message."""
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import dense
+from helpers import assert_grads_close, dense, evaluate, trainable
 
 tf1 = tf.compat.v1
 
@@ -134,3 +136,47 @@ def test_variant_input_of_a_rewritten_layer_is_refused(graph):
   with pytest.raises(gg.UnsupportedGraphError,
                      match=r"layer 'reader' takes the variant input"):
     plan.compute_gradients()
+
+
+# -- variables the loss depends on that get no gradient ------------------------
+
+def _rounded_layers():
+  x = tf.constant(np.random.default_rng(4).normal(size=(5, 3)), tf.float32)
+  h = tf.round(dense(x, 4, "l1") * 3.0)
+  return tf.reduce_sum(tf.square(dense(h, 2, "l2")))
+
+
+def test_an_op_without_gradient_between_layers_warns_once(graph, caplog):
+  loss = _rounded_layers()
+  plan = gg.GradientPlan(loss).transform_gradients(
+      "l2", gg.transforms.scale(0.5))
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    gv = plan.compute_gradients()
+    plan.compute_gradients()
+    plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.1))
+  messages = [r.getMessage() for r in caplog.records
+              if r.name == "graphgrad"]
+  assert messages == [
+      "layer(s) 'l1' get no gradient from the loss Sum:0 (2 variable(s): "
+      "l1/kernel, l1/bias): the op(s) Round (Round) between them and the loss "
+      "have no gradient, so nothing reaches below them. To train through "
+      "'Round', declare plan.straight_through('Round') (an identity backward "
+      "pass) or plan.override_gradient('Round', fn); otherwise "
+      "apply_gradients skips these variables."]
+  assert [g is None for g, _ in gv] == [True, True, False, False]
+
+
+def test_the_suggested_straight_through_trains_the_layer(graph, caplog):
+  loss = _rounded_layers()
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    gv = gg.GradientPlan(loss).straight_through("Round").compute_gradients()
+  assert not [r for r in caplog.records if r.name == "graphgrad"]
+  # By hand: the identity backward pass of Round.
+  graph = tf1.get_default_graph()
+  with graph.gradient_override_map({"Round": "Identity"}):
+    x = tf.constant(np.random.default_rng(4).normal(size=(5, 3)), tf.float32)
+    with tf1.variable_scope("ref"):
+      h = tf.round(dense(x, 4, "l1") * 3.0)
+      ref_loss = tf.reduce_sum(tf.square(dense(h, 2, "l2")))
+  ref = tf.gradients(ref_loss, trainable("ref"))
+  assert_grads_close(*evaluate([[g for g, _ in gv], ref]))

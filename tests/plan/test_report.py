@@ -212,3 +212,26 @@ def test_plot_without_matplotlib_is_an_error(monkeypatch, tmp_path):
   monkeypatch.setattr(_compat, "has_module", lambda name: False)
   with pytest.raises(gg.GraphGradError, match="needs matplotlib"):
     report.plot(str(tmp_path / "grads.png"))
+
+
+def _rounded():
+  """x -> l1 -> tf.round -> l2: l1 gets no gradient."""
+  x = tf1.placeholder(tf.float32, [None, 4], name="x")
+  h = tf.round(dense(x, 6, "l1") * 4.0)
+  return x, tf.reduce_sum(tf.square(dense(h, 2, "l2")))
+
+
+def test_a_layer_without_any_gradient_is_flagged():
+  with tf.Graph().as_default():
+    x, loss = _rounded()
+    net = gg.analyze(loss)
+    mended = gg.GradientPlan(loss, net).straight_through("Round")
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      report = gg.gradient_report(sess, net, {x: _batch(3)})
+      with_plan = gg.gradient_report(sess, net, {x: _batch(3)}, plan=mended)
+  assert report["l1"]["grad_norm"]["before"] is None
+  assert report.flagged() == {"l1": "no gradient"}
+  assert "no gradient" in report.table()
+  assert with_plan["l1"]["grad_norm"]["after"] > 0
+  assert with_plan.flagged() == {}

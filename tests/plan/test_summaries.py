@@ -3,6 +3,7 @@
 import glob
 import logging
 
+import bert_optimization
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,6 +12,7 @@ import graphgrad as gg
 from helpers import dense, global_norm, trainable
 
 tf1 = tf.compat.v1
+keras = pytest.importorskip("keras")
 
 
 def _three_layers():
@@ -175,3 +177,49 @@ def test_warning_names_at_most_three_scales(graph, caplog):
   message = record.getMessage()
   assert message.count("scales by") == 3
   assert "; and 1 more under AdamOptimizer" in message
+
+
+class _MomentumByHand(tf1.train.Optimizer):
+  """Momentum written out, as BERT writes Adam: no slots, no fused kernel,
+  and no square root, so not adaptive."""
+
+  def __init__(self, lr):
+    super().__init__(False, "MomentumByHand")
+    self.lr = lr
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    ops = []
+    for g, v in grads_and_vars:
+      m = tf1.get_variable(v.op.name + "/mom", shape=v.shape, trainable=False,
+                           initializer=tf1.zeros_initializer())
+      new_m = 0.9 * m + g
+      ops += [m.assign(new_m), v.assign_sub(self.lr * new_m)]
+    return tf.group(*ops, name=name)
+
+
+@pytest.mark.parametrize("make, adaptive", [
+    (lambda: bert_optimization.AdamWeightDecayOptimizer(1e-3), True),
+    (lambda: _MomentumByHand(0.1), False),
+    (lambda: tf1.train.MomentumOptimizer(0.1, 0.9), False),
+    (lambda: keras.optimizers.Adam(1e-3), True),
+    (lambda: keras.optimizers.SGD(0.1), False),
+    (lambda: gg.transforms.apply_if_finite(tf1.train.AdamOptimizer(1e-3)),
+     True),
+    (lambda: gg.transforms.apply_if_finite(
+        tf1.train.GradientDescentOptimizer(0.1)), False),
+], ids=["bert_adam", "momentum_by_hand", "momentum", "keras3_adam",
+        "keras3_sgd", "adam_if_finite", "sgd_if_finite"])
+def test_adaptive_optimizer_is_read_from_its_update_rule(graph, caplog, make,
+                                                         adaptive):
+  """BERT's AdamWeightDecayOptimizer is no AdamOptimizer and has no slots:
+  the square root of its second moment makes it adaptive."""
+  _, loss = _three_layers()
+  plan = gg.GradientPlan(loss).transform_gradients(
+      "l2", gg.transforms.scale(0.81))
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    plan.apply_gradients(make())
+  records = _records(caplog)
+  assert len(records) == int(adaptive)
+  if adaptive:
+    assert "transform_gradients('l2') scales by 0.81" in (
+        records[0].getMessage())

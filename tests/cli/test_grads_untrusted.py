@@ -1,0 +1,151 @@
+"""`graphgrad grads` runs only what it needs and refuses a saved graph's I/O."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from graphgrad.cli import _main as _cli
+from graphgrad.cli import _untrusted
+from helpers import dense, error_line
+
+tf1 = tf.compat.v1
+
+
+def _save(tmp_path, hide, name="model"):
+  """Saves x -> l1 -> l2 -> loss, with ``hide(h)`` returning l1's output
+  carrying a hidden op; returns the .meta path."""
+  with tf.Graph().as_default():
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    h = hide(dense(x, 4, "l1", tf.tanh))
+    loss = tf.reduce_mean(tf.square(dense(h, 2, "l2")), name="loss")
+    tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
+    tf1.train.export_meta_graph(str(tmp_path / f"{name}.meta"))
+  return str(tmp_path / f"{name}.meta")
+
+
+def _writes(path):
+  """l2's kernel gradient reads l1's output, which waits for the write."""
+  def hide(h):
+    write = tf.io.write_file(str(path),
+                             tf.strings.as_string(tf.reduce_sum(h)))
+    with tf.control_dependencies([write]):
+      return tf.identity(h)
+  return hide
+
+
+def test_a_file_write_under_the_loss_is_refused_and_not_written(tmp_path,
+                                                                 capsys):
+  target = tmp_path / "written.txt"
+  meta = _save(tmp_path, _writes(target))
+  line = error_line(capsys, ["grads", meta])
+  assert line == (
+      "graphgrad grads: error: the computation grads would run holds the op "
+      "'WriteFile' (WriteFile), which writes a file; grads refuses to run "
+      "it, as a saved graph can carry anything. Pass --allow-io to run it "
+      "anyway, if you trust the graph"), line
+  assert not target.exists()
+  # Allowed: it runs, and the file is written.
+  assert _cli.main(["grads", meta, "--allow-io"]) == 0
+  assert target.exists()
+
+
+@pytest.mark.parametrize("hide, op_type", [
+    (lambda h: tf.raw_ops.Print(input=h, data=[h], message="x"), "Print"),
+    (lambda h: h + 0.0 * tf.cast(tf.reduce_sum(tf.strings.length(
+        tf.io.read_file("/etc/hostname"))), tf.float32), "ReadFile"),
+    (lambda h: h + 0.0 * tf.cast(tf.size(tf.io.matching_files(
+        "/tmp/*")), tf.float32), "MatchingFiles"),
+], ids=["print", "read_file", "matching_files"])
+def test_other_io_ops_are_refused_by_name(tmp_path, capsys, hide, op_type):
+  meta = _save(tmp_path, hide)
+  line = error_line(capsys, ["grads", meta])
+  assert f"({op_type}), which " in line and "--allow-io" in line, line
+
+
+def test_an_io_op_off_the_loss_path_is_not_run_and_not_refused(tmp_path,
+                                                               capsys):
+  """A summary writer and a Saver elsewhere in the graph are not part of
+  the loss's computation: grads neither runs nor refuses them."""
+  target = tmp_path / "elsewhere.txt"
+
+  def hide(h):
+    tf.io.write_file(str(target), tf.strings.as_string(tf.reduce_sum(h)))
+    return h
+  meta = _save(tmp_path, hide)
+  assert _cli.main(["grads", meta]) == 0
+  assert not target.exists()
+
+
+def test_a_write_inside_a_function_call_is_found():
+  with tf.Graph().as_default() as g:
+    x = tf.constant(1.0)
+
+    @tf.function
+    def f(v):
+      tf.io.write_file("/nonexistent/never", tf.strings.as_string(v))
+      return v * 2.0
+    y = f(x)
+    found = _untrusted.io_op(_untrusted.ops_run([y.op]))
+  assert found is not None and found[1:] == ("WriteFile", "writes a file")
+  assert found[0].startswith(y.op.name + " (in ")
+  assert g is y.graph
+
+
+@pytest.mark.parametrize("op_type, kind", [
+    ("SaveV2", "saves a checkpoint"), ("RestoreV2", "restores a checkpoint"),
+    ("TFRecordDatasetV2", "reads files"), ("TFRecordReaderV2", "reads files"),
+    ("ReaderReadV2", "reads files"), ("WriteScalarSummary", "writes a summary"),
+    ("CreateSummaryFileWriter", "writes a summary"), ("PrintV2", "prints"),
+    ("MatMul", None), ("AssignVariableOp", None)])
+def test_io_kinds(op_type, kind):
+  assert _untrusted.io_kind(op_type) == kind
+
+
+def test_non_scalar_loss_is_refused_and_output_is_accepted(tmp_path, capsys):
+  with tf.Graph().as_default():
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    tf.identity(dense(dense(x, 4, "l1", tf.tanh), 2, "l2"), name="logits")
+    tf1.train.export_meta_graph(str(tmp_path / "infer.meta"))
+  meta = str(tmp_path / "infer.meta")
+  line = error_line(capsys, ["grads", meta, "--loss", "logits"])
+  assert line == ("graphgrad grads: error: the loss logits:0 has shape "
+                  "[?,2], not a scalar: pass a scalar loss with --loss "
+                  "NAME, or --output logits to report the gradients of its "
+                  "sum"), line
+  # No loss at all: the suggestion is --output, which grads accepts.
+  line = error_line(capsys, ["grads", meta])
+  assert "--output NAME" in line
+  rng = np.random.default_rng(0)
+  np.savez(tmp_path / "feed.npz", x=rng.normal(size=(4, 3)).astype(
+      np.float32))
+  assert _cli.main(["grads", meta, "--output", "logits", "--feed",
+                    str(tmp_path / "feed.npz")]) == 0
+  printed = capsys.readouterr().out
+  assert "the sum of --output logits:0" in printed
+  assert "l1" in printed and "l2" in printed
+
+
+def test_help_names_the_three_formats(capsys):
+  with pytest.raises(SystemExit):
+    _cli.main(["grads", "--help"])
+  text = " ".join(capsys.readouterr().out.split())
+  assert ".meta" in text and ".pb" in text and "SavedModel" in text
+  assert "--allow-io" in text
+
+
+def test_a_frozen_graph_says_its_variables_hold_the_frozen_values(tmp_path,
+                                                                  capsys):
+  with tf.Graph().as_default() as g:
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    tf.identity(dense(dense(x, 4, "l1", tf.tanh), 2, "l2"), name="logits")
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      frozen = tf1.graph_util.convert_variables_to_constants(
+          sess, g.as_graph_def(), ["logits"])
+  tf.io.write_graph(frozen, str(tmp_path), "frozen.pb", as_text=False)
+  assert _cli.main(["grads", str(tmp_path / "frozen.pb"), "--output",
+                    "logits"]) == 0
+  first = capsys.readouterr().out.splitlines()[0]
+  assert first.endswith("a frozen graph: the variables hold its frozen "
+                        "values"), first
+  assert "initial values" not in first
