@@ -17,7 +17,16 @@ import collections
 import dataclasses
 import enum
 import logging
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set
+from typing import (
+  AbstractSet,
+  Dict,
+  Iterable,
+  List,
+  NamedTuple,
+  Optional,
+  Sequence,
+  Set,
+)
 
 import networkx as nx
 import tensorflow as tf
@@ -80,12 +89,16 @@ class CutPlan:
       that feeds nothing else (a linear rewrite weights what the segment
       deposits, and glue is linear to backpropagate), so that the glue needs
       no segment of its own.
+    uncovered: names of glue ops that no layer covers (overridden ops whose
+      gradient function may not be linear).
   """
 
   def __init__(self, net: LayerGraph, variables: Dict[str, tf.Variable],
                cut_layers: Set[str], edge_uppers: Set[str],
-               with_glue: Iterable[str] = ()):
+               with_glue: Iterable[str] = (),
+               uncovered: AbstractSet[str] = frozenset()):
     self.net = net
+    self.uncovered = uncovered
     self.variables = variables
     self.cut_layers = cut_layers
     self.edge_uppers = edge_uppers
@@ -168,7 +181,8 @@ class CutPlan:
     while stack:
       p = stack.pop()
       if (p.name in glue_of or p.name not in self._dep
-          or net.layer_of(p) is not None or p.name == net.loss.op.name
+          or p.name in self.uncovered or net.layer_of(p) is not None
+          or p.name == net.loss.op.name
           or _graph_util.in_control_flow(p)
           or any(t.name in fixed for t in p.outputs)
           # a TensorList's gradient is refused at the layer, as on the cut

@@ -4,8 +4,8 @@
 backward pass it makes the single ``tf.gradients`` call that
 ``Optimizer.minimize`` makes; else it turns each declaration into a rule of
 the segment engine (:class:`~graphgrad.plan._engine.Segments`). Every
-backward call goes through the plan's gradient function (``tf.gradients``,
-cut at the ops the plan overrides: ``_op_override``). It then applies the
+backward call substitutes the plan's overrides for the registered gradient
+functions of their ops (``_op_override``, ``_hooks``). It then applies the
 parameter-gradient transforms, appends the ``(gradient, variable)`` pairs of
 backward replacements, and gates the result. Every applied transform is
 recorded as a :class:`TraceRecord`, which ``plan.summaries()`` reads.
@@ -32,7 +32,12 @@ from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core._declaration_model import Declaration, Declarations
 from graphgrad.core._gradients import aggregate
 from graphgrad.methods import _pcgrad, _replacement
-from graphgrad.plan import _loss_scale_optimizer, _op_override, _recompute
+from graphgrad.plan import (
+  _hooks,
+  _loss_scale_optimizer,
+  _op_override,
+  _recompute,
+)
 from graphgrad.plan._engine import Rewrite, Segments
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources, TransformContext
@@ -174,10 +179,10 @@ class _Executor:
       return None
 
   def run(self) -> Built:
-    self.gradients_fn, self.overridden = _op_override.gradients_fn(
+    self.overrides = _op_override.substitutions(
         self.loss, self.var_list, self.declarations.overrides, self.layer_of)
-    if self.options.recompute is not None:
-      self.gradients_fn = self._recomputing(self.gradients_fn)
+    self.recomputing = (None if self.options.recompute is None
+                        else self._recomputing(tf.compat.v1.gradients))
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
       if not self.declarations.rewrites_backward:
         # The very call Optimizer.compute_gradients makes; unreached
@@ -223,7 +228,7 @@ class _Executor:
         read_layers=[c for n, fn in backward.items()
                      for c in (fn.cuts(self.net, n) if hasattr(fn, "cuts")
                                else [])],
-        gradients_fn=self.gradients_fn, overridden=self.overridden,
+        gradients_fn=self.recomputing, overrides=self.overrides,
         spans=self.options.recompute is None)
     by_name = {v.op.name: v for v in reached}
     reduce = None
@@ -272,7 +277,7 @@ class _Executor:
                                   declared.method,
                                   f"combine_tasks_{declared.layer}",
                                   self.resources, declared.layer,
-                                  gradients=self.gradients_fn)
+                                  gradients=self._gradients)
 
   # -- parameter gradients ---------------------------------------------------
 
@@ -304,14 +309,19 @@ class _Executor:
     """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
     scaled = ({} if self.options.loss_scale is None
               else {"grad_ys": self._seed()})
-    grads = self.gradients_fn(self.loss, variables, **scaled,
-                              **self.options.gradients_kwargs)
+    grads = self._gradients(self.loss, variables, **scaled,
+                            **self.options.gradients_kwargs)
     found = [(v, g) for v, g in zip(variables, grads) if g is not None]
     if self.options.reduce_fn is not None and found:
       found = list(zip([v for v, _ in found],
                        self._reduce([v for v, _ in found],
                                     [g for _, g in found])))
     return {v.op.name: g for v, g in found}
+
+  def _gradients(self, ys, xs, **kwargs) -> List:
+    """``tf.gradients`` with the plan's overrides, recomputing if declared."""
+    with _hooks.hooked({}, self.overrides.fns):
+      return (self.recomputing or tf.compat.v1.gradients)(ys, xs, **kwargs)
 
   def _reduce(self, variables, grads) -> List[Gradient]:
     """Calls reduce_fn on one segment's parameter gradients and checks it."""

@@ -431,12 +431,14 @@ class GradientPlan:
   def override_gradient(self, op, fn) -> "GradientPlan":
     """Gives ``op`` the backward pass ``fn`` inside this plan only.
 
-    The plan's backward pass is cut at the op: the gradient at its outputs
-    (summed over all consumers, after every rewrite above it) goes through
-    ``fn`` to its inputs, and backpropagation continues below. TensorFlow's
-    gradient registry and the op's attributes are not changed, so other
-    ``tf.gradients`` calls on the graph are unaffected; ops of imported
-    graphs work alike. Every other declaration composes with it.
+    In every ``tf.gradients`` call of the plan that crosses the op, ``fn``
+    takes the place of its registered gradient function (or of none): the
+    gradient at its outputs (summed over all consumers, after every rewrite
+    above it) goes through ``fn`` to its inputs, and backpropagation
+    continues below. TensorFlow's gradient registry and the op's attributes
+    are not changed, so other ``tf.gradients`` calls on the graph are
+    unaffected; ops of imported graphs, and ops inside ``tf.compat.v1``
+    loops, work alike. Every other declaration composes with it.
 
     Args:
       op: a ``tf.Operation``, an op name, or an op type (``"Round"``): a
@@ -452,7 +454,9 @@ class GradientPlan:
     Raises:
       NotConnectedError: if ``op`` is not on the loss's backward path.
       GraphGradError: if ``op`` names nothing there, already has an
-        override, ``fn`` is not callable, or the plan is built.
+        override, ``fn`` is not callable, or the plan is built; when the
+        plan is built, on a TensorFlow whose gradient lookup fails
+        graphgrad's self-test.
 
     Example:
       >>> import tensorflow as tf, graphgrad as gg

@@ -506,9 +506,9 @@ def rounded_deep_model(into, override_map=False):
   return tf.reduce_sum(tf.square(h)), feed(x, rows=6)
 
 
-def test_a_span_of_scaled_layers_next_to_an_override():
-  # The layers above the rounded l2 form one span; l2's segment crosses
-  # the override, which no span may.
+def test_a_span_of_scaled_layers_crosses_an_override():
+  # The scaled layers l5 to l2 form one span, whose call crosses l2's
+  # Round with the override substituted for its gradient function.
   calls = {}
   for linear in ("fused", "general"):
     with tf.Graph().as_default() as graph:
@@ -531,6 +531,5 @@ def test_a_span_of_scaled_layers_next_to_an_override():
     assert all(g is not None and np.abs(g).max() > 0 for g in got)
     for g, w in zip(got, want):
       np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=linear)
-  # One call from the loss through l5, l4, l3; two through l2 (before and
-  # after its Round); one below l2. Without the span: three more.
-  assert calls == {"fused": 4, "general": 12}, calls
+  # One call from the loss through l5 to l2, one below l2.
+  assert calls == {"fused": 2, "general": 10}, calls
