@@ -55,10 +55,11 @@ def _plan_variant(layers, boundary, fn, fuse=True):
   """A variant rewriting the upstream of ``boundary(net)``'s layers."""
   def build(built, optimizer):
     net = gg.analyze(built.loss, layers=layers)
-    plan = gg.GradientPlan(built.loss, net,
-                           linear="fused" if fuse else "general")
+    plan = gg.GradientPlan(built.loss, net)
     for name in boundary(net):
-      plan.transform_upstream(name, fn())
+      # Without a linear factor, the rewrite is called on the gradient.
+      f = fn()
+      plan.transform_upstream(name, f if fuse else lambda g, f=f: f(g))
     return plan.apply_gradients(optimizer), {}
   return build
 

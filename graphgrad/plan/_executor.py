@@ -90,11 +90,10 @@ class Options:
     colocate_gradients_with_ops: passed to ``tf.gradients``.
     name: name scope of the ops the plan adds.
     reduce_fn: the cross-replica reduction, or ``None``.
-    fuse_linear: a linear rewrite weights one backward pass by its factor
-      (``linear="fused"``) instead of being called on the gradient.
-    loss_scale: the loss scale ``S`` of a loss-scale optimizer (a tensor),
-      or ``None``: the plan then backpropagates ``loss * S`` and its
-      transforms see gradients divided by ``S`` (see ``_loss_scale_optimizer``).
+    loss_scale: the ``LossScale`` of a loss-scale optimizer (calling it
+      gives the scale ``S``), or ``None``: the plan then backpropagates
+      ``loss * S``, its transforms see gradients divided by ``S``, and its
+      parameter gradients are divided by ``S`` (see ``_loss_scale_optimizer``).
     recompute: what ``plan.recompute`` declared, or ``None``.
   """
   gate_gradients: int = GATE_OP
@@ -102,7 +101,6 @@ class Options:
   colocate_gradients_with_ops: bool = False
   name: str = "graphgrad"
   reduce_fn: Optional[Callable] = None
-  fuse_linear: bool = True
   loss_scale: Any = None
   recompute: Optional[_recompute.Recompute] = None
 
@@ -179,6 +177,10 @@ class _Executor:
       return None
 
   def run(self) -> Built:
+    self.scale = None
+    if self.options.loss_scale is not None:
+      with self.loss.graph.as_default():
+        self.scale = self.options.loss_scale()
     self.overrides = _op_override.substitutions(
         self.loss, self.var_list, self.declarations.overrides, self.layer_of)
     self.recomputing = (None if self.options.recompute is None
@@ -201,6 +203,9 @@ class _Executor:
         gated = tf.tuple([g for _, g in present]) if present else []
         for (i, _), g in zip(present, gated):
           out[i] = (g, out[i][1])
+      if self.scale is not None:
+        # As the loss-scale optimizer's own compute_gradients unscales.
+        out = _loss_scale_optimizer.unscale(self.scale, out)
     return Built(tuple(out), tuple(self.trace))
 
   def _recomputing(self, fn: Callable) -> Callable:
@@ -226,8 +231,8 @@ class _Executor:
         backward={n: self._backward_hook(n, fn) for n, fn in backward.items()},
         outputs_fn={n: self._tasks_hook(x) for n, x in d.tasks.items()},
         read_layers=[c for n, fn in backward.items()
-                     for c in (fn.cuts(self.net, n) if hasattr(fn, "cuts")
-                               else [])],
+                     if isinstance(fn, _replacement.Replacement)
+                     for c in fn.cuts(self.net, n)],
         gradients_fn=self.recomputing, overrides=self.overrides,
         spans=self.options.recompute is None)
     by_name = {v.op.name: v for v in reached}
@@ -265,8 +270,7 @@ class _Executor:
       self.trace.append(TraceRecord(ctx, g, later=lambda: self._later(
           fn, g, ctx, at)))
 
-    factor = fn.linear_factor if self.options.fuse_linear else None
-    return Rewrite(apply, factor, observe)
+    return Rewrite(apply, fn.linear_factor, observe)
 
   def _backward_hook(self, layer: str, fn: Callable) -> Callable:
     return _replacement.engine_hook(self.net, layer, fn, self.resources,
@@ -288,7 +292,7 @@ class _Executor:
     for fn in fns:
       if isinstance(fn, GroupTransform):
         new = _checks.checked_group(
-            _loss_scale_optimizer.unscaled(fn, self.options.loss_scale),
+            _loss_scale_optimizer.unscaled(fn, self.scale),
             [out[i] for i in idx], self._context(layer, "gradients"),
             f"transform_gradients({layer!r}, {fn!r})")
         for i, g in zip(idx, new):
@@ -307,7 +311,7 @@ class _Executor:
 
   def _whole(self, variables) -> Dict[str, Gradient]:
     """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
-    scaled = ({} if self.options.loss_scale is None
+    scaled = ({} if self.scale is None
               else {"grad_ys": self._seed()})
     grads = self._gradients(self.loss, variables, **scaled,
                             **self.options.gradients_kwargs)
@@ -340,13 +344,13 @@ class _Executor:
 
   def _seed(self) -> tf.Tensor:
     """The loss's gradient: 1, or the loss scale."""
-    if self.options.loss_scale is None:
+    if self.scale is None:
       return tf.ones_like(self.loss, name="seed")
-    return _loss_scale_optimizer.seed(self.loss, self.options.loss_scale)
+    return _loss_scale_optimizer.seed(self.loss, self.scale)
 
   def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:
-    unscaled = _loss_scale_optimizer.unscaled(fn, self.options.loss_scale)
+    unscaled = _loss_scale_optimizer.unscaled(fn, self.scale)
     out = _checks.checked(unscaled, grad, ctx, where)
     self.trace.append(TraceRecord(ctx, grad, out))
     return out
