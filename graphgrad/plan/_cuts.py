@@ -19,6 +19,7 @@ import enum
 import logging
 from typing import (
   AbstractSet,
+  Callable,
   Dict,
   Iterable,
   List,
@@ -117,6 +118,41 @@ class CutPlan:
       layer = producers.get(op_name)
       self.group_of[op_name] = (Key(GroupKind.LAYER, layer) if layer
                                 else Key(GroupKind.OP, op_name))
+    self._cut_where_segments_meet()
+
+  def _cut_where_segments_meet(self) -> None:
+    """Cuts the ops where the segments of two op groups would meet.
+
+    Without a cut there, both segments backpropagate everything below such
+    an op (on a residual net, the whole identity path below every cut):
+    quadratic in depth. A cut makes it an op group of its own, whose one
+    call runs once its gradient is complete. An op is cut where walks of
+    two groups reach it through two consumers; one reached through a
+    single consumer is behind the op that is.
+    """
+    g = self.net.op_graph
+    while True:
+      walks: Dict[str, Set[str]] = collections.defaultdict(set)
+      via: Dict[str, Set[str]] = collections.defaultdict(set)
+      for name, key in list(self.group_of.items()):
+        if key.kind is GroupKind.OP and name in g:
+          def visit(consumer, producer, start=name):
+            walks[producer.name].add(start)
+            via[producer.name].add(consumer.name)
+          self.segment([g.nodes[name]["op"]], visit=visit)
+      meeting = [n for n, starts in walks.items()
+                 if len(starts) > 1 and len(via[n]) > 1
+                 and self._cuttable(g.nodes[n]["op"])]
+      if not meeting:
+        return
+      for n in meeting:
+        self.cut_ops.add(n)
+        self.group_of[n] = Key(GroupKind.OP, n)
+
+  def _cuttable(self, op: tf.Operation) -> bool:
+    return (not _graph_util.in_control_flow(op)
+            and all(differentiable(t) for t in op.outputs)
+            and self.net.layer_of(op) not in self.cut_layers)
 
   def _variable_dependent_ops(self) -> Set[str]:
     """Forward ops downstream of a differentiated variable."""
@@ -210,20 +246,24 @@ class CutPlan:
   # -- segments --------------------------------------------------------------
 
   def segment(self, start_ops: Iterable[tf.Operation],
-             inside: Optional[str] = None, glue_only: bool = False):
+             inside: Optional[str] = None, glue_only: bool = False,
+             visit: Optional[Callable] = None):
     """Walks back from ``start_ops`` to the next cuts.
 
     Returns (targets, variable names): cut tensors where the walk stopped and
     differentiated variables it reached. With ``inside``, the walk stays in
     that layer and stops at every tensor entering it. With ``glue_only``, the
     walk crosses glue ops, even cut ones, and stops at every layer's tensor.
+    ``visit(consumer, producer)`` is called for each op the walk crosses
+    into, once per consumer.
     """
     targets: Dict[str, tf.Tensor] = {}
     var_names: Dict[str, None] = {}
     stack = list({op.name: op for op in start_ops}.values())
     seen = {op.name for op in stack}
     while stack:
-      for t in stack.pop().inputs:
+      consumer = stack.pop()
+      for t in consumer.inputs:
         if _graph_util.is_handle(t):
           var = _graph_util.variable_of_handle(t)
           if var in self.variables:
@@ -236,7 +276,10 @@ class CutPlan:
           continue
         if self._stops(t, inside, glue_only):
           targets[t.name] = t
-        elif t.op.name not in seen:
+          continue
+        if visit is not None:
+          visit(consumer, t.op)
+        if t.op.name not in seen:
           seen.add(t.op.name)
           stack.append(t.op)
     return list(targets.values()), list(var_names)
