@@ -16,6 +16,7 @@ the differentiated variables it reached.
 import collections
 import dataclasses
 import enum
+import functools
 import logging
 from typing import (
   AbstractSet,
@@ -136,10 +137,8 @@ class CutPlan:
       via: Dict[str, Set[str]] = collections.defaultdict(set)
       for name, key in list(self.group_of.items()):
         if key.kind is GroupKind.OP and name in g:
-          def visit(consumer, producer, start=name):
-            walks[producer.name].add(start)
-            via[producer.name].add(consumer.name)
-          self.segment([g.nodes[name]["op"]], visit=visit)
+          self.segment([g.nodes[name]["op"]], visit=functools.partial(
+              _record, walks, via, name))
       meeting = [n for n, starts in walks.items()
                  if len(starts) > 1 and len(via[n]) > 1
                  and self._cuttable(g.nodes[n]["op"])]
@@ -372,6 +371,13 @@ class CutPlan:
       ) from None
     log.debug("backward pass: %d cut groups", len(order))
     return [by_key[k] for k in order]
+
+
+def _record(walks: Dict[str, Set[str]], via: Dict[str, Set[str]],
+            start: str, consumer: tf.Operation, producer: tf.Operation):
+  """The walk from ``start`` reached ``producer`` through ``consumer``."""
+  walks[producer.name].add(start)
+  via[producer.name].add(consumer.name)
 
 
 def ancestors(net: LayerGraph, tensors: Sequence[tf.Tensor]) -> Set[str]:
