@@ -150,17 +150,23 @@ def _linear_model(keras, kind: str, depth: int):
 def _linear_plan(model, kind: str, variant: str):
   if variant == "plain":
     return None
-  plan = gg.KerasPlan(model,
-                      linear="general" if variant.endswith("_cut") else "fused")
+  plan = gg.KerasPlan(model)
   if kind == "lstm":
     fn = (gg.transforms.clip_by_norm(1.0) if variant == "clip_by_norm"
           else gg.transforms.scale(0.5))
-    return plan.transform_upstream("rnn", fn)
+    return plan.transform_upstream("rnn", _unfused(fn, variant))
   for layer in model.layers[2:]:  # every boundary: all but the first Dense
-    plan.transform_upstream(layer.name, gg.transforms.chain(
+    plan.transform_upstream(layer.name, _unfused(gg.transforms.chain(
         gg.transforms.scale(0.5), gg.transforms.clip_by_value(-1.0, 1.0))
-        if variant == "scale_clip_all" else gg.transforms.scale(0.5))
+        if variant == "scale_clip_all" else gg.transforms.scale(0.5),
+        variant))
   return plan
+
+
+def _unfused(fn, variant: str):
+  """``fn``, or for a ``*_cut`` variant the same rewrite as a plain callable
+  with no linear factor, which the plan calls on the gradient."""
+  return (lambda g: fn(g)) if variant.endswith("_cut") else fn
 
 
 def make_linear_step(keras, kind: str, variant: str, depth: int = 0):

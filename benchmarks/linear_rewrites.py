@@ -16,11 +16,17 @@ with an upstream rewrite on the recurrent layer, and MLPs of depth 32 and
   calls it needs, each cut layer's gradient function emitted twice (once for
   its parameters with ``g``, once for its input with ``f(g)``), then the glue
   between layers once. Its build time is the floor for ``scale_clip_all``.
+
+And residual nets: tf-slim ``resnet_v1_50`` / ``101`` / ``152`` (batch 2,
+64x64) with ``clip_by_norm(1.0)`` upstream of every bottleneck unit
+(``conv3/BatchNorm``), variant ``clip_units``: the ops added per unit beyond
+``minimize()``'s stay constant with depth (not in the tiny run).
 """
 
 import logging
 from typing import Dict
 
+import numpy as np
 import tensorflow as tf
 
 import benchmarks
@@ -40,10 +46,36 @@ LABELS = {
     "scale_all_cut": "the same, forced through the cut path",
     "scale_clip_all": "scale+clip_by_value on every boundary (cut)",
     "floor": "hand-built floor of scale+clip: two emissions per layer",
+    "clip_units": "clip_by_norm(1.0) upstream of every bottleneck unit",
 }
 LSTM_VARIANTS = ("minimize", "scale", "scale_cut", "clip_by_norm")
 MLP_VARIANTS = ("minimize", "scale_all", "scale_all_cut", "scale_clip_all",
                 "floor")
+RESNET_VARIANTS = ("minimize", "clip_units")
+
+
+def _units(net):
+  return [n for n in net.names if n.endswith("conv3/BatchNorm")]
+
+
+def resnet(depth: int, batch: int = 2, size: int = 64) -> _models.Built:
+  """tf-slim's ``resnet_v1_<depth>`` in training mode, softmax loss."""
+  from benchmarks import memory  # pylint: disable=g-import-not-at-top
+  memory._alias_legacy_layers()  # pylint: disable=protected-access
+  import tf_slim as slim  # pylint: disable=g-import-not-at-top
+  from tf_slim.nets import resnet_v1  # pylint: disable=g-import-not-at-top
+  x = tf1.placeholder(tf.float32, [batch, size, size, 3])
+  y = tf1.placeholder(tf.int32, [batch])
+  with slim.arg_scope(resnet_v1.resnet_arg_scope()):
+    logits, _ = getattr(resnet_v1, f"resnet_v1_{depth}")(
+        x, num_classes=10, is_training=True)
+  logits = tf.reshape(logits, [batch, 10])
+  loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=y, logits=logits))
+  rng = np.random.default_rng(0)
+  feed = {x: rng.normal(size=(batch, size, size, 3)).astype(np.float32),
+          y: rng.integers(0, 10, batch).astype(np.int32)}
+  return _models.Built(loss, feed, [])
 
 
 def _scale_clip():
@@ -55,10 +87,11 @@ def _plan_variant(layers, boundary, fn, fuse=True):
   """A variant rewriting the upstream of ``boundary(net)``'s layers."""
   def build(built, optimizer):
     net = gg.analyze(built.loss, layers=layers)
-    plan = gg.GradientPlan(built.loss, net,
-                           linear="fused" if fuse else "general")
+    plan = gg.GradientPlan(built.loss, net)
     for name in boundary(net):
-      plan.transform_upstream(name, fn())
+      # Without a linear factor, the rewrite is called on the gradient.
+      f = fn()
+      plan.transform_upstream(name, f if fuse else lambda g, f=f: f(g))
     return plan.apply_gradients(optimizer), {}
   return build
 
@@ -113,6 +146,8 @@ _variants.EXTRA.update({
                                    fuse=False),
     "scale_clip_all": _plan_variant(None, _below, _scale_clip),
     "floor": floor,
+    "clip_units": _plan_variant(None, _units,
+                                lambda: gg.transforms.clip_by_norm(1.0)),
 })
 
 
@@ -127,7 +162,11 @@ def _cases(tiny: bool):
            LSTM_VARIANTS)] + [
       (_models.Model(f"mlp{d}", lambda d=d: _models.mlp(d), d,
                      f"MLP depth {d}, width 256, batch 128"), MLP_VARIANTS)
-      for d in (32, 128)]
+      for d in (32, 128)] + [
+      (_models.Model(f"resnet_v1_{d}", lambda d=d: resnet(d), 0,
+                     f"tf-slim resnet_v1_{d}, batch 2, 64x64, clip_by_norm "
+                     f"upstream of every bottleneck unit"), RESNET_VARIANTS)
+      for d in (50, 101, 152)]
 
 
 def run_case(config, model, variants) -> Dict:

@@ -251,13 +251,24 @@ _ORIGINAL_LOOKUP = getattr(_tf_ops, "get_gradient_function", None)
 if getattr(_ORIGINAL_LOOKUP, "__module__", None) == __name__:
   _ORIGINAL_LOOKUP = None  # this module reloaded over its own replacement
 
-GradientWrap = Callable[[tf.Operation, Callable], Callable]
+GradientWrap = Callable[[tf.Operation, Optional[Callable]],
+                        Optional[Callable]]
 
 
 def _lookup(op):
   wrap = _LOOKUP.value()
-  fn = _ORIGINAL_LOOKUP(op)  # type: ignore[misc]
-  return fn if wrap is None or fn is None else wrap(op, fn)
+  if wrap is None:
+    return _ORIGINAL_LOOKUP(op)  # type: ignore[misc]
+  try:
+    fn = _ORIGINAL_LOOKUP(op)  # type: ignore[misc]
+  except LookupError:
+    # No registered gradient: the wrap may substitute one, else TF's
+    # LookupError stands.
+    found = wrap(op, None)
+    if found is None:
+      raise
+    return found
+  return wrap(op, fn)
 
 
 _LOOKUP = ThreadPatch("get_gradient_function", _lookup)
@@ -297,8 +308,10 @@ def has_gradient_function(op: tf.Operation) -> bool:
 def wrapped_gradients(wrap: GradientWrap) -> Iterator[None]:
   """Within the block, this thread's ``tf.gradients`` uses ``wrap(op, fn)``.
 
-  ``fn`` is ``op``'s registered gradient function; other threads and calls
-  outside the block see ``fn`` itself.
+  ``fn`` is ``op``'s registered gradient function, or ``None`` where it has
+  none: a not-differentiable op, or one with no registered gradient. For
+  the latter a ``None`` from ``wrap`` keeps TensorFlow's ``LookupError``.
+  Other threads and calls outside the block see ``fn`` itself.
 
   Raises:
     RuntimeError: when :func:`usable` says the lookup cannot be replaced;
@@ -328,9 +341,15 @@ def _check_gradient_lookup() -> None:
       raise SelfTestError("an unregistered gradient raised no LookupError")
     except LookupError:
       pass
+    stopped = tf.stop_gradient(x).op  # not differentiable: the lookup's None
+    z = tf.reduce_sum(unknown.outputs[0] + 2.0 * stopped.outputs[0])
     called = []
 
     def wrap(op, fn):
+      if op is unknown or op is stopped:
+        # An op without a registered gradient, or a not-differentiable
+        # one, gets the function given here: 5 times the gradient.
+        return lambda op, grad: 5.0 * grad
       if op is not mul:
         return fn
 
@@ -342,14 +361,25 @@ def _check_gradient_lookup() -> None:
 
     with _LOOKUP.active(_tf_ops, wrap):
       (hooked,) = tf.compat.v1.gradients(y, x)
+    if not called:
+      raise SelfTestError("tf.gradients did not call the replaced lookup")
+    with _LOOKUP.active(_tf_ops, wrap):
+      (substituted,) = tf.compat.v1.gradients(z, x)
     (plain,) = tf.compat.v1.gradients(y, x)
+    try:
+      tf.compat.v1.gradients(z, x)
+      raise SelfTestError("outside the block, an op without a registered "
+                          "gradient raised no LookupError")
+    except LookupError:
+      pass
     with tf.compat.v1.Session(graph=g) as sess:
-      got, want = sess.run([hooked, plain])
-  if not called:
-    raise SelfTestError("tf.gradients did not call the replaced lookup")
+      got, want, sub = sess.run([hooked, plain, substituted])
   if not (np.allclose(got, [4.0, 8.0]) and np.allclose(want, [2.0, 4.0])):
     raise SelfTestError(f"the replaced lookup gave {got.tolist()}, "
                         f"expected [4.0, 8.0]")
+  if not np.allclose(sub, [15.0, 15.0]):
+    raise SelfTestError(f"the functions substituted for ops without a "
+                        f"gradient gave {sub.tolist()}, expected [15.0, 15.0]")
 
 
 # -- tensorflow.python.ops.gradients_util._MarkReachedOps --------------------
@@ -577,15 +607,20 @@ PRIVATE_APIS: Dict[str, PrivateApi] = {
         symbols=("tensorflow.python.framework.ops",),
         why="graphgrad inspect lists ops without a registered gradient; the "
         "TF1 engine replaces the lookup, for one tf.gradients call on one "
-        "thread, to weight what the ops of a chain of linearly rewritten "
-        "layers pass below (graphgrad.plan._hooks)",
+        "thread, to give overridden ops the plan's gradient function and to "
+        "weight what the ops of a chain of linearly rewritten layers pass "
+        "below (graphgrad.plan._hooks)",
         self_test="in a scratch graph the lookup finds Mul's gradient and "
         "raises LookupError for an unregistered one; with the replacement "
         "installed, tf.compat.v1.gradients calls it and its tripled input "
-        "gradient changes the result from 2x to 4x",
+        "gradient changes the result from 2x to 4x, and an op with no "
+        "registered gradient and a not-differentiable one get the function "
+        "it substitutes, while outside the block the first still raises "
+        "LookupError",
         fallback="one tf.gradients call per rewritten layer (the same "
         "gradients, one more op per boundary), and taking every op to have "
-        "a gradient",
+        "a gradient; a GradientPlan with an overridden op raises "
+        "GraphGradError",
         check=_check_gradient_lookup),
     "reached_walk": PrivateApi(
         name="tensorflow.python.ops.gradients_util._MarkReachedOps",

@@ -224,6 +224,30 @@ def test_a_tensorflow_that_stops_calling_the_lookup_unchains(
   assert not _compat.usable("gradient_lookup")
 
 
+def test_without_the_lookup_a_plan_with_an_override_is_refused(
+    fresh, monkeypatch, caplog):
+  from tensorflow.python.ops import gradients_util  # pylint: disable=g-import-not-at-top
+  real = gradients_util.ops
+  proxy = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real)
+                                   if not n.startswith("__")})
+  proxy.get_gradient_function = _compat._ORIGINAL_LOOKUP  # pylint: disable=protected-access
+  _rebuilt(monkeypatch, gradients_util, "_GradientsHelper", ops=proxy)
+  _compat.reset()
+  with tf.Graph().as_default():
+    x = tf1.placeholder(tf.float32, [None, 3])
+    h = tf.round(dense(x, 4, "l1", tf.tanh), name="l2/round")
+    loss = tf.reduce_sum(tf.square(dense(h, 2, "l2")))
+    plan = gg.GradientPlan(loss).straight_through("Round")
+    with caplog.at_level(logging.WARNING, logger="graphgrad"):
+      with pytest.raises(gg.GraphGradError,
+                         match=rf"TensorFlow {re.escape(tf.__version__)} fails "
+                               rf"graphgrad's self-test of its gradient-"
+                               rf"function lookup .* the ops l2/round their "
+                               rf"overridden backward pass"):
+        plan.compute_gradients()
+  assert _warnings(caplog, "gradient_lookup")
+
+
 def test_without_the_lookup_every_op_counts_as_having_a_gradient(
     fresh, graph, monkeypatch, caplog):
   x = tf1.placeholder(tf.float32, [None, 3])

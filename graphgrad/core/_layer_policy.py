@@ -13,22 +13,7 @@ backward replacement or the override returns instead. A linear transform
 import dataclasses
 from typing import Callable, List, Optional, Protocol, Tuple
 
-from graphgrad import _errors
 from graphgrad.core._gradients import is_zero
-
-# How a plan executes a linear rewrite (its ``linear=`` option).
-LINEAR_PATHS = ("fused", "general")
-
-
-def check_linear(linear, owner: str) -> bool:
-  """Whether ``linear`` asks for the fused path; raises if it is unknown."""
-  if linear not in LINEAR_PATHS:
-    raise _errors.GraphGradError(
-        f"{owner}: `linear` must be one of {', '.join(map(repr, LINEAR_PATHS))}"
-        f"; got {linear!r}. Pass linear='fused' (the default: a linear "
-        f"rewrite weights one backward pass) or linear='general' (it is "
-        f"called on the gradient, as any rewrite).")
-  return linear == "fused"
 
 
 @dataclasses.dataclass(frozen=True)

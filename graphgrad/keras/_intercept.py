@@ -84,8 +84,7 @@ class Interceptor:
     # Layers whose one declaration is a linear upstream rewrite: they may
     # run uninterrupted on inputs scaled in the backward pass (_linear).
     self.light = {p: fn.linear_factor for p, fn in decl.upstream.items()
-                  if plan.fuse_linear and fn.linear_factor is not None
-                  and p not in special}
+                  if fn.linear_factor is not None and p not in special}
     self.calls: collections.Counter = collections.Counter()
     self.outputs: Dict[str, List[list]] = collections.defaultdict(list)
     # The backward pass under way: custom gradients run inside TF's own

@@ -22,7 +22,6 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._inert import bottom_layer_advice
-from graphgrad.core._layer_policy import check_linear
 from graphgrad.keras import _fit, _loss_scale, _methods
 from graphgrad.keras._layer_index import (
   LayerIndex,
@@ -58,15 +57,15 @@ class KerasPlan(tf.Module, LayerOverriding):
     global_step: optional step counter handed to transforms in their
       context, e.g. ``optimizer.iterations`` or a ``tf.Variable``.
     name: name scope for the ops graphgrad adds (a Python identifier).
-    linear: how a linear upstream rewrite (``scale``, ``zero``,
-      ``reverse``) is built: ``"fused"`` (the default) weights one VJP of
-      the layer by its factor, or runs the layer as it is on inputs whose
-      gradient is weighted; ``"general"`` calls it on the gradient, as any
-      other rewrite, with a second VJP. Both give the same gradients.
+
+  A linear upstream rewrite (``scale``, ``zero``, ``reverse`` with a number)
+  weights one VJP of the layer by its factor, or runs the layer as it is on
+  inputs whose gradient is weighted; any other rewrite is called on the
+  gradient, with a second VJP.
 
   Raises:
-    GraphGradError: if ``model`` is not a Keras layer, ``name`` is not an
-      identifier, or ``linear`` is neither ``"fused"`` nor ``"general"``.
+    GraphGradError: if ``model`` is not a Keras layer or ``name`` is not an
+      identifier.
 
   Example:
     >>> import tensorflow as tf, graphgrad as gg
@@ -83,8 +82,7 @@ class KerasPlan(tf.Module, LayerOverriding):
     [[[1.0]], [[2.0]]]
   """
 
-  def __init__(self, model: Any, global_step=None, name: str = "graphgrad",
-               linear: str = "fused"):
+  def __init__(self, model: Any, global_step=None, name: str = "graphgrad"):
     if not is_keras_layer(model):
       raise _errors.GraphGradError(
           f"`model` must be a Keras model or layer (Keras 3 or tf-keras); got "
@@ -94,9 +92,7 @@ class KerasPlan(tf.Module, LayerOverriding):
       raise _errors.GraphGradError(
           f"`name` must be a Python identifier, the name scope of the ops "
           f"graphgrad adds; got {name!r}. Pass e.g. name='graphgrad'.")
-    fuse_linear = check_linear(linear, "gg.KerasPlan")
     super().__init__(name=name)
-    self._fuse_linear = fuse_linear
     self._model = model
     self._global_step = global_step
     self._index = LayerIndex(model)
@@ -494,7 +490,6 @@ class KerasPlan(tf.Module, LayerOverriding):
     return PlanView(
         declarations=self._declarations, model=self._model, name=self.name,
         resources=self._resources, method_variables=self._methods,
-        fuse_linear=self._fuse_linear,
         read_layers=tuple(dict.fromkeys(reads)), layers=layers,
         layer_names=tuple(self._index.paths), layer=self.layer,
         own_variables=lambda path: layer_variables(self._index[path]),

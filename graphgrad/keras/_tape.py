@@ -36,7 +36,6 @@ class PlanView:
     name: the name scope of the ops the plan adds.
     resources: the plan's store of what its transforms create.
     method_variables: the variables of the plan's training methods.
-    fuse_linear: whether a linear upstream rewrite weights one VJP.
     read_layers: layers whose output gradients a replacement reads.
     layers: the model's layers, as a replacement sees them (``net``).
     layer_names: paths of every layer in the model.
@@ -51,7 +50,6 @@ class PlanView:
   name: str
   resources: Any
   method_variables: Any
-  fuse_linear: bool
   read_layers: Tuple[str, ...]
   layers: Any
   layer_names: Tuple[str, ...]

@@ -137,8 +137,7 @@ def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
             _checks.checked(fn, dy, run.context(path, "upstream", tensor=o),
                             f"transform_upstream({path!r}) on {describe(o)}")
             for o, dy in zip(outs, gs)],
-        factor=(fn.linear_factor if fn is not None and plan.fuse_linear
-                else None),
+        factor=fn.linear_factor if fn is not None else None,
         replace=None if replace is None else lambda gs, chain_rule: (
             run.replace(step, path, replace, inner, xs, outs, gs,
                         chain_rule)),

@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set
 import tensorflow as tf
 
 from graphgrad.core._gradients import aggregate, weigh
-from graphgrad.plan import _reach
+from graphgrad.plan import _hooks, _reach
 
 
 class Backprop:
@@ -25,12 +25,16 @@ class Backprop:
       parameter gradients of each segment call.
     gradients_fn: what each segment calls instead of ``tf.gradients``,
       with the same arguments.
+    overrides: op name -> the gradient function substituted for the
+      registered one in every segment call (see ``_hooks``).
   """
 
   def __init__(self, variables: Dict[str, tf.Variable], options: dict,
                bound: bool, reduce: Optional[Callable] = None,
-               gradients_fn: Optional[Callable] = None):
+               gradients_fn: Optional[Callable] = None,
+               overrides: Optional[Dict[str, Callable]] = None):
     self.gradients_fn = gradients_fn or tf.compat.v1.gradients
+    self.overrides = dict(overrides or {})
     self.variables = variables
     self.options = options
     self.bound = bound
@@ -47,8 +51,13 @@ class Backprop:
     store = self.acc if store is None else store
     return [aggregate(store.get(t.name, ()), like=t) for t in ts]
 
-  def call(self, ys, grad_ys, targets, var_names, stops=None) -> List:
-    """One segment: ``gradients_fn`` from ``ys`` to targets and variables."""
+  def call(self, ys, grad_ys, targets, var_names, stops=None,
+           hooks: Optional[Dict[tf.Operation, _hooks.Hook]] = None) -> List:
+    """One segment: ``gradients_fn`` from ``ys`` to targets and variables.
+
+    The overridden ops' functions, and ``hooks`` around those of the hooked
+    ops, replace the registered ones in this call's gradient lookup.
+    """
     pairs = [(y, gy) for y, gy in zip(ys, grad_ys) if gy is not None]
     xs = list(targets) + [self.variables[n] for n in var_names]
     if not pairs or not xs:
@@ -56,7 +65,7 @@ class Backprop:
     stops = list(targets) if stops is None else list(stops)
     ys = [y for y, _ in pairs]
     allowed = _reach.behind(ys, xs) if self.bound else None
-    with _reach.bounded(allowed):
+    with _hooks.hooked(hooks or {}, self.overrides), _reach.bounded(allowed):
       return self.gradients_fn(ys, xs, grad_ys=[gy for _, gy in pairs],
                                stop_gradients=stops, **self.options)
 

@@ -16,8 +16,19 @@ the differentiated variables it reached.
 import collections
 import dataclasses
 import enum
+import functools
 import logging
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set
+from typing import (
+  AbstractSet,
+  Callable,
+  Dict,
+  Iterable,
+  List,
+  NamedTuple,
+  Optional,
+  Sequence,
+  Set,
+)
 
 import networkx as nx
 import tensorflow as tf
@@ -80,12 +91,16 @@ class CutPlan:
       that feeds nothing else (a linear rewrite weights what the segment
       deposits, and glue is linear to backpropagate), so that the glue needs
       no segment of its own.
+    uncovered: names of glue ops that no layer covers (overridden ops whose
+      gradient function may not be linear).
   """
 
   def __init__(self, net: LayerGraph, variables: Dict[str, tf.Variable],
                cut_layers: Set[str], edge_uppers: Set[str],
-               with_glue: Iterable[str] = ()):
+               with_glue: Iterable[str] = (),
+               uncovered: AbstractSet[str] = frozenset()):
     self.net = net
+    self.uncovered = uncovered
     self.variables = variables
     self.cut_layers = cut_layers
     self.edge_uppers = edge_uppers
@@ -104,6 +119,39 @@ class CutPlan:
       layer = producers.get(op_name)
       self.group_of[op_name] = (Key(GroupKind.LAYER, layer) if layer
                                 else Key(GroupKind.OP, op_name))
+    self._cut_where_segments_meet()
+
+  def _cut_where_segments_meet(self) -> None:
+    """Cuts the ops where the segments of two op groups would meet.
+
+    Without a cut there, both segments backpropagate everything below such
+    an op (on a residual net, the whole identity path below every cut):
+    quadratic in depth. A cut makes it an op group of its own, whose one
+    call runs once its gradient is complete. An op is cut where walks of
+    two groups reach it through two consumers; one reached through a
+    single consumer is behind the op that is.
+    """
+    g = self.net.op_graph
+    while True:
+      walks: Dict[str, Set[str]] = collections.defaultdict(set)
+      via: Dict[str, Set[str]] = collections.defaultdict(set)
+      for name, key in list(self.group_of.items()):
+        if key.kind is GroupKind.OP and name in g:
+          self.segment([g.nodes[name]["op"]], visit=functools.partial(
+              _record, walks, via, name))
+      meeting = [n for n, starts in walks.items()
+                 if len(starts) > 1 and len(via[n]) > 1
+                 and self._cuttable(g.nodes[n]["op"])]
+      if not meeting:
+        return
+      for n in meeting:
+        self.cut_ops.add(n)
+        self.group_of[n] = Key(GroupKind.OP, n)
+
+  def _cuttable(self, op: tf.Operation) -> bool:
+    return (not _graph_util.in_control_flow(op)
+            and all(differentiable(t) for t in op.outputs)
+            and self.net.layer_of(op) not in self.cut_layers)
 
   def _variable_dependent_ops(self) -> Set[str]:
     """Forward ops downstream of a differentiated variable."""
@@ -168,7 +216,8 @@ class CutPlan:
     while stack:
       p = stack.pop()
       if (p.name in glue_of or p.name not in self._dep
-          or net.layer_of(p) is not None or p.name == net.loss.op.name
+          or p.name in self.uncovered or net.layer_of(p) is not None
+          or p.name == net.loss.op.name
           or _graph_util.in_control_flow(p)
           or any(t.name in fixed for t in p.outputs)
           # a TensorList's gradient is refused at the layer, as on the cut
@@ -196,20 +245,24 @@ class CutPlan:
   # -- segments --------------------------------------------------------------
 
   def segment(self, start_ops: Iterable[tf.Operation],
-             inside: Optional[str] = None, glue_only: bool = False):
+             inside: Optional[str] = None, glue_only: bool = False,
+             visit: Optional[Callable] = None):
     """Walks back from ``start_ops`` to the next cuts.
 
     Returns (targets, variable names): cut tensors where the walk stopped and
     differentiated variables it reached. With ``inside``, the walk stays in
     that layer and stops at every tensor entering it. With ``glue_only``, the
     walk crosses glue ops, even cut ones, and stops at every layer's tensor.
+    ``visit(consumer, producer)`` is called for each op the walk crosses
+    into, once per consumer.
     """
     targets: Dict[str, tf.Tensor] = {}
     var_names: Dict[str, None] = {}
     stack = list({op.name: op for op in start_ops}.values())
     seen = {op.name for op in stack}
     while stack:
-      for t in stack.pop().inputs:
+      consumer = stack.pop()
+      for t in consumer.inputs:
         if _graph_util.is_handle(t):
           var = _graph_util.variable_of_handle(t)
           if var in self.variables:
@@ -222,7 +275,10 @@ class CutPlan:
           continue
         if self._stops(t, inside, glue_only):
           targets[t.name] = t
-        elif t.op.name not in seen:
+          continue
+        if visit is not None:
+          visit(consumer, t.op)
+        if t.op.name not in seen:
           seen.add(t.op.name)
           stack.append(t.op)
     return list(targets.values()), list(var_names)
@@ -315,6 +371,13 @@ class CutPlan:
       ) from None
     log.debug("backward pass: %d cut groups", len(order))
     return [by_key[k] for k in order]
+
+
+def _record(walks: Dict[str, Set[str]], via: Dict[str, Set[str]],
+            start: str, consumer: tf.Operation, producer: tf.Operation):
+  """The walk from ``start`` reached ``producer`` through ``consumer``."""
+  walks[producer.name].add(start)
+  via[producer.name].add(consumer.name)
 
 
 def ancestors(net: LayerGraph, tensors: Sequence[tf.Tensor]) -> Set[str]:

@@ -25,6 +25,7 @@ from graphgrad.core._layer_policy import LayerRules, layer_backward
 from graphgrad.plan import _hooks, _reach
 from graphgrad.plan._backprop import Backprop
 from graphgrad.plan._cuts import CutPlan, Group, GroupKind, ancestors
+from graphgrad.plan._op_override import Substitutions
 from graphgrad.plan._spans import Spans
 
 __all__ = ["Rewrite", "Segments"]
@@ -90,8 +91,12 @@ class Segments:
     read_layers: more layers to cut, whose output gradients
       ``upstream_of`` reads (a replacement's ``cuts``).
     gradients_fn: what each segment calls instead of ``tf.gradients``, with
-      the same arguments (the plan's gradient overrides, see ``_override``).
-    overridden: the names of the ops ``gradients_fn`` overrides.
+      the same arguments (``plan.recompute``, see ``_recompute``).
+    overrides: the plan's overridden ops: their functions replace the
+      registered ones in every segment call (see ``_hooks``). A layer whose
+      own ops include one whose function is not known to be linear is
+      backpropagated with its rewritten gradient, never weighted by a
+      factor, and glue with such an op is never covered by a layer above.
     spans: whether spans of linear layers may share one call; ``False``
       when ``gradients_fn`` differentiates copies of the forward ops
       (``plan.recompute``), which a span's per-op factors cannot reach.
@@ -104,11 +109,19 @@ class Segments:
                outputs_fn: Optional[Dict[str, Callable]] = None,
                read_layers: Sequence[str] = (),
                gradients_fn: Optional[Callable] = None,
-               overridden: Sequence[str] = (), spans: bool = True):
+               overrides: Optional[Substitutions] = None,
+               spans: bool = True):
     self.net = net
     self.gradients_fn = gradients_fn or tf.compat.v1.gradients
+    self.overrides = overrides or Substitutions()
     self.variables = {v.op.name: v for v in variables}
-    self.upstream = dict(upstream)
+    nonlinear = self._nonlinear_overrides()
+    # An override whose function may not be linear sees the rewritten
+    # gradient itself: its layer's factor cannot be moved past it.
+    self.upstream = {
+        n: (dataclasses.replace(rw, factor=None)
+            if any(net.layer_of(op) == n for op in nonlinear) else rw)
+        for n, rw in upstream.items()}
     self.edges = dict(edges)
     self.options = options
     self.backward = dict(backward or {})
@@ -123,7 +136,7 @@ class Segments:
     with_glue = [n for n, rw in self.upstream.items()
                  if rw.factor is not None and n not in self._special]
     self.cuts = CutPlan(net, self.variables, cut_layers, self.edge_uppers,
-                        with_glue)
+                        with_glue, uncovered={op.name for op in nonlinear})
     # Each segment call walks only the ops behind its ys (see _reach).
     self._bound = _reach.can_bound(
         d["op"] for _, d in net.op_graph.nodes(data=True))
@@ -133,7 +146,13 @@ class Segments:
         {n: rw.factor for n, rw in self.upstream.items()
          if rw.factor is not None}, self._special,
         enabled=spans and _hooks.available(),
-        overridden=set(overridden))
+        overridden=set(self.overrides.fns))
+
+  def _nonlinear_overrides(self) -> List[tf.Operation]:
+    """The overridden ops of the op graph whose function may not be linear."""
+    known = self.net.op_graph
+    return [known.nodes[n]["op"] for n in self.overrides.fns
+            if n in known and n not in self.overrides.linear]
 
   def schedule(self) -> List[Group]:
     """Returns the cut groups in execution order, with their segments."""
@@ -150,7 +169,8 @@ class Segments:
         before they join the variables' contributions.
     """
     bp = Backprop(self.variables, self.options, self._bound, reduce,
-                  gradients_fn=self.gradients_fn)
+                  gradients_fn=self.gradients_fn,
+                  overrides=self.overrides.fns)
     bp.acc[self.net.loss.name].append(seed)
     self._done = {}
     run = {GroupKind.LAYER: self._run_layer, GroupKind.EDGE: self._run_edge,
@@ -177,9 +197,8 @@ class Segments:
     seen: Dict[str, object] = {}
     hooks = self._spans.hooks(span, bp.weigh, seen.setdefault)
     variables = list(dict.fromkeys(n for x in span for n in x.variables))
-    with _hooks.hooked(hooks):
-      res = bp.call(head.sources, g, last.targets, variables,
-                    stops=last.targets)
+    res = bp.call(head.sources, g, last.targets, variables,
+                  stops=last.targets, hooks=hooks)
     bp.deposit(last.targets, variables, res)
     for group in span[1:]:
       self._observe(group.key.name, group.sources,

@@ -4,8 +4,8 @@
 backward pass it makes the single ``tf.gradients`` call that
 ``Optimizer.minimize`` makes; else it turns each declaration into a rule of
 the segment engine (:class:`~graphgrad.plan._engine.Segments`). Every
-backward call goes through the plan's gradient function (``tf.gradients``,
-cut at the ops the plan overrides: ``_op_override``). It then applies the
+backward call substitutes the plan's overrides for the registered gradient
+functions of their ops (``_op_override``, ``_hooks``). It then applies the
 parameter-gradient transforms, appends the ``(gradient, variable)`` pairs of
 backward replacements, and gates the result. Every applied transform is
 recorded as a :class:`TraceRecord`, which ``plan.summaries()`` reads.
@@ -38,7 +38,12 @@ from graphgrad.core._declaration_model import (
 )
 from graphgrad.core._gradients import aggregate
 from graphgrad.methods import _pcgrad, _replacement
-from graphgrad.plan import _loss_scale_optimizer, _op_override, _recompute
+from graphgrad.plan import (
+  _hooks,
+  _loss_scale_optimizer,
+  _op_override,
+  _recompute,
+)
 from graphgrad.plan._engine import Rewrite, Segments
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources, TransformContext
@@ -91,11 +96,10 @@ class Options:
     colocate_gradients_with_ops: passed to ``tf.gradients``.
     name: name scope of the ops the plan adds.
     reduce_fn: the cross-replica reduction, or ``None``.
-    fuse_linear: a linear rewrite weights one backward pass by its factor
-      (``linear="fused"``) instead of being called on the gradient.
-    loss_scale: the loss scale ``S`` of a loss-scale optimizer (a tensor),
-      or ``None``: the plan then backpropagates ``loss * S`` and its
-      transforms see gradients divided by ``S`` (see ``_loss_scale_optimizer``).
+    loss_scale: the ``LossScale`` of a loss-scale optimizer (calling it
+      gives the scale ``S``), or ``None``: the plan then backpropagates
+      ``loss * S``, its transforms see gradients divided by ``S``, and its
+      parameter gradients are divided by ``S`` (see ``_loss_scale_optimizer``).
     recompute: what ``plan.recompute`` declared, or ``None``.
   """
   gate_gradients: int = GATE_OP
@@ -103,7 +107,6 @@ class Options:
   colocate_gradients_with_ops: bool = False
   name: str = "graphgrad"
   reduce_fn: Optional[Callable] = None
-  fuse_linear: bool = True
   loss_scale: Any = None
   recompute: Optional[_recompute.Recompute] = None
 
@@ -180,10 +183,14 @@ class _Executor:
       return None
 
   def run(self) -> Built:
-    self.gradients_fn, self.overridden = _op_override.gradients_fn(
+    self.scale = None
+    if self.options.loss_scale is not None:
+      with self.loss.graph.as_default():
+        self.scale = self.options.loss_scale()
+    self.overrides = _op_override.substitutions(
         self.loss, self.var_list, self.declarations.overrides, self.layer_of)
-    if self.options.recompute is not None:
-      self.gradients_fn = self._recomputing(self.gradients_fn)
+    self.recomputing = (None if self.options.recompute is None
+                        else self._recomputing(tf.compat.v1.gradients))
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
       params = self.declarations.parameter_tasks
       chosen = set() if params is None else self._combined(params)
@@ -211,6 +218,9 @@ class _Executor:
         gated = tf.tuple([g for _, g in present]) if present else []
         for (i, _), g in zip(present, gated):
           out[i] = (g, out[i][1])
+      if self.scale is not None:
+        # As the loss-scale optimizer's own compute_gradients unscales.
+        out = _loss_scale_optimizer.unscale(self.scale, out)
     return Built(tuple(out), tuple(self.trace))
 
   def _recomputing(self, fn: Callable) -> Callable:
@@ -236,9 +246,9 @@ class _Executor:
         backward={n: self._backward_hook(n, fn) for n, fn in backward.items()},
         outputs_fn={n: self._tasks_hook(x) for n, x in d.tasks.items()},
         read_layers=[c for n, fn in backward.items()
-                     for c in (fn.cuts(self.net, n) if hasattr(fn, "cuts")
-                               else [])],
-        gradients_fn=self.gradients_fn, overridden=self.overridden,
+                     if isinstance(fn, _replacement.Replacement)
+                     for c in fn.cuts(self.net, n)],
+        gradients_fn=self.recomputing, overrides=self.overrides,
         spans=self.options.recompute is None)
     by_name = {v.op.name: v for v in reached}
     reduce = None
@@ -275,12 +285,11 @@ class _Executor:
       self.trace.append(TraceRecord(ctx, g, later=lambda: self._later(
           fn, g, ctx, at)))
 
-    factor = fn.linear_factor if self.options.fuse_linear else None
-    return Rewrite(apply, factor, observe)
+    return Rewrite(apply, fn.linear_factor, observe)
 
   def _backward_hook(self, layer: str, fn: Callable) -> Callable:
     return _replacement.engine_hook(self.net, layer, fn, self.resources,
-                                    self.extra, self.gradients_fn,
+                                    self.extra, self._gradients,
                                     self.options.gradients_kwargs)
 
   def _tasks_hook(self, declared: TasksDeclaration) -> Callable:
@@ -288,7 +297,7 @@ class _Executor:
                                   declared.method,
                                   f"combine_tasks_{declared.layer}",
                                   self.resources, declared.layer,
-                                  gradients=self.gradients_fn)
+                                  gradients=self._gradients)
 
   # -- parameter gradients ---------------------------------------------------
 
@@ -312,7 +321,7 @@ class _Executor:
     idx = [i for i, (_, v) in enumerate(out) if v.op.name in chosen]
     if not idx:
       return
-    gradients = functools.partial(self.gradients_fn,
+    gradients = functools.partial(self._gradients,
                                   **self.options.gradients_kwargs)
     reduce = None if self.options.reduce_fn is None else self._reduce
     run = _pcgrad.parameter_rewrite(self.loss, declared.losses or (),
@@ -333,7 +342,7 @@ class _Executor:
     for fn in fns:
       if isinstance(fn, GroupTransform):
         new = _checks.checked_group(
-            _loss_scale_optimizer.unscaled(fn, self.options.loss_scale),
+            _loss_scale_optimizer.unscaled(fn, self.scale),
             [out[i] for i in idx],
             self._context(", ".join(layers), "gradients"),
             f"transform_gradients({layer!r}, {fn!r})")
@@ -355,16 +364,21 @@ class _Executor:
 
   def _whole(self, variables) -> Dict[str, Gradient]:
     """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
-    scaled = ({} if self.options.loss_scale is None
+    scaled = ({} if self.scale is None
               else {"grad_ys": self._seed()})
-    grads = self.gradients_fn(self.loss, variables, **scaled,
-                              **self.options.gradients_kwargs)
+    grads = self._gradients(self.loss, variables, **scaled,
+                            **self.options.gradients_kwargs)
     found = [(v, g) for v, g in zip(variables, grads) if g is not None]
     if self.options.reduce_fn is not None and found:
       found = list(zip([v for v, _ in found],
                        self._reduce([v for v, _ in found],
                                     [g for _, g in found])))
     return {v.op.name: g for v, g in found}
+
+  def _gradients(self, ys, xs, **kwargs) -> List:
+    """``tf.gradients`` with the plan's overrides, recomputing if declared."""
+    with _hooks.hooked({}, self.overrides.fns):
+      return (self.recomputing or tf.compat.v1.gradients)(ys, xs, **kwargs)
 
   def _reduce(self, variables, grads) -> List[Gradient]:
     """Calls reduce_fn on one segment's parameter gradients and checks it."""
@@ -383,13 +397,13 @@ class _Executor:
 
   def _seed(self) -> tf.Tensor:
     """The loss's gradient: 1, or the loss scale."""
-    if self.options.loss_scale is None:
+    if self.scale is None:
       return tf.ones_like(self.loss, name="seed")
-    return _loss_scale_optimizer.seed(self.loss, self.options.loss_scale)
+    return _loss_scale_optimizer.seed(self.loss, self.scale)
 
   def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:
-    unscaled = _loss_scale_optimizer.unscaled(fn, self.options.loss_scale)
+    unscaled = _loss_scale_optimizer.unscaled(fn, self.scale)
     out = _checks.checked(unscaled, grad, ctx, where)
     self.trace.append(TraceRecord(ctx, grad, out))
     return out

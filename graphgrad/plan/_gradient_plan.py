@@ -24,7 +24,6 @@ from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._gradients import straight_through
-from graphgrad.core._layer_policy import check_linear
 from graphgrad.methods import _pcgrad
 from graphgrad.plan import (
   _advice,
@@ -78,15 +77,24 @@ class GradientPlan:
       transforms see the global gradient. Upstream and edge gradients are
       never reduced: they belong to this replica's own examples, and upstream
       transforms act on them per replica.
-    linear: how a linear rewrite (``scale``, ``zero``, ``reverse``) is
-      built: ``"fused"`` (the default) weights the one backward pass of the
-      layer by its factor, and runs of such layers share one
-      ``tf.gradients`` call; ``"general"`` calls it on the gradient, as any
-      other rewrite, with a second backward pass. Both give the same
-      gradients; ``"general"`` exists to compare against.
+    loss_scale: a ``tf.compat.v1.mixed_precision.
+      MixedPrecisionLossScaleOptimizer`` to train with, or ``None``. The
+      plan then builds what its ``minimize()`` builds: it backpropagates the
+      scaled loss, its transforms see the unscaled gradient (in float32
+      where it is float16), and :meth:`compute_gradients` returns the
+      unscaled gradients, the very tensors :meth:`apply_gradients` hands to
+      that optimizer, which skips a non-finite step (docs/distributed-
+      keras.md). :meth:`apply_gradients` with that optimizer on a plan
+      not yet built takes it as ``loss_scale``.
+
+  A linear rewrite (``scale``, ``zero``, ``reverse`` with a number) weights
+  the one backward pass of its layer by its factor, and runs of such layers
+  share one ``tf.gradients`` call; any other rewrite is called on the
+  gradient, with a second backward pass.
 
   Raises:
-    GraphGradError: on a malformed argument; eagerly or inside a
+    GraphGradError: on a malformed argument (a ``loss_scale`` that is not
+      a ``MixedPrecisionLossScaleOptimizer``); eagerly or inside a
       ``tf.function`` (use ``gg.KerasPlan``); for a finalized ``tf.Graph``.
 
   Example:
@@ -108,7 +116,7 @@ class GradientPlan:
                aggregation_method=None,
                colocate_gradients_with_ops: bool = False,
                name: str = "graphgrad",
-               reduce_fn=None, linear: str = "fused"):
+               reduce_fn=None, loss_scale=None):
     check_graph_mode("gg.GradientPlan", loss)
     _arguments.check_net(loss, net)
     _arguments.check_options(gate_gradients, reduce_fn)
@@ -118,8 +126,10 @@ class GradientPlan:
     self._options = _executor.Options(
         gate_gradients=gate_gradients, aggregation_method=aggregation_method,
         colocate_gradients_with_ops=colocate_gradients_with_ops, name=name,
-        reduce_fn=reduce_fn,
-        fuse_linear=check_linear(linear, "gg.GradientPlan"))
+        reduce_fn=reduce_fn)
+    self._loss_scale = None
+    if loss_scale is not None:
+      self._take_loss_scale(loss_scale, "gg.GradientPlan: `loss_scale`")
     self._declarations = Declarations(self._resolve, owner="GradientPlan")
     self._resources = Resources()
     self._built: Optional[_executor.Built] = None
@@ -513,12 +523,14 @@ class GradientPlan:
   def override_gradient(self, op, fn) -> "GradientPlan":
     """Gives ``op`` the backward pass ``fn`` inside this plan only.
 
-    The plan's backward pass is cut at the op: the gradient at its outputs
-    (summed over all consumers, after every rewrite above it) goes through
-    ``fn`` to its inputs, and backpropagation continues below. TensorFlow's
-    gradient registry and the op's attributes are not changed, so other
-    ``tf.gradients`` calls on the graph are unaffected; ops of imported
-    graphs work alike. Every other declaration composes with it.
+    In every ``tf.gradients`` call of the plan that crosses the op, ``fn``
+    takes the place of its registered gradient function (or of none): the
+    gradient at its outputs (summed over all consumers, after every rewrite
+    above it) goes through ``fn`` to its inputs, and backpropagation
+    continues below. TensorFlow's gradient registry and the op's attributes
+    are not changed, so other ``tf.gradients`` calls on the graph are
+    unaffected; ops of imported graphs, and ops inside ``tf.compat.v1``
+    loops, work alike. Every other declaration composes with it.
 
     Args:
       op: a ``tf.Operation``, an op name, or an op type (``"Round"``): a
@@ -534,7 +546,9 @@ class GradientPlan:
     Raises:
       NotConnectedError: if ``op`` is not on the loss's backward path.
       GraphGradError: if ``op`` names nothing there, already has an
-        override, ``fn`` is not callable, or the plan is built.
+        override, ``fn`` is not callable, or the plan is built; when the
+        plan is built, on a TensorFlow whose gradient lookup fails
+        graphgrad's self-test.
 
     Example:
       >>> import tensorflow as tf, graphgrad as gg
@@ -604,6 +618,8 @@ class GradientPlan:
     if self._built is None:
       check_graph_mode("GradientPlan.compute_gradients", self._loss)
       self._declarations.freeze()
+      if self._loss_scale is not None:
+        _loss_scale_optimizer.check_declarations(self._declarations)
       self._built = _executor.build(
           self._loss, lambda: self.net, self._var_list, self._declarations,
           self._options, self._resources)
@@ -627,10 +643,8 @@ class GradientPlan:
         a ``tf.function``, whose call op is then the train op), or anything
         with an ``apply_gradients(grads_and_vars, global_step, name)``.
         A ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``
-        is applied as its ``minimize()`` does: the plan backpropagates the
-        scaled loss, its transforms see the unscaled gradient (in float32
-        where it is float16), and a non-finite step is skipped
-        (docs/distributed-keras.md).
+        must be the plan's ``loss_scale``; a plan not yet built takes it as
+        such (see the class docstring).
       global_step: optional variable to increment once per step. When it is
         ``None`` and a transform of the plan reads the tf.Graph's global step
         (annealed ``add_noise(eta=...)``), that global step is incremented,
@@ -647,25 +661,14 @@ class GradientPlan:
       GraphGradError: if ``optimizer`` is a class, has no
         ``apply_gradients``, or is a Keras optimizer made outside the loss's
         graph; eagerly, inside a ``tf.function`` or for a finalized
-        tf.Graph; if no variable has a gradient; or for a loss-scale
-        optimizer with task combinations or backward replacements.
+        tf.Graph; if no variable has a gradient; for a loss-scale
+        optimizer with task combinations or backward replacements, or one
+        that is not the ``loss_scale`` of a plan already built.
     """
     check_graph_mode("GradientPlan.apply_gradients", self._loss)
     _optimizer.check_optimizer(optimizer)
-    scale = _loss_scale_optimizer.loss_scale_of(optimizer)
-    if scale is None:
-      gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
-    else:  # as its minimize(): the gradients of loss * S, then / S
-      self._declarations.freeze()
-      _loss_scale_optimizer.check_declarations(self._declarations)
-      with self._loss.graph.as_default():
-        current = scale()
-      options = dataclasses.replace(self._options, loss_scale=current)
-      built = _executor.build(self._loss, lambda: self.net, self._var_list,
-                              self._declarations, options, self._resources)
-      with self._loss.graph.as_default():
-        gv = [(g, v) for g, v in _loss_scale_optimizer.unscale(
-            current, built.grads_and_vars) if g is not None]
+    self._check_loss_scale(optimizer)
+    gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
     if not gv:
       raise _errors.NotConnectedError(
           f"no variable has a gradient from the loss {self._loss.name}; "
@@ -731,6 +734,43 @@ class GradientPlan:
     return _summaries.build(
         self.compute_gradients(), self.net, self.trace, self._loss.graph,
         histograms=histograms, name=name or self._options.name)
+
+  # -- loss scaling ----------------------------------------------------------
+
+  def _take_loss_scale(self, optimizer, what: str) -> None:
+    scale = _loss_scale_optimizer.loss_scale_of(optimizer, what)
+    if scale is None:
+      raise _errors.GraphGradError(
+          f"{what} must be a tf.compat.v1.mixed_precision."
+          f"MixedPrecisionLossScaleOptimizer; got {type(optimizer).__name__} "
+          f"{optimizer!r}. Pass the loss-scale optimizer the plan is applied "
+          f"with, or None (a Keras LossScaleOptimizer goes to a KerasPlan's "
+          f"tape(loss_scale=...)).")
+    self._loss_scale = optimizer
+    self._options = dataclasses.replace(self._options, loss_scale=scale)
+
+  def _check_loss_scale(self, optimizer) -> None:
+    """Makes sure the build is the one ``optimizer`` trains."""
+    scaling = _loss_scale_optimizer.is_loss_scale_optimizer(optimizer)
+    if optimizer is self._loss_scale or (
+        not scaling and self._loss_scale is None):
+      return
+    if scaling and self._loss_scale is None and self._built is None:
+      self._take_loss_scale(optimizer, "apply_gradients: `optimizer`")
+      return
+    if self._loss_scale is None:
+      raise _errors.GraphGradError(
+          "apply_gradients: `optimizer` is a MixedPrecisionLossScaleOptimizer,"
+          " but compute_gradients() already built this plan without a loss "
+          "scale. Make the plan with gg.GradientPlan(..., "
+          "loss_scale=optimizer), so that compute_gradients() builds what "
+          "apply_gradients trains.")
+    raise _errors.GraphGradError(
+        f"apply_gradients: this plan backpropagates the loss scaled by the "
+        f"MixedPrecisionLossScaleOptimizer it was made with "
+        f"(loss_scale={self._loss_scale!r}), but `optimizer` is "
+        f"{type(optimizer).__name__} {optimizer!r}. Apply it with that "
+        f"optimizer, or make a plan with loss_scale=optimizer.")
 
   # -- what a declaration can change ---------------------------------------
 

@@ -1,16 +1,17 @@
-"""Per-op gradient hooks for one ``tf.gradients`` call of the engine.
+"""Substitutions in the gradient lookup of one ``tf.gradients`` call.
 
-A chain of layers with linear upstream rewrites (``scale`` on every boundary)
-needs no cut between them: what layer ``L`` passes below is ``c`` times the
-plain backpropagation through ``L``, so one ``tf.gradients`` call covers the
-chain if the gradient each of ``L``'s ops hands to a tensor below ``L`` is
-multiplied by ``c``. Within :func:`hooked`, this thread's gradient-function
-lookup returns, for the hooked ops only, the registered function followed by
-``scale`` (weighting chosen inputs' gradients) and ``read`` (recording chosen
-outputs' gradients for the plan's trace). Nothing is registered and no op is
-changed. The lookup is a private TF function (``graphgrad._compat``): when
-its self-test fails, :func:`available` is False and the engine cuts at every
-layer instead (the same gradients, one call per layer).
+Within :func:`hooked`, this thread's gradient-function lookup returns, for an
+overridden op, the plan's function instead of the registered one (or of none),
+so an override acts in every call that crosses its op and nothing is cut
+there; then, for a hooked op, that function followed by ``scale`` (weighting
+chosen inputs' gradients) and ``read`` (recording chosen outputs' gradients).
+A chain of layers with linear upstream rewrites needs no cut between them:
+what layer ``L`` passes below is ``c`` times the plain backpropagation
+through ``L``, so one call covers the chain if each gradient ``L``'s ops hand
+below ``L`` is multiplied by ``c``. Nothing is registered and no op changes.
+The lookup is private (``graphgrad._compat``): where its self-test fails,
+:func:`available` is False, the engine cuts at every layer instead (the same
+gradients, one call per layer), and a plan with an override is refused.
 """
 
 import contextlib
@@ -66,27 +67,33 @@ def _wrap(fn: Callable, hook: Hook) -> Callable:
 
 
 @contextlib.contextmanager
-def hooked(hooks: Dict[tf.Operation, Hook]):
-  """Within the block, this thread's ``tf.gradients`` runs ``hooks``.
+def hooked(hooks: Dict[tf.Operation, Hook],
+           overrides: Optional[Dict[str, Callable]] = None):
+  """Within the block, this thread's ``tf.gradients`` substitutes and hooks.
 
   Args:
-    hooks: op -> what to do around its registered gradient function.
+    hooks: op -> what to do around its gradient function.
+    overrides: op name -> the gradient function that replaces the
+      registered one, ``fn(op, *output_grads) -> input grads``.
 
   Yields:
     Nothing.
 
   Raises:
-    RuntimeError: if hooks are asked for where :func:`available` is False.
+    RuntimeError: if asked for where :func:`available` is False.
   """
-  if not hooks:
+  if not hooks and not overrides:
     yield
     return
   if not available():
     raise RuntimeError("gradient hooks need ops.get_gradient_function")
+  overrides = overrides or {}
 
   def wrap(op, fn):
+    fn = overrides.get(op.name, fn)
     hook = hooks.get(op)
-    return fn if hook is None else _wrap(fn, hook)
+    return fn if hook is None or fn is None else _wrap(fn, hook)
 
   with _compat.wrapped_gradients(wrap):
     yield
+

@@ -1,17 +1,17 @@
 """Loss scaling for TF1's MixedPrecisionLossScaleOptimizer in a GradientPlan.
 
-Given that optimizer, ``GradientPlan.apply_gradients`` does what its
-``minimize()`` does: the plan backpropagates ``loss * S`` (its seed is the
-loss scale ``S``), the parameter gradients are multiplied by ``1 / S`` as
-the optimizer's own unscaling does, and the optimizer's ``apply_gradients``
-skips a non-finite step and updates a dynamic scale. In between, every
-transform
-sees the unscaled gradient, in float32 where the gradient is float16:
-:func:`unscaled` casts in, divides by ``S``, transforms, multiplies by ``S``
-and casts back. TensorFlow's loss scales are powers of two, so both
-multiplications are exact and a transform's result reaches the optimizer
-unchanged. Linear rewrites (a factor, a backward replacement, an override)
-commute with the scale and act on the scaled gradient as they are.
+A plan made with ``loss_scale=`` that optimizer (or first applied with it)
+builds what its ``minimize()`` does: the plan backpropagates ``loss * S``
+(its seed is the loss scale ``S``), the parameter gradients are multiplied
+by ``1 / S`` as the optimizer's own unscaling does, and the optimizer's
+``apply_gradients`` skips a non-finite step and updates a dynamic scale. In
+between, every transform sees the unscaled gradient, in float32 where the
+gradient is float16: :func:`unscaled` casts in, divides by ``S``,
+transforms, multiplies by ``S`` and casts back. TensorFlow's loss scales are
+powers of two, so both multiplications are exact and a transform's result
+reaches the optimizer unchanged. Linear rewrites (a factor, a backward
+replacement, an override) commute with the scale and act on the scaled
+gradient as they are.
 """
 
 from typing import Any, Callable, Optional
@@ -25,7 +25,13 @@ from graphgrad.transforms._transforms import Transform, as_transform
 _MPLSO = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
 
 
-def loss_scale_of(optimizer) -> Optional[Callable[[], Any]]:
+def is_loss_scale_optimizer(optimizer) -> bool:
+  """True for a TF1 ``MixedPrecisionLossScaleOptimizer``."""
+  return isinstance(optimizer, _MPLSO)
+
+
+def loss_scale_of(optimizer, what: str = "apply_gradients: `optimizer`"
+                  ) -> Optional[Callable[[], Any]]:
   """The loss scale of a TF1 loss-scale optimizer, else ``None``.
 
   Returns the ``LossScale`` object; calling it gives the current scale as a
@@ -42,7 +48,7 @@ def loss_scale_of(optimizer) -> Optional[Callable[[], Any]]:
       "loss_scale")
   if not callable(scale):
     raise _errors.GraphGradError(
-        f"apply_gradients: the MixedPrecisionLossScaleOptimizer {optimizer!r} "
+        f"{what}: the MixedPrecisionLossScaleOptimizer {optimizer!r} "
         f"tracks no callable `loss_scale` dependency (got {scale!r}), so its "
         f"loss scale cannot be read on this TensorFlow "
         f"{tf.__version__}. Apply the plan with the optimizer it wraps, or "
@@ -81,7 +87,7 @@ def check_declarations(declarations) -> None:
     bad.append("combine_tasks(at='parameters')")
   if bad:
     raise _errors.GraphGradError(
-        f"apply_gradients: a MixedPrecisionLossScaleOptimizer scales the "
+        f"loss_scale: a MixedPrecisionLossScaleOptimizer scales the "
         f"loss's gradient by its loss scale, but {', '.join(bad)} compute "
         f"gradients of their own that would not be scaled with it. Apply "
         f"this plan with the optimizer the loss-scale optimizer wraps (and "

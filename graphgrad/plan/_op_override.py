@@ -4,27 +4,25 @@ A plan's override gives an op a gradient function for this plan's backward
 pass only: TensorFlow's gradient registry, the op's attributes and every
 other ``tf.gradients`` call on the graph are untouched, which
 ``gradient_override_map`` cannot promise; ops of imported graphs work too.
-Every backward call the plan makes goes through :func:`gradients`, which
-cuts the call at the overridden ops it crosses: the gradient at an
-overridden op's outputs, summed over all its consumers, goes through ``fn``
-to its inputs, and backpropagation continues below from there, consumers
-first, so each ``fn`` sees a complete gradient.
+This module resolves and checks the overridden ops (:func:`substitutions`);
+the engine substitutes each ``fn`` for the registered gradient function in
+every segment call that crosses its op (``_hooks``), so the gradient at an
+overridden op's outputs, summed over its consumers in that call, goes through
+``fn`` to its inputs. It also words the error for ops without a gradient.
 """
 
 import collections
+import dataclasses
 import functools
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _compat, _errors
-from graphgrad.analysis import _graph_util, _lost_overrides
-from graphgrad.analysis._no_gradient import (
-  backpropagatable,
-  ops_on_path,
-  ops_without_gradient,
-)
-from graphgrad.core._gradients import aggregate, input_grads
+from graphgrad.analysis import _lost_overrides
+from graphgrad.analysis._no_gradient import ops_on_path, ops_without_gradient
+from graphgrad.core._gradients import input_grads, straight_through
+from graphgrad.plan import _hooks
 
 GradFn = Callable[..., object]
 
@@ -81,7 +79,6 @@ def on_path(loss: tf.Tensor, sources, overrides: Dict[Tuple[str, str], GradFn],
 
   Raises:
     GraphGradError: if an op without a gradient is left without one.
-    UnsupportedGraphError: for an overridden op inside a loop or cond.
   """
   by_name = {k: fn for (m, k), fn in overrides.items() if m == "name"}
   by_type = {k: fn for (m, k), fn in overrides.items() if m == "type"}
@@ -90,11 +87,6 @@ def on_path(loss: tf.Tensor, sources, overrides: Dict[Tuple[str, str], GradFn],
     fn = by_name.get(op.name, by_type.get(op.type))
     if fn is None:
       continue
-    if _graph_util.in_control_flow(op):
-      raise _errors.UnsupportedGraphError(
-          f"the overridden op {op.name} lies inside a tf.compat.v1 while "
-          f"loop or cond, where the backward pass cannot be cut. Override "
-          f"an op outside the loop.")
     found[op.name] = fn
   missing = [op for op in ops_without_gradient(loss, sources)
              if op.name not in found]
@@ -103,19 +95,47 @@ def on_path(loss: tf.Tensor, sources, overrides: Dict[Tuple[str, str], GradFn],
   return found
 
 
-def gradients_fn(loss: tf.Tensor, sources,
-                 overrides: Dict[Tuple[str, str], GradFn],
-                 layer_of: Callable[[tf.Operation], Optional[str]]
-                 ) -> Tuple[Callable, Tuple[str, ...]]:
-  """What a plan calls instead of ``tf.gradients``, and the ops it overrides.
+@dataclasses.dataclass(frozen=True)
+class Substitutions:
+  """The overridden ops on a plan's backward path, as the engine takes them.
 
-  :func:`gradients` with the plan's overridden ops on the loss's path, or
-  ``tf.gradients`` itself without any.
+  Attributes:
+    fns: op name -> the checked gradient function that replaces the
+      registered one in every segment call crossing the op.
+    linear: the names of the ops whose function is linear in the gradient
+      (``straight_through``): a linear factor may be moved past them.
+  """
+  fns: Dict[str, GradFn] = dataclasses.field(default_factory=dict)
+  linear: FrozenSet[str] = frozenset()
+
+
+def substitutions(loss: tf.Tensor, sources,
+                  overrides: Dict[Tuple[str, str], GradFn],
+                  layer_of: Callable[[tf.Operation], Optional[str]]
+                  ) -> Substitutions:
+  """The plan's overridden ops on the loss's path, with their functions.
+
+  Raises:
+    GraphGradError: as :func:`on_path`, and for an override on a
+      TensorFlow whose gradient lookup fails graphgrad's self-test.
   """
   found = on_path(loss, sources, overrides, layer_of) if overrides else {}
-  if not found:
-    return tf.compat.v1.gradients, ()
-  return functools.partial(gradients, overrides=found), tuple(found)
+  if found and not _hooks.available():
+    raise _errors.GraphGradError(
+        f"TensorFlow {tf.__version__} fails graphgrad's self-test of its "
+        f"gradient-function lookup (see the logged warning), through which a "
+        f"plan gives the ops {', '.join(sorted(found))} their overridden "
+        f"backward pass. Install a tested TensorFlow ({_compat.OLDEST[0]}."
+        f"{_compat.OLDEST[1]} to {_compat.NEWEST[0]}.{_compat.NEWEST[1]}), or "
+        f"build those ops with gradient_override_map instead of "
+        f"override_gradient / straight_through.")
+  return Substitutions(
+      {name: functools.partial(_checked, fn) for name, fn in found.items()},
+      frozenset(n for n, fn in found.items() if fn is straight_through))
+
+
+def _checked(fn: GradFn, op: tf.Operation, *grads) -> List:
+  return input_grads(op, fn, grads)
 
 
 def _not_on_path(caller, name, loss, path) -> _errors.NotConnectedError:
@@ -159,60 +179,3 @@ def _lost_override_note(ops) -> str:
       for name, names in by_name.items()) + (
           " gg.analyze(loss).lost_overrides suggests the declaration that "
           "restores each one." if by_name else "")
-
-
-def gradients(ys, xs, grad_ys=None, stop_gradients=None, *,
-              overrides: Dict[str, GradFn], **options) -> List:
-  """``tf.gradients`` with the ops in ``overrides`` cut and sent through fn.
-
-  Args:
-    ys, xs, grad_ys, stop_gradients: as for ``tf.compat.v1.gradients``.
-    overrides: op name -> ``fn(op, *output_grads) -> input grads``.
-    **options: more keyword arguments for ``tf.compat.v1.gradients``.
-
-  Returns:
-    One gradient (or None) per ``xs``.
-  """
-  ys = list(ys) if isinstance(ys, (list, tuple)) else [ys]
-  xs = list(xs)
-  stops = list(stop_gradients or [])
-  floor = -1
-  if xs and not any(_graph_util.in_control_flow(x.op) for x in xs):
-    floor = min(_compat.op_id(x.op) for x in xs)
-  cut = [op for op in ops_on_path(ys, xs, stops, floor)
-         if op.name in overrides]
-  if not cut:
-    return tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys,
-                                  stop_gradients=stops, **options)
-  cut.sort(key=lambda o: -_compat.op_id(o))
-  outs = {op.name: [t for t in op.outputs if backpropagatable(t)]
-          for op in cut}
-  stops += [t for op in cut for t in outs[op.name]]
-  acc: Dict[str, List] = collections.defaultdict(list)
-  x_grads: List[List] = [[] for _ in xs]
-
-  def run(ys_, grad_ys_, targets):
-    res = tf.compat.v1.gradients(ys_, xs + targets, grad_ys=grad_ys_,
-                                 stop_gradients=stops, **options)
-    for i, g in enumerate(res[:len(xs)]):
-      if g is not None:
-        x_grads[i].append(g)
-    for t, g in zip(targets, res[len(xs):]):
-      if g is not None:
-        acc[t.name].append(g)
-
-  run(ys, grad_ys, [t for op in cut for t in outs[op.name]])
-  for k, op in enumerate(cut):
-    grads = [aggregate(acc.get(t.name, ()), like=t) for t in op.outputs]
-    if all(g is None for g in grads):
-      continue
-    grads = [tf.zeros_like(t) if g is None and t.dtype.is_floating else g
-             for t, g in zip(op.outputs, grads)]
-    pairs = [(t, g) for t, g in zip(op.inputs, input_grads(
-        op, overrides[op.name], grads)) if g is not None]
-    if pairs:
-      run([t for t, _ in pairs],
-          [tf.convert_to_tensor(g) for _, g in pairs],
-          [t for below in cut[k + 1:] for t in outs[below.name]])
-  return [aggregate(gs, like=x) for gs, x in zip(x_grads, xs)]
-

@@ -17,7 +17,6 @@ import tensorflow as tf
 
 from graphgrad import _compat
 from graphgrad.analysis._layer_graph import LayerGraph
-from graphgrad.analysis._no_gradient import ops_on_path
 from graphgrad.core._gradients import is_one, is_zero
 from graphgrad.plan import _hooks
 from graphgrad.plan._cuts import CutPlan, Group, GroupKind, Key
@@ -38,9 +37,9 @@ class Spans:
       they never join a span.
     enabled: ``False`` finds no span (this TensorFlow has no hook point;
       see ``_hooks``).
-    overridden: names of the ops the plan overrides: a span's one call
-      crosses none of them, since their gradient comes from the override's
-      function, which no hook sees.
+    overridden: names of the ops the plan overrides: their function, which
+      the segment call substitutes for the registered one, is what a hook
+      wraps.
   """
 
   def __init__(self, net: LayerGraph, cuts: CutPlan,
@@ -83,8 +82,7 @@ class Spans:
         nxt = by_key.get(below.pop()) if len(below) == 1 else None
         if (nxt is None or nxt.key in taken
             or feeders[nxt.key] != {span[-1].key}
-            or not self._linkable(nxt)
-            or self._crosses_override(span + [nxt])):
+            or not self._linkable(nxt)):
           break
         span.append(nxt)
       if len(span) > 1:
@@ -117,15 +115,6 @@ class Spans:
                                  lambda g, n=t.name: record(n, g)))
     return dict(hooks)
 
-  def _crosses_override(self, span: List[Group]) -> bool:
-    if not self.overridden:
-      return False
-    last = span[-1]
-    xs = list(last.targets) + [self.variables[n] for x in span
-                               for n in x.variables]
-    return any(op.name in self.overridden for op in ops_on_path(
-        span[0].sources, xs, last.targets))
-
   def _linkable(self, group: Group, head: bool = False) -> bool:
     name = group.key.name
     if group.key.kind is GroupKind.OP:
@@ -139,12 +128,14 @@ class Spans:
            for n in group.variables):
       return False
     # The hooked ops: those reading the tensors below, and the producers of
-    # the outputs. Each needs a registered gradient function, and none may
-    # sit in a tf.compat.v1 loop or cond (an Enter, a Switch, an Exit),
-    # whose gradients TF builds in the loop's own context.
+    # the outputs. Each needs a gradient function (registered, or the
+    # plan's override), and none may sit in a tf.compat.v1 loop or cond (an
+    # Enter, a Switch, an Exit), whose gradients TF builds in the loop's own
+    # context.
     ops = [op for op, _ in self._entries_of(group)]
     ops += [t.op for t in group.sources]
-    return all(_hooks.registered(op) is not None
+    return all((op.name in self.overridden
+                or _hooks.registered(op) is not None)
                and _compat.control_flow_context(op) is None for op in ops)
 
   def _entries_of(self, group: Group) -> List[Reader]:

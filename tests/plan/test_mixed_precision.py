@@ -195,3 +195,70 @@ def test_a_loss_scale_tensorflow_does_not_list_is_refused(graph, monkeypatch):
                            r"\(got None\).*Apply the plan with the optimizer "
                            r"it wraps"):
     plan.apply_gradients(opt)
+
+
+def _spy(opt, applied):
+  """Records the pairs ``opt.apply_gradients`` receives."""
+  real = opt.apply_gradients
+
+  def apply_gradients(grads_and_vars, *args, **kwargs):
+    applied.extend(grads_and_vars)
+    return real(grads_and_vars, *args, **kwargs)
+  opt.apply_gradients = apply_gradients
+
+
+@pytest.mark.parametrize("declared", ["option", "first_apply"])
+def test_compute_gradients_returns_what_apply_gradients_trains(graph,
+                                                               declared):
+  x, y, _, loss = _model()
+  opt = MPLSO(tf1.train.GradientDescentOptimizer(LR), 2.0 ** 15)
+  applied = []
+  _spy(opt, applied)
+  plan = gg.GradientPlan(loss, loss_scale=opt if declared == "option"
+                         else None).transform_upstream(
+                             "l2", gg.transforms.clip_by_norm(1.0))
+  if declared == "option":
+    before = plan.compute_gradients()
+  plan.apply_gradients(opt)
+  gv = plan.compute_gradients()
+  if declared == "option":
+    assert all(a is b for a, b in zip(gv, before))
+  assert [(g, v) for g, v in applied] == gv  # the very tensors
+  n = len(graph.get_operations())
+  plan.summaries()
+  added = [op.name for op in graph.get_operations()[n:]]
+  assert added and not [a for a in added if "gradients" in a]  # no rebuild
+  # The unscaled gradients: those of the optimizer's own compute_gradients.
+  want = [g for g, _ in opt.compute_gradients(loss, [v for _, v in gv])]
+  xv, yv = _feeds(1)[0]
+  with tf1.Session() as sess:
+    sess.run(tf1.global_variables_initializer())
+    got, ref = sess.run([[g for g, _ in gv], want], {x: xv, y: yv})
+  for a, b in zip(got, ref):
+    assert np.all(np.isfinite(a)) and np.max(np.abs(a)) > 0
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_a_loss_scale_must_match_the_build(graph):
+  x, y, _, loss = _model()
+  inner = tf1.train.GradientDescentOptimizer(LR)
+  opt = MPLSO(inner, 2.0 ** 15)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"gg.GradientPlan: `loss_scale` must be a "
+                           r"tf.compat.v1.mixed_precision.MixedPrecision"
+                           r"LossScaleOptimizer; got GradientDescentOptimizer"):
+    gg.GradientPlan(loss, loss_scale=inner)
+  plan = gg.GradientPlan(loss)
+  plan.compute_gradients()
+  with pytest.raises(gg.GraphGradError,
+                     match=r"compute_gradients\(\) already built this plan "
+                           r"without a loss scale. Make the plan with "
+                           r"gg.GradientPlan\(\.\.\., loss_scale=optimizer\)"):
+    plan.apply_gradients(opt)
+  scaled = gg.GradientPlan(loss, loss_scale=opt)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"backpropagates the loss scaled by the "
+                           r"MixedPrecisionLossScaleOptimizer it was made "
+                           r"with .* but `optimizer` is "
+                           r"GradientDescentOptimizer"):
+    scaled.apply_gradients(inner)

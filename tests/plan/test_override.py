@@ -135,6 +135,82 @@ def test_other_gradient_calls_are_unaffected(graph):
   assert tf.gradients(logits, tf1.trainable_variables("fc1")) == [None, None]
 
 
+def _squash(op, dy):
+  """A gradient function not linear in ``dy``: ``dy * |dy|``."""
+  del op
+  return dy * tf.abs(dy)
+
+
+tf_ops.RegisterGradient("GraphgradTestSquash")(_squash)
+
+
+def _squashed_model(reference, glue):
+  """l1 -> l2 -> head, with an overridden op read twice inside l2 (or as
+  glue between l1 and l2); l1 also reaches the loss directly."""
+  x = tf1.placeholder(tf.float32, [None, 4], name="x")
+  h1 = dense(x, 5, "l1", tf.tanh)
+  override = (tf1.get_default_graph().gradient_override_map(
+      {"Identity": "GraphgradTestSquash"}) if reference
+              else contextlib.nullcontext())
+
+  def squashed(t):
+    with override:
+      q = tf.identity(t, name="squash")
+    return tf.tanh(q) + 0.5 * q
+
+  if glue:
+    with tf.name_scope("between/"):
+      h2 = dense(squashed(h1), 5, "l2")
+  else:
+    z = dense(h1, 5, "l2")
+    with tf.name_scope("l2/"):
+      h2 = squashed(z)
+  loss = (tf.reduce_sum(tf.square(dense(h2, 3, "head")))
+          + 0.1 * tf.reduce_sum(h1))
+  return x, h1, h2, loss
+
+
+@pytest.mark.parametrize("glue", [False, True], ids=["in_layer", "glue"])
+def test_a_nonlinear_override_under_a_linear_upstream_rewrite(glue):
+  """Both VJPs of l2 (its own variables with g, its input with 0.5 g) go
+  through the override, which is not linear: the factor is not moved past
+  it. In the layer, an edge rewrite is declared too. The reference
+  differentiates each piece with gradient_override_map."""
+  edge = 1.0 if glue else 3.0
+  with tf.Graph().as_default():
+    x, _, _, loss = _squashed_model(False, glue)
+    plan = (gg.GradientPlan(loss)
+            .override_gradient("l2/squash" if not glue else "between/squash",
+                               _squash)
+            .transform_upstream("l2", gg.transforms.scale(0.5)))
+    if not glue:
+      plan.transform_edge("l1", "l2", gg.transforms.scale(edge))
+    gv = plan.compute_gradients()
+    names = [v.op.name for _, v in gv]
+    actual = evaluate([g for g, _ in gv], {x: X})
+  expected, wrong = [], []
+  for factor, out in ((None, expected), (0.5, wrong)):
+    with tf.Graph().as_default():
+      x, h1, h2, loss = _squashed_model(True, glue)
+      by_name = {v.op.name: v for v in tf1.trainable_variables()}
+      l1, l2, head = ([by_name[n] for n in names if n.startswith(p)]
+                      for p in ("l1/", "l2/", "head/"))
+      (g2,) = tf.gradients(loss, [h2])
+      # With ``factor``, 0.5 moved past the override: what a fused
+      # linear rewrite would give, and must not.
+      (below,) = tf.gradients(h2, [h1],
+                              grad_ys=[0.5 * g2 if factor is None else g2])
+      if factor is not None:
+        below = factor * below
+      (bypass,) = tf.gradients(loss, [h1], stop_gradients=[h2])
+      out += evaluate(
+          tf.gradients(h1, l1, grad_ys=[edge * below + bypass])
+          + tf.gradients(h2, l2, grad_ys=[g2]) + tf.gradients(loss, head),
+          {x: X})
+  assert_grads_close(actual, expected, rtol=1e-6, atol=1e-7)
+  assert not np.allclose(wrong[0], expected[0], rtol=1e-3)
+
+
 def _legacy_graph(path):
   """A graph whose two quantizers have a gradient no process registered."""
   with tf.Graph().as_default() as g:
@@ -250,24 +326,42 @@ def test_straight_through_needs_a_matching_input(graph):
     gg.GradientPlan(loss).straight_through("Reshape").compute_gradients()
 
 
-def test_an_override_inside_a_v1_loop_is_refused():
+@pytest.mark.parametrize("upstream", [False, True])
+def test_an_override_inside_a_v1_loop_equals_gradient_override_map(upstream):
+  """TF builds a loop body's gradients in the same call, through the same
+  lookup: the override acts in every iteration."""
   from tensorflow.python.ops import control_flow_util  # pylint: disable=g-import-not-at-top
+
+  def grads(mode):
+    with tf.Graph().as_default() as g:
+      x = tf1.placeholder(tf.float32, [None, 4])
+      h = dense(x, 4, "enc")
+      override = (g.gradient_override_map({"Round": "Identity"})
+                  if mode == "reference" else contextlib.nullcontext())
+
+      def body(i, h):
+        with override:
+          return i + 1, tf.round(h * 4.0) * 0.25 + 0.1 * h
+
+      _, h = tf1.while_loop(lambda i, h: i < 2, body, (0, h))
+      loss = tf.reduce_sum(tf.square(dense(h, 2, "head")))
+      plan = gg.GradientPlan(loss)
+      if mode == "plan":
+        plan.straight_through("Round")
+      if upstream:
+        plan.transform_upstream("head", gg.transforms.scale(0.5))
+      return evaluate([g for g, _ in plan.compute_gradients()], {x: X})
+
   was_enabled = control_flow_util.ENABLE_CONTROL_FLOW_V2
   tf1.disable_control_flow_v2()
   try:
-    with tf.Graph().as_default():
-      x = tf1.placeholder(tf.float32, [None, 4])
-      h = dense(x, 4, "enc")
-      _, h = tf1.while_loop(lambda i, h: i < 2,
-                            lambda i, h: (i + 1, tf.round(h)), (0, h))
-      loss = tf.reduce_sum(h)
-      with pytest.raises(gg.UnsupportedGraphError,
-                         match=r"overridden op while/Round lies inside a "
-                               r"tf.compat.v1 while loop"):
-        gg.GradientPlan(loss).straight_through("Round").compute_gradients()
+    actual, expected, plain = grads("plan"), grads("reference"), grads("none")
   finally:
     if was_enabled:
       tf1.enable_control_flow_v2()
+  # Round's own gradient is None: without the override enc gets another one.
+  assert not np.allclose(plain[0], expected[0], rtol=1e-3)
+  assert_grads_close(actual, expected, rtol=1e-6, atol=1e-7)
 
 
 def _two_task_model(reference):

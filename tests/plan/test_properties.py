@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import dag_builder as db
 import graphgrad as gg
-from helpers import evaluate_grads
+from helpers import evaluate_grads, opaque
 
 tf1 = tf.compat.v1
 
@@ -47,7 +47,7 @@ def _transform(entry):
 
 
 def _plan_gradients(spec, upstream=None, edges=None, declare=None,
-                    linear="fused"):
+                    fuse=True):
   """Gradients of a plan on the plain network, and plain tf.gradients.
 
   Returns (plan gradients, tf.gradients), as lists of numpy arrays (None
@@ -59,10 +59,11 @@ def _plan_gradients(spec, upstream=None, edges=None, declare=None,
     # The analyzer must see exactly the layers and edges the spec wires.
     assert set(net.names) == set(spec.names)
     assert set(net.graph.edges) == spec.edges()
-    plan = gg.GradientPlan(model.loss, net, linear=linear)
+    plan = gg.GradientPlan(model.loss, net)
     for name, chain in (upstream or {}).items():
       for c in chain:
-        plan.transform_upstream(name, _transform(c))
+        fn = _transform(c)
+        plan.transform_upstream(name, fn if fuse else opaque(fn))
     for (lower, upper), chain in (edges or {}).items():
       for c in chain:
         plan.transform_edge(lower, upper, _transform(c))
@@ -192,7 +193,7 @@ def test_fused_linear_rewrites_equal_the_cut_path(data):
   edges = data.draw(db.edge_plans(spec, min_size=0), label="edges")
   fused, _ = _plan_gradients(spec, upstream=upstream, edges=edges)
   cut, _ = _plan_gradients(spec, upstream=upstream, edges=edges,
-                           linear="general")
+                           fuse=False)
   _assert_same(fused, cut, spec, none_is_zero=False)
 
 
