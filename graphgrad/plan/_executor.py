@@ -31,8 +31,14 @@ from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core._declaration_model import Declaration, Declarations
 from graphgrad.core._gradients import aggregate
+from graphgrad.core._privacy import Privacy
 from graphgrad.methods import _pcgrad, _replacement
-from graphgrad.plan import _loss_scale_optimizer, _op_override, _recompute
+from graphgrad.plan import (
+  _loss_scale_optimizer,
+  _op_override,
+  _privatize,
+  _recompute,
+)
 from graphgrad.plan._engine import Rewrite, Segments
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources, TransformContext
@@ -91,6 +97,9 @@ class Options:
       or ``None``: the plan then backpropagates ``loss * S`` and its
       transforms see gradients divided by ``S`` (see ``_loss_scale_optimizer``).
     recompute: what ``plan.recompute`` declared, or ``None``.
+    privacy: what ``plan.privatize`` declared, or ``None``: the backward
+      pass then weights each example's loss by its clip factor, and the
+      noise is added before the parameter transforms (``_privatize``).
   """
   gate_gradients: int = GATE_OP
   aggregation_method: Any = None
@@ -100,6 +109,7 @@ class Options:
   fuse_linear: bool = True
   loss_scale: Any = None
   recompute: Optional[_recompute.Recompute] = None
+  privacy: Optional[Privacy] = None
 
   @property
   def gradients_kwargs(self) -> dict:
@@ -161,6 +171,7 @@ class _Executor:
     self.trace: List[TraceRecord] = []
     self.extra: GradsAndVars = []
     self.global_step = tf.compat.v1.train.get_global_step(loss.graph)
+    self.private: Optional[_privatize.Private] = None
 
   @property
   def net(self) -> LayerGraph:
@@ -179,6 +190,9 @@ class _Executor:
     if self.options.recompute is not None:
       self.gradients_fn = self._recomputing(self.gradients_fn)
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
+      if self.options.privacy is not None:
+        self.private = _privatize.Private(
+            self.loss, self.var_list, self.options.privacy)
       if not self.declarations.rewrites_backward:
         # The very call Optimizer.compute_gradients makes; unreached
         # variables get None from it.
@@ -187,6 +201,8 @@ class _Executor:
         known = self.net.op_graph
         by_name = self._segmented(
             [v for v in self.var_list if v.op.name in known])
+      if self.private is not None:
+        by_name = self.private.finish(by_name)
       out = [(by_name.get(v.op.name), v) for v in self.var_list]
       for layer, fns in self.declarations.gradients.items():
         self._transform_parameters(layer, fns, out)
@@ -302,7 +318,7 @@ class _Executor:
 
   def _whole(self, variables) -> Dict[str, Gradient]:
     """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
-    scaled = ({} if self.options.loss_scale is None
+    scaled = ({} if self.options.loss_scale is None and self.private is None
               else {"grad_ys": self._seed()})
     grads = self.gradients_fn(self.loss, variables, **scaled,
                               **self.options.gradients_kwargs)
@@ -329,7 +345,9 @@ class _Executor:
   # -- helpers ---------------------------------------------------------------
 
   def _seed(self) -> tf.Tensor:
-    """The loss's gradient: 1, or the loss scale."""
+    """The loss's gradient: 1, the clip factors, or the loss scale."""
+    if self.private is not None:
+      return self.private.seed
     if self.options.loss_scale is None:
       return tf.ones_like(self.loss, name="seed")
     return _loss_scale_optimizer.seed(self.loss, self.options.loss_scale)

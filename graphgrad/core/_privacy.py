@@ -1,0 +1,240 @@
+"""Differential privacy: the ``privatize`` declaration and its shared math.
+
+DP-SGD (Abadi et al. 2016) clips each example's whole gradient to L2 norm
+``C``, sums, adds ``N(0, sigma^2 C^2 I)`` and divides by the batch size. The
+per-example squared norms come from two tensors per parametric op, its input
+``a`` and the gradient ``g`` at its output (ghost clipping: Goodfellow 2015,
+Lee & Kifer 2021, Li et al. 2022): :func:`dense_sq_norms`,
+:func:`embedding_sq_norms`, :func:`per_example_sq_norms`. Each executor finds
+those tensors (the TF1 op graph, the Keras layer calls) and calls these rules;
+:func:`clip_factors` turns the norms into the weights ``c_i`` of the second
+backward pass of ``sum_i c_i l_i``, and :class:`Noise` adds the noise.
+"""
+
+import dataclasses
+import logging
+import secrets
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad._types import Gradient
+
+log = logging.getLogger("graphgrad")
+
+__all__ = ["Noise", "Privacy", "check_per_example_loss", "check_privacy",
+           "clip_factors", "dense_sq_norms", "embedding_sq_norms",
+           "norm_dtype", "per_example_sq_norms"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Privacy:
+  """What ``plan.privatize`` declared.
+
+  Attributes:
+    l2_norm_clip: ``C``, the bound on each example's gradient norm.
+    noise_multiplier: ``sigma``; the noise's standard deviation is
+      ``sigma * C`` before the division by the batch size.
+    seed: the noise's seed, or ``None`` for a key drawn from the operating
+      system's entropy when the noise is built (the seed is for tests).
+  """
+  l2_norm_clip: float
+  noise_multiplier: float
+  seed: Optional[int] = None
+
+
+def check_privacy(l2_norm_clip, noise_multiplier, seed, caller: str
+                  ) -> Privacy:
+  """The checked :class:`Privacy` of a ``privatize`` call.
+
+  Raises:
+    GraphGradError: for a clip that is not a positive finite number, a
+      negative noise multiplier, or a seed that is not an int.
+  """
+  def number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+  if not number(l2_norm_clip) or not 0 < l2_norm_clip < float("inf"):
+    raise _errors.GraphGradError(
+        f"{caller}: `l2_norm_clip` must be a positive finite number, the "
+        f"bound C on each example's gradient norm; got {l2_norm_clip!r}. "
+        f"Pass e.g. l2_norm_clip=1.0.")
+  if (not number(noise_multiplier) or not
+      0 <= noise_multiplier < float("inf")):
+    raise _errors.GraphGradError(
+        f"{caller}: `noise_multiplier` must be a finite number >= 0 (sigma; "
+        f"the noise's stddev is sigma * l2_norm_clip); got "
+        f"{noise_multiplier!r}. Pass e.g. noise_multiplier=1.1, or "
+        f"gg.dp.noise_multiplier(target_epsilon, ...) for a target budget.")
+  if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+    raise _errors.GraphGradError(
+        f"{caller}: `seed` must be an int or None; got "
+        f"{type(seed).__name__} {seed!r}. Leave it None outside tests: a "
+        f"known seed makes the noise predictable.")
+  return Privacy(float(l2_norm_clip), float(noise_multiplier), seed)
+
+
+def check_per_example_loss(loss, caller: str) -> None:
+  """Refuses a loss that is not a vector of per-example losses.
+
+  Raises:
+    GraphGradError: unless ``loss`` has rank 1.
+  """
+  rank = loss.shape.rank
+  if rank != 1:
+    shape = "unknown rank" if rank is None else f"shape {loss.shape}"
+    raise _errors.GraphGradError(
+        f"{caller}: privatize needs the loss to be the vector of per-example "
+        f"losses, shape [batch]; got {getattr(loss, 'name', 'the loss')} "
+        f"with {shape}. Pass the unreduced loss, e.g. "
+        f"tf.keras.losses.sparse_categorical_crossentropy(y, logits) or "
+        f"tf.reduce_sum(tf.square(pred - y), axis=1), not its mean.")
+
+
+def norm_dtype(dtype) -> tf.DType:
+  """float32, or float64 for float64 models: norms are never float16."""
+  return tf.float64 if tf.as_dtype(dtype) == tf.float64 else tf.float32
+
+
+# -- the norm rules ------------------------------------------------------------
+
+
+def dense_sq_norms(a: tf.Tensor, g: tf.Tensor,
+                   name: Optional[str] = None) -> tf.Tensor:
+  """Squared norms of the per-example gradients ``a_i^T g_i`` of a dense op.
+
+  ``a`` is ``[B, T, p]`` (the op's input rows of each example), ``g`` is
+  ``[B, T, q]`` (the gradient at its output rows). The gradient of the
+  weight for example ``i`` is ``sum_t a_it g_it^T``. With ``T == 1`` its
+  squared norm is ``||a_i||^2 ||g_i||^2``; else the ghost norm
+  ``sum_{t,s} (a_it . a_is)(g_it . g_is)`` (cost ``T^2 (p + q)``), or the
+  per-example product's squared entries (cost ``T p q``), whichever is
+  cheaper for the static shapes. A convolution is a dense op on its
+  unfolded patches.
+
+  Example:
+    >>> import numpy as np, tensorflow as tf
+    >>> a, g = np.ones([1, 2, 3], np.float32), np.ones([1, 2, 1], np.float32)
+    >>> float(dense_sq_norms(tf.constant(a), tf.constant(g))[0])  # 2 * ones
+    12.0
+  """
+  with tf.name_scope(name or "dense_sq_norms"):
+    t, p, q = a.shape[1], a.shape[2], g.shape[2]
+    if t == 1:
+      return (tf.reduce_sum(tf.square(a), axis=[1, 2])
+              * tf.reduce_sum(tf.square(g), axis=[1, 2]))
+    ghost = t is None or p is None or q is None or t * t * (p + q) <= t * p * q
+    if ghost:
+      aa = tf.matmul(a, a, transpose_b=True)
+      gg = tf.matmul(g, g, transpose_b=True)
+      return tf.reduce_sum(aa * gg, axis=[1, 2])
+    per_example = tf.matmul(a, g, transpose_a=True)  # [B, p, q]
+    return tf.reduce_sum(tf.square(per_example), axis=[1, 2])
+
+
+def embedding_sq_norms(ids: tf.Tensor, g: tf.Tensor,
+                       name: Optional[str] = None) -> tf.Tensor:
+  """Squared norms of the per-example gradients of an embedding table.
+
+  ``ids`` is ``[B, T]``, ``g`` is ``[B, T, D]`` (the gradient at the
+  looked-up rows). Example ``i``'s gradient holds, at row ``v``, the sum of
+  the ``g_it`` with ``ids_it == v``, so its squared norm is
+  ``sum_{t,s} [ids_it == ids_is] (g_it . g_is)``: repeated ids add up before
+  squaring. No ``[B, vocabulary, D]`` tensor is made.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> ids = tf.constant([[3, 3]])  # one example looking up row 3 twice
+    >>> g = tf.constant([[[1.0, 0.0], [1.0, 0.0]]])
+    >>> float(embedding_sq_norms(ids, g)[0])  # ||(2, 0)||^2
+    4.0
+  """
+  with tf.name_scope(name or "embedding_sq_norms"):
+    same = tf.cast(tf.equal(ids[:, :, None], ids[:, None, :]), g.dtype)
+    return tf.reduce_sum(same * tf.matmul(g, g, transpose_b=True), axis=[1, 2])
+
+
+def per_example_sq_norms(per_example: tf.Tensor,
+                         name: Optional[str] = None) -> tf.Tensor:
+  """Squared norms of per-example gradients ``[B, ...]`` (biases, scales,
+  and the exact fallback)."""
+  with tf.name_scope(name or "per_example_sq_norms"):
+    flat = tf.reshape(per_example, [tf.shape(per_example)[0], -1])
+    return tf.reduce_sum(tf.square(flat), axis=1)
+
+
+def clip_factors(sq_norms: Sequence[tf.Tensor], l2_norm_clip: float,
+                 dtype, name: Optional[str] = None) -> tf.Tensor:
+  """``c_i = min(1, C / ||g_i||)`` from the parts of each squared norm.
+
+  The result is a constant of the backward pass (``stop_gradient``): the
+  gradient of ``sum_i c_i l_i`` is ``sum_i clip_C(grad l_i)``.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> c = clip_factors([tf.constant([1.0, 16.0]), tf.constant([0.0, 9.0])],
+    ...                  1.0, tf.float32)
+    >>> [round(float(x), 3) for x in c]  # norms 1 and 5
+    [1.0, 0.2]
+  """
+  with tf.name_scope(name or "clip_factors"):
+    total = tf.add_n(list(sq_norms))
+    norms = tf.sqrt(total)
+    clip = tf.constant(l2_norm_clip, total.dtype)
+    c = clip / tf.maximum(norms, clip)
+    return tf.stop_gradient(tf.cast(c, dtype))
+
+
+# -- the noise -----------------------------------------------------------------
+
+
+class Noise:
+  """Gaussian noise that never repeats: a key and a step counter.
+
+  Every draw is ``stateless_normal`` with seed ``(key + j, step)``: ``j``
+  numbers the variables and ``step`` counts the draws, kept in a
+  non-trainable int64 variable that each step increments. The key is the
+  declared seed, or 63 bits from the operating system's entropy
+  (``secrets``) when none was declared, so the noise is unpredictable.
+
+  Args:
+    privacy: the declaration.
+    name: name of the step counter variable.
+  """
+
+  def __init__(self, privacy: Privacy, name: str = "dp_noise_step"):
+    self.privacy = privacy
+    self.key = (privacy.seed if privacy.seed is not None
+                else secrets.randbits(62))
+    self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
+
+  def noised_mean(self, grads: Sequence[Gradient], batch_size: tf.Tensor,
+                  name: Optional[str] = None) -> list:
+    """``(g + N(0, sigma^2 C^2 I)) / B`` for each gradient (``None`` kept).
+
+    An ``IndexedSlices`` gradient becomes dense: the noise covers every
+    row. With ``noise_multiplier == 0`` no noise op is built.
+    """
+    with tf.name_scope(name or "noised_mean"):
+      sigma = self.privacy.noise_multiplier * self.privacy.l2_norm_clip
+      step = None
+      if sigma > 0:
+        step = self.counter.assign_add(1, read_value=True)
+      out: list = []
+      for j, g in enumerate(grads):
+        if g is None:
+          out.append(None)
+          continue
+        if isinstance(g, tf.IndexedSlices):
+          g = tf.math.unsorted_segment_sum(
+              g.values, g.indices, tf.cast(g.dense_shape[0], tf.int32))
+        b = tf.cast(batch_size, g.dtype)
+        if step is not None:
+          seed = tf.stack([tf.constant(self.key + j, tf.int64), step])
+          noise = tf.random.stateless_normal(
+              tf.shape(g), seed=seed, stddev=sigma,
+              dtype=norm_dtype(g.dtype))
+          g = g + tf.cast(noise, g.dtype)
+        out.append(g / b)
+      return out

@@ -1,0 +1,351 @@
+"""DP-SGD on a ``tf.Graph``: per-example norms from the op graph.
+
+For each variable of the plan, :class:`Private` finds the ops that consume
+it on the way to the loss (through its read, ``Identity`` and ``Cast``) and
+the rule of each: a dense op (``MatMul``, ``BatchMatMulV2``, a two-operand
+``Einsum``, a ``MatMul`` on a sequence reshaped to 2-D), a convolution
+(``Conv2D``, unfolded with ``extract_patches``), an embedding lookup
+(``ResourceGather``, ``GatherV2``), a broadcast elementwise op (``BiasAdd``,
+``Add``, ``Mul``...). One ``tf.gradients`` call of ``sum_i l_i`` gives the
+gradient at those ops' outputs; the shared rules of
+:mod:`graphgrad.core._privacy` turn them into per-example squared norms. A
+variable whose uses have no common rule gets the exact per-example gradient
+of those ops only (``vectorized_map``), logged once. The executor then
+backpropagates ``sum_i c_i l_i`` and adds the noise (:meth:`Private.finish`).
+"""
+
+import logging
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad._types import Gradient
+from graphgrad.analysis import _graph_util
+from graphgrad.core import _privacy
+from graphgrad.core._declaration_model import Declarations
+
+log = logging.getLogger("graphgrad")
+
+_PASS = ("Identity", "Cast", "ReadVariableOp")
+_LOOPS = ("While", "StatelessWhile", "Enter", "If", "StatelessIf",
+          "PartitionedCall", "StatefulPartitionedCall")
+_ELEMENTWISE = ("BiasAdd", "Add", "AddV2", "Sub", "Mul")
+_BATCH_NORM = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+_warned: set = set()
+
+# One use of a variable: the consuming op and the index of the input that
+# carries the variable.
+Use = Tuple[tf.Operation, int]
+
+
+def check_declarations(declarations: Declarations, loss_scaled: bool,
+                       reduce_fn) -> None:
+  """Refuses what cannot be combined with ``privatize``, with the reason.
+
+  Raises:
+    GraphGradError: for a task combination (its weights come from the whole
+      batch), an upstream or edge transform, a backward replacement or an
+      op override (they rewrite the backward pass the norms are taken
+      from), a loss-scale optimizer, or ``reduce_fn``.
+  """
+  reasons = {
+      "tasks": "combine_tasks mixes examples before the clip: its weights "
+               "come from the whole batch, so one example changes every "
+               "other example's gradient",
+      "upstream": "transform_upstream acts on the whole batch's gradient at "
+                  "the layer's outputs before the clip (a clip_by_norm of a "
+                  "boundary mixes examples), and the per-example norms are "
+                  "taken from the chain rule",
+      "edge": "transform_edge acts on the whole batch's gradient of a "
+              "boundary before the clip, and the per-example norms are taken "
+              "from the chain rule",
+      "backward": "replace_backward changes what each example's gradient is, "
+                  "and the per-example norms are taken from the chain rule",
+      "override": "override_gradient changes what each example's gradient "
+                  "is, and the per-example norms are taken from the chain "
+                  "rule",
+  }
+  for d in declarations:
+    kind = d.kind.value
+    if kind in reasons:
+      where = f" on {d.layer!r}" if d.layer else ""
+      raise _errors.GraphGradError(
+          f"privatize cannot be combined with {kind} declarations{where}: "
+          f"{reasons[kind]}. Declare it without privatize, or use "
+          f"transform_gradients, which acts after the noise "
+          f"(post-processing keeps the privacy guarantee).")
+  if loss_scaled:
+    raise _errors.GraphGradError(
+        "privatize: a loss-scale optimizer would divide the noise by its "
+        "loss scale. Apply the plan with the inner optimizer, and keep the "
+        "model's variables float32.")
+  if reduce_fn is not None:
+    raise _errors.GraphGradError(
+        "privatize: `reduce_fn` would add one noise draw per replica instead "
+        "of one per global batch. Make a GradientPlan without reduce_fn for "
+        "private training.")
+
+
+class Private:
+  """The two halves of DP-SGD around one backward pass of a plan.
+
+  Args:
+    loss: the vector of per-example losses ``[B]``.
+    var_list: the plan's variables.
+    privacy: the declaration.
+  """
+
+  def __init__(self, loss: tf.Tensor, var_list: Sequence[tf.Variable],
+               privacy: _privacy.Privacy):
+    self.loss, self.privacy = loss, privacy
+    self.var_list = list(var_list)
+    self._on_path = {op.name for op in _graph_util.forward_ops(loss)}
+    self.batch = tf.shape(loss)[0]
+    self.seed = self._clip_weights()
+    self._noise = _privacy.Noise(privacy)
+
+  def finish(self, by_name: Dict[str, Gradient]) -> Dict[str, Gradient]:
+    """The noised mean of the clipped sums ``by_name`` (variable op name)."""
+    names = [v.op.name for v in self.var_list]
+    out = self._noise.noised_mean([by_name.get(n) for n in names], self.batch)
+    return {n: g for n, g in zip(names, out) if g is not None}
+
+  # -- the norms -----------------------------------------------------------
+
+  def _clip_weights(self) -> tf.Tensor:
+    with tf.name_scope("privatize"):
+      _refuse_batch_norm(self._on_path, self.loss.graph)
+      uses = {v.op.name: self._uses(v) for v in self.var_list}
+      outputs = sorted({t for us in uses.values() for op, _ in us
+                        for t in op.outputs if t.dtype.is_floating},
+                       key=lambda t: t.name)
+      grads = dict(zip(outputs, tf.compat.v1.gradients(self.loss, outputs)))
+      parts = []
+      for v in self.var_list:
+        if uses[v.op.name]:
+          parts.append(self._sq_norms(v, uses[v.op.name], grads))
+      if not parts:
+        raise _errors.NotConnectedError(
+            f"privatize: no variable of the plan reaches the loss "
+            f"{self.loss.name}; variables: "
+            f"{', '.join(v.name for v in self.var_list)}.")
+      return _privacy.clip_factors(parts, self.privacy.l2_norm_clip,
+                                   self.loss.dtype)
+
+  def _uses(self, var: tf.Variable) -> List[Use]:
+    """The ops on the loss path that consume ``var`` (or its reads)."""
+    found: List[Use] = []
+    stack = [var.op.outputs[0]]
+    seen = set()
+    while stack:
+      t = stack.pop()
+      for op in t.consumers():
+        if op.name in seen or op.name not in self._on_path:
+          continue
+        seen.add(op.name)
+        if op.type in _PASS:
+          stack.extend(op.outputs)
+        elif op.type in _LOOPS:
+          raise _errors.UnsupportedGraphError(
+              f"privatize: the variable {var.name} is read inside the "
+              f"{op.type} op {op.name} (a tf.while_loop, tf.cond or "
+              f"function), where no per-example gradient can be taken. "
+              f"Unroll the loop with a Python for loop (each step then is "
+              f"an op on the batch), or train without privatize.")
+        else:
+          found += [(op, i) for i, x in enumerate(op.inputs) if x is t]
+    return found
+
+  def _sq_norms(self, var, uses: List[Use], grads) -> tf.Tensor:
+    """``[B]`` squared norms of ``var``'s per-example gradients."""
+    with tf.name_scope(var.op.name.replace(":", "_") + "_norms"):
+      dtype = _privacy.norm_dtype(var.dtype)
+      forms = [_form(op, i, grads.get(op.outputs[0]), self.batch, dtype)
+               for op, i in uses]
+      live = [f for f in forms if f is not None]
+      kinds = {f[0] for f in live}
+      if len(live) == len(forms) and len(kinds) == 1:
+        kind = kinds.pop()
+        if kind == "dense":
+          return _privacy.dense_sq_norms(
+              tf.concat([f[1] for f in live], axis=1),
+              tf.concat([f[2] for f in live], axis=1))
+        if kind == "embedding":
+          return _privacy.embedding_sq_norms(
+              tf.concat([f[1] for f in live], axis=1),
+              tf.concat([f[2] for f in live], axis=1))
+        return _privacy.per_example_sq_norms(tf.add_n([f[1] for f in live]))
+      return self._fallback(var, uses, grads, dtype)
+
+  def _fallback(self, var, uses: List[Use], grads, dtype) -> tf.Tensor:
+    """Exact per-example gradients of ``var`` through its uses only."""
+    kinds = sorted({op.type for op, _ in uses})
+    key = (var.op.name, tuple(kinds))
+    if key not in _warned:
+      _warned.add(key)
+      log.warning("privatize: no norm rule for the uses of %s (%s); its "
+                  "per-example gradients are computed one example at a "
+                  "time through those ops only.", var.name, ", ".join(kinds))
+    ys, gs = [], []
+    for op, _ in uses:
+      for y in op.outputs:
+        g = grads.get(y)
+        if g is None:
+          continue
+        if y.shape.rank is None or y.shape.rank < 1:
+          raise _errors.UnsupportedGraphError(
+              f"privatize: the variable {var.name} reaches the loss through "
+              f"{op.type} op {op.name}, whose output {y.name} has no batch "
+              f"dimension (shape {y.shape}): its share of the loss is not "
+              f"per example (a weight penalty added to the loss?). Apply "
+              f"weight decay in the optimizer or with "
+              f"transform_gradients, and keep the loss per example.")
+        ys.append(y)
+        gs.append(g)
+    xs = list({id(x): x for op, i in uses for x in [op.inputs[i]]}.values())
+
+    def one(i):
+      masked = [g * tf.reshape(tf.one_hot(i, self.batch, dtype=g.dtype),
+                               [-1] + [1] * (g.shape.rank - 1)) for g in gs]
+      parts = tf.compat.v1.gradients(ys, xs, grad_ys=masked)
+      parts = [tf.convert_to_tensor(p) for p in parts if p is not None]
+      return tf.add_n([tf.reduce_sum(tf.square(tf.cast(p, dtype)))
+                       for p in parts])
+
+    return tf.vectorized_map(one, tf.range(self.batch))
+
+
+def _refuse_batch_norm(on_path, graph: tf.Graph) -> None:
+  for name in on_path:
+    op = graph.get_operation_by_name(name)
+    if op.type in _BATCH_NORM and op.get_attr("is_training"):
+      raise _errors.UnsupportedGraphError(
+          f"privatize: the batch normalization {op.name} normalizes each "
+          f"example with the statistics of the whole batch, so one example "
+          f"changes every other example's gradient and clipping each one "
+          f"bounds nothing. Use a per-example normalization "
+          f"(LayerNormalization, GroupNormalization) or batch norm in "
+          f"inference mode.")
+
+
+# -- the rules: (kind, a, g) per use -------------------------------------------
+
+
+def _rows(x: tf.Tensor, batch, dtype, width: Optional[int] = None
+          ) -> tf.Tensor:
+  """``x`` as ``[B, T, width]`` (its leading axis is the batch)."""
+  width = x.shape[-1] if width is None else width
+  return tf.cast(tf.reshape(x, [batch, -1, width]), dtype)
+
+
+def _batch_rows(x: tf.Tensor, batch) -> tf.Tensor:
+  """``x`` after checking at run time that its leading axis is the batch."""
+  check = tf.debugging.assert_equal(
+      tf.shape(x)[0], batch,
+      message=f"privatize: the leading axis of {x.name} is not the batch")
+  with tf.control_dependencies([check]):
+    return tf.identity(x)
+
+
+def _form(op: tf.Operation, index: int, g, batch, dtype):
+  """``(kind, ...)`` of one use, ``None`` where no rule applies.
+
+  ``("dense", a [B,T,p], g [B,T,q])``, ``("embedding", ids [B,T],
+  g [B,T,D])`` or ``("example", per-example gradient [B, *var.shape])``.
+  """
+  if g is None:
+    return None
+  if isinstance(g, tf.IndexedSlices):
+    g = tf.convert_to_tensor(g)
+  t = op.type
+  if t == "MatMul" and index == 1 and not op.get_attr("transpose_a"):
+    a = op.inputs[0]
+    if op.get_attr("transpose_b"):
+      return None
+    src = a.op.inputs[0] if a.op.type == "Reshape" else None
+    if (src is not None and src.shape.rank is not None and src.shape.rank >= 3
+        and src.shape[-1] == a.shape[-1]):
+      return ("dense", _rows(src, batch, dtype), _rows(g, batch, dtype))
+    return ("dense", _rows(_batch_rows(a, batch), batch, dtype),
+            _rows(g, batch, dtype))
+  if (t in ("BatchMatMulV2", "BatchMatMulV3") and index == 1
+      and op.inputs[1].shape.rank == 2 and not op.get_attr("adj_x")
+      and not op.get_attr("adj_y")):
+    return ("dense", _rows(op.inputs[0], batch, dtype), _rows(g, batch, dtype))
+  if t == "Einsum" and index == 1 and len(op.inputs) == 2:
+    if _dense_einsum(op.get_attr("equation").decode()):
+      return ("dense", _rows(op.inputs[0], batch, dtype),
+              _rows(g, batch, dtype))
+    return None
+  if t == "Conv2D" and index == 1:
+    return _conv(op, g, batch, dtype)
+  if t == "ResourceGather" and index == 0 and op.get_attr("batch_dims") == 0:
+    ids = op.inputs[1]
+    return ("embedding", _ids(ids, batch), _rows(g, batch, dtype))
+  if (t == "GatherV2" and index == 0 and op.get_attr("batch_dims") == 0
+      and tf.get_static_value(op.inputs[2]) == 0):
+    ids = op.inputs[1]
+    return ("embedding", _ids(ids, batch), _rows(g, batch, dtype))
+  if t in _ELEMENTWISE:
+    return _elementwise(op, index, g, batch, dtype)
+  return None
+
+
+def _ids(ids, batch):
+  return tf.reshape(tf.cast(ids, tf.int64), [batch, -1])
+
+
+_EINSUM = re.compile(r"^([a-z.]*)([a-z]),([a-z])([a-z])->([a-z.]*)([a-z])$")
+
+
+def _dense_einsum(equation: str) -> bool:
+  """True for ``"<b...>p,pq-><b...>q"``: a dense op on the last axis."""
+  m = _EINSUM.match(equation.replace(" ", ""))
+  if not m:
+    return False
+  lead, p, p2, q, lead2, q2 = m.groups()
+  return (p == p2 and q == q2 and lead == lead2 and len(lead) >= 1
+          and not lead.startswith(".") and p not in lead and q not in lead)
+
+
+def _conv(op, g, batch, dtype):
+  if (op.get_attr("data_format") != b"NHWC"
+      or op.get_attr("padding") not in (b"SAME", b"VALID")
+      or any(d != 1 for d in op.get_attr("dilations"))):
+    return None
+  x, w = op.inputs
+  kh, kw, cin = (int(d) for d in w.shape[:3])
+  patches = tf.image.extract_patches(
+      x, sizes=[1, kh, kw, 1], strides=op.get_attr("strides"),
+      rates=[1, 1, 1, 1], padding=op.get_attr("padding").decode())
+  return ("dense", _rows(patches, batch, dtype, kh * kw * cin),
+          _rows(g, batch, dtype))
+
+
+def _elementwise(op, index, g, batch, dtype):
+  """The per-example gradient of a variable broadcast into ``op``."""
+  if op.type == "BiasAdd" and op.get_attr("data_format") != b"NHWC":
+    return None
+  var_in, y = op.inputs[index], op.outputs[0]
+  vs, ys = var_in.shape, y.shape
+  if not vs.is_fully_defined() or ys.rank is None or ys.rank < 1:
+    return None
+  if vs.rank >= ys.rank and (vs.rank > ys.rank or vs[0] != 1):
+    return None  # the variable is not broadcast over the batch
+  p = g
+  if op.type == "Mul":
+    p = g * op.inputs[1 - index]
+  elif op.type == "Sub" and index == 1:
+    p = -g
+  p = tf.cast(p, dtype)
+  lead = ys.rank - vs.rank  # axes the variable has not, after the batch
+  shape = [1] * lead + vs.as_list()
+  axes = [ax for ax in range(1, ys.rank)
+          if ax < lead or shape[ax] == 1]
+  if ys.rank > 1:
+    p = tf.reduce_sum(p, axis=axes, keepdims=True)
+  return ("example", tf.reshape(p, tf.concat(
+      [[batch], tf.constant(vs.as_list()[1:] if lead == 0 else vs.as_list(),
+                            tf.int32)], 0)))
