@@ -23,9 +23,10 @@ from graphgrad._types import Gradient
 
 log = logging.getLogger("graphgrad")
 
-__all__ = ["Noise", "Privacy", "check_per_example_loss", "check_privacy",
-           "clip_factors", "dense_sq_norms", "embedding_sq_norms",
-           "norm_dtype", "per_example_sq_norms"]
+__all__ = ["Noise", "Privacy", "broadcast_per_example",
+           "check_per_example_loss", "check_privacy", "clip_factors",
+           "combined_sq_norms", "dense_sq_norms", "embedding_sq_norms",
+           "norm_dtype", "per_example_sq_norms", "refuse_declarations", "rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,12 +93,123 @@ def check_per_example_loss(loss, caller: str) -> None:
         f"tf.reduce_sum(tf.square(pred - y), axis=1), not its mean.")
 
 
+_REASONS = {
+    "tasks": "combine_tasks mixes examples before the clip: its weights "
+             "come from the whole batch, so one example changes every other "
+             "example's gradient",
+    "upstream": "transform_upstream acts on the whole batch's gradient at the "
+                "layer's outputs before the clip (a clip_by_norm of a "
+                "boundary mixes examples), and the per-example norms are "
+                "taken from the chain rule",
+    "edge": "transform_edge acts on the whole batch's gradient of a boundary "
+            "before the clip, and the per-example norms are taken from the "
+            "chain rule",
+    "backward": "replace_backward changes what each example's gradient is, "
+                "and the per-example norms are taken from the chain rule",
+    "override": "override_gradient changes what each example's gradient is, "
+                "and the per-example norms are taken from the chain rule",
+}
+
+
+def refuse_declarations(declarations) -> None:
+  """Refuses a declaration that acts before the clip, with the reason.
+
+  Raises:
+    GraphGradError: for a task combination (its weights come from the whole
+      batch), an upstream or edge transform, a backward replacement or an
+      op override (they rewrite the backward pass the norms are taken
+      from). Parameter transforms act after the noise and are allowed.
+  """
+  for d in declarations:
+    kind = d.kind.value
+    if kind in _REASONS:
+      where = f" on {d.layer!r}" if d.layer else ""
+      raise _errors.GraphGradError(
+          f"privatize cannot be combined with {kind} declarations{where}: "
+          f"{_REASONS[kind]}. Declare it without privatize, or use "
+          f"transform_gradients, which acts after the noise "
+          f"(post-processing keeps the privacy guarantee).")
+
+
 def norm_dtype(dtype) -> tf.DType:
   """float32, or float64 for float64 models: norms are never float16."""
   return tf.float64 if tf.as_dtype(dtype) == tf.float64 else tf.float32
 
 
 # -- the norm rules ------------------------------------------------------------
+
+
+def rows(x: tf.Tensor, batch, dtype, width: Optional[int] = None
+         ) -> tf.Tensor:
+  """``x`` as ``[B, T, width]`` in ``dtype`` (its leading axis is the
+  batch)."""
+  width = x.shape[-1] if width is None else width
+  return tf.cast(tf.reshape(x, [batch, -1, width]), dtype)
+
+
+def broadcast_per_example(p: tf.Tensor, var_shape, batch
+                          ) -> Optional[tf.Tensor]:
+  """``[B, *var_shape]``: ``p`` summed over the axes a variable is
+  broadcast along (the per-example gradient of a bias or a scale).
+
+  ``p`` is ``[B, ...]``, the product of the output gradient and what
+  multiplies the variable; the variable lines up with ``p``'s trailing
+  axes. ``None`` when the variable is not broadcast over the batch.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> p = tf.ones([2, 3, 4])  # a [4] bias on [B, T, 4] outputs
+    >>> broadcast_per_example(p, [4], 2).numpy().tolist()
+    [[3.0, 3.0, 3.0, 3.0], [3.0, 3.0, 3.0, 3.0]]
+  """
+  vs, rank = tf.TensorShape(var_shape), p.shape.rank
+  if not vs.is_fully_defined() or rank is None or rank < 1:
+    return None
+  if vs.rank >= rank and (vs.rank > rank or vs[0] != 1):
+    return None
+  lead = rank - vs.rank  # axes the variable lacks, the batch's included
+  shape = [1] * lead + vs.as_list()
+  axes = [ax for ax in range(1, rank) if ax < lead or shape[ax] == 1]
+  if axes:
+    p = tf.reduce_sum(p, axis=axes, keepdims=True)
+  tail = vs.as_list()[1:] if lead == 0 else vs.as_list()
+  return tf.reshape(p, [batch] + tail)
+
+
+def combined_sq_norms(forms, var_shape, batch, dtype) -> tf.Tensor:
+  """``[B]`` squared norms of one variable's per-example gradients.
+
+  ``forms`` are the variable's uses, each ``("dense", a, g)``,
+  ``("embedding", ids, g)`` or ``("example", per_example)``. A variable
+  used several times (a shared layer, an unrolled loop) has the sum of its
+  uses' gradients per example: uses of one kind are concatenated along
+  ``T`` (the ghost norm then holds the cross terms); uses of several kinds
+  are each made into per-example gradients ``[B, *var_shape]`` and summed.
+  """
+  kinds = {f[0] for f in forms}
+  if kinds == {"dense"}:
+    return dense_sq_norms(tf.concat([f[1] for f in forms], axis=1),
+                          tf.concat([f[2] for f in forms], axis=1))
+  if kinds == {"embedding"}:
+    return embedding_sq_norms(tf.concat([f[1] for f in forms], axis=1),
+                              tf.concat([f[2] for f in forms], axis=1))
+  shape = [batch] + tf.TensorShape(var_shape).as_list()
+  parts = []
+  for f in forms:
+    if f[0] == "dense":
+      parts.append(tf.reshape(tf.matmul(f[1], f[2], transpose_a=True), shape))
+    elif f[0] == "embedding":
+      ids, g = f[1], f[2]
+      vocab = shape[1]
+      offset = ids + tf.range(tf.cast(batch, ids.dtype),
+                              dtype=ids.dtype)[:, None] * vocab
+      flat = tf.math.unsorted_segment_sum(
+          tf.reshape(g, [-1, shape[2]]), tf.reshape(offset, [-1]),
+          batch * vocab)
+      parts.append(tf.reshape(flat, shape))
+    else:
+      parts.append(tf.cast(f[1], dtype))
+  return per_example_sq_norms(tf.add_n(parts))
 
 
 def dense_sq_norms(a: tf.Tensor, g: tf.Tensor,

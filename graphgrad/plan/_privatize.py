@@ -16,7 +16,7 @@ backpropagates ``sum_i c_i l_i`` and adds the noise (:meth:`Private.finish`).
 
 import logging
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -45,37 +45,10 @@ def check_declarations(declarations: Declarations, loss_scaled: bool,
   """Refuses what cannot be combined with ``privatize``, with the reason.
 
   Raises:
-    GraphGradError: for a task combination (its weights come from the whole
-      batch), an upstream or edge transform, a backward replacement or an
-      op override (they rewrite the backward pass the norms are taken
-      from), a loss-scale optimizer, or ``reduce_fn``.
+    GraphGradError: as :func:`graphgrad.core._privacy.refuse_declarations`;
+      for a loss-scale optimizer or ``reduce_fn``.
   """
-  reasons = {
-      "tasks": "combine_tasks mixes examples before the clip: its weights "
-               "come from the whole batch, so one example changes every "
-               "other example's gradient",
-      "upstream": "transform_upstream acts on the whole batch's gradient at "
-                  "the layer's outputs before the clip (a clip_by_norm of a "
-                  "boundary mixes examples), and the per-example norms are "
-                  "taken from the chain rule",
-      "edge": "transform_edge acts on the whole batch's gradient of a "
-              "boundary before the clip, and the per-example norms are taken "
-              "from the chain rule",
-      "backward": "replace_backward changes what each example's gradient is, "
-                  "and the per-example norms are taken from the chain rule",
-      "override": "override_gradient changes what each example's gradient "
-                  "is, and the per-example norms are taken from the chain "
-                  "rule",
-  }
-  for d in declarations:
-    kind = d.kind.value
-    if kind in reasons:
-      where = f" on {d.layer!r}" if d.layer else ""
-      raise _errors.GraphGradError(
-          f"privatize cannot be combined with {kind} declarations{where}: "
-          f"{reasons[kind]}. Declare it without privatize, or use "
-          f"transform_gradients, which acts after the noise "
-          f"(post-processing keeps the privacy guarantee).")
+  _privacy.refuse_declarations(declarations)
   if loss_scaled:
     raise _errors.GraphGradError(
         "privatize: a loss-scale optimizer would divide the noise by its "
@@ -165,18 +138,8 @@ class Private:
       forms = [_form(op, i, grads.get(op.outputs[0]), self.batch, dtype)
                for op, i in uses]
       live = [f for f in forms if f is not None]
-      kinds = {f[0] for f in live}
-      if len(live) == len(forms) and len(kinds) == 1:
-        kind = kinds.pop()
-        if kind == "dense":
-          return _privacy.dense_sq_norms(
-              tf.concat([f[1] for f in live], axis=1),
-              tf.concat([f[2] for f in live], axis=1))
-        if kind == "embedding":
-          return _privacy.embedding_sq_norms(
-              tf.concat([f[1] for f in live], axis=1),
-              tf.concat([f[2] for f in live], axis=1))
-        return _privacy.per_example_sq_norms(tf.add_n([f[1] for f in live]))
+      if live and len(live) == len(forms):
+        return _privacy.combined_sq_norms(live, var.shape, self.batch, dtype)
       return self._fallback(var, uses, grads, dtype)
 
   def _fallback(self, var, uses: List[Use], grads, dtype) -> tf.Tensor:
@@ -233,11 +196,7 @@ def _refuse_batch_norm(on_path, graph: tf.Graph) -> None:
 # -- the rules: (kind, a, g) per use -------------------------------------------
 
 
-def _rows(x: tf.Tensor, batch, dtype, width: Optional[int] = None
-          ) -> tf.Tensor:
-  """``x`` as ``[B, T, width]`` (its leading axis is the batch)."""
-  width = x.shape[-1] if width is None else width
-  return tf.cast(tf.reshape(x, [batch, -1, width]), dtype)
+_rows = _privacy.rows
 
 
 def _batch_rows(x: tf.Tensor, batch) -> tf.Tensor:
@@ -328,24 +287,11 @@ def _elementwise(op, index, g, batch, dtype):
   """The per-example gradient of a variable broadcast into ``op``."""
   if op.type == "BiasAdd" and op.get_attr("data_format") != b"NHWC":
     return None
-  var_in, y = op.inputs[index], op.outputs[0]
-  vs, ys = var_in.shape, y.shape
-  if not vs.is_fully_defined() or ys.rank is None or ys.rank < 1:
-    return None
-  if vs.rank >= ys.rank and (vs.rank > ys.rank or vs[0] != 1):
-    return None  # the variable is not broadcast over the batch
   p = g
   if op.type == "Mul":
     p = g * op.inputs[1 - index]
   elif op.type == "Sub" and index == 1:
     p = -g
-  p = tf.cast(p, dtype)
-  lead = ys.rank - vs.rank  # axes the variable has not, after the batch
-  shape = [1] * lead + vs.as_list()
-  axes = [ax for ax in range(1, ys.rank)
-          if ax < lead or shape[ax] == 1]
-  if ys.rank > 1:
-    p = tf.reduce_sum(p, axis=axes, keepdims=True)
-  return ("example", tf.reshape(p, tf.concat(
-      [[batch], tf.constant(vs.as_list()[1:] if lead == 0 else vs.as_list(),
-                            tf.int32)], 0)))
+  out = _privacy.broadcast_per_example(tf.cast(p, dtype),
+                                       op.inputs[index].shape, batch)
+  return None if out is None else ("example", out)
