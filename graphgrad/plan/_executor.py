@@ -36,7 +36,7 @@ from graphgrad.methods import _pcgrad, _replacement
 from graphgrad.plan import (
   _loss_scale_optimizer,
   _op_override,
-  _privatize,
+  _privatize_graph,
   _recompute,
 )
 from graphgrad.plan._engine import Rewrite, Segments
@@ -99,7 +99,7 @@ class Options:
     recompute: what ``plan.recompute`` declared, or ``None``.
     privacy: what ``plan.privatize`` declared, or ``None``: the backward
       pass then weights each example's loss by its clip factor, and the
-      noise is added before the parameter transforms (``_privatize``).
+      noise is added before the parameter transforms (``_privatize_graph``).
   """
   gate_gradients: int = GATE_OP
   aggregation_method: Any = None
@@ -171,7 +171,7 @@ class _Executor:
     self.trace: List[TraceRecord] = []
     self.extra: GradsAndVars = []
     self.global_step = tf.compat.v1.train.get_global_step(loss.graph)
-    self.private: Optional[_privatize.Private] = None
+    self.private: Optional[_privatize_graph.Private] = None
 
   @property
   def net(self) -> LayerGraph:
@@ -191,7 +191,7 @@ class _Executor:
       self.gradients_fn = self._recomputing(self.gradients_fn)
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
       if self.options.privacy is not None:
-        self.private = _privatize.Private(
+        self.private = _privatize_graph.Private(
             self.loss, self.var_list, self.options.privacy)
       if not self.declarations.rewrites_backward:
         # The very call Optimizer.compute_gradients makes; unreached

@@ -36,7 +36,7 @@ from graphgrad.plan import (
   _op_override,
   _optimizer,
   _picture,
-  _privatize,
+  _privatize_graph,
   _recompute,
   _summaries,
 )
@@ -585,7 +585,7 @@ class GradientPlan:
       check_graph_mode("GradientPlan.compute_gradients", self._loss)
       self._declarations.freeze()
       if self._options.privacy is not None:
-        _privatize.check_declarations(self._declarations, False,
+        _privatize_graph.check_declarations(self._declarations, False,
                                       self._options.reduce_fn)
       self._built = _executor.build(
           self._loss, lambda: self.net, self._var_list, self._declarations,
@@ -639,7 +639,7 @@ class GradientPlan:
     else:  # as its minimize(): the gradients of loss * S, then / S
       self._declarations.freeze()
       if self._options.privacy is not None:
-        _privatize.check_declarations(self._declarations, True, None)
+        _privatize_graph.check_declarations(self._declarations, True, None)
       _loss_scale_optimizer.check_declarations(self._declarations)
       with self._loss.graph.as_default():
         current = scale()

@@ -55,7 +55,7 @@ def check(loss, feed, clip=None):
   assert (norms > clip).any() and (norms < clip).any()
   got, _ = private(loss, feed, clip)
   for g, e in zip(got, expected):
-    np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
   return got
 
 
