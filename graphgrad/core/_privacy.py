@@ -13,6 +13,7 @@ backward pass of ``sum_i c_i l_i``, and :class:`Noise` adds the noise.
 
 import dataclasses
 import logging
+import math
 import secrets
 from typing import Optional, Sequence
 
@@ -23,7 +24,7 @@ from graphgrad._types import Gradient
 
 log = logging.getLogger("graphgrad")
 
-__all__ = ["Noise", "Privacy", "broadcast_per_example",
+__all__ = ["Noise", "Privacy", "broadcast_per_example", "gaussian",
            "check_per_example_loss", "check_privacy", "clip_factors",
            "combined_sq_norms", "dense_sq_norms", "embedding_sq_norms",
            "norm_dtype", "per_example_sq_norms", "refuse_declarations", "rows"]
@@ -301,6 +302,29 @@ def clip_factors(sq_norms: Sequence[tf.Tensor], l2_norm_clip: float,
 # -- the noise -----------------------------------------------------------------
 
 
+def gaussian(shape, seed: tf.Tensor, dtype=tf.float32) -> tf.Tensor:
+  """Standard normal values from Philox uniforms by Box-Muller.
+
+  ``tf.random.stateless_normal`` draws them the same way but computes one
+  pair per value; this keeps both values of each pair (``r cos t`` and
+  ``r sin t``), which halves the cost of the noise on a CPU.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> z = gaussian([100000], tf.constant([1, 2], tf.int64))
+    >>> abs(float(tf.math.reduce_std(z)) - 1.0) < 0.01
+    True
+  """
+  n = tf.reduce_prod(shape)
+  half = (n + 1) // 2
+  u = tf.random.stateless_uniform(
+      tf.stack([2, half]), seed, minval=1e-30, maxval=1.0, dtype=dtype)
+  r = tf.sqrt(-2.0 * tf.math.log(u[0]))
+  t = (2.0 * math.pi) * u[1]
+  z = tf.concat([r * tf.cos(t), r * tf.sin(t)], axis=0)
+  return tf.reshape(z[:n], shape)
+
+
 class Noise:
   """Gaussian noise that never repeats: a key and a step counter.
 
@@ -344,9 +368,7 @@ class Noise:
         b = tf.cast(batch_size, g.dtype)
         if step is not None:
           seed = tf.stack([tf.constant(self.key + j, tf.int64), step])
-          noise = tf.random.stateless_normal(
-              tf.shape(g), seed=seed, stddev=sigma,
-              dtype=norm_dtype(g.dtype))
+          noise = gaussian(tf.shape(g), seed, norm_dtype(g.dtype)) * sigma
           g = g + tf.cast(noise, g.dtype)
         out.append(g / b)
       return out
