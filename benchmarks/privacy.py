@@ -100,7 +100,7 @@ def _train_op(variant: str, loss, clip=1.0, sigma=1.1):
       g, [BATCH, -1])), axis=1) for g in per]))
   c = clip / tf.maximum(norms, clip)
   grads = []
-  for g, v in zip(per, variables):
+  for g in per:
     s = tf.tensordot(c, g, axes=1)
     grads.append((s + tf.random.normal(tf.shape(s), stddev=sigma * clip))
                  / BATCH)
@@ -204,8 +204,9 @@ def main(argv=None) -> Dict:
     res["peak_ratio"] = {v: p / base for v, p in res["peak_bytes"].items()}
     results[model] = res
     r = res["ratio_to_minimize"]
-    print(f"{model}: step / minimize(): privatize {r['privatize']['median']:.2f}x"
-          f" [{r['privatize']['min']:.2f}, {r['privatize']['max']:.2f}], "
+    print(f"{model}: step / minimize(): privatize "
+          f"{r['privatize']['median']:.2f}x [{r['privatize']['min']:.2f}, "
+          f"{r['privatize']['max']:.2f}], "
           f"vectorized {r['vectorized']['median']:.2f}x "
           f"[{r['vectorized']['min']:.2f}, {r['vectorized']['max']:.2f}]; "
           f"peak privatize {res['peak_ratio']['privatize']:.2f}x, "
