@@ -134,12 +134,13 @@ def _stats(xs: List[float]) -> Dict[str, float]:
           "n": len(xs)}
 
 
-def timing(model: str, reps: int, target_s: float = 1.0) -> Dict:
+def timing(model: str, reps: int, variants=VARIANTS, target_s: float = 1.0
+           ) -> Dict:
   """Step times of the variants, alternating in one process."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   runs = {}
-  for v in VARIANTS:
+  for v in variants:
     graph = tf.Graph()
     with graph.as_default():
       loss, feed = _build(model)
@@ -155,9 +156,9 @@ def timing(model: str, reps: int, target_s: float = 1.0) -> Dict:
   t = time.perf_counter()
   sess.run(train, feed)
   k = max(1, round(target_s / (time.perf_counter() - t)))
-  samples: Dict[str, List[float]] = {v: [] for v in VARIANTS}
+  samples: Dict[str, List[float]] = {v: [] for v in variants}
   for r in range(reps):
-    order = list(VARIANTS[r % 3:] + VARIANTS[:r % 3])
+    order = list(variants[r % len(variants):] + variants[:r % len(variants)])
     for v in order:
       sess, train, feed, _ = runs[v]
       steps = k if v != "vectorized" else max(1, k // 8)
@@ -169,10 +170,10 @@ def timing(model: str, reps: int, target_s: float = 1.0) -> Dict:
     sess.close()
   ratios = {v: _stats([a / b for a, b in zip(samples[v],
                                              samples["minimize"])])
-            for v in VARIANTS}
+            for v in variants}
   return {"step_s": {v: _stats(s) for v, s in samples.items()},
           "ratio_to_minimize": ratios,
-          "build_s": {v: runs[v][3] for v in VARIANTS},
+          "build_s": {v: runs[v][3] for v in variants},
           "steps_per_sample": k}
 
 
@@ -191,26 +192,26 @@ def main(argv=None) -> Dict:
   parser.add_argument("args", nargs="*")
   parser.add_argument("--reps", type=int, default=7)
   parser.add_argument("--models", default=",".join(MODELS))
+  parser.add_argument("--variants", default=",".join(VARIANTS),
+                      help="minimize first")
   parser.add_argument("--out", default=None)
   a = parser.parse_args(argv)
   if a.cmd == "child":
     print(json.dumps(peak_child(*a.args)))
     return {}
   results = {}
+  variants = tuple(a.variants.split(","))
   for model in a.models.split(","):
-    res = timing(model, a.reps)
-    res["peak_bytes"] = {v: _peak(model, v) for v in VARIANTS}
+    res = timing(model, a.reps, variants)
+    res["peak_bytes"] = {v: _peak(model, v) for v in variants}
     base = res["peak_bytes"]["minimize"]
     res["peak_ratio"] = {v: p / base for v, p in res["peak_bytes"].items()}
     results[model] = res
     r = res["ratio_to_minimize"]
-    print(f"{model}: step / minimize(): privatize "
-          f"{r['privatize']['median']:.2f}x [{r['privatize']['min']:.2f}, "
-          f"{r['privatize']['max']:.2f}], "
-          f"vectorized {r['vectorized']['median']:.2f}x "
-          f"[{r['vectorized']['min']:.2f}, {r['vectorized']['max']:.2f}]; "
-          f"peak privatize {res['peak_ratio']['privatize']:.2f}x, "
-          f"vectorized {res['peak_ratio']['vectorized']:.2f}x", flush=True)
+    for v in variants[1:]:
+      print(f"{model} {v}: step / minimize() {r[v]['median']:.2f}x "
+            f"[{r[v]['min']:.2f}, {r[v]['max']:.2f}], peak / minimize() "
+            f"{res['peak_ratio'][v]:.2f}x", flush=True)
   if a.out:
     with open(a.out, "w") as f:
       json.dump(results, f, indent=1, sort_keys=True)

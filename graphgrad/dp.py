@@ -233,9 +233,10 @@ def epsilon_callback(noise_multiplier: float, batch_size: int,
 class EpsilonHook(tf.compat.v1.train.SessionRunHook):
   """A ``SessionRunHook`` that reports epsilon during a Session loop.
 
-  It reads the global step after each ``run`` and, every
-  ``every_n_steps`` steps, computes epsilon for that many steps, logs it on
-  the ``graphgrad`` logger and keeps it in :attr:`epsilon`. Use it with
+  It reads the global step when the session starts, counts the ``run``
+  calls after it and, every ``every_n_steps`` steps, computes epsilon for
+  that many steps, logs it on the ``graphgrad`` logger and keeps it in
+  :attr:`epsilon`; at the end it reads the global step again. Use it with
   ``tf.compat.v1.train.MonitoredTrainingSession(hooks=[...])``; the train op
   must increment the global step (``plan.apply_gradients(opt,
   global_step=...)``).
@@ -273,16 +274,17 @@ class EpsilonHook(tf.compat.v1.train.SessionRunHook):
           "steps by. Create one with tf.compat.v1.train."
           "get_or_create_global_step() and pass it to apply_gradients.")
 
-  def before_run(self, run_context):
-    return tf.compat.v1.train.SessionRunArgs(self._step)
+  def after_create_session(self, session, coord):
+    self.steps = int(session.run(self._step))
 
   def after_run(self, run_context, run_values):
-    step = int(run_values.results)
-    if step // self._every > self.steps // self._every:
-      self.epsilon = self._report(step)
-      log.info("graphgrad dp: %d steps, epsilon %.4g at delta %g", step,
-               self.epsilon, self._delta)
-    self.steps = step
+    # Counted, not fetched: a fetch of the global step beside the train op
+    # may read it before or after the increment.
+    self.steps += 1
+    if self.steps % self._every == 0:
+      self.epsilon = self._report(self.steps)
+      log.info("graphgrad dp: %d steps, epsilon %.4g at delta %g",
+               self.steps, self.epsilon, self._delta)
 
   def end(self, session):
     step = int(session.run(self._step))

@@ -26,7 +26,8 @@ log = logging.getLogger("graphgrad")
 
 __all__ = ["Noise", "Privacy", "broadcast_per_example", "gaussian",
            "check_per_example_loss", "check_privacy", "clip_factors",
-           "combined_sq_norms", "dense_sq_norms", "embedding_sq_norms",
+           "clipped_sum", "combined_sq_norms", "dense_sq_norms",
+           "embedding_sq_norms",
            "norm_dtype", "per_example_sq_norms", "refuse_declarations", "rows"]
 
 
@@ -275,6 +276,45 @@ def per_example_sq_norms(per_example: tf.Tensor,
   with tf.name_scope(name or "per_example_sq_norms"):
     flat = tf.reshape(per_example, [tf.shape(per_example)[0], -1])
     return tf.reduce_sum(tf.square(flat), axis=1)
+
+
+def clipped_sum(forms, c: tf.Tensor, var_shape, batch, dtype,
+                name: Optional[str] = None) -> tf.Tensor:
+  """``sum_i c_i grad_i`` of one variable from the forms of its uses.
+
+  Book-keeping (Bu et al. 2023): the clipped sum is linear in each use's
+  per-example gradient, so it comes from the boundary tensors the norms were
+  taken from, without a second backward pass: a dense use gives
+  ``A^T (c * G)`` over all rows, an embedding the rows ``c_i g_it`` summed
+  at their ids, a per-example gradient ``sum_i c_i P_i``.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> a = tf.ones([2, 1, 3]); g = tf.ones([2, 1, 1])
+    >>> clipped_sum([("dense", a, g)], tf.constant([1.0, 0.5]), [3, 1], 2,
+    ...             tf.float32).numpy().ravel().tolist()
+    [1.5, 1.5, 1.5]
+  """
+  with tf.name_scope(name or "clipped_sum"):
+    shape = tf.TensorShape(var_shape)
+    parts = []
+    for f in forms:
+      if f[0] == "dense":
+        a, g = f[1], f[2]
+        cg = g * tf.cast(c, g.dtype)[:, None, None]
+        flat = tf.matmul(tf.reshape(a, [-1, a.shape[-1]]),
+                         tf.reshape(cg, [-1, g.shape[-1]]), transpose_a=True)
+        parts.append(tf.reshape(flat, shape))
+      elif f[0] == "embedding":
+        ids, g = f[1], f[2]
+        cg = g * tf.cast(c, g.dtype)[:, None, None]
+        parts.append(tf.math.unsorted_segment_sum(
+            tf.reshape(cg, [-1, shape[-1]]), tf.reshape(ids, [-1]),
+            shape[0]))
+      else:
+        p = tf.cast(f[1], tf.cast(c, f[1].dtype).dtype)
+        parts.append(tf.tensordot(tf.cast(c, p.dtype), p, axes=1))
+    return tf.cast(tf.add_n(parts), dtype)
 
 
 def clip_factors(sq_norms: Sequence[tf.Tensor], l2_norm_clip: float,

@@ -97,9 +97,9 @@ class Options:
       or ``None``: the plan then backpropagates ``loss * S`` and its
       transforms see gradients divided by ``S`` (see ``_loss_scale_optimizer``).
     recompute: what ``plan.recompute`` declared, or ``None``.
-    privacy: what ``plan.privatize`` declared, or ``None``: the backward
-      pass then weights each example's loss by its clip factor, and the
-      noise is added before the parameter transforms (``_privatize_graph``).
+    privacy: what ``plan.privatize`` declared, or ``None``: the gradients
+      then come from ``_privatize_graph``, noised before the parameter
+      transforms.
   """
   gate_gradients: int = GATE_OP
   aggregation_method: Any = None
@@ -171,7 +171,6 @@ class _Executor:
     self.trace: List[TraceRecord] = []
     self.extra: GradsAndVars = []
     self.global_step = tf.compat.v1.train.get_global_step(loss.graph)
-    self.private: Optional[_privatize_graph.Private] = None
 
   @property
   def net(self) -> LayerGraph:
@@ -191,9 +190,10 @@ class _Executor:
       self.gradients_fn = self._recomputing(self.gradients_fn)
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
       if self.options.privacy is not None:
-        self.private = _privatize_graph.Private(
-            self.loss, self.var_list, self.options.privacy)
-      if not self.declarations.rewrites_backward:
+        by_name = _privatize_graph.Private(
+            self.loss, self.var_list, self.options.privacy,
+            self.gradients_fn).gradients()
+      elif not self.declarations.rewrites_backward:
         # The very call Optimizer.compute_gradients makes; unreached
         # variables get None from it.
         by_name = self._whole(self.var_list)
@@ -201,8 +201,6 @@ class _Executor:
         known = self.net.op_graph
         by_name = self._segmented(
             [v for v in self.var_list if v.op.name in known])
-      if self.private is not None:
-        by_name = self.private.finish(by_name)
       out = [(by_name.get(v.op.name), v) for v in self.var_list]
       for layer, fns in self.declarations.gradients.items():
         self._transform_parameters(layer, fns, out)
@@ -318,7 +316,7 @@ class _Executor:
 
   def _whole(self, variables) -> Dict[str, Gradient]:
     """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
-    scaled = ({} if self.options.loss_scale is None and self.private is None
+    scaled = ({} if self.options.loss_scale is None
               else {"grad_ys": self._seed()})
     grads = self.gradients_fn(self.loss, variables, **scaled,
                               **self.options.gradients_kwargs)
@@ -345,9 +343,7 @@ class _Executor:
   # -- helpers ---------------------------------------------------------------
 
   def _seed(self) -> tf.Tensor:
-    """The loss's gradient: 1, the clip factors, or the loss scale."""
-    if self.private is not None:
-      return self.private.seed
+    """The loss's gradient: 1, or the loss scale."""
     if self.options.loss_scale is None:
       return tf.ones_like(self.loss, name="seed")
     return _loss_scale_optimizer.seed(self.loss, self.options.loss_scale)

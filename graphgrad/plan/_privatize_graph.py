@@ -1,4 +1,4 @@
-"""DP-SGD on a ``tf.Graph``: per-example norms from the op graph.
+"""DP-SGD on a ``tf.Graph``: per-example norms and sums from the op graph.
 
 For each variable of the plan, :class:`Private` finds the ops that consume
 it on the way to the loss (through its read, ``Identity`` and ``Cast``) and
@@ -9,9 +9,9 @@ the rule of each: a dense op (``MatMul``, ``BatchMatMulV2``, a two-operand
 ``Add``, ``Mul``...). One ``tf.gradients`` call of ``sum_i l_i`` gives the
 gradient at those ops' outputs; the shared rules of
 :mod:`graphgrad.core._privacy` turn them into per-example squared norms. A
-variable whose uses have no common rule gets the exact per-example gradient
-of those ops only (``vectorized_map``), logged once. The executor then
-backpropagates ``sum_i c_i l_i`` and adds the noise (:meth:`Private.finish`).
+variable whose uses have no rule gets the exact per-example gradient of those
+ops only (``vectorized_map``), logged once. The clipped sums come from the
+same tensors (:meth:`Private.gradients`), then the noise.
 """
 
 import logging
@@ -62,50 +62,69 @@ def check_declarations(declarations: Declarations, loss_scaled: bool,
 
 
 class Private:
-  """The two halves of DP-SGD around one backward pass of a plan.
+  """DP-SGD's gradients of a plan, from the boundary tensors alone.
+
+  One ``tf.gradients`` call of ``sum_i l_i`` gives the gradient at the
+  output of every op that uses a variable. From each use's boundary tensors
+  come the per-example squared norms, the clip factors ``c_i``, and then
+  (book-keeping, Bu et al. 2023) each variable's clipped sum
+  ``sum_i c_i grad_i``, with no second backward pass.
 
   Args:
     loss: the vector of per-example losses ``[B]``.
     var_list: the plan's variables.
     privacy: the declaration.
+    gradients_fn: the plan's ``tf.gradients`` (``plan.recompute``'s).
   """
 
   def __init__(self, loss: tf.Tensor, var_list: Sequence[tf.Variable],
-               privacy: _privacy.Privacy):
+               privacy: _privacy.Privacy, gradients_fn=None):
     self.loss, self.privacy = loss, privacy
     self.var_list = list(var_list)
+    self._gradients = gradients_fn or tf.compat.v1.gradients
     self._on_path = {op.name for op in _graph_util.forward_ops(loss)}
     self.batch = tf.shape(loss)[0]
-    self.seed = self._clip_weights()
     self._noise = _privacy.Noise(privacy)
 
-  def finish(self, by_name: Dict[str, Gradient]) -> Dict[str, Gradient]:
-    """The noised mean of the clipped sums ``by_name`` (variable op name)."""
-    names = [v.op.name for v in self.var_list]
-    out = self._noise.noised_mean([by_name.get(n) for n in names], self.batch)
-    return {n: g for n, g in zip(names, out) if g is not None}
-
-  # -- the norms -----------------------------------------------------------
-
-  def _clip_weights(self) -> tf.Tensor:
+  def gradients(self) -> Dict[str, Gradient]:
+    """Variable op name -> ``(1/B)(sum_i clip_C(grad_i) + noise)``."""
     with tf.name_scope("privatize"):
-      _refuse_batch_norm(self._on_path, self.loss.graph)
-      uses = {v.op.name: self._uses(v) for v in self.var_list}
-      outputs = sorted({t for us in uses.values() for op, _ in us
-                        for t in op.outputs if t.dtype.is_floating},
-                       key=lambda t: t.name)
-      grads = dict(zip(outputs, tf.compat.v1.gradients(self.loss, outputs)))
-      parts = []
-      for v in self.var_list:
-        if uses[v.op.name]:
-          parts.append(self._sq_norms(v, uses[v.op.name], grads))
-      if not parts:
+      forms = self._forms()
+      if not forms:
         raise _errors.NotConnectedError(
             f"privatize: no variable of the plan reaches the loss "
             f"{self.loss.name}; variables: "
             f"{', '.join(v.name for v in self.var_list)}.")
-      return _privacy.clip_factors(parts, self.privacy.l2_norm_clip,
-                                   self.loss.dtype)
+      by_name = {v.op.name: v for v in self.var_list}
+      parts = [_privacy.combined_sq_norms(
+          fs, by_name[n].shape, self.batch,
+          _privacy.norm_dtype(by_name[n].dtype)) for n, fs in forms.items()]
+      c = _privacy.clip_factors(parts, self.privacy.l2_norm_clip,
+                                _privacy.norm_dtype(self.loss.dtype))
+      sums = {n: _privacy.clipped_sum(fs, c, by_name[n].shape, self.batch,
+                                      by_name[n].dtype)
+              for n, fs in forms.items()}
+      names = [v.op.name for v in self.var_list]
+      out = self._noise.noised_mean([sums.get(n) for n in names], self.batch)
+      return {n: g for n, g in zip(names, out) if g is not None}
+
+  # -- the boundary tensors ------------------------------------------------
+
+  def _forms(self) -> Dict[str, list]:
+    """Variable op name -> the forms of its uses (reached variables only)."""
+    _refuse_batch_norm(self._on_path, self.loss.graph)
+    uses = {v.op.name: self._uses(v) for v in self.var_list}
+    outputs = sorted({t for us in uses.values() for op, _ in us
+                      for t in op.outputs if t.dtype.is_floating},
+                     key=lambda t: t.name)
+    grads = dict(zip(outputs, self._gradients(self.loss, outputs)))
+    forms = {}
+    for v in self.var_list:
+      used = [(op, i) for op, i in uses[v.op.name]
+              if any(grads.get(y) is not None for y in op.outputs)]
+      if used:
+        forms[v.op.name] = self._var_forms(v, used, grads)
+    return forms
 
   def _uses(self, var: tf.Variable) -> List[Use]:
     """The ops on the loss path that consume ``var`` (or its reads)."""
@@ -131,19 +150,19 @@ class Private:
           found += [(op, i) for i, x in enumerate(op.inputs) if x is t]
     return found
 
-  def _sq_norms(self, var, uses: List[Use], grads) -> tf.Tensor:
-    """``[B]`` squared norms of ``var``'s per-example gradients."""
-    with tf.name_scope(var.op.name.replace(":", "_") + "_norms"):
+  def _var_forms(self, var, uses: List[Use], grads) -> list:
+    """The forms of ``var``'s uses, or its exact per-example gradients."""
+    with tf.name_scope(var.op.name.replace(":", "_") + "_uses"):
       dtype = _privacy.norm_dtype(var.dtype)
       forms = [_form(op, i, grads.get(op.outputs[0]), self.batch, dtype)
                for op, i in uses]
-      live = [f for f in forms if f is not None]
-      if live and len(live) == len(forms):
-        return _privacy.combined_sq_norms(live, var.shape, self.batch, dtype)
-      return self._fallback(var, uses, grads, dtype)
+      if all(f is not None for f in forms):
+        return forms
+      return [("example", self._fallback(var, uses, grads, dtype))]
 
   def _fallback(self, var, uses: List[Use], grads, dtype) -> tf.Tensor:
-    """Exact per-example gradients of ``var`` through its uses only."""
+    """``[B, *var.shape]``: exact per-example gradients of ``var`` through
+    its uses only."""
     kinds = sorted({op.type for op, _ in uses})
     key = (var.op.name, tuple(kinds))
     if key not in _warned:
@@ -166,16 +185,16 @@ class Private:
               f"weight decay in the optimizer or with "
               f"transform_gradients, and keep the loss per example.")
         ys.append(y)
-        gs.append(g)
+        gs.append(tf.convert_to_tensor(g))
     xs = list({id(x): x for op, i in uses for x in [op.inputs[i]]}.values())
 
     def one(i):
       masked = [g * tf.reshape(tf.one_hot(i, self.batch, dtype=g.dtype),
                                [-1] + [1] * (g.shape.rank - 1)) for g in gs]
       parts = tf.compat.v1.gradients(ys, xs, grad_ys=masked)
-      parts = [tf.convert_to_tensor(p) for p in parts if p is not None]
-      return tf.add_n([tf.reduce_sum(tf.square(tf.cast(p, dtype)))
-                       for p in parts])
+      parts = [tf.cast(tf.convert_to_tensor(p), dtype) for p in parts
+               if p is not None]
+      return tf.reshape(tf.add_n(parts), var.shape)
 
     return tf.vectorized_map(one, tf.range(self.batch))
 
