@@ -7,6 +7,8 @@ inputs, batch 256). Variants, each in its own tf.Graph:
 * ``minimize``: ``opt.minimize(mean loss)``, no privacy;
 * ``privatize``: ``gg.GradientPlan(per-example loss).privatize(1.0, 1.1)
   .apply_gradients(opt)`` (ghost norms, a second backward pass);
+* ``clip_only``: the same with ``noise_multiplier=0``: the cost of the
+  clipping alone, without drawing the noise;
 * ``vectorized``: per-example gradients with ``tf.vectorized_map`` over
   ``tf.gradients(loss[i], vars)``, clipped, summed, noised (the vectorized
   route of TF Privacy's optimizers).
@@ -32,7 +34,7 @@ from typing import Dict, List
 
 import numpy as np
 
-VARIANTS = ("minimize", "privatize", "vectorized")
+VARIANTS = ("minimize", "privatize", "clip_only", "vectorized")
 MODELS = ("mlp6x512", "convnet")
 BATCH = 256
 
@@ -91,8 +93,9 @@ def _train_op(variant: str, loss, clip=1.0, sigma=1.1):
   opt = tf1.train.GradientDescentOptimizer(1e-3)
   if variant == "minimize":
     return opt.minimize(tf.reduce_mean(loss))
-  if variant == "privatize":
-    return gg.GradientPlan(loss).privatize(clip, sigma).apply_gradients(opt)
+  if variant in ("privatize", "clip_only"):
+    noise = sigma if variant == "privatize" else 0.0
+    return gg.GradientPlan(loss).privatize(clip, noise).apply_gradients(opt)
   variables = tf1.trainable_variables()
   per = tf.vectorized_map(lambda i: tf.gradients(loss[i], variables),
                           tf.range(BATCH))

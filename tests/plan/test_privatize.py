@@ -316,3 +316,20 @@ def test_reduce_fn_and_loss_scale_are_refused(graph):
       tf1.train.GradientDescentOptimizer(0.1), "dynamic")
   with pytest.raises(gg.GraphGradError, match="divide the noise by its loss"):
     gg.GradientPlan(loss).privatize(1.0, 1.0).apply_gradients(opt)
+
+
+def test_recompute_composes(graph):
+  x = tf.constant(normal(B, 5))
+  h = x
+  for i in range(4):
+    h = dense(h, 6, f"r{i}", tf.nn.tanh)
+  loss = tf.reduce_sum(tf.square(h), axis=1)
+  variables = tf1.trainable_variables()
+  expected, _ = reference(loss, variables, None, 0.4)
+  plan = gg.GradientPlan(loss).recompute().privatize(0.4, 0.0)
+  got = [g for g, _ in plan.compute_gradients()]
+  with tf1.Session() as s:
+    s.run(tf1.global_variables_initializer())
+    got = s.run(got)
+  for g, e in zip(got, expected):
+    np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
