@@ -137,8 +137,12 @@ def noise_multiplier(target_epsilon: float, batch_size: int,
 
   Args:
     target_epsilon: the budget.
-    batch_size, dataset_size, epochs, delta, accountant, steps: as for
-      :func:`epsilon`.
+    batch_size: as for :func:`epsilon`.
+    dataset_size: as for :func:`epsilon`.
+    epochs: as for :func:`epsilon`.
+    delta: as for :func:`epsilon`.
+    accountant: as for :func:`epsilon`.
+    steps: as for :func:`epsilon`.
 
   Returns:
     ``sigma`` for ``plan.privatize``.
@@ -193,8 +197,11 @@ def epsilon_callback(noise_multiplier: float, batch_size: int,
   ``graphgrad`` logger; ``callback.epsilon`` holds the last value.
 
   Args:
-    noise_multiplier, batch_size, dataset_size, delta, accountant: as for
-      :func:`epsilon`.
+    noise_multiplier: as for :func:`epsilon`.
+    batch_size: as for :func:`epsilon`.
+    dataset_size: as for :func:`epsilon`.
+    delta: as for :func:`epsilon`.
+    accountant: as for :func:`epsilon`.
     keras: the Keras module whose ``callbacks.Callback`` the callback
       subclasses (``keras`` for Keras 3, ``tf_keras``); ``tf.keras`` when
       ``None``.
@@ -242,8 +249,11 @@ class EpsilonHook(tf.compat.v1.train.SessionRunHook):
   global_step=...)``).
 
   Args:
-    noise_multiplier, batch_size, dataset_size, delta, accountant: as for
-      :func:`epsilon`.
+    noise_multiplier: as for :func:`epsilon`.
+    batch_size: as for :func:`epsilon`.
+    dataset_size: as for :func:`epsilon`.
+    delta: as for :func:`epsilon`.
+    accountant: as for :func:`epsilon`.
     every_n_steps: how often to compute epsilon.
 
   Raises:
