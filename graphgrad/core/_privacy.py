@@ -24,11 +24,11 @@ from graphgrad._types import Gradient
 
 log = logging.getLogger("graphgrad")
 
-__all__ = ["Noise", "Privacy", "broadcast_per_example", "gaussian",
+__all__ = ["Noise", "Privacy", "broadcast_per_example",
            "check_per_example_loss", "check_privacy", "clip_factors",
            "clipped_sum", "combined_sq_norms", "dense_sq_norms",
-           "embedding_sq_norms",
-           "norm_dtype", "per_example_sq_norms", "refuse_declarations", "rows"]
+           "embedding_sq_norms", "gaussian", "norm_dtype", "patches",
+           "per_example_sq_norms", "refuse_declarations", "rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +147,43 @@ def rows(x: tf.Tensor, batch, dtype, width: Optional[int] = None
   batch)."""
   width = x.shape[-1] if width is None else width
   return tf.cast(tf.reshape(x, [batch, -1, width]), dtype)
+
+
+def patches(x: tf.Tensor, kh: int, kw: int, strides, padding: str
+            ) -> tf.Tensor:
+  """The input patches of a 2-D convolution, ``[B, Ho, Wo, kh*kw*C]``.
+
+  The depth is ordered as a ``[kh, kw, C, out]`` kernel reshaped to
+  ``[kh*kw*C, out]``, so that the convolution is a dense op on them. With
+  static spatial sizes they are ``kh*kw`` strided slices of the padded input
+  (a copy each), which on a CPU is several times faster than
+  ``tf.image.extract_patches``.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> x = tf.reshape(tf.range(16.0), [1, 4, 4, 1])
+    >>> p = patches(x, 3, 3, [1, 1, 1, 1], "SAME")
+    >>> ref = tf.image.extract_patches(x, [1, 3, 3, 1], [1, 1, 1, 1],
+    ...                                [1, 1, 1, 1], "SAME")
+    >>> bool(tf.reduce_all(p == ref))
+    True
+  """
+  h, w = x.shape[1], x.shape[2]
+  sh, sw = strides[1], strides[2]
+  if h is None or w is None:
+    return tf.image.extract_patches(x, [1, kh, kw, 1], strides, [1, 1, 1, 1],
+                                    padding)
+  if padding == "SAME":
+    ho, wo = -(-h // sh), -(-w // sw)
+    ph = max((ho - 1) * sh + kh - h, 0)
+    pw = max((wo - 1) * sw + kw - w, 0)
+    x = tf.pad(x, [[0, 0], [ph // 2, ph - ph // 2], [pw // 2, pw - pw // 2],
+                   [0, 0]])
+  else:
+    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+  cuts = [x[:, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw, :]
+          for i in range(kh) for j in range(kw)]
+  return cuts[0] if len(cuts) == 1 else tf.concat(cuts, axis=-1)
 
 
 def broadcast_per_example(p: tf.Tensor, var_shape, batch

@@ -218,8 +218,7 @@ def _conv2d(layer, x, dy, batch):
     return out if bias is None else out + tf.cast(bias, x.dtype)
 
   g = _pre_activation_grad(layer, z, dy)
-  patches = tf.image.extract_patches(x, [1, kh, kw, 1], strides,
-                                     [1, 1, 1, 1], padding)
+  patches = _privacy.patches(x, kh, kw, strides, padding)
   out = [(kernel, ("dense",
                    _privacy.rows(patches, batch, dtype, kh * kw * cin),
                    _privacy.rows(g, batch, dtype)))]

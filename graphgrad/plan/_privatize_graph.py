@@ -295,9 +295,8 @@ def _conv(op, g, batch, dtype):
     return None
   x, w = op.inputs
   kh, kw, cin = (int(d) for d in w.shape[:3])
-  patches = tf.image.extract_patches(
-      x, sizes=[1, kh, kw, 1], strides=op.get_attr("strides"),
-      rates=[1, 1, 1, 1], padding=op.get_attr("padding").decode())
+  patches = _privacy.patches(x, kh, kw, op.get_attr("strides"),
+                             op.get_attr("padding").decode())
   return ("dense", _rows(patches, batch, dtype, kh * kw * cin),
           _rows(g, batch, dtype))
 

@@ -82,16 +82,17 @@ def test_unscoped_mlp(graph):
   check(tf.squeeze(out, 1) ** 2, None)
 
 
-def test_conv_net(graph):
+@pytest.mark.parametrize("k2, padding", [(2, "VALID"), (3, "SAME")])
+def test_conv_net(graph, k2, padding):
   x = tf.constant(normal(B, 8, 8, 2))
   rng = np.random.default_rng(5)
   k1 = tf1.get_variable("c1/k", initializer=rng.normal(
       size=(3, 3, 2, 4)).astype(np.float32) / 4)
   b1 = tf1.get_variable("c1/b", initializer=np.ones(4, np.float32) * 0.1)
   k2 = tf1.get_variable("c2/k", initializer=rng.normal(
-      size=(2, 2, 4, 3)).astype(np.float32) / 4)
+      size=(k2, k2, 4, 3)).astype(np.float32) / 4)
   h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, k1, 1, "SAME"), b1))
-  h = tf.nn.conv2d(h, k2, 2, "VALID")
+  h = tf.nn.conv2d(h, k2, 2, padding)  # SAME pads 0 before, 1 after
   out = dense(tf.reshape(h, [B, 4 * 4 * 3]), 2, "head")
   check(tf.reduce_sum(tf.square(out), axis=1), None)
 
