@@ -10,8 +10,8 @@ The whole public API::
   plan.combine_tasks("trunk", [loss_a, loss_b], gg.mtl.upgrad())
   train_op = plan.apply_gradients(tf.compat.v1.train.AdamOptimizer(1e-3))
 
-``gg.KerasPlan(model)`` declares the same rewrites on a TF2 Keras model. The
-modules ``gg.transforms``, ``gg.backward``, ``gg.mtl``, ``gg.cluster`` and
+``gg.KerasPlan(model)`` declares the same rewrites on a TF2 Keras model.
+``gg.transforms``, ``gg.backward``, ``gg.mtl``, ``gg.dp``, ``gg.cluster``,
 ``gg.demo`` and the errors (all ``gg.GraphGradError``) complete it.
 """
 
@@ -22,7 +22,7 @@ with _startup.quiet_when_command_line():  # TF's start-up lines, see _startup
   import tensorflow as _tf  # noqa: F401
 del _tf
 
-from graphgrad import _compat, backward, cluster, demo, mtl, transforms
+from graphgrad import _compat, backward, cluster, demo, dp, mtl, transforms
 from graphgrad._errors import (
   GraphGradError,
   IncompatibleGradientError,
@@ -68,6 +68,7 @@ __all__ = [
     "cluster",
     "gradient_report",
     "demo",
+    "dp",
     "mtl",
     "thaw",
     "transforms",

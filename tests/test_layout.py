@@ -134,7 +134,7 @@ _FLOORS = {
     "_errors": 0, "_types": 0, "_compat": 0, "_startup": 0,
     "analysis": 1, "transforms": 1, "methods": 2, "core": 3, "plan": 4,
     "keras": 4, "distributed": 5, "__init__": 7, "cli": 8, "__main__": 9}
-_PUBLIC_FLOOR = 6  # the public modules: backward, mtl, cluster, demo
+_PUBLIC_FLOOR = 6  # the public modules: backward, mtl, dp, cluster, demo
 
 
 def _folder(name: str) -> str:

@@ -22,6 +22,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._inert import bottom_layer_advice
+from graphgrad.core._privacy import Noise, check_privacy, refuse_declarations
 from graphgrad.keras import _fit, _loss_scale, _methods
 from graphgrad.keras._layer_index import (
   LayerIndex,
@@ -105,6 +106,7 @@ class KerasPlan(tf.Module, LayerOverriding):
     self._unscaled_warned = False
     self._attached: Optional[_fit.Attachment] = None
     self._warned_bottom: set = set()
+    self._privacy: Optional[tuple] = None
 
   # -- declaring -----------------------------------------------------------
 
@@ -374,6 +376,13 @@ class KerasPlan(tf.Module, LayerOverriding):
       self._declarations.freeze()
       log.info("graphgrad KerasPlan on %s: %s", self._model.name,
                self._declarations.summary())
+    if self._privacy is not None:
+      refuse_declarations(self._declarations)
+      if loss_scale is not None:
+        raise _errors.GraphGradError(
+            "privatize: a loss scale would divide the noise by the scale. "
+            "Train the private plan without loss_scale (float32 "
+            "variables; norms are computed in float32).")
     if loss_scale is not None:
       return _loss_scale.ScaledTape(self._view(), persistent,
                                     watch_accessed_variables, labels,
@@ -381,6 +390,59 @@ class KerasPlan(tf.Module, LayerOverriding):
     if not self._unscaled_warned:
       self._unscaled_warned = _loss_scale.warn_unscaled(self)
     return PlanTape(self._view(), persistent, watch_accessed_variables, labels)
+
+  def privatize(self, l2_norm_clip: float, noise_multiplier: float,
+                seed: Optional[int] = None) -> "KerasPlan":
+    """Trains with DP-SGD: per-example clipping and Gaussian noise.
+
+    As :meth:`GradientPlan.privatize`: the loss given to
+    ``tape.gradient`` must be the vector of per-example losses ``[B]``, and
+    each gradient becomes its share of
+    ``(1/B) (sum_i clip_C(grad l_i) + N(0, sigma^2 C^2 I))``, the clip
+    taken over all the sources together. Norms come from each ``Dense``,
+    ``Conv2D``, ``Embedding`` and ``LayerNormalization`` call's input and
+    output gradient; another layer holding variables gets exact
+    per-example gradients through its own call (logged once). See
+    docs/privacy.md.
+
+    Args:
+      l2_norm_clip: ``C``.
+      noise_multiplier: ``sigma``; 0 clips without noise.
+      seed: the noise's seed, for tests only (see
+        :meth:`GradientPlan.privatize`).
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      GraphGradError: for a bad argument, a second ``privatize``, or after
+        a tape was opened; when a tape opens, for declarations that act
+        before the clip or a ``loss_scale``; in ``tape.gradient``, for a
+        loss that is not a vector.
+      UnsupportedGraphError: in the tape, for a trainable
+        ``BatchNormalization``, or a variable used outside its layer.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> model = tf.keras.Sequential([tf.keras.layers.Dense(
+      ...     1, use_bias=False, kernel_initializer="ones")])
+      >>> plan = gg.KerasPlan(model).privatize(1.0, 0.0)
+      >>> with plan.tape() as tape:
+      ...   loss = tf.reduce_sum(model(tf.constant([[1.0], [10.0]])), axis=1)
+      >>> [g.numpy().tolist() for g in tape.gradient(loss)]
+      [[[1.0]]]
+    """
+    caller = "KerasPlan.privatize"
+    privacy = check_privacy(l2_norm_clip, noise_multiplier, seed, caller)
+    if (self._privacy is not None or self._declarations.frozen
+        or self._attached is not None):
+      raise _errors.GraphGradError(
+          f"{caller}: the plan is already "
+          f"{'private' if self._privacy is not None else 'in use'}; declare "
+          f"privatize once, before the first plan.tape() or attach().")
+    with tf.name_scope(self.name):
+      self._privacy = (privacy, Noise(privacy))
+    return self
 
   def attach(self, labels=None) -> "KerasPlan":
     """Makes the model's ``fit``, ``train_on_batch`` and ``evaluate`` use
@@ -405,8 +467,16 @@ class KerasPlan(tf.Module, LayerOverriding):
     Raises:
       GraphGradError: if the plan is already attached, another plan is
         attached to the model (detach it first), or the model is not a
-        Keras 3 or tf-keras ``Model``.
+        Keras 3 or tf-keras ``Model``; for a private plan.
     """
+    if self._privacy is not None:
+      raise _errors.GraphGradError(
+          "plan.attach(): a private plan (privatize) needs the vector of "
+          "per-example losses, and model.fit reduces its compiled loss over "
+          "the batch. Train with a loop: `with plan.tape() as tape: loss = "
+          "loss_fn(y, model(x))` (unreduced), then "
+          "optimizer.apply_gradients(zip(tape.gradient(loss), "
+          "model.trainable_variables)).")
     if self.attached:
       raise _errors.GraphGradError(
           f"plan.attach(): this plan is already attached to "
@@ -494,7 +564,8 @@ class KerasPlan(tf.Module, LayerOverriding):
         layer_names=tuple(self._index.paths), layer=self.layer,
         own_variables=lambda path: layer_variables(self._index[path]),
         step_tensor=self._step_tensor,
-        enter_tape=self._enter_tape, exit_tape=self._exit_tape)
+        enter_tape=self._enter_tape, exit_tape=self._exit_tape,
+        privacy=self._privacy)
 
   def _step_tensor(self):
     """``global_step`` as a ``tf.Variable`` or tensor (Keras 3 unwrapped)."""

@@ -10,13 +10,13 @@ variables the plan's training methods own.
 
 import dataclasses
 import logging
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core._gradients import add_dense
-from graphgrad.keras import _replicas, _tasks
+from graphgrad.keras import _privatize_tape, _replicas, _tasks
 from graphgrad.keras._intercept import BackwardStep, Interceptor
 from graphgrad.keras._layer_index import tf_variable
 from graphgrad.transforms import _checks
@@ -44,6 +44,7 @@ class PlanView:
     step_tensor: () -> the global step as a tensor, or ``None``.
     enter_tape: marks a tape open; raises while another one is.
     exit_tape: marks a tape closed.
+    privacy: ``(Privacy, Noise)`` of ``plan.privatize``, or ``None``.
   """
   declarations: Any
   model: Any
@@ -58,6 +59,7 @@ class PlanView:
   step_tensor: Callable[[], Any]
   enter_tape: Callable[[Any], None]
   exit_tape: Callable[[Any], None]
+  privacy: Optional[Tuple[Any, Any]] = None
 
 
 class PlanTape:
@@ -71,10 +73,14 @@ class PlanTape:
                watch_accessed_variables: bool, labels=None):
     self._plan = plan
     self._run = Interceptor(plan, labels)
-    # Task gradients take extra backward passes over the same recording.
+    self._private = (None if plan.privacy is None
+                     else _privatize_tape.Recorder(plan.model, *plan.privacy))
+    # Task gradients and privatize take extra backward passes over the same
+    # recording.
     self._tape = tf.GradientTape(
-        persistent=persistent or bool(plan.declarations.tasks)
-        or plan.declarations.parameter_tasks is not None,
+        persistent=(persistent or bool(plan.declarations.tasks)
+                    or plan.declarations.parameter_tasks is not None
+                    or self._private is not None),
         watch_accessed_variables=watch_accessed_variables)
     self._entered = False
     self._last = BackwardStep()
@@ -91,7 +97,11 @@ class PlanTape:
     self._tape.__enter__()
     try:
       self._run.patch()
+      if self._private is not None:
+        self._private.patch()
     except BaseException:
+      if self._private is not None:
+        self._private.unpatch()
       self._run.unpatch()
       self._tape.__exit__(None, None, None)
       self._plan.exit_tape(self)
@@ -100,6 +110,8 @@ class PlanTape:
 
   def __exit__(self, *exc):
     self._plan.exit_tape(self)
+    if self._private is not None:
+      self._private.unpatch()
     self._run.close()
     return self._tape.__exit__(*exc)
 
@@ -154,8 +166,13 @@ class PlanTape:
         parameters=plan.declarations.parameter_tasks is not None)
     step = BackwardStep(task_deltas=self._task_deltas(target, by_layer))
     with self._run.backward(step):
-      grads = self._tape.gradient(target, sources, output_gradients,
-                                  unconnected_gradients)
+      if self._private is None:
+        grads = self._tape.gradient(target, sources, output_gradients,
+                                    unconnected_gradients)
+      else:
+        grads = tf.nest.pack_sequence_as(sources, self._private.gradient(
+            self._tape, target, tf.nest.flatten(sources),
+            unconnected_gradients))
     self._last = step
     self._check_edges(step)
     todo = [(p, fn) for p, fns in plan.declarations.gradients.items()

@@ -37,11 +37,13 @@ from graphgrad.core._declaration_model import (
   TasksDeclaration,
 )
 from graphgrad.core._gradients import aggregate
+from graphgrad.core._privacy import Privacy
 from graphgrad.methods import _pcgrad, _replacement
 from graphgrad.plan import (
   _hooks,
   _loss_scale_optimizer,
   _op_override,
+  _privatize_graph,
   _recompute,
 )
 from graphgrad.plan._engine import Rewrite, Segments
@@ -101,6 +103,9 @@ class Options:
       ``loss * S``, its transforms see gradients divided by ``S``, and its
       parameter gradients are divided by ``S`` (see ``_loss_scale_optimizer``).
     recompute: what ``plan.recompute`` declared, or ``None``.
+    privacy: what ``plan.privatize`` declared, or ``None``: the gradients
+      then come from ``_privatize_graph``, noised before the parameter
+      transforms.
   """
   gate_gradients: int = GATE_OP
   aggregation_method: Any = None
@@ -109,6 +114,7 @@ class Options:
   reduce_fn: Optional[Callable] = None
   loss_scale: Any = None
   recompute: Optional[_recompute.Recompute] = None
+  privacy: Optional[Privacy] = None
 
   @property
   def gradients_kwargs(self) -> dict:
@@ -195,7 +201,11 @@ class _Executor:
       params = self.declarations.parameter_tasks
       chosen = set() if params is None else self._combined(params)
       plain = not self.declarations.rewrites_backward
-      if plain:
+      if self.options.privacy is not None:
+        by_name = _privatize_graph.Private(
+            self.loss, self.var_list, self.options.privacy,
+            self._gradients).gradients()
+      elif plain:
         # The very call Optimizer.compute_gradients makes; unreached
         # variables get None from it. The parameter-space combination
         # rebuilds its variables' gradients from the tasks' and the rest.

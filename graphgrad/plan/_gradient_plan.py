@@ -24,6 +24,7 @@ from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._gradients import straight_through
+from graphgrad.core._privacy import check_per_example_loss, check_privacy
 from graphgrad.methods import _pcgrad
 from graphgrad.plan import (
   _advice,
@@ -34,6 +35,7 @@ from graphgrad.plan import (
   _op_override,
   _optimizer,
   _picture,
+  _privatize_graph,
   _recompute,
   _summaries,
 )
@@ -520,6 +522,66 @@ class GradientPlan:
         self._options, recompute=_recompute.Recompute(keep))
     return self
 
+  def privatize(self, l2_norm_clip: float, noise_multiplier: float,
+                seed: Optional[int] = None) -> "GradientPlan":
+    """Trains with DP-SGD: per-example clipping and Gaussian noise.
+
+    The plan's loss must be the vector of per-example losses ``l``, shape
+    ``[B]``. The gradient of each variable becomes its share of
+
+        (1/B) (sum_i clip_C(grad l_i) + N(0, sigma^2 C^2 I)),
+
+    where ``clip_C`` scales each example's whole gradient (all the plan's
+    variables together) to L2 norm at most ``C``. Each example's norm comes
+    from each parametric op's input and the gradient at its output (ghost
+    clipping); the clipped sum from a second backward pass of
+    ``sum_i c_i l_i``. ``transform_gradients`` acts after the noise.
+    docs/privacy.md gives the rule of each op type and what is refused.
+
+    Args:
+      l2_norm_clip: ``C``.
+      noise_multiplier: ``sigma``; 0 clips without noise.
+      seed: the noise's seed, for tests only: leave it ``None`` so that the
+        noise is drawn from a key the operating system makes unpredictable.
+        Either way a step counter makes every step's noise new.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      GraphGradError: if the loss is not a vector, for a bad argument, a
+        second ``privatize``, a built plan; when built, for declarations
+        that mix examples before the clip or rewrite the backward pass
+        (``combine_tasks``, ``transform_upstream``, ``transform_edge``,
+        ``replace_backward``, ``override_gradient``), a loss-scale
+        optimizer, or ``reduce_fn``.
+      UnsupportedGraphError: when built, for batch normalization in
+        training mode, a variable read inside a ``tf.while_loop``, or a
+        variable reaching the loss other than per example.
+
+    Example:
+      >>> import numpy as np, tensorflow as tf, graphgrad as gg
+      >>> with tf.Graph().as_default():
+      ...   x = tf.constant([[1.0], [10.0]])
+      ...   w = tf.compat.v1.get_variable("w", initializer=[[1.0]])
+      ...   plan = gg.GradientPlan(tf.reduce_sum(x @ w, axis=1))
+      ...   (g, _), = plan.privatize(1.0, 0.0).compute_gradients()
+      ...   with tf.compat.v1.Session() as s:
+      ...     s.run(tf.compat.v1.global_variables_initializer())
+      ...     print(s.run(g).tolist())  # (min(1, 1) + min(10, 1)) / 2
+      [[1.0]]
+    """
+    caller = "GradientPlan.privatize"
+    privacy = check_privacy(l2_norm_clip, noise_multiplier, seed, caller)
+    check_per_example_loss(self._loss, caller)
+    if self._options.privacy is not None or self._built is not None:
+      raise _errors.GraphGradError(
+          f"{caller}: the plan is already "
+          f"{'private' if self._built is None else 'built'}; declare "
+          f"privatize once, before compute_gradients or apply_gradients.")
+    self._options = dataclasses.replace(self._options, privacy=privacy)
+    return self
+
   def override_gradient(self, op, fn) -> "GradientPlan":
     """Gives ``op`` the backward pass ``fn`` inside this plan only.
 
@@ -618,6 +680,10 @@ class GradientPlan:
     if self._built is None:
       check_graph_mode("GradientPlan.compute_gradients", self._loss)
       self._declarations.freeze()
+      if self._options.privacy is not None:
+        _privatize_graph.check_declarations(
+            self._declarations, self._loss_scale is not None,
+            self._options.reduce_fn)
       if self._loss_scale is not None:
         _loss_scale_optimizer.check_declarations(self._declarations)
       self._built = _executor.build(

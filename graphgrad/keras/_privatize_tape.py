@@ -1,0 +1,299 @@
+"""DP-SGD under a plan tape: per-example norms from the Keras layer calls.
+
+While the tape records, :class:`Recorder` wraps the ``call`` of every layer
+that holds trainable variables itself and keeps each call's input and
+output. After the forward pass, one backward pass of ``sum_i l_i`` gives the
+gradient at every recorded output; each layer type supplies its boundary
+tensors to the shared rules of :mod:`graphgrad.core._privacy`: ``Dense``
+(input, pre-activation gradient), ``Conv2D`` (unfolded patches),
+``Embedding`` (ids, gradient), ``LayerNormalization`` (normalized input
+times gradient). Another layer gets the exact per-example gradients of its
+own variables through its own call (``vectorized_map``), logged once.
+:meth:`Recorder.gradient` then backpropagates ``sum_i c_i l_i`` and adds
+the noise.
+"""
+
+import logging
+from typing import Any, Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad.core import _privacy
+from graphgrad.keras._layer_index import (
+  children,
+  holds_variables,
+  tf_variable,
+)
+
+log = logging.getLogger("graphgrad")
+
+_warned: set = set()
+
+# (variable, (kind, ...)) of each variable a layer call uses.
+Forms = List[Tuple[tf.Variable, tuple]]
+
+
+def _kind(layer) -> str:
+  """The Keras class name of a layer of Keras 3 or tf-keras, else ``""``."""
+  cls = type(layer)
+  module = cls.__module__.split(".")[0]
+  return cls.__name__ if module in ("keras", "tf_keras") else ""
+
+
+class Recorder:
+  """The layer calls of one forward pass, and the private gradient.
+
+  Args:
+    model: the Keras model.
+    privacy: the declaration.
+    noise: the plan's :class:`~graphgrad.core._privacy.Noise`.
+  """
+
+  def __init__(self, model, privacy: _privacy.Privacy, noise):
+    self.model, self.privacy, self.noise = model, privacy, noise
+    self.calls: List[Dict[str, Any]] = []
+    self._restore: list = []
+
+  # -- recording -------------------------------------------------------------
+
+  def patch(self) -> None:
+    """Wraps the ``call`` of every layer holding trainable variables (or
+    not built yet)."""
+    stack = [self.model]
+    seen = set()
+    while stack:
+      layer = stack.pop()
+      if id(layer) in seen:
+        continue
+      seen.add(id(layer))
+      stack += children(layer)
+      if _kind(layer) == "BatchNormalization" and layer.trainable:
+        raise _errors.UnsupportedGraphError(
+            f"privatize: the BatchNormalization layer {layer.name!r} "
+            f"normalizes each example with the statistics of the whole "
+            f"batch, so one example changes every other example's gradient "
+            f"and clipping each one bounds nothing. Use LayerNormalization "
+            f"or GroupNormalization, or freeze it (layer.trainable = False).")
+      # An unbuilt layer may make its variables in its first call.
+      if (not getattr(layer, "built", True)
+          or (holds_variables(layer) and layer.trainable_weights)):
+        had = "call" in layer.__dict__
+        self._restore.append((layer, had, layer.__dict__.get("call")))
+        object.__setattr__(layer, "call", self._wrapper(layer, layer.call))
+
+  def unpatch(self) -> None:
+    while self._restore:
+      layer, had, call = self._restore.pop()
+      if had:
+        object.__setattr__(layer, "call", call)
+      else:
+        object.__delattr__(layer, "call")
+
+  def _wrapper(self, layer, call):
+    def wrapped_call(*args, **kwargs):
+      out = call(*args, **kwargs)
+      if holds_variables(layer) and layer.trainable_weights:
+        self.calls.append(dict(layer=layer, call=call, args=args,
+                               kwargs=kwargs, out=out))
+      return out
+    return wrapped_call
+
+  # -- the private gradient ----------------------------------------------------
+
+  def gradient(self, tape: tf.GradientTape, target, sources: list,
+               unconnected) -> list:
+    """``(1/B)(sum_i clip_C(grad l_i) + noise)`` for each of ``sources``."""
+    _privacy.check_per_example_loss(target, "KerasPlan.privatize")
+    with tf.name_scope("privatize"):
+      batch = tf.shape(target)[0]
+      outs = [c["out"] for c in self.calls]
+      dys = tape.gradient(target, outs, output_gradients=tf.ones_like(target))
+      forms: Dict[Any, list] = {}
+      shapes: Dict[Any, Any] = {}
+      for c, dy in zip(self.calls, dys):
+        if dy is None:
+          continue
+        if isinstance(dy, tf.IndexedSlices):
+          dy = tf.convert_to_tensor(dy)
+        for var, form in _forms(c, dy, batch):
+          forms.setdefault(var.ref(), []).append(form)
+          shapes[var.ref()] = var.shape
+      parts = [_privacy.combined_sq_norms(
+          fs, shapes[ref], batch, _privacy.norm_dtype(ref.deref().dtype))
+               for ref, fs in forms.items()]
+      if not parts:
+        raise _errors.NotConnectedError(
+            "privatize: no layer with trainable variables ran under the tape "
+            "on the way to the loss; call the model inside `with "
+            "plan.tape() as tape:`.")
+      c = _privacy.clip_factors(parts, self.privacy.l2_norm_clip,
+                                target.dtype)
+      grads = tape.gradient(target, sources, output_gradients=c,
+                            unconnected_gradients=unconnected)
+      for s, g in zip(sources, grads):
+        v = tf_variable(s)
+        if g is not None and (v is None or v.ref() not in forms):
+          raise _errors.UnsupportedGraphError(
+              f"privatize: {getattr(s, 'name', s)} reaches the loss other "
+              f"than through the call of a layer that holds it, so its "
+              f"per-example gradient is unknown. Use it inside a Keras layer "
+              f"that owns it, or leave it out of `sources`.")
+      return self.noise.noised_mean(list(grads), batch)
+
+
+# -- the boundary tensors of each layer type -----------------------------------
+
+
+def _forms(call: Dict[str, Any], dy, batch) -> Forms:
+  """``(variable, (kind, ...))``: the form of each use in one layer call."""
+  layer = call["layer"]
+  kind = _kind(layer)
+  x = call["args"][0] if call["args"] else None
+  rule = _RULES.get(kind)
+  if rule is not None and isinstance(x, tf.Tensor) and len(call["args"]) == 1:
+    out = rule(layer, x, dy, batch)
+    if out is not None:
+      return out
+  return _fallback(call, dy, batch)
+
+
+def _own(layer) -> List[tf.Variable]:
+  own = {v.ref() for v in map(tf_variable, layer.trainable_weights)
+         if v is not None}
+  for child in children(layer):
+    own -= {v.ref() for v in map(tf_variable, child.weights) if v is not None}
+  return [r.deref() for r in own]
+
+
+def _var(weight) -> Optional[tf.Variable]:
+  return None if weight is None else tf_variable(weight)
+
+
+def _pre_activation_grad(layer, z_fn, dy):
+  """The gradient at the pre-activation ``z`` from the one at the output."""
+  act = getattr(layer, "activation", None)
+  if act is None or getattr(act, "__name__", "") == "linear":
+    return dy
+  z = z_fn()
+  with tf.GradientTape() as t:
+    t.watch(z)
+    y = act(z)
+  return t.gradient(y, z, output_gradients=tf.cast(dy, y.dtype))
+
+
+def _dense(layer, x, dy, batch):
+  if getattr(layer, "lora_enabled", False) or getattr(
+      layer, "quantization_mode", None):
+    return None
+  kernel, bias = _var(layer.kernel), _var(getattr(layer, "bias", None))
+  dtype = _privacy.norm_dtype(kernel.dtype)
+
+  def z():
+    out = tf.tensordot(x, tf.cast(kernel, x.dtype), axes=1)
+    return out if bias is None else out + tf.cast(bias, x.dtype)
+
+  g = _pre_activation_grad(layer, z, dy)
+  out = [(kernel, ("dense", _privacy.rows(x, batch, dtype),
+                   _privacy.rows(g, batch, dtype)))]
+  if bias is not None:
+    out.append((bias, ("example", _privacy.broadcast_per_example(
+        tf.cast(g, dtype), bias.shape, batch))))
+  return out
+
+
+def _conv2d(layer, x, dy, batch):
+  if (layer.data_format != "channels_last" or getattr(layer, "groups", 1) != 1
+      or tuple(layer.dilation_rate) != (1, 1)
+      or layer.padding not in ("same", "valid")):
+    return None
+  kernel, bias = _var(layer.kernel), _var(getattr(layer, "bias", None))
+  dtype = _privacy.norm_dtype(kernel.dtype)
+  kh, kw, cin, _ = kernel.shape
+  strides = [1, *layer.strides, 1]
+  padding = layer.padding.upper()
+
+  def z():
+    out = tf.nn.conv2d(x, tf.cast(kernel, x.dtype), strides, padding)
+    return out if bias is None else out + tf.cast(bias, x.dtype)
+
+  g = _pre_activation_grad(layer, z, dy)
+  patches = _privacy.patches(x, kh, kw, strides, padding)
+  out = [(kernel, ("dense",
+                   _privacy.rows(patches, batch, dtype, kh * kw * cin),
+                   _privacy.rows(g, batch, dtype)))]
+  if bias is not None:
+    out.append((bias, ("example", _privacy.broadcast_per_example(
+        tf.cast(g, dtype), bias.shape, batch))))
+  return out
+
+
+def _embedding(layer, x, dy, batch):
+  if getattr(layer, "lora_enabled", False) or getattr(
+      layer, "quantization_mode", None):
+    return None
+  table = _var(layer.embeddings)
+  dtype = _privacy.norm_dtype(table.dtype)
+  ids = tf.reshape(tf.cast(x, tf.int64), [batch, -1])
+  return [(table, ("embedding", ids, _privacy.rows(dy, batch, dtype)))]
+
+
+def _layer_norm(layer, x, dy, batch):
+  if getattr(layer, "rms_scaling", False):
+    return None
+  axes = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
+  rank = x.shape.rank
+  axes = sorted(a % rank for a in axes)
+  if axes != list(range(rank - len(axes), rank)):
+    return None  # the scale lines up with trailing axes only
+  gamma, beta = _var(layer.gamma), _var(layer.beta)
+  dtype = _privacy.norm_dtype((beta if gamma is None else gamma).dtype)
+  xf, g = tf.cast(x, dtype), tf.cast(dy, dtype)
+  mean, var = tf.nn.moments(xf, axes=axes, keepdims=True)
+  normed = (xf - mean) * tf.math.rsqrt(var + layer.epsilon)
+  out = []
+  if gamma is not None:
+    out.append((gamma, ("example", _privacy.broadcast_per_example(
+        normed * g, gamma.shape, batch))))
+  if beta is not None:
+    out.append((beta, ("example", _privacy.broadcast_per_example(
+        g, beta.shape, batch))))
+  if any(f[1] is None for _, f in out):
+    return None
+  return out
+
+
+_RULES = {"Dense": _dense, "Conv2D": _conv2d, "Embedding": _embedding,
+          "LayerNormalization": _layer_norm}
+
+
+def _fallback(call: Dict[str, Any], dy, batch) -> Forms:
+  """Exact per-example gradients of the layer's own variables."""
+  layer, fn, args, kwargs = (call["layer"], call["call"], call["args"],
+                             call["kwargs"])
+  variables = _own(layer)
+  if not args or not isinstance(args[0], tf.Tensor):
+    raise _errors.UnsupportedGraphError(
+        f"privatize: layer {layer.name!r} ({type(layer).__name__}) has no "
+        f"norm rule, and its call takes no tensor of examples as first "
+        f"argument, so its per-example gradients cannot be computed.")
+  key = type(layer).__name__
+  if key not in _warned:
+    _warned.add(key)
+    log.warning("privatize: no norm rule for %s layers (%r); their "
+                "per-example gradients are computed through their own call, "
+                "one example at a time.", key, layer.name)
+  dtype = _privacy.norm_dtype(variables[0].dtype)
+
+  def one(elems):
+    xi, gi = elems
+    with tf.GradientTape() as t:
+      t.watch(variables)
+      yi = fn(xi[None], *args[1:], **kwargs)
+    grads = t.gradient(yi, variables, output_gradients=gi[None])
+    return [tf.zeros(v.shape, dtype) if g is None else
+            tf.cast(tf.convert_to_tensor(g), dtype)
+            for g, v in zip(grads, variables)]
+
+  per = tf.vectorized_map(one, (args[0], tf.convert_to_tensor(dy)))
+  return [(v, ("example", p)) for v, p in zip(variables, per)]

@@ -1,0 +1,315 @@
+"""DP-SGD on a ``tf.Graph``: per-example norms and sums from the op graph.
+
+For each variable of the plan, :class:`Private` finds the ops that consume
+it on the way to the loss (through its read, ``Identity`` and ``Cast``) and
+the rule of each: a dense op (``MatMul``, ``BatchMatMulV2``, a two-operand
+``Einsum``, a ``MatMul`` on a sequence reshaped to 2-D), a convolution
+(``Conv2D``, unfolded with ``extract_patches``), an embedding lookup
+(``ResourceGather``, ``GatherV2``), a broadcast elementwise op (``BiasAdd``,
+``Add``, ``Mul``...). One ``tf.gradients`` call of ``sum_i l_i`` gives the
+gradient at those ops' outputs; the shared rules of
+:mod:`graphgrad.core._privacy` turn them into per-example squared norms. A
+variable whose uses have no rule gets the exact per-example gradient of those
+ops only (``vectorized_map``), logged once. The clipped sums come from the
+same tensors (:meth:`Private.gradients`), then the noise.
+"""
+
+import logging
+import re
+from typing import Dict, List, Sequence, Tuple
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad._types import Gradient
+from graphgrad.analysis import _graph_util
+from graphgrad.core import _privacy
+from graphgrad.core._declaration_model import Declarations
+
+log = logging.getLogger("graphgrad")
+
+_PASS = ("Identity", "Cast", "ReadVariableOp")
+_LOOPS = ("While", "StatelessWhile", "Enter", "If", "StatelessIf",
+          "PartitionedCall", "StatefulPartitionedCall")
+_ELEMENTWISE = ("BiasAdd", "Add", "AddV2", "Sub", "Mul")
+_BATCH_NORM = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+_warned: set = set()
+
+# One use of a variable: the consuming op and the index of the input that
+# carries the variable.
+Use = Tuple[tf.Operation, int]
+
+
+def check_declarations(declarations: Declarations, loss_scaled: bool,
+                       reduce_fn) -> None:
+  """Refuses what cannot be combined with ``privatize``, with the reason.
+
+  Raises:
+    GraphGradError: as :func:`graphgrad.core._privacy.refuse_declarations`;
+      for a loss-scale optimizer or ``reduce_fn``.
+  """
+  _privacy.refuse_declarations(declarations)
+  if loss_scaled:
+    raise _errors.GraphGradError(
+        "privatize: a loss-scale optimizer would divide the noise by its "
+        "loss scale. Apply the plan with the inner optimizer, and keep the "
+        "model's variables float32.")
+  if reduce_fn is not None:
+    raise _errors.GraphGradError(
+        "privatize: `reduce_fn` would add one noise draw per replica instead "
+        "of one per global batch. Make a GradientPlan without reduce_fn for "
+        "private training.")
+
+
+class Private:
+  """DP-SGD's gradients of a plan, from the boundary tensors alone.
+
+  One ``tf.gradients`` call of ``sum_i l_i`` gives the gradient at the
+  output of every op that uses a variable. From each use's boundary tensors
+  come the per-example squared norms, the clip factors ``c_i``, and then
+  (book-keeping, Bu et al. 2023) each variable's clipped sum
+  ``sum_i c_i grad_i``, with no second backward pass.
+
+  Args:
+    loss: the vector of per-example losses ``[B]``.
+    var_list: the plan's variables.
+    privacy: the declaration.
+    gradients_fn: the plan's ``tf.gradients`` (``plan.recompute``'s).
+  """
+
+  def __init__(self, loss: tf.Tensor, var_list: Sequence[tf.Variable],
+               privacy: _privacy.Privacy, gradients_fn=None):
+    self.loss, self.privacy = loss, privacy
+    self.var_list = list(var_list)
+    self._gradients = gradients_fn or tf.compat.v1.gradients
+    self._on_path = {op.name for op in _graph_util.forward_ops(loss)}
+    self.batch = tf.shape(loss)[0]
+    self._noise = _privacy.Noise(privacy)
+
+  def gradients(self) -> Dict[str, Gradient]:
+    """Variable op name -> ``(1/B)(sum_i clip_C(grad_i) + noise)``."""
+    with tf.name_scope("privatize"):
+      forms = self._forms()
+      if not forms:
+        raise _errors.NotConnectedError(
+            f"privatize: no variable of the plan reaches the loss "
+            f"{self.loss.name}; variables: "
+            f"{', '.join(v.name for v in self.var_list)}.")
+      by_name = {v.op.name: v for v in self.var_list}
+      parts = [_privacy.combined_sq_norms(
+          fs, by_name[n].shape, self.batch,
+          _privacy.norm_dtype(by_name[n].dtype)) for n, fs in forms.items()]
+      c = _privacy.clip_factors(parts, self.privacy.l2_norm_clip,
+                                _privacy.norm_dtype(self.loss.dtype))
+      sums = {n: _privacy.clipped_sum(fs, c, by_name[n].shape, self.batch,
+                                      by_name[n].dtype)
+              for n, fs in forms.items()}
+      names = [v.op.name for v in self.var_list]
+      out = self._noise.noised_mean([sums.get(n) for n in names], self.batch)
+      return {n: g for n, g in zip(names, out) if g is not None}
+
+  # -- the boundary tensors ------------------------------------------------
+
+  def _forms(self) -> Dict[str, list]:
+    """Variable op name -> the forms of its uses (reached variables only)."""
+    _refuse_batch_norm(self._on_path, self.loss.graph)
+    uses = {v.op.name: self._uses(v) for v in self.var_list}
+    outputs = sorted({t for us in uses.values() for op, _ in us
+                      for t in op.outputs if t.dtype.is_floating},
+                     key=lambda t: t.name)
+    grads = dict(zip(outputs, self._gradients(self.loss, outputs)))
+    forms = {}
+    for v in self.var_list:
+      used = [(op, i) for op, i in uses[v.op.name]
+              if any(grads.get(y) is not None for y in op.outputs)]
+      if used:
+        forms[v.op.name] = self._var_forms(v, used, grads)
+    return forms
+
+  def _uses(self, var: tf.Variable) -> List[Use]:
+    """The ops on the loss path that consume ``var`` (or its reads)."""
+    found: List[Use] = []
+    stack = [var.op.outputs[0]]
+    seen = set()
+    while stack:
+      t = stack.pop()
+      for op in t.consumers():
+        if op.name in seen or op.name not in self._on_path:
+          continue
+        seen.add(op.name)
+        if op.type in _PASS:
+          stack.extend(op.outputs)
+        elif op.type in _LOOPS:
+          raise _errors.UnsupportedGraphError(
+              f"privatize: the variable {var.name} is read inside the "
+              f"{op.type} op {op.name} (a tf.while_loop, tf.cond or "
+              f"function), where no per-example gradient can be taken. "
+              f"Unroll the loop with a Python for loop (each step then is "
+              f"an op on the batch), or train without privatize.")
+        else:
+          found += [(op, i) for i, x in enumerate(op.inputs) if x is t]
+    return found
+
+  def _var_forms(self, var, uses: List[Use], grads) -> list:
+    """The forms of ``var``'s uses, or its exact per-example gradients."""
+    with tf.name_scope(var.op.name.replace(":", "_") + "_uses"):
+      dtype = _privacy.norm_dtype(var.dtype)
+      forms = [_form(op, i, grads.get(op.outputs[0]), self.batch, dtype)
+               for op, i in uses]
+      if all(f is not None for f in forms):
+        return forms
+      return [("example", self._fallback(var, uses, grads, dtype))]
+
+  def _fallback(self, var, uses: List[Use], grads, dtype) -> tf.Tensor:
+    """``[B, *var.shape]``: exact per-example gradients of ``var`` through
+    its uses only."""
+    kinds = sorted({op.type for op, _ in uses})
+    key = (var.op.name, tuple(kinds))
+    if key not in _warned:
+      _warned.add(key)
+      log.warning("privatize: no norm rule for the uses of %s (%s); its "
+                  "per-example gradients are computed one example at a "
+                  "time through those ops only.", var.name, ", ".join(kinds))
+    ys, gs = [], []
+    for op, _ in uses:
+      for y in op.outputs:
+        g = grads.get(y)
+        if g is None:
+          continue
+        if y.shape.rank is None or y.shape.rank < 1:
+          raise _errors.UnsupportedGraphError(
+              f"privatize: the variable {var.name} reaches the loss through "
+              f"{op.type} op {op.name}, whose output {y.name} has no batch "
+              f"dimension (shape {y.shape}): its share of the loss is not "
+              f"per example (a weight penalty added to the loss?). Apply "
+              f"weight decay in the optimizer or with "
+              f"transform_gradients, and keep the loss per example.")
+        ys.append(y)
+        gs.append(tf.convert_to_tensor(g))
+    xs = list({id(x): x for op, i in uses for x in [op.inputs[i]]}.values())
+
+    def one(i):
+      masked = [g * tf.reshape(tf.one_hot(i, self.batch, dtype=g.dtype),
+                               [-1] + [1] * (g.shape.rank - 1)) for g in gs]
+      parts = tf.compat.v1.gradients(ys, xs, grad_ys=masked)
+      parts = [tf.cast(tf.convert_to_tensor(p), dtype) for p in parts
+               if p is not None]
+      return tf.reshape(tf.add_n(parts), var.shape)
+
+    return tf.vectorized_map(one, tf.range(self.batch))
+
+
+def _refuse_batch_norm(on_path, graph: tf.Graph) -> None:
+  for name in on_path:
+    op = graph.get_operation_by_name(name)
+    if op.type in _BATCH_NORM and op.get_attr("is_training"):
+      raise _errors.UnsupportedGraphError(
+          f"privatize: the batch normalization {op.name} normalizes each "
+          f"example with the statistics of the whole batch, so one example "
+          f"changes every other example's gradient and clipping each one "
+          f"bounds nothing. Use a per-example normalization "
+          f"(LayerNormalization, GroupNormalization) or batch norm in "
+          f"inference mode.")
+
+
+# -- the rules: (kind, a, g) per use -------------------------------------------
+
+
+_rows = _privacy.rows
+
+
+def _batch_rows(x: tf.Tensor, batch) -> tf.Tensor:
+  """``x`` after checking at run time that its leading axis is the batch."""
+  check = tf.debugging.assert_equal(
+      tf.shape(x)[0], batch,
+      message=f"privatize: the leading axis of {x.name} is not the batch")
+  with tf.control_dependencies([check]):
+    return tf.identity(x)
+
+
+def _form(op: tf.Operation, index: int, g, batch, dtype):
+  """``(kind, ...)`` of one use, ``None`` where no rule applies.
+
+  ``("dense", a [B,T,p], g [B,T,q])``, ``("embedding", ids [B,T],
+  g [B,T,D])`` or ``("example", per-example gradient [B, *var.shape])``.
+  """
+  if g is None:
+    return None
+  if isinstance(g, tf.IndexedSlices):
+    g = tf.convert_to_tensor(g)
+  t = op.type
+  if t == "MatMul" and index == 1 and not op.get_attr("transpose_a"):
+    a = op.inputs[0]
+    if op.get_attr("transpose_b"):
+      return None
+    src = a.op.inputs[0] if a.op.type == "Reshape" else None
+    if (src is not None and src.shape.rank is not None and src.shape.rank >= 3
+        and src.shape[-1] == a.shape[-1]):
+      return ("dense", _rows(src, batch, dtype), _rows(g, batch, dtype))
+    return ("dense", _rows(_batch_rows(a, batch), batch, dtype),
+            _rows(g, batch, dtype))
+  if (t in ("BatchMatMulV2", "BatchMatMulV3") and index == 1
+      and op.inputs[1].shape.rank == 2 and not op.get_attr("adj_x")
+      and not op.get_attr("adj_y")):
+    return ("dense", _rows(op.inputs[0], batch, dtype), _rows(g, batch, dtype))
+  if t == "Einsum" and index == 1 and len(op.inputs) == 2:
+    if _dense_einsum(op.get_attr("equation").decode()):
+      return ("dense", _rows(op.inputs[0], batch, dtype),
+              _rows(g, batch, dtype))
+    return None
+  if t == "Conv2D" and index == 1:
+    return _conv(op, g, batch, dtype)
+  if t == "ResourceGather" and index == 0 and op.get_attr("batch_dims") == 0:
+    ids = op.inputs[1]
+    return ("embedding", _ids(ids, batch), _rows(g, batch, dtype))
+  if (t == "GatherV2" and index == 0 and op.get_attr("batch_dims") == 0
+      and tf.get_static_value(op.inputs[2]) == 0):
+    ids = op.inputs[1]
+    return ("embedding", _ids(ids, batch), _rows(g, batch, dtype))
+  if t in _ELEMENTWISE:
+    return _elementwise(op, index, g, batch, dtype)
+  return None
+
+
+def _ids(ids, batch):
+  return tf.reshape(tf.cast(ids, tf.int64), [batch, -1])
+
+
+_EINSUM = re.compile(r"^([a-z.]*)([a-z]),([a-z])([a-z])->([a-z.]*)([a-z])$")
+
+
+def _dense_einsum(equation: str) -> bool:
+  """True for ``"<b...>p,pq-><b...>q"``: a dense op on the last axis."""
+  m = _EINSUM.match(equation.replace(" ", ""))
+  if not m:
+    return False
+  lead, p, p2, q, lead2, q2 = m.groups()
+  return (p == p2 and q == q2 and lead == lead2 and len(lead) >= 1
+          and not lead.startswith(".") and p not in lead and q not in lead)
+
+
+def _conv(op, g, batch, dtype):
+  if (op.get_attr("data_format") != b"NHWC"
+      or op.get_attr("padding") not in (b"SAME", b"VALID")
+      or any(d != 1 for d in op.get_attr("dilations"))):
+    return None
+  x, w = op.inputs
+  kh, kw, cin = (int(d) for d in w.shape[:3])
+  patches = _privacy.patches(x, kh, kw, op.get_attr("strides"),
+                             op.get_attr("padding").decode())
+  return ("dense", _rows(patches, batch, dtype, kh * kw * cin),
+          _rows(g, batch, dtype))
+
+
+def _elementwise(op, index, g, batch, dtype):
+  """The per-example gradient of a variable broadcast into ``op``."""
+  if op.type == "BiasAdd" and op.get_attr("data_format") != b"NHWC":
+    return None
+  p = g
+  if op.type == "Mul":
+    p = g * op.inputs[1 - index]
+  elif op.type == "Sub" and index == 1:
+    p = -g
+  out = _privacy.broadcast_per_example(tf.cast(p, dtype),
+                                       op.inputs[index].shape, batch)
+  return None if out is None else ("example", out)

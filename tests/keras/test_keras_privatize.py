@@ -1,0 +1,213 @@
+"""KerasPlan.privatize: DP-SGD against per-example references, and parity.
+
+Each reference takes one ``tf.GradientTape`` per example (the model called
+on that example alone), clips over all variables together in numpy, sums
+and divides by the batch size.
+"""
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphgrad as gg
+from tests.helpers import densify
+
+tf1 = tf.compat.v1
+B = 6
+
+
+def normal(*shape, seed=0):
+  return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+def reference(model, loss_fn, x, clip):
+  variables = model.trainable_variables
+  total, norms = None, []
+  for i in range(B):
+    with tf.GradientTape() as t:
+      loss = loss_fn(model(x[i:i + 1]))[0]
+    grads = [np.zeros(v.shape) if g is None
+             else densify(tf.convert_to_tensor(g).numpy()).astype(np.float64)
+             for g, v in zip(t.gradient(loss, variables), variables)]
+    norm = np.sqrt(sum(np.sum(g * g) for g in grads))
+    norms.append(norm)
+    c = min(1.0, clip / norm)
+    total = ([c * g for g in grads] if total is None
+             else [a + c * g for a, g in zip(total, grads)])
+  return [a / B for a in total], np.array(norms)
+
+
+def private(model, loss_fn, x, clip, function=False, **kw):
+  plan = gg.KerasPlan(model).privatize(clip, 0.0, **kw)
+
+  def step(x):
+    with plan.tape() as tape:
+      loss = loss_fn(model(x))
+    return tape.gradient(loss)
+
+  if function:
+    step = tf.function(step)
+  return [tf.convert_to_tensor(g).numpy() for g in step(tf.constant(x))]
+
+
+def check(model, loss_fn, x, function=False):
+  _, norms = reference(model, loss_fn, x, 1.0)
+  clip = float(np.median(norms))
+  expected, norms = reference(model, loss_fn, x, clip)
+  assert (norms > clip).any() and (norms < clip).any()
+  got = private(model, loss_fn, x, clip, function)
+  for g, e in zip(got, expected):
+    np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+  return got
+
+
+def square_sum(y):
+  return tf.reduce_sum(tf.square(tf.reshape(y, [tf.shape(y)[0], -1])), axis=1)
+
+
+@pytest.mark.parametrize("function", [False, True])
+def test_dense_mlp(K, function):
+  model = K.Sequential([K.Input((5,)), K.layers.Dense(8, activation="relu"),
+                        K.layers.Dense(8, activation="tanh"),
+                        K.layers.Dense(3)])
+  check(model, square_sum, normal(B, 5), function)
+
+
+def test_dense_on_sequences_and_layer_norm(K):
+  model = K.Sequential([K.Input((4, 3)), K.layers.Dense(5, activation="tanh"),
+                        K.layers.LayerNormalization(),
+                        K.layers.Dense(2)])
+  model.layers[1].gamma.assign(normal(5, seed=3) + 1)
+  model.layers[1].beta.assign(normal(5, seed=4))
+  check(model, square_sum, normal(B, 4, 3))
+
+
+def test_conv_net(K):
+  model = K.Sequential([
+      K.Input((8, 8, 2)), K.layers.Conv2D(4, 3, padding="same",
+                                         activation="relu"),
+      K.layers.Conv2D(3, 2, strides=2), K.layers.Flatten(),
+      K.layers.Dense(2)])
+  check(model, square_sum, normal(B, 8, 8, 2))
+
+
+def test_embedding_with_repeated_ids(K):
+  model = K.Sequential([K.Input((3,), dtype="int32"),
+                        K.layers.Embedding(5, 4), K.layers.Flatten(),
+                        K.layers.Dense(2, activation="tanh")])
+  ids = np.array([[1, 1, 2], [0, 3, 3], [4, 4, 4], [2, 0, 1], [3, 3, 1],
+                  [0, 0, 0]], np.int32)
+  check(model, lambda y: tf.reduce_sum(y, axis=1), ids)
+
+
+def test_layer_without_rule_is_exact_through_its_own_call(caplog):
+  K = tf.keras
+
+  class Scale(K.layers.Layer):
+    def build(self, shape):
+      self.w = self.add_weight(name="w", shape=(shape[-1],),
+                               initializer="ones")
+
+    def call(self, x):
+      return tf.sin(x * self.w)
+
+  model = K.Sequential([K.Input((4,)), K.layers.Dense(4), Scale(),
+                        K.layers.Dense(1)])
+  model.layers[1].w.assign(normal(4, seed=5))
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    check(model, square_sum, normal(B, 4))
+  assert any("no norm rule for Scale layers" in r.getMessage()
+             for r in caplog.records)
+
+
+def test_scalar_loss_and_batch_norm_are_refused(K):
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(2)])
+  plan = gg.KerasPlan(model).privatize(1.0, 1.0)
+  with plan.tape() as tape:
+    loss = tf.reduce_sum(model(tf.ones([2, 3])))
+  with pytest.raises(gg.GraphGradError, match=r"shape \[batch\]"):
+    tape.gradient(loss)
+  bn = K.Sequential([K.Input((3,)), K.layers.Dense(2),
+                     K.layers.BatchNormalization()])
+  plan = gg.KerasPlan(bn).privatize(1.0, 1.0)
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match="BatchNormalization layer .* whole batch"):
+    with plan.tape():
+      pass
+
+
+def test_declarations_before_the_clip_are_refused(K):
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(2, name="a"),
+                        K.layers.Dense(2, name="b")])
+  plan = (gg.KerasPlan(model).privatize(1.0, 1.0)
+          .transform_upstream("b", gg.transforms.clip_by_norm(1.0)))
+  with pytest.raises(gg.GraphGradError,
+                     match="cannot be combined with upstream declarations"):
+    plan.tape()
+  with pytest.raises(gg.GraphGradError, match="already private"):
+    plan.privatize(1.0, 1.0)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"attach\(\): a private plan .* per-example"):
+    gg.KerasPlan(model).privatize(1.0, 1.0).attach()
+  used = gg.KerasPlan(model)
+  used.tape()
+  with pytest.raises(gg.GraphGradError, match="already in use"):
+    used.privatize(1.0, 1.0)
+
+
+def test_noise_std_and_steps_differ():
+  K = tf.keras
+  model = K.Sequential([K.Input((256,)), K.layers.Dense(
+      256, use_bias=False, kernel_initializer="zeros")])
+  clip, sigma = 2.0, 1.5
+  plan = gg.KerasPlan(model).privatize(clip, sigma)
+  x = tf.constant(normal(B, 256))
+  draws = []
+  for _ in range(2):
+    with plan.tape() as tape:
+      loss = tf.reduce_sum(model(x), axis=1)
+    draws.append(tape.gradient(loss)[0].numpy())
+  expected, _ = reference(model, lambda y: tf.reduce_sum(y, axis=1),
+                          x.numpy(), clip)
+  for d in draws:
+    noise = d - expected[0]
+    np.testing.assert_allclose(noise.std(), sigma * clip / B, rtol=0.05)
+  assert not np.allclose(draws[0], draws[1])
+
+
+def test_parity_with_gradient_plan():
+  K = tf.keras
+  model = K.Sequential([K.Input((5,)), K.layers.Dense(6, activation="tanh"),
+                        K.layers.Dense(2)])
+  x = normal(B, 5)
+  clip = 0.3
+  with plan_tape(model, clip) as (plan, tape):
+    loss = square_sum(model(tf.constant(x)))
+  keras_grads = [g.numpy() for g in tape.gradient(loss)]
+  weights = [w.numpy() for w in model.trainable_variables]
+  with tf.Graph().as_default():
+    xs = tf.constant(x)
+    w = [tf1.get_variable(f"w{i}", initializer=v)
+         for i, v in enumerate(weights)]
+    out = tf.matmul(tf.tanh(tf.matmul(xs, w[0]) + w[1]), w[2]) + w[3]
+    gv = gg.GradientPlan(square_sum(out)).privatize(
+        clip, 0.0).compute_gradients()
+    with tf1.Session() as s:
+      s.run(tf1.global_variables_initializer())
+      tf1_grads = s.run([g for g, _ in gv])
+  for a, b in zip(keras_grads, tf1_grads):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+class plan_tape:
+  def __init__(self, model, clip):
+    self.plan = gg.KerasPlan(model).privatize(clip, 0.0)
+
+  def __enter__(self):
+    self.tape = self.plan.tape().__enter__()
+    return self.plan, self.tape
+
+  def __exit__(self, *exc):
+    return self.tape.__exit__(*exc)
