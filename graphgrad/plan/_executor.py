@@ -91,6 +91,9 @@ class Options:
       or ``None``: the plan then backpropagates ``loss * S`` and its
       transforms see gradients divided by ``S`` (see ``_loss_scale_optimizer``).
     recompute: what ``plan.recompute`` declared, or ``None``.
+    after: ops the backward pass waits for (batch-norm updates): the
+      loss's gradient, its seed, is built after them, so no gradient is
+      alive while they run (tf-slim's ``create_train_op`` barrier).
   """
   gate_gradients: int = GATE_OP
   aggregation_method: Any = None
@@ -100,6 +103,7 @@ class Options:
   fuse_linear: bool = True
   loss_scale: Any = None
   recompute: Optional[_recompute.Recompute] = None
+  after: Tuple[tf.Operation, ...] = ()
 
   @property
   def gradients_kwargs(self) -> dict:
@@ -302,8 +306,8 @@ class _Executor:
 
   def _whole(self, variables) -> Dict[str, Gradient]:
     """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
-    scaled = ({} if self.options.loss_scale is None
-              else {"grad_ys": self._seed()})
+    seeded = self.options.loss_scale is not None or self.options.after
+    scaled = {"grad_ys": self._seed()} if seeded else {}
     grads = self.gradients_fn(self.loss, variables, **scaled,
                               **self.options.gradients_kwargs)
     found = [(v, g) for v, g in zip(variables, grads) if g is not None]
@@ -329,10 +333,11 @@ class _Executor:
   # -- helpers ---------------------------------------------------------------
 
   def _seed(self) -> tf.Tensor:
-    """The loss's gradient: 1, or the loss scale."""
-    if self.options.loss_scale is None:
-      return tf.ones_like(self.loss, name="seed")
-    return _loss_scale_optimizer.seed(self.loss, self.options.loss_scale)
+    """The loss's gradient, 1 or the loss scale, after ``options.after``."""
+    with tf.control_dependencies(list(self.options.after)):
+      if self.options.loss_scale is None:
+        return tf.ones_like(self.loss, name="seed")
+      return _loss_scale_optimizer.seed(self.loss, self.options.loss_scale)
 
   def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:

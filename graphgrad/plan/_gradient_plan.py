@@ -519,12 +519,18 @@ class GradientPlan:
       UnsupportedGraphError: for an op-graph shape the plan cannot rewrite
         correctly.
     """
+    return self._build("GradientPlan.compute_gradients", after=())
+
+  def _build(self, caller: str, after: Sequence[tf.Operation]
+             ) -> List[Tuple[Gradient, tf.Variable]]:
+    """Builds the plan once, its backward pass waiting for ``after``."""
     if self._built is None:
-      check_graph_mode("GradientPlan.compute_gradients", self._loss)
+      check_graph_mode(caller, self._loss)
       self._declarations.freeze()
+      options = dataclasses.replace(self._options, after=tuple(after))
       self._built = _executor.build(
           self._loss, lambda: self.net, self._var_list, self._declarations,
-          self._options, self._resources)
+          options, self._resources)
       d = self._declarations
       log.info("graphgrad plan on %s: %d variables, %d upstream, %d "
                "gradient, %d edge transforms", self._loss.name,
@@ -552,9 +558,13 @@ class GradientPlan:
         (annealed ``add_noise(eta=...)``), that global step is incremented,
         so that the schedule advances with training.
       name: name of the returned op.
-      update_ops: ops to run before the update; defaults to the tf.Graph's
-        ``UPDATE_OPS`` collection (batch-norm moving averages), as tf-slim's
-        ``create_train_op`` does. Pass ``[]`` to run none.
+      update_ops: ops to run before the backward pass and the update;
+        defaults to the tf.Graph's ``UPDATE_OPS`` collection (batch-norm
+        moving averages). As with tf-slim's ``create_train_op``, the loss's
+        gradient is built after them, so no parameter gradient is alive
+        while they run (unless the plan was already built by
+        :meth:`compute_gradients`; then only the update waits). Pass ``[]``
+        to run none.
 
     Returns:
       The train op.
@@ -568,15 +578,26 @@ class GradientPlan:
     """
     check_graph_mode("GradientPlan.apply_gradients", self._loss)
     _optimizer.check_optimizer(optimizer)
+    update_ops = _optimizer.update_ops_of(self._loss.graph, update_ops)
     scale = _loss_scale_optimizer.loss_scale_of(optimizer)
     if scale is None:
-      gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
+      if self._built is not None and update_ops:
+        log.info("graphgrad plan on %s: the backward pass was built before "
+                 "apply_gradients (by compute_gradients, summaries or a "
+                 "report), so only the update waits for the %d update ops; "
+                 "gradients may stay alive while they run. Call "
+                 "apply_gradients first to build the backward pass after "
+                 "them.", self._loss.name, len(update_ops))
+      gv = [(g, v) for g, v in self._build("GradientPlan.apply_gradients",
+                                           after=update_ops)
+            if g is not None]
     else:  # as its minimize(): the gradients of loss * S, then / S
       self._declarations.freeze()
       _loss_scale_optimizer.check_declarations(self._declarations)
       with self._loss.graph.as_default():
         current = scale()
-      options = dataclasses.replace(self._options, loss_scale=current)
+      options = dataclasses.replace(self._options, loss_scale=current,
+                                    after=tuple(update_ops))
       built = _executor.build(self._loss, lambda: self.net, self._var_list,
                               self._declarations, options, self._resources)
       with self._loss.graph.as_default():
