@@ -106,7 +106,7 @@ def train_op(optimizer, grads_and_vars: GradsAndVars, graph: tf.Graph,
 
 
 def update_ops_of(graph: tf.Graph, update_ops=None) -> List[tf.Operation]:
-  """``update_ops`` as a list of ops; ``None`` for the tf.Graph's ``UPDATE_OPS``.
+  """``update_ops`` as ops; ``None`` gives the tf.Graph's ``UPDATE_OPS``.
 
   Example:
     >>> with tf.Graph().as_default() as g:

@@ -200,7 +200,8 @@ def test_moving_statistics_after_one_step_equal_the_idioms():
   want, want_vars = _moving_statistics_after_one_step(idiom)
   for declare in (lambda p: p, lambda p: p.recompute()):
     got, got_vars = _moving_statistics_after_one_step(
-        lambda loss, opt: declare(gg.GradientPlan(loss)).apply_gradients(opt))
+        lambda loss, opt, d=declare: d(gg.GradientPlan(loss)).apply_gradients(
+            opt))
     assert sorted(got) == sorted(want) and len(want) == 4
     for name in want:
       assert not np.allclose(want[name], 0.0 if "mean" in name else 1.0)
