@@ -34,6 +34,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VARIANTS = ("minimize", "recompute")
 MLP_DEPTHS = (24, 48, 96)
+# Batch-norm models: the TF1 idiom (minimize after UPDATE_OPS), the identity
+# plan and the plan with recompute, at 1 and 2 threads.
+BN_VARIANTS = ("minimize", "identity", "recompute")
+BN_THREADS = (1, 2)
 
 
 def _build_model(name: str):
@@ -85,24 +89,34 @@ def _train_op(variant: str, loss):
 
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
   opt = tf.compat.v1.train.GradientDescentOptimizer(1e-3)
-  if variant == "minimize":
+  if variant == "minimize":  # the TF1 idiom
     update = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
     with tf.control_dependencies(update):
       return opt.minimize(loss)
+  if variant == "identity":
+    return gg.GradientPlan(loss).apply_gradients(opt)
   return gg.GradientPlan(loss).recompute().apply_gradients(opt)
 
 
-def child(model: str, variant: str, warmup: int) -> Dict:
+def _session_config(threads: int):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.threading.set_intra_op_parallelism_threads(threads)
+  tf.config.threading.set_inter_op_parallelism_threads(threads)
+  return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
+                                  inter_op_parallelism_threads=threads)
+
+
+def child(model: str, variant: str, warmup: int, threads: int = 1) -> Dict:
   """One figure: build, warm up, reset the peak, one step, read the peak."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
+  config = _session_config(threads)
   with tf.Graph().as_default():
+    tf1.set_random_seed(0)
     loss, feed, _ = _build_model(model)
     t0 = time.perf_counter()
     train = _train_op(variant, loss)
     build = time.perf_counter() - t0
-    config = tf1.ConfigProto(intra_op_parallelism_threads=1,
-                             inter_op_parallelism_threads=1)
     with tf1.Session(config=config) as sess:
       sess.run(tf1.global_variables_initializer())
       for _ in range(warmup):
@@ -113,32 +127,35 @@ def child(model: str, variant: str, warmup: int) -> Dict:
   return {"peak_bytes": peak, "build_s": build}
 
 
-def timing_child(model: str, steps: int) -> Dict:
-  """Both variants' sessions in one process, steps alternating."""
+def timing_child(model: str, steps: int, threads: int = 1,
+                 variants=VARIANTS) -> Dict:
+  """The variants' sessions in one process, steps alternating."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
   sessions = {}
-  for variant in VARIANTS:
+  config = _session_config(threads)
+  for variant in variants:
     g = tf.Graph()
     with g.as_default():
+      tf1.set_random_seed(0)
       loss, feed, _ = _build_model(model)
       train = _train_op(variant, loss)
-      sess = tf1.Session(graph=g, config=tf1.ConfigProto(
-          intra_op_parallelism_threads=1, inter_op_parallelism_threads=1))
+      sess = tf1.Session(graph=g, config=config)
       sess.run(tf1.global_variables_initializer())
       sess.run(train, feed)
       sessions[variant] = (sess, train, feed)
-  samples: Dict[str, List[float]] = {v: [] for v in VARIANTS}
-  ratios = []
+  samples: Dict[str, List[float]] = {v: [] for v in variants}
   for rep in range(steps):
-    order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
+    order = variants if rep % 2 == 0 else variants[::-1]
     for variant in order:
       sess, train, feed = sessions[variant]
       t0 = time.process_time()
       sess.run(train, feed)
       samples[variant].append(time.process_time() - t0)
-    ratios.append(samples["recompute"][-1] / samples["minimize"][-1])
-  return {"step_cpu_s": samples, "step_ratio": ratios}
+  ratios = {v: [a / b for a, b in zip(samples[v], samples["minimize"])]
+            for v in variants}
+  return {"step_cpu_s": samples, "step_ratio": ratios["recompute"],
+          "step_ratios": ratios}
 
 
 def _run_child(args: List[str]) -> Dict:
@@ -194,9 +211,42 @@ def run(config: benchmarks.Config) -> benchmarks.SuiteResult:
       row["step_ratio"] = _stats(t["step_ratio"])
       row["step_cpu_s"] = {v: _stats(t["step_cpu_s"][v]) for v in VARIANTS}
     rows.append(row)
-  data = {"rows": rows}
+  data = {"rows": rows, "batch_norm": _batch_norm_rows(config)}
   return benchmarks.SuiteResult(render(data, config.out_dir), data,
                                 figures=[_plot(data, config.out_dir)])
+
+
+def _batch_norm_cases(tiny: bool):
+  """(model, label, fresh processes per figure, warm-up steps, timed
+  steps)."""
+  if tiny:
+    return [("mlp4x32x64", "MLP depth 4, width 32, batch 64", 1, 1, 2)]
+  return [("resnet50_8x112", "tf-slim resnet_v1_50, batch 8, 112x112", 3, 1,
+           5)]
+
+
+def _batch_norm_rows(config: benchmarks.Config) -> List[Dict]:
+  """The idiom, the identity plan and recompute, at 1 and 2 threads."""
+  rows = []
+  for model, label, reps, warmup, steps in _batch_norm_cases(config.tiny):
+    if config.only and model not in config.only:
+      continue
+    for threads in BN_THREADS:
+      log.info("memory: %s, %d threads", model, threads)
+      row: Dict = {"model": model, "label": label, "threads": threads}
+      for variant in BN_VARIANTS:
+        figures = [_run_child(["child", model, variant, str(warmup),
+                               str(threads)]) for _ in range(reps)]
+        row[variant] = {"peak_mb": _stats([f["peak_bytes"] / 2**20
+                                           for f in figures])}
+      steps = min(steps, config.reps)
+      if steps:
+        t = _run_child(["time", model, str(steps), str(threads)]
+                       + list(BN_VARIANTS))
+        row["step_ratio"] = {v: _stats(t["step_ratios"][v])
+                             for v in BN_VARIANTS}
+      rows.append(row)
+  return rows
 
 
 def _plot(data: Dict, out_dir: str) -> str:
@@ -252,7 +302,38 @@ def render(data: Dict, out_dir: str = ".") -> str:
         f"| {step} | {_r(r['minimize']['build_s'], '{:.2f}')} "
         f"| {_r(r['recompute']['build_s'], '{:.2f}')} |")
   lines.append("")
+  if data.get("batch_norm"):
+    lines += _render_batch_norm(data["batch_norm"])
   return "\n".join(lines)
+
+
+def _render_batch_norm(rows: List[Dict]) -> List[str]:
+  lines = ["### Batch norm: where the updates run", "",
+           "The TF1 idiom is `with tf.control_dependencies(UPDATE_OPS): "
+           "optimizer.minimize(loss)`; the plans' backward pass waits for "
+           "the same updates (`apply_gradients` builds the loss's gradient "
+           "after them). Peak MB: median (min-max) over fresh processes, "
+           "`n` per figure; ratios to the idiom are of the medians. Step: "
+           "CPU time per step over the idiom's, paired per step in one "
+           "more process. The machine is shared: figures are noisy.", "",
+           "| model | threads | n | peak MB idiom | peak MB identity plan "
+           "| peak MB recompute() | identity / idiom | recompute / idiom "
+           "| step identity | step recompute |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    base = r["minimize"]["peak_mb"]["median"]
+    steps = r.get("step_ratio", {})
+    step = {v: _r(steps[v], "{:.2f}x") if v in steps else "-"
+            for v in ("identity", "recompute")}
+    lines.append(
+        f"| {r['label']} | {r['threads']} | {r['minimize']['peak_mb']['n']} "
+        f"| {_r(r['minimize']['peak_mb'])} | {_r(r['identity']['peak_mb'])} "
+        f"| {_r(r['recompute']['peak_mb'])} "
+        f"| **{r['identity']['peak_mb']['median'] / base:.3f}** "
+        f"| **{r['recompute']['peak_mb']['median'] / base:.3f}** "
+        f"| {step['identity']} | {step['recompute']} |")
+  lines.append("")
+  return lines
 
 
 benchmarks.register("memory", run, order=60, render=render)
@@ -261,6 +342,9 @@ benchmarks.register("memory", run, order=60, render=render)
 if __name__ == "__main__":
   logging.basicConfig(level=logging.WARNING)
   if sys.argv[1] == "child":
-    print(json.dumps(child(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+    print(json.dumps(child(sys.argv[2], sys.argv[3], int(sys.argv[4]),
+                           *[int(a) for a in sys.argv[5:6]])))
   elif sys.argv[1] == "time":
-    print(json.dumps(timing_child(sys.argv[2], int(sys.argv[3]))))
+    print(json.dumps(timing_child(
+        sys.argv[2], int(sys.argv[3]), *[int(a) for a in sys.argv[4:5]],
+        *([tuple(sys.argv[5:])] if sys.argv[5:] else []))))

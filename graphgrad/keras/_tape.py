@@ -45,6 +45,7 @@ class PlanView:
     error_layer: path -> the error layer of DFA on that layer, or ``None``.
     enter_tape: marks a tape open; raises while another one is.
     exit_tape: marks a tape closed.
+    recompute: what ``plan.recompute`` declared, or ``None``.
   """
   declarations: Any
   model: Any
@@ -60,6 +61,7 @@ class PlanView:
   error_layer: Callable[[str], Optional[str]]
   enter_tape: Callable[[Any], None]
   exit_tape: Callable[[Any], None]
+  recompute: Any = None
 
 
 class PlanTape:
