@@ -212,3 +212,26 @@ def test_nested_layer_in_keep_is_refused(K):
   with pytest.raises(gg.GraphGradError,
                      match=r"must name top-level layers .* block/inner_dense"):
     gg.KerasPlan(model).recompute(["inner_dense"])
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["default", "jit"])
+def test_fit_with_recompute_equals_fit_without(K, jit):
+  """attach() + fit: weights and moving statistics of the same plan."""
+  x = normal_rows(6, (32, 8)).numpy()
+  y = normal_rows(7, (32, 2)).numpy()
+  weights = []
+  for recompute in (False, True):
+    model = _mlp(K)
+    plan = gg.KerasPlan(model).transform_upstream(
+        "d4", gg.transforms.clip_by_norm(0.5))
+    if recompute:
+      plan.recompute(keep=["d1", "bn"])
+    plan.attach()
+    model.compile(K.optimizers.SGD(0.05), loss="mse", jit_compile=jit)
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    weights.append(model.get_weights())
+  for a, b in zip(*weights):
+    np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+  start = _mlp(K).get_weights()
+  assert max(float(np.abs(a - b).max())
+             for a, b in zip(weights[1], start)) > 1e-3
