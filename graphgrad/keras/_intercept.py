@@ -8,12 +8,10 @@ replaced, on that layer instance only, by a wrapper that counts its calls and
   is weighted (``_tape_linear``);
 * for any other rewritten layer, runs ``call`` inside ``tf.custom_gradient``
   under an inner tape, whose gradient hands the complete ``dy`` at the
-  outputs to ``_tape_backward.backward_of_call``; bypass paths never pass
-  through it;
+  outputs to ``_tape_backward.backward_of_call`` (bypasses skip it);
 * for the lower layer of an edge, starts a *glue tape* on its outputs, which
   records only variable-free ops after it (``_tape_backward.edge_grads``);
-* under ``plan.recompute``, runs every other top-level layer's call as a
-  recomputed call (``_tape_recompute``).
+* under ``plan.recompute``, replays other top-level calls (``_tape_recompute``).
 """
 
 import collections

@@ -105,7 +105,7 @@ class KerasPlan(tf.Module, LayerOverriding):
     # no bools).
     self._unscaled_warned = False
     self._attached: Optional[_fit.Attachment] = None
-    self._recompute: Optional[_tape_recompute.Recompute] = None
+    self._recompute: Optional[_tape_recompute.KerasRecompute] = None
     self._eager_recompute_logged = False
 
   # -- declaring -----------------------------------------------------------
@@ -359,7 +359,7 @@ class KerasPlan(tf.Module, LayerOverriding):
             f"are recomputed whole; got the nested {', '.join(nested)}. "
             f"Keep the layer that holds it instead: one of "
             f"{', '.join(tops)}.")
-    self._recompute = _tape_recompute.Recompute(keep)
+    self._recompute = _tape_recompute.KerasRecompute(keep)
     return self
 
   # -- running -------------------------------------------------------------

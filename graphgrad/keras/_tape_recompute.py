@@ -1,20 +1,17 @@
 """Recompute on the plan tape: layer calls replayed in the backward pass.
 
 Under ``KerasPlan.recompute``, each call of a recomputed layer runs inside
-``tf.custom_gradient``. Its gradient does not read the call's activations:
-the first gradient that reaches a *block* (the calls between two kept
-outputs) replays the block's calls from the block's inputs, each under its
-own tape, and every call of the block takes its VJP from that replay. In a
-traced step the forward activations inside a block are then freed after the
-forward pass; the replay waits for the gradient at the block's top.
+``tf.custom_gradient``, whose gradient does not read the call's activations:
+the first gradient to reach a *block* (the calls between two kept outputs)
+replays the block's calls from its inputs, each under its own tape, and each
+call takes its VJP from that replay. In a traced step the activations inside
+a block are freed after the forward pass.
 
-State is not updated twice, and random draws are not redrawn: a replayed
-call sees the non-trainable variables (batch-norm statistics, Keras 3 seed
-generators) as the forward call saw them, and the values the forward left
-are restored after it. A call whose forward ran a stateful random op
-(tf-keras' ``Dropout``) keeps its activations, so its mask is the forward's.
-Eagerly every call keeps its activations: TensorFlow frees a tensor only
-when no Python object holds it, and the replay would need them all.
+A replayed call sees the non-trainable variables (batch-norm statistics,
+Keras 3 seed generators) as its forward call saw them, and the values the
+forward left are restored after it: state is updated once, a dropout mask is
+not redrawn. A call whose forward ran a stateful random op (tf-keras'
+``Dropout``) keeps its activations, as every call does eagerly.
 """
 
 import dataclasses
@@ -37,7 +34,7 @@ _STATE_OPS = frozenset({"ReadVariableOp", "AssignVariableOp",
 
 
 @dataclasses.dataclass(frozen=True)
-class Recompute:
+class KerasRecompute:
   """What ``KerasPlan.recompute(keep)`` declared.
 
   Attributes:
@@ -48,7 +45,7 @@ class Recompute:
 
 
 @dataclasses.dataclass
-class _Call:
+class _LayerCall:
   """One call of a recomputed layer in the forward pass."""
   path: str
   call: Callable
@@ -72,7 +69,7 @@ def _bytes(t) -> int:
   return math.prod(dims) * t.dtype.size
 
 
-def choose_kept(calls: Sequence[_Call]) -> Set[int]:
+def choose_kept(calls: Sequence[_LayerCall]) -> Set[int]:
   """Indices of the calls whose outputs are kept, for ``keep=None``.
 
   A call may end a block only when nothing computed before it is read after
@@ -95,9 +92,9 @@ def choose_kept(calls: Sequence[_Call]) -> Set[int]:
   last = list(range(n))
   for j, c in enumerate(calls):
     for x in c.xs:
-      i = producer.get(x.ref())
-      if i is not None:
-        last[i] = max(last[i], j)
+      k = producer.get(x.ref())
+      if k is not None:
+        last[k] = max(last[k], j)
   sizes = [sum(_bytes(t) for t in c.outs) for c in calls]
   budget = sum(sizes) / max(1.0, math.sqrt(n))
   kept: Set[int] = set()
@@ -118,10 +115,14 @@ def choose_kept(calls: Sequence[_Call]) -> Set[int]:
 class Recomputer:
   """The recomputed calls of one plan tape, and their replays."""
 
-  def __init__(self, spec: Recompute, name: str):
+  def __init__(self, spec: KerasRecompute, name: str):
     self._spec = spec
     self._name = name
-    self.calls: List[_Call] = []
+    # Calls traced in another graph (tf-keras builds a Sequential model in
+    # a scratch graph on its first call) run as they are.
+    self._graph = (None if tf.executing_eagerly()
+                   else tf.compat.v1.get_default_graph())
+    self.calls: List[_LayerCall] = []
     self._blocks_of: Optional[int] = None  # len(calls) when blocks were set
     self._replays: Dict[int, Dict[int, tuple]] = {}
 
@@ -129,8 +130,13 @@ class Recomputer:
     """Runs ``call`` as a recomputed layer call; returns its output."""
     flat = tf.nest.flatten((args, kwargs))
     idx = [i for i, a in enumerate(flat) if is_float(a)]
-    rec = _Call(path, call, (args, kwargs), flat, idx, [flat[i] for i in idx])
     eager = tf.executing_eagerly()
+    if not idx or (not eager and
+                   tf.compat.v1.get_default_graph() is not self._graph):
+      # an embedding's lookup (nothing to replay it from), a scratch graph
+      return call(*args, **kwargs)
+    rec = _LayerCall(path, call, (args, kwargs), flat, idx,
+                     [flat[i] for i in idx])
     rec.whole = eager
     if not eager:
       rec.state = [u for u in map(tf_variable, layer.non_trainable_variables)
@@ -170,7 +176,7 @@ class Recomputer:
 
   def _vjp(self, index: int, dys: list, variables: list):
     rec = self.calls[index]
-    if rec.whole:
+    if rec.whole and rec.inner is not None:
       tape, xs, outs = rec.inner, rec.inner_xs, rec.inner_outs
     else:
       tape, xs, outs = self._replayed(index, dys)
