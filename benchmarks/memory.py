@@ -13,6 +13,14 @@ reads
 peak only with ``TF_CPU_ALLOCATOR_USE_BFC=true``, which the child sets.
 Step time is measured side by side: one more fresh process per model holds
 both variants' sessions and alternates their steps.
+
+Batch norm (``resnet50_8x112``, tf-slim's ``resnet_v1_50``): the TF1 idiom
+(``minimize()`` under ``UPDATE_OPS``), the identity plan and
+``recompute()``, at 1 and 2 threads, warm-up step first
+(``child MODEL VARIANT WARMUP THREADS``). Keras (``keras MODEL VARIANT
+THREADS``): a traced step with a plain ``tf.GradientTape``, the identity
+``KerasPlan``, ``KerasPlan.recompute()`` and ``tf.recompute_grad`` around
+blocks, on 48 ``Dense(256)`` layers and on bottleneck units with batch norm.
 """
 
 import json
