@@ -8,10 +8,10 @@ replaced, on that layer instance only, by a wrapper that counts its calls and
   is weighted (``_tape_linear``);
 * for any other rewritten layer, runs ``call`` inside ``tf.custom_gradient``
   under an inner tape, whose gradient hands the complete ``dy`` at the
-  outputs to ``_tape_backward.backward_of_call``; bypass paths never pass
-  through it;
+  outputs to ``_tape_backward.backward_of_call`` (bypasses skip it);
 * for the lower layer of an edge, starts a *glue tape* on its outputs, which
-  records only variable-free ops after it (``_tape_backward.edge_grads``).
+  records only variable-free ops after it (``_tape_backward.edge_grads``);
+* under ``plan.recompute``, replays other top-level calls (``_tape_recompute``).
 """
 
 import collections
@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from graphgrad.core._gradients import completed_upstream, is_float
-from graphgrad.keras import _methods, _tape_linear
+from graphgrad.keras import _methods, _tape_linear, _tape_recompute
 from graphgrad.keras._layer_index import holds_variables
 from graphgrad.keras._tape_backward import backward_of_call, edge_grads
 from graphgrad.transforms._context import TransformContext
@@ -96,6 +96,9 @@ class Interceptor:
     self._pause_depth = 0
     self._paused: Optional[contextlib.ExitStack] = None
     self._no_pause: set = set()
+    self.recomputed = self._recomputed_layers()
+    self._recomputer = (None if plan.recompute is None else
+                        _tape_recompute.Recomputer(plan.recompute, plan.name))
 
   @contextlib.contextmanager
   def backward(self, step: BackwardStep):
@@ -111,11 +114,20 @@ class Interceptor:
     names = list(self.plan.declarations.layers) + list(self.plan.read_layers)
     return list(dict.fromkeys(names))
 
+  def _recomputed_layers(self) -> List[str]:
+    """Top-level layers recomputed under ``plan.recompute``: those that
+    neither are nor hold a layer the plan rewrites or reads."""
+    if self.plan.recompute is None:
+      return []
+    named = self.targets() + [p for k in self.edges for p in k]
+    return [p for p in self.plan.layer_names if "/" not in p
+            and not any(t == p or t.startswith(p + "/") for t in named)]
+
   # -- patching ------------------------------------------------------------
 
   def patch(self) -> None:
     plan = self.plan
-    paths = self.targets()
+    paths = self.targets() + self.recomputed
     if self.edges:
       # Every layer may have to pause glue tapes; ancestors of an edge's
       # ends must not, or the edge's own glue would be hidden.
@@ -148,6 +160,7 @@ class Interceptor:
   def _wrapper(self, path: str, layer, call):
     custom = path in self.custom
     lower = any(lo == path for lo, _ in self.edges)
+    recomputed = path in self.recomputed
 
     def wrapped_call(*args, **kwargs):
       self.calls[path] += 1
@@ -159,6 +172,8 @@ class Interceptor:
           out = self._scaled_call(path, call, args, kwargs)
         elif custom:
           out = self._custom_call(path, call, args, kwargs)
+        elif recomputed:
+          out = self._recomputer.call(path, layer, call, args, kwargs)
         else:
           out = call(*args, **kwargs)
       if lower:

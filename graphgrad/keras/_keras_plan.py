@@ -23,7 +23,7 @@ from graphgrad import _errors
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._inert import bottom_layer_advice
 from graphgrad.core._privacy import Noise, check_privacy, refuse_declarations
-from graphgrad.keras import _fit, _loss_scale, _methods
+from graphgrad.keras import _fit, _loss_scale, _methods, _tape_recompute
 from graphgrad.keras._layer_index import (
   LayerIndex,
   check_group_parameters,
@@ -107,6 +107,8 @@ class KerasPlan(tf.Module, LayerOverriding):
     self._attached: Optional[_fit.Attachment] = None
     self._warned_bottom: set = set()
     self._privacy: Optional[tuple] = None
+    self._recompute: Optional[_tape_recompute.KerasRecompute] = None
+    self._eager_recompute_logged = False
 
   # -- declaring -----------------------------------------------------------
 
@@ -345,6 +347,73 @@ class KerasPlan(tf.Module, LayerOverriding):
     self._declarations.add_tasks(layers, None, method)
     return self
 
+  def recompute(self, keep: Optional[Sequence[LayerRef]] = None
+                ) -> "KerasPlan":
+    """Recomputes layer calls in the backward pass instead of keeping them.
+
+    Every call of a top-level layer of the model (one the model calls
+    directly, a residual unit or a ``Dense``) that the plan neither rewrites
+    nor reads is recomputed: the backward pass keeps the outputs of the
+    calls in ``keep`` (and what other code reads), and replays the calls in
+    between, block by block, when the gradient reaches them. Gradients equal
+    the plan's without recompute. Batch-norm statistics are updated once
+    per step, by the forward pass; a dropout mask is the forward's (Keras 3
+    replays it from the same seed; a tf-keras ``Dropout`` keeps its
+    activations). Memory is saved in a traced step (``tf.function``,
+    ``fit``, ``strategy.run``); an eager step keeps every activation, with
+    the same gradients. See docs/saving-memory.md.
+
+    Args:
+      keep: top-level layers (names, paths or the layers) whose outputs are
+        kept; ``None`` picks about ``sqrt(n)`` of the ``n`` calls by their
+        activation bytes, each a call no skip connection jumps over.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      LayerNotFoundError: if a layer in ``keep`` is not in the model.
+      GraphGradError: if ``keep`` is not a list of layers, names a nested
+        layer, or a tape was opened.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> model = tf.keras.Sequential(
+      ...     [tf.keras.layers.Dense(4, activation="relu", name=f"d{i}")
+      ...      for i in range(4)])
+      >>> plan = gg.KerasPlan(model).recompute(keep=["d1"])
+      >>> @tf.function
+      ... def step(x):
+      ...   with plan.tape() as tape:
+      ...     loss = tf.reduce_sum(model(x))
+      ...   return tape.gradient(loss)
+      >>> len(step(tf.ones([2, 3])))
+      8
+    """
+    if self._declarations.frozen:
+      raise _errors.GraphGradError(
+          "recompute: a tape of this plan was already opened, which fixes "
+          "the plan. Declare recompute before the first step, or make a new "
+          "KerasPlan.")
+    if keep is not None:
+      if isinstance(keep, str) or not isinstance(keep, (list, tuple, set)):
+        raise _errors.GraphGradError(
+            f"recompute: `keep` must be a list of layers (names, paths or "
+            f"the layers) or None; got {type(keep).__name__} {keep!r}. Pass "
+            f"keep=[{keep!r}] for one layer.")
+      keep = tuple(self._declarations.resolve(k, "keep") for k in keep)
+      nested = [k for k in keep if "/" in k]
+      if nested:
+        tops = [p for p in self._index.paths if "/" not in p]
+        raise _errors.GraphGradError(
+            f"recompute: `keep` must name top-level layers of "
+            f"{self._model.name} (the layers it calls directly), whose calls "
+            f"are recomputed whole; got the nested {', '.join(nested)}. "
+            f"Keep the layer that holds it instead: one of "
+            f"{', '.join(tops)}.")
+    self._recompute = _tape_recompute.KerasRecompute(keep)
+    return self
+
   # -- running -------------------------------------------------------------
 
   def tape(self, persistent: bool = False,
@@ -383,6 +452,13 @@ class KerasPlan(tf.Module, LayerOverriding):
             "privatize: a loss scale would divide the noise by the scale. "
             "Train the private plan without loss_scale (float32 "
             "variables; norms are computed in float32).")
+    if (self._recompute is not None and tf.executing_eagerly()
+        and not self._eager_recompute_logged):
+      self._eager_recompute_logged = True
+      log.info("graphgrad KerasPlan on %s: recompute saves memory only in a "
+               "traced step (tf.function, fit, strategy.run); this eager "
+               "step keeps every activation, with the same gradients.",
+               self._model.name)
     if loss_scale is not None:
       return _loss_scale.ScaledTape(self._view(), persistent,
                                     watch_accessed_variables, labels,
@@ -565,7 +641,7 @@ class KerasPlan(tf.Module, LayerOverriding):
         own_variables=lambda path: layer_variables(self._index[path]),
         step_tensor=self._step_tensor,
         enter_tape=self._enter_tape, exit_tape=self._exit_tape,
-        privacy=self._privacy)
+        privacy=self._privacy, recompute=self._recompute)
 
   def _step_tensor(self):
     """``global_step`` as a ``tf.Variable`` or tensor (Keras 3 unwrapped)."""

@@ -45,6 +45,7 @@ class PlanView:
     enter_tape: marks a tape open; raises while another one is.
     exit_tape: marks a tape closed.
     privacy: ``(Privacy, Noise)`` of ``plan.privatize``, or ``None``.
+    recompute: what ``plan.recompute`` declared, or ``None``.
   """
   declarations: Any
   model: Any
@@ -60,6 +61,7 @@ class PlanView:
   enter_tape: Callable[[Any], None]
   exit_tape: Callable[[Any], None]
   privacy: Optional[Tuple[Any, Any]] = None
+  recompute: Any = None
 
 
 class PlanTape:

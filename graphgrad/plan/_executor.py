@@ -106,6 +106,9 @@ class Options:
     privacy: what ``plan.privatize`` declared, or ``None``: the gradients
       then come from ``_privatize_graph``, noised before the parameter
       transforms.
+    after: ops the backward pass waits for (batch-norm updates): the
+      loss's gradient, its seed, is built after them, so no gradient is
+      alive while they run (tf-slim's ``create_train_op`` barrier).
   """
   gate_gradients: int = GATE_OP
   aggregation_method: Any = None
@@ -115,6 +118,7 @@ class Options:
   loss_scale: Any = None
   recompute: Optional[_recompute.Recompute] = None
   privacy: Optional[Privacy] = None
+  after: Tuple[tf.Operation, ...] = ()
 
   @property
   def gradients_kwargs(self) -> dict:
@@ -374,8 +378,8 @@ class _Executor:
 
   def _whole(self, variables) -> Dict[str, Gradient]:
     """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
-    scaled = ({} if self.scale is None
-              else {"grad_ys": self._seed()})
+    seeded = self.scale is not None or self.options.after
+    scaled = {"grad_ys": self._seed()} if seeded else {}
     grads = self._gradients(self.loss, variables, **scaled,
                             **self.options.gradients_kwargs)
     found = [(v, g) for v, g in zip(variables, grads) if g is not None]
@@ -406,10 +410,11 @@ class _Executor:
   # -- helpers ---------------------------------------------------------------
 
   def _seed(self) -> tf.Tensor:
-    """The loss's gradient: 1, or the loss scale."""
-    if self.scale is None:
-      return tf.ones_like(self.loss, name="seed")
-    return _loss_scale_optimizer.seed(self.loss, self.scale)
+    """The loss's gradient, 1 or the loss scale, after ``options.after``."""
+    with tf.control_dependencies(list(self.options.after)):
+      if self.scale is None:
+        return tf.ones_like(self.loss, name="seed")
+      return _loss_scale_optimizer.seed(self.loss, self.scale)
 
   def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:

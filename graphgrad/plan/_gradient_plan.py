@@ -677,8 +677,13 @@ class GradientPlan:
       UnsupportedGraphError: for an op-graph shape the plan cannot rewrite
         correctly.
     """
+    return self._build("GradientPlan.compute_gradients", after=())
+
+  def _build(self, caller: str, after: Sequence[tf.Operation]
+             ) -> List[Tuple[Gradient, tf.Variable]]:
+    """Builds the plan once, its backward pass waiting for ``after``."""
     if self._built is None:
-      check_graph_mode("GradientPlan.compute_gradients", self._loss)
+      check_graph_mode(caller, self._loss)
       self._declarations.freeze()
       if self._options.privacy is not None:
         _privatize_graph.check_declarations(
@@ -688,7 +693,8 @@ class GradientPlan:
         _loss_scale_optimizer.check_declarations(self._declarations)
       self._built = _executor.build(
           self._loss, lambda: self.net, self._var_list, self._declarations,
-          self._options, self._resources)
+          dataclasses.replace(self._options, after=tuple(after)),
+          self._resources)
       _declaration_checks.warn_without_gradient(
           self.net, self._built.grads_and_vars)
       d = self._declarations
@@ -716,9 +722,13 @@ class GradientPlan:
         (annealed ``add_noise(eta=...)``), that global step is incremented,
         so that the schedule advances with training.
       name: name of the returned op.
-      update_ops: ops to run before the update; defaults to the tf.Graph's
-        ``UPDATE_OPS`` collection (batch-norm moving averages), as tf-slim's
-        ``create_train_op`` does. Pass ``[]`` to run none.
+      update_ops: ops to run before the backward pass and the update;
+        defaults to the tf.Graph's ``UPDATE_OPS`` collection (batch-norm
+        moving averages). As with tf-slim's ``create_train_op``, the loss's
+        gradient is built after them, so no parameter gradient is alive
+        while they run (unless the plan was already built by
+        :meth:`compute_gradients`; then only the update waits). Pass ``[]``
+        to run none.
 
     Returns:
       The train op.
@@ -733,8 +743,18 @@ class GradientPlan:
     """
     check_graph_mode("GradientPlan.apply_gradients", self._loss)
     _optimizer.check_optimizer(optimizer)
+    update_ops = _optimizer.update_ops_of(self._loss.graph, update_ops)
     self._check_loss_scale(optimizer)
-    gv = [(g, v) for g, v in self.compute_gradients() if g is not None]
+    if self._built is not None and update_ops:
+      log.info("graphgrad plan on %s: the backward pass was built before "
+               "apply_gradients (by compute_gradients, summaries or a "
+               "report), so only the update waits for the %d update ops; "
+               "gradients may stay alive while they run. Call "
+               "apply_gradients first to build the backward pass after "
+               "them.", self._loss.name, len(update_ops))
+    gv = [(g, v) for g, v in self._build("GradientPlan.apply_gradients",
+                                         after=update_ops)
+          if g is not None]
     if not gv:
       raise _errors.NotConnectedError(
           f"no variable has a gradient from the loss {self._loss.name}; "

@@ -15,7 +15,7 @@ The train op of ``GradientPlan.apply_gradients`` must update the variables:
 """
 
 import logging
-from typing import Optional
+from typing import List, Optional
 
 import tensorflow as tf
 
@@ -136,13 +136,27 @@ def train_op(optimizer, grads_and_vars: GradsAndVars, graph: tf.Graph,
     advance_global_step: with ``global_step=None``, increment the tf.Graph's
       global step (a transform reads it, so its schedule advances).
   """
-  if update_ops is None:
-    update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+  update_ops = update_ops_of(graph, update_ops)
   if global_step is None and advance_global_step:
     global_step = tf.compat.v1.train.get_global_step(graph)
   with graph.as_default():
     with tf.control_dependencies(list(update_ops)):
       return apply(optimizer, grads_and_vars, global_step, name)
+
+
+def update_ops_of(graph: tf.Graph, update_ops=None) -> List[tf.Operation]:
+  """``update_ops`` as ops; ``None`` gives the tf.Graph's ``UPDATE_OPS``.
+
+  Example:
+    >>> with tf.Graph().as_default() as g:
+    ...   v = tf.Variable(0.0)
+    ...   tf.compat.v1.add_to_collection("update_ops", v.assign(1.0))
+    ...   print([op.type for op in update_ops_of(g)], update_ops_of(g, []))
+    ['AssignVariableOp'] []
+  """
+  if update_ops is None:
+    update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+  return [u if isinstance(u, tf.Operation) else u.op for u in update_ops]
 
 
 def apply(optimizer, grads_and_vars: GradsAndVars, global_step=None,

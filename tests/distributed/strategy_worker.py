@@ -6,7 +6,8 @@ logical devices and the cluster must be set before TensorFlow runs an op:
   strategy_worker.py mirrored OUT CASES    2 logical CPUs, MirroredStrategy;
                                            CASES: "transforms" (parameter
                                            clips, model.fit) or "rewrites"
-                                           (linear and upstream rewrites)
+                                           (linear and upstream rewrites,
+                                           plan.recompute with batch norm)
   strategy_worker.py multiworker OUT TASK WORKERS
                                            one process per worker; WORKERS:
                                            a JSON list of host:port, which
@@ -209,6 +210,50 @@ def fit_case(gg, K, strategy):
                        for a, b in zip(ref, start))}
 
 
+def recompute_case(gg, K, strategy, local):
+  """``plan.recompute()`` on a model with batch norm under ``strategy``,
+  against the same plan without recompute under the same strategy: the
+  weights and the moving statistics after STEPS steps."""
+  weights = {}
+  for recompute in (False, True):
+    with strategy.scope():
+      model = K.Sequential([
+          K.Input((4,)),
+          K.layers.Dense(8, activation="tanh", name="l1"),
+          K.layers.BatchNormalization(name="bn", momentum=0.5),
+          K.layers.Dense(8, activation="tanh", name="l2"),
+          K.layers.Dense(3, name="l3")])
+      start = initial_weights()
+      model.set_weights(start[:2] + [np.ones(8, np.float32),
+                                     np.zeros(8, np.float32),
+                                     np.zeros(8, np.float32),
+                                     np.ones(8, np.float32)] + start[2:])
+      plan = gg.KerasPlan(model)
+      if recompute:
+        plan.recompute()
+      opt = K.optimizers.SGD(LR)
+
+    def step(x, y, plan=plan, model=model, opt=opt):
+      with plan.tape() as tape:
+        per = tf.reduce_sum(tf.square(model(x, training=True) - y), axis=-1)
+        loss = tf.nn.compute_average_loss(per, global_batch_size=GLOBAL_BATCH)
+      opt.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
+
+    @tf.function
+    def train(x, y, step=step):
+      strategy.run(step, args=(x, y))
+
+    xs, ys = data()
+    for i in range(STEPS):
+      train(local(xs[i]), local(ys[i]))
+    weights[recompute] = [np.asarray(w) for w in model.get_weights()]
+  moving = weights[True][4]  # bn's moving mean
+  return {"flavour": K.__name__,
+          "diff": max(float(np.max(np.abs(a - b)))
+                      for a, b in zip(weights[False], weights[True])),
+          "moving_mean_moved": float(np.max(np.abs(moving)))}
+
+
 def flavours():
   import keras  # pylint: disable=g-import-not-at-top
   cases = [(keras, "keras3")]
@@ -252,12 +297,16 @@ def main():
     runs = [(K, kind, g) for K, kind in flavours() for g in ("clip", "global")]
   results = [compare(gg, K, kind, group, strategy, local, replicas)
              for K, kind, group in runs]
-  fits = []
+  fits, recomputes = [], []
+  if mode == "mirrored" and cases == "rewrites":
+    recomputes = [recompute_case(gg, K, strategy, local)
+                  for K, kind in flavours() if kind != "legacy"]
   if mode == "mirrored" and cases == "transforms":
     fits = [fit_case(gg, K, strategy) for K, kind in flavours()
             if kind != "legacy"]
   with open(out, "w", encoding="utf-8") as f:
-    json.dump({"replicas": replicas, "results": results, "fit": fits}, f)
+    json.dump({"replicas": replicas, "results": results, "fit": fits,
+               "recompute": recomputes}, f)
 
 
 if __name__ == "__main__":

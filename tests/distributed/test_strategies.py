@@ -77,6 +77,14 @@ def test_mirrored_upstream_rewrites_per_replica(tmp_path):
   results = _mirrored(tmp_path, "rewrites")
   print("MirroredStrategy x2, linear and element-wise rewrites:",
         _check(results, ("scale", "value", "norm")))
+  # plan.recompute() with batch norm: the weights and moving statistics of
+  # the same plan without recompute, under the same strategy.
+  assert {r["flavour"].split(".")[0] for r in results["recompute"]} >= {
+      "keras"}
+  for r in results["recompute"]:
+    assert r["diff"] < TOLERANCE, r
+    assert r["moving_mean_moved"] > 1000 * TOLERANCE, r
+  print("  recompute:", max(r["diff"] for r in results["recompute"]))
 
 
 @pytest.mark.slow

@@ -153,3 +153,106 @@ def test_no_gradient_at_all_is_a_clear_error(graph):
   plan = gg.GradientPlan(loss, var_list=trainable("orphan"))
   with pytest.raises(gg.NotConnectedError, match=r"no variable has a gradient"):
     plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.1))
+
+
+# -- where the batch-norm updates run ---------------------------------------
+
+def _bn_net(x):
+  h = dense(x, 6, "l1")
+  h = tf1.layers.batch_normalization(h, training=True, name="bn",
+                                     momentum=0.5)
+  h = dense(tf.nn.relu(h), 6, "l2")
+  h = tf1.layers.batch_normalization(h, training=True, name="bn2",
+                                     momentum=0.5)
+  return tf.reduce_sum(tf.square(dense(tf.nn.relu(h), 2, "l3")))
+
+
+def _ancestors(tensors):
+  """Every op ``tensors`` wait for, through data and control inputs."""
+  seen, stack = set(), [t.op for t in tensors]
+  while stack:
+    op = stack.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    stack += [t.op for t in op.inputs] + list(op.control_inputs)
+  return seen
+
+
+def _moving_statistics_after_one_step(make_train_op):
+  with tf.Graph().as_default():
+    x = tf.constant(np.random.default_rng(3).normal(size=(8, 4)), tf.float32)
+    loss = _bn_net(x)
+    train = make_train_op(loss, tf1.train.GradientDescentOptimizer(0.1))
+    moving = [v for v in tf1.global_variables() if "moving_" in v.name]
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      sess.run(train)
+      return {v.name: sess.run(v) for v in moving}, sess.run(
+          tf1.trainable_variables())
+
+
+def test_moving_statistics_after_one_step_equal_the_idioms():
+  def idiom(loss, opt):
+    with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+      return opt.minimize(loss)
+
+  want, want_vars = _moving_statistics_after_one_step(idiom)
+  for declare in (lambda p: p, lambda p: p.recompute()):
+    got, got_vars = _moving_statistics_after_one_step(
+        lambda loss, opt, d=declare: d(gg.GradientPlan(loss)).apply_gradients(
+            opt))
+    assert sorted(got) == sorted(want) and len(want) == 4
+    for name in want:
+      assert not np.allclose(want[name], 0.0 if "mean" in name else 1.0)
+      np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7)
+    for a, b in zip(got_vars, want_vars):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_backward_pass_waits_for_the_update_ops(graph, recompute):
+  loss = _bn_net(tf1.placeholder(tf.float32, [None, 4]))
+  updates = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+  assert len(updates) == 4
+  plan = gg.GradientPlan(loss)
+  if recompute:
+    plan = plan.recompute()
+  plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.1))
+  seeds = [op for op in graph.get_operations()
+           if op.name.startswith("graphgrad/seed")]
+  assert seeds
+  waited = _ancestors([op.outputs[0] for op in seeds])
+  assert {u.name for u in updates} <= waited
+  # Every parameter gradient, hence the whole backward pass, waits for them.
+  for g, _ in plan.compute_gradients():
+    assert {u.name for u in updates} <= _ancestors([g])
+
+
+def test_update_ops_argument_chooses_what_the_backward_pass_waits_for(graph):
+  loss = _bn_net(tf1.placeholder(tf.float32, [None, 4]))
+  updates = {u.name for u in tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)}
+  counter = tf1.get_variable("counter", initializer=0.0, trainable=False)
+  mine = counter.assign_add(1.0).op
+  plan = gg.GradientPlan(loss)
+  plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.1),
+                       update_ops=[mine])
+  waited = _ancestors([g for g, _ in plan.compute_gradients()])
+  assert mine.name in waited and not updates & waited
+  other = gg.GradientPlan(loss)
+  other.apply_gradients(tf1.train.GradientDescentOptimizer(0.1),
+                        update_ops=[])
+  assert not (updates | {mine.name}) & _ancestors(
+      [g for g, _ in other.compute_gradients()])
+
+
+def test_plan_built_before_apply_gradients_logs_that_only_the_update_waits(
+    graph, caplog):
+  loss = _bn_net(tf1.placeholder(tf.float32, [None, 4]))
+  plan = gg.GradientPlan(loss)
+  gv = plan.compute_gradients()
+  updates = {u.name for u in tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)}
+  assert not updates & _ancestors([g for g, _ in gv])
+  with caplog.at_level("INFO", logger="graphgrad"):
+    plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.1))
+  assert "only the update waits for the 4 update ops" in caplog.text

@@ -167,10 +167,13 @@ def test_apply_gradients_runs_update_ops_and_steps_once(graph):
     sess.run(tf1.global_variables_initializer())
     before = sess.run(tf1.trainable_variables())
     grads = sess.run(grads_of(plan), feed(x))
+    # The backward pass waits for the update ops: reading the gradients
+    # runs them once, as the train op does.
+    assert sess.run(counter) == 1.0
     sess.run(train, feed(x))
     after = sess.run(tf1.trainable_variables())
     assert sess.run(step) == 1
-    assert sess.run(counter) == 1.0
+    assert sess.run(counter) == 2.0
   for b, g, a in zip(before, grads, after):
     np.testing.assert_allclose(a, b - 0.1 * g, rtol=1e-5, atol=1e-6)
 

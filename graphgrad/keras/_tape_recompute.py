@@ -1,0 +1,257 @@
+"""Recompute on the plan tape: layer calls replayed in the backward pass.
+
+Under ``KerasPlan.recompute``, each call of a recomputed layer runs inside
+``tf.custom_gradient``, whose gradient does not read the call's activations:
+the first gradient to reach a *block* (the calls between two kept outputs)
+replays the block's calls from its inputs, each under its own tape, and each
+call takes its VJP from that replay. In a traced step the activations inside
+a block are freed after the forward pass.
+
+A replayed call sees the non-trainable variables (batch-norm statistics,
+Keras 3 seed generators) as its forward call saw them, and the values the
+forward left are restored after it: state is updated once, a dropout mask is
+not redrawn. A call whose forward ran a stateful random op (tf-keras'
+``Dropout``) keeps its activations, as every call does eagerly.
+"""
+
+import dataclasses
+import logging
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+import tensorflow as tf
+
+from graphgrad.core._gradients import is_float
+from graphgrad.keras._layer_index import tf_variable
+
+log = logging.getLogger("graphgrad")
+
+# Stateless ops every layer runs; any other stateful op makes a call keep
+# its activations (its value would change if run again).
+_STATE_OPS = frozenset({"ReadVariableOp", "AssignVariableOp",
+                        "AssignAddVariableOp", "AssignSubVariableOp",
+                        "VarHandleOp", "NoOp", "Placeholder"})
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasRecompute:
+  """What ``KerasPlan.recompute(keep)`` declared.
+
+  Attributes:
+    keep: paths of the layers whose outputs are kept, or ``None`` to let
+      :func:`choose_kept` pick calls from the step's activation bytes.
+  """
+  keep: Optional[Tuple[str, ...]] = None
+
+
+@dataclasses.dataclass
+class _LayerCall:
+  """One call of a recomputed layer in the forward pass."""
+  path: str
+  call: Callable
+  structure: Any
+  flat: list
+  idx: List[int]
+  xs: list
+  outs: list = dataclasses.field(default_factory=list)
+  state: List[tf.Variable] = dataclasses.field(default_factory=list)
+  snapshot: list = dataclasses.field(default_factory=list)
+  inner: Optional[tf.GradientTape] = None  # the forward call's own tape
+  inner_xs: list = dataclasses.field(default_factory=list)
+  inner_outs: list = dataclasses.field(default_factory=list)
+  whole: bool = False  # keeps its activations: its VJP uses ``inner``
+  block: int = -1
+
+
+def _bytes(t) -> int:
+  """Bytes of ``t`` (unknown dimensions count 1)."""
+  dims = [d if d is not None else 1 for d in (t.shape.as_list() or [])]
+  return math.prod(dims) * t.dtype.size
+
+
+def choose_kept(calls: Sequence[_LayerCall]) -> Set[int]:
+  """Indices of the calls whose outputs are kept, for ``keep=None``.
+
+  A call may end a block only when nothing computed before it is read after
+  it except its own outputs (no skip connection jumps over it). Among those
+  calls, blocks are closed greedily every ``total / sqrt(n)`` bytes of
+  activations, ``n`` the number of calls: about ``sqrt(n)`` blocks.
+
+  Args:
+    calls: the step's recomputed calls, in forward order.
+
+  Returns:
+    The indices of the calls that end a block.
+  """
+  n = len(calls)
+  producer: Dict[Any, int] = {}
+  for i, c in enumerate(calls):
+    for t in c.outs:
+      producer[t.ref()] = i
+  # last[i]: the last call that reads an output of call i
+  last = list(range(n))
+  for j, c in enumerate(calls):
+    for x in c.xs:
+      k = producer.get(x.ref())
+      if k is not None:
+        last[k] = max(last[k], j)
+  sizes = [sum(_bytes(t) for t in c.outs) for c in calls]
+  budget = sum(sizes) / max(1.0, math.sqrt(n))
+  kept: Set[int] = set()
+  reach = 0  # the last call that reads anything computed so far
+  run = 0
+  for i in range(n):
+    before = reach
+    reach = max(reach, last[i])
+    run += sizes[i]
+    # Only the outputs of call i are read beyond it.
+    articulation = before <= i and last[i] > i
+    if articulation and run >= budget:
+      kept.add(i)
+      run = 0
+  return kept
+
+
+class Recomputer:
+  """The recomputed calls of one plan tape, and their replays."""
+
+  def __init__(self, spec: KerasRecompute, name: str):
+    self._spec = spec
+    self._name = name
+    # Calls traced in another graph (tf-keras builds a Sequential model in
+    # a scratch graph on its first call) run as they are.
+    self._graph = (None if tf.executing_eagerly()
+                   else tf.compat.v1.get_default_graph())
+    self.calls: List[_LayerCall] = []
+    self._blocks_of: Optional[int] = None  # len(calls) when blocks were set
+    self._replays: Dict[int, Dict[int, tuple]] = {}
+
+  def call(self, path: str, layer, call: Callable, args, kwargs):
+    """Runs ``call`` as a recomputed layer call; returns its output."""
+    flat = tf.nest.flatten((args, kwargs))
+    idx = [i for i, a in enumerate(flat) if is_float(a)]
+    eager = tf.executing_eagerly()
+    if not idx or (not eager and
+                   tf.compat.v1.get_default_graph() is not self._graph):
+      # an embedding's lookup (nothing to replay it from), a scratch graph
+      return call(*args, **kwargs)
+    rec = _LayerCall(path, call, (args, kwargs), flat, idx,
+                     [flat[i] for i in idx])
+    rec.whole = eager
+    if not eager:
+      rec.state = [u for u in map(tf_variable, layer.non_trainable_variables)
+                   if u is not None]
+      rec.snapshot = [tf.identity(v.read_value()) for v in rec.state]
+    index = len(self.calls)
+    self.calls.append(rec)
+    n = len(rec.xs)
+
+    @tf.custom_gradient
+    def recomputed(*inputs):
+      flat_in = list(flat)
+      for i, t in zip(idx, inputs[:n]):
+        flat_in[i] = t
+      args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat_in)
+      graph = None if eager else tf.compat.v1.get_default_graph()
+      first = len(graph.get_operations()) if graph is not None else 0
+      with tf.GradientTape(persistent=True) as inner:
+        inner.watch(list(inputs[:n]))
+        out = call(*args_in, **kwargs_in)
+      rec.inner, rec.inner_xs = inner, list(inputs[:n])
+      rec.inner_outs = tf.nest.flatten(out)
+      if graph is not None and _stateful(graph.get_operations()[first:]):
+        rec.whole = True
+
+      def grad(*dys, variables=None):
+        with tf.name_scope(f"{self._name}/recompute"):
+          return self._vjp(index, list(dys), list(variables or []))
+
+      return out, grad
+
+    out = recomputed(*rec.xs)
+    rec.outs = tf.nest.flatten(out)
+    return out
+
+  # -- the backward pass ---------------------------------------------------
+
+  def _vjp(self, index: int, dys: list, variables: list):
+    rec = self.calls[index]
+    if rec.whole and rec.inner is not None:
+      tape, xs, outs = rec.inner, rec.inner_xs, rec.inner_outs
+    else:
+      tape, xs, outs = self._replayed(index, dys)
+    dys = [tf.zeros_like(o) if d is None else d for o, d in zip(outs, dys)]
+    pairs = [(o, d) for o, d in zip(outs, dys) if is_float(o)]
+    grads = list(tape.gradient([o for o, _ in pairs], xs + variables,
+                               output_gradients=[d for _, d in pairs]))
+    if not tf.executing_eagerly():
+      # As tf.gradients' gate_gradients: every gradient of the call is
+      # computed before any of them is used, so the calls below are not
+      # replayed while this call's activations wait for a parameter
+      # gradient.
+      at = [i for i, g in enumerate(grads) if isinstance(g, tf.Tensor)]
+      for i, g in zip(at, tf.tuple([grads[i] for i in at])):
+        grads[i] = g
+    return grads[:len(xs)], grads[len(xs):]
+
+  def _replayed(self, index: int, dys: list):
+    """The replayed (tape, inputs, outputs) of call ``index``."""
+    self._set_blocks()
+    block = self.calls[index].block
+    if block not in self._replays or index not in self._replays[block]:
+      self._replays[block] = self._replay(block, dys)
+    return self._replays[block].pop(index)
+
+  def _set_blocks(self) -> None:
+    if self._blocks_of == len(self.calls):
+      return
+    self._blocks_of = len(self.calls)
+    if self._spec.keep is None:
+      ends = choose_kept(self.calls)
+    else:
+      ends = {i for i, c in enumerate(self.calls) if c.path in self._spec.keep}
+    block = 0
+    for i, c in enumerate(self.calls):
+      if c.whole:  # its own block: what it reads and makes is kept
+        block += 1
+        c.block = block
+        block += 1
+        continue
+      c.block = block
+      if i in ends:
+        block += 1
+    log.debug("graphgrad KerasPlan recompute: %d calls in %d blocks",
+              len(self.calls), block + 1)
+
+  def _replay(self, block: int, dys: list) -> Dict[int, tuple]:
+    """Replays the calls of ``block`` after the gradient ``dys`` exists."""
+    replayed: Dict[Any, tf.Tensor] = {}
+    out: Dict[int, tuple] = {}
+    wait = [d for d in dys if isinstance(d, tf.Tensor)]
+    for j, c in enumerate(self.calls):
+      if c.block != block:
+        continue
+      with tf.control_dependencies(wait):
+        xs = [tf.identity(replayed.get(x.ref(), x)) for x in c.xs]
+      flat_in = list(c.flat)
+      for i, t in zip(c.idx, xs):
+        flat_in[i] = t
+      args_in, kwargs_in = tf.nest.pack_sequence_as(c.structure, flat_in)
+      now = [tf.identity(v.read_value()) for v in c.state]
+      for v, s in zip(c.state, c.snapshot):
+        v.assign(s)
+      with tf.GradientTape(persistent=True) as tape:
+        tape.watch(xs)
+        outs = tf.nest.flatten(c.call(*args_in, **kwargs_in))
+      for v, s in zip(c.state, now):
+        v.assign(s)
+      for fwd, new in zip(c.outs, outs):
+        replayed[fwd.ref()] = new
+      out[j] = (tape, xs, outs)
+    return out
+
+
+def _stateful(ops) -> bool:
+  """True when ``ops`` hold a stateful op other than variable access."""
+  return any(op.op_def is not None and op.op_def.is_stateful
+             and op.type not in _STATE_OPS for op in ops)
