@@ -56,3 +56,14 @@ def graph():
 @pytest.fixture
 def rng():
   return np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="session")
+def legacy_export(tmp_path_factory):
+  """The directory of legacy_graphs' MetaGraph (legacy.meta) and reference
+  gradients (reference.npz), exported once by a fresh process that
+  registered the gradient overrides. Read-only for the tests."""
+  import legacy_graphs  # pylint: disable=g-import-not-at-top
+  directory = tmp_path_factory.mktemp("legacy")
+  legacy_graphs.export_in_subprocess(directory)
+  return directory
