@@ -169,13 +169,16 @@ def timing_child(model: str, steps: int, threads: int = 1,
           "step_ratios": ratios}
 
 
-def _run_child(args: List[str]) -> Dict:
+def _run_child(args: List[str], nice: bool = True) -> Dict:
+  """Runs ``python -m benchmarks.memory ARGS``; ``nice``: at a lower
+  priority (a full run; the tiny one, the test suite's smoke test, must not
+  wait behind the other tests of a busy machine)."""
   env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true",
              TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1")
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
   proc = subprocess.run(
-      ["nice", sys.executable, "-m", "benchmarks.memory"] + args, cwd=ROOT,
-      env=env, capture_output=True, text=True, check=False)
+      (["nice"] if nice else []) + [sys.executable, "-m", "benchmarks.memory"]
+      + args, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
   if proc.returncode != 0:
     raise RuntimeError(f"benchmarks.memory {args}: {proc.stderr[-2000:]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -210,15 +213,15 @@ def run(config: benchmarks.Config) -> benchmarks.SuiteResult:
     reps = min(reps, config.reps)
     steps = min(steps, config.reps)
     for variant in VARIANTS:
-      figures = [_run_child(["child", model, variant, str(warmup)])
-                 for _ in range(reps)]
+      figures = [_run_child(["child", model, variant, str(warmup)],
+                            nice=not config.tiny) for _ in range(reps)]
       row[variant] = {
           "peak_mb": _stats([f["peak_bytes"] / 2**20 for f in figures]),
           "build_s": _stats([f["build_s"] for f in figures])}
     row["memory_ratio"] = (row["minimize"]["peak_mb"]["median"]
                            / row["recompute"]["peak_mb"]["median"])
     if steps:
-      t = _run_child(["time", model, str(steps)])
+      t = _run_child(["time", model, str(steps)], nice=not config.tiny)
       row["step_ratio"] = _stats(t["step_ratio"])
       row["step_cpu_s"] = {v: _stats(t["step_cpu_s"][v]) for v in VARIANTS}
     rows.append(row)

@@ -22,8 +22,8 @@ fresh_venv "${VENV:-.venv-tf-nightly}"
 python -m pip install --quiet "tf-nightly==$TF_NIGHTLY" "tf-keras-nightly==$TF_KERAS_NIGHTLY"
 python -m pip install --quiet --no-deps .
 # graphgrad's own requirements besides tensorflow, and the [test] tools.
-python -m pip install --quiet "numpy>=1.23" "networkx>=2.8" "pytest>=7" "hypothesis>=6" \
-  "matplotlib>=3.5" "pydot>=1.4" "nbclient>=0.7" "nbformat>=5.7" "ipykernel>=6" "scikit-learn>=1.2"
+python -m pip install --quiet "numpy>=1.23" "networkx>=2.8" "pytest>=7" "pytest-xdist>=3.8" \
+  "hypothesis>=6" "matplotlib>=3.5" "pydot>=1.4" "nbclient>=0.7" "nbformat>=5.7" "ipykernel>=6" "scikit-learn>=1.2"
 # tf-slim 1.1.0 declares no usable requirements for TF 2.x: install it alone.
 python -m pip install --quiet --no-deps "tf-slim==1.1.0"
 python - <<'PY'

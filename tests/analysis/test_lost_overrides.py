@@ -12,7 +12,8 @@ import json
 import legacy_graphs
 import pytest
 
-# Two fresh processes that import TensorFlow.
+# Two fresh processes that import TensorFlow (the export, tests/conftest.py's
+# legacy_export, is shared with tests/cli/test_inspect_legacy.py).
 pytestmark = pytest.mark.slow
 
 ANALYZE = r'''
@@ -56,15 +57,8 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("legacy")
-  legacy_graphs.export_in_subprocess(directory)
-  return directory
-
-
-@pytest.fixture(scope="module")
-def analysed(exported):
-  run = legacy_graphs.run_python(ANALYZE, exported)
+def analysed(legacy_export):
+  run = legacy_graphs.run_python(ANALYZE, legacy_export)
   assert run.returncode == 0, run.stderr
   return json.loads(run.stdout.strip().splitlines()[-1])
 

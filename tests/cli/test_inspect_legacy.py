@@ -125,8 +125,9 @@ def test_reports_ops_without_gradient(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_names_lost_overrides_of_a_graph_from_another_process(tmp_path):
-  meta = legacy_graphs.export_in_subprocess(tmp_path)
+def test_names_lost_overrides_of_a_graph_from_another_process(tmp_path,
+                                                              legacy_export):
+  meta = str(legacy_export / "legacy.meta")
   run = legacy_graphs.run_python(
       "import sys; from graphgrad.cli import _main; "
       f"sys.exit(_main.main(['inspect', {meta!r}]))", tmp_path)

@@ -3,11 +3,14 @@
 Run by tests/distributed/test_strategies.py in a fresh process, because the
 logical devices and the cluster must be set before TensorFlow runs an op:
 
-  strategy_worker.py mirrored OUT CASES    2 logical CPUs, MirroredStrategy;
+  strategy_worker.py mirrored OUT CASES [OUT CASES ...]
+                                           2 logical CPUs, MirroredStrategy;
                                            CASES: "transforms" (parameter
                                            clips, model.fit) or "rewrites"
                                            (linear and upstream rewrites,
-                                           plan.recompute with batch norm)
+                                           plan.recompute with batch norm);
+                                           each pair runs in turn in this one
+                                           process and writes its own OUT
   strategy_worker.py multiworker OUT TASK WORKERS
                                            one process per worker; WORKERS:
                                            a JSON list of host:port, which
@@ -262,8 +265,29 @@ def flavours():
   return cases
 
 
+def run_cases(gg, mode, cases, strategy, local, replicas, out):
+  """Trains the runs of ``cases``; writes their results to ``out``."""
+  if cases == "rewrites":
+    import keras  # pylint: disable=g-import-not-at-top
+    runs = [(keras, "keras3", g) for g in ("scale", "value", "norm")]
+  else:
+    runs = [(K, kind, g) for K, kind in flavours() for g in ("clip", "global")]
+  results = [compare(gg, K, kind, group, strategy, local, replicas)
+             for K, kind, group in runs]
+  fits, recomputes = [], []
+  if mode == "mirrored" and cases == "rewrites":
+    recomputes = [recompute_case(gg, K, strategy, local)
+                  for K, kind in flavours() if kind != "legacy"]
+  if mode == "mirrored" and cases == "transforms":
+    fits = [fit_case(gg, K, strategy) for K, kind in flavours()
+            if kind != "legacy"]
+  with open(out, "w", encoding="utf-8") as f:
+    json.dump({"replicas": replicas, "results": results, "fit": fits,
+               "recompute": recomputes}, f)
+
+
 def main():
-  mode, out = sys.argv[1], sys.argv[2]
+  mode = sys.argv[1]
   if mode == "mirrored":
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
@@ -289,24 +313,12 @@ def main():
 
     def local(batch):
       return tf.constant(batch[task * half:(task + 1) * half])
-  cases = sys.argv[3] if mode == "mirrored" else "transforms"
-  if cases == "rewrites":
-    import keras  # pylint: disable=g-import-not-at-top
-    runs = [(keras, "keras3", g) for g in ("scale", "value", "norm")]
+  if mode == "mirrored":
+    pairs = list(zip(sys.argv[2::2], sys.argv[3::2]))
   else:
-    runs = [(K, kind, g) for K, kind in flavours() for g in ("clip", "global")]
-  results = [compare(gg, K, kind, group, strategy, local, replicas)
-             for K, kind, group in runs]
-  fits, recomputes = [], []
-  if mode == "mirrored" and cases == "rewrites":
-    recomputes = [recompute_case(gg, K, strategy, local)
-                  for K, kind in flavours() if kind != "legacy"]
-  if mode == "mirrored" and cases == "transforms":
-    fits = [fit_case(gg, K, strategy) for K, kind in flavours()
-            if kind != "legacy"]
-  with open(out, "w", encoding="utf-8") as f:
-    json.dump({"replicas": replicas, "results": results, "fit": fits,
-               "recompute": recomputes}, f)
+    pairs = [(sys.argv[2], "transforms")]
+  for out, cases in pairs:
+    run_cases(gg, mode, cases, strategy, local, replicas, out)
 
 
 if __name__ == "__main__":

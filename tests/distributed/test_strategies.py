@@ -1,7 +1,8 @@
 """KerasPlan under tf.distribute: N replicas give the one-device update.
 
 Each strategy runs in fresh processes (strategy_worker.py): the logical
-devices and the cluster must be set before TensorFlow runs an op. The
+devices and the cluster must be set before TensorFlow runs an op. One
+process runs both MirroredStrategy case sets (the module fixture). The
 reference is the same plan on one device with the global batch; a third
 run, with the parameter transforms applied to each replica's gradient before
 the sum, shows that the comparison can fail.
@@ -61,20 +62,25 @@ def _check(results, groups=("clip", "global")):
              if r["group"] != "norm")
 
 
-def _mirrored(tmp_path, cases):
-  out = tmp_path / "mirrored.json"
-  proc = subprocess.run([sys.executable, WORKER, "mirrored", str(out), cases],
+@pytest.fixture(scope="module")
+def mirrored(tmp_path_factory):
+  """Both MirroredStrategy case sets, run by one worker process (one
+  TensorFlow start-up): {"rewrites": results, "transforms": results}."""
+  directory = tmp_path_factory.mktemp("mirrored")
+  cases = ("rewrites", "transforms")
+  args = [a for c in cases for a in (str(directory / f"{c}.json"), c)]
+  proc = subprocess.run([sys.executable, WORKER, "mirrored", *args],
                         env=_env(), capture_output=True, text=True,
                         timeout=TIMEOUT, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  results = json.loads(out.read_text())
-  assert results["replicas"] == 2
-  return results
+  return {c: json.loads((directory / f"{c}.json").read_text())
+          for c in cases}
 
 
 @pytest.mark.slow
-def test_mirrored_upstream_rewrites_per_replica(tmp_path):
-  results = _mirrored(tmp_path, "rewrites")
+def test_mirrored_upstream_rewrites_per_replica(mirrored):
+  results = mirrored["rewrites"]
+  assert results["replicas"] == 2
   print("MirroredStrategy x2, linear and element-wise rewrites:",
         _check(results, ("scale", "value", "norm")))
   # plan.recompute() with batch norm: the weights and moving statistics of
@@ -88,8 +94,9 @@ def test_mirrored_upstream_rewrites_per_replica(tmp_path):
 
 
 @pytest.mark.slow
-def test_mirrored_two_replicas_equal_one_device(tmp_path):
-  results = _mirrored(tmp_path, "transforms")
+def test_mirrored_two_replicas_equal_one_device(mirrored):
+  results = mirrored["transforms"]
+  assert results["replicas"] == 2
   print("MirroredStrategy x2, largest weight difference:", _check(results))
   # model.fit with a train_step that runs the plan's tape: the compiled
   # loss's convention, and the aggregation in tape.gradient, as in a loop.

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import graphgrad as gg
@@ -192,8 +192,7 @@ def _factors(decls):
   return factor
 
 
-@settings(max_examples=30, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+# As many examples as the hypothesis profile asks for (tests/conftest.py).
 @given(st.lists(declaration, min_size=1, max_size=4), st.randoms())
 def test_random_bad_and_good_declarations(decls, random):
   random.shuffle(decls)
