@@ -149,3 +149,32 @@ def ops_behind(start: Iterable[tf.Operation], floor: int,
     seen.add(op)
     stack.extend(t.op for t in op.inputs if follow is None or follow(t))
   return seen
+
+
+def calls_node(calls: List[tf.Operation], match: Callable[[str], bool]
+               ) -> bool:
+  """True when a function that ``calls`` call (a ``tf.function``'s body, a
+  v2 cond's branch), or a function those call, holds a node whose op type
+  ``match`` accepts.
+
+  Args:
+    calls: ops of one tf.Graph whose attributes name functions.
+    match: op type -> whether it is the one looked for.
+  """
+  if not calls:
+    return False
+  library = {f.signature.name: f for f in
+             calls[0].graph.as_graph_def().library.function}
+  todo = [a.func.name for op in calls for a in op.node_def.attr.values()
+          if a.func.name]
+  seen: Set[str] = set()
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in library:
+      continue
+    seen.add(name)
+    for node in library[name].node_def:
+      if match(node.op):
+        return True
+      todo += [a.func.name for a in node.attr.values() if a.func.name]
+  return False

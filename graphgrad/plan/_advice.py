@@ -11,6 +11,7 @@ from typing import Iterable, Optional, Sequence
 
 import tensorflow as tf
 
+from graphgrad.analysis import _graph_util
 from graphgrad.transforms._transforms import Transform
 
 log = logging.getLogger("graphgrad")
@@ -50,7 +51,7 @@ def is_adaptive(update_ops: Sequence[tf.Operation], grads) -> bool:
       tainted.add(op)
       if _normalizes(op.type):
         return True
-  return bool(calls) and _calls_normalize(calls)
+  return _graph_util.calls_node(calls, _normalizes)
 
 
 def _tensors(grads):
@@ -59,26 +60,6 @@ def _tensors(grads):
       yield g.values
     elif g is not None:
       yield g
-
-
-def _calls_normalize(calls) -> bool:
-  """True when a function called by ``calls`` (or by a function it calls)
-  holds an adaptive update rule."""
-  library = {f.signature.name: f for f in
-             calls[0].graph.as_graph_def().library.function}
-  todo = [a.func.name for op in calls for a in op.node_def.attr.values()
-          if a.func.name]
-  seen = set()
-  while todo:
-    name = todo.pop()
-    if name in seen or name not in library:
-      continue
-    seen.add(name)
-    for node in library[name].node_def:
-      if _normalizes(node.op):
-        return True
-      todo += [a.func.name for a in node.attr.values() if a.func.name]
-  return False
 
 
 def pure_scale(fns: Iterable[Transform]) -> Optional[float]:

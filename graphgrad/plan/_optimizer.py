@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import GradsAndVars
+from graphgrad.analysis import _graph_util
 
 _FIX = ("Pass an optimizer instance, e.g. "
         "tf.compat.v1.train.AdamOptimizer(1e-3) or "
@@ -238,31 +239,12 @@ def writes_variable(ops, variable) -> bool:
     if any(t.op is target for t in op.inputs) and any(
         a.func.name for a in op.node_def.attr.values()):
       calls.append(op)  # a v2 cond or a function that takes the variable
-  return bool(calls) and _body_writes(calls)
+  # A v2 cond's branch writes it: apply_if_finite increments the step so.
+  return _graph_util.calls_node(calls, lambda t: t.startswith(_WRITES))
 
 
 _WRITES = ("Assign", "ResourceApply", "Apply", "ScatterAdd",
            "ResourceScatter")
-
-
-def _body_writes(calls) -> bool:
-  """True when a function ``calls`` call (a ``tf.cond`` branch, say) writes
-  a variable: ``apply_if_finite`` increments the step inside its cond."""
-  library = {f.signature.name: f for f in
-             calls[0].graph.as_graph_def().library.function}
-  todo = [a.func.name for op in calls for a in op.node_def.attr.values()
-          if a.func.name]
-  seen = set()
-  while todo:
-    name = todo.pop()
-    if name in seen or name not in library:
-      continue
-    seen.add(name)
-    for node in library[name].node_def:
-      if node.op.startswith(_WRITES):
-        return True
-      todo += [a.func.name for a in node.attr.values() if a.func.name]
-  return False
 
 
 def _check_same_graph(optimizer, graph: tf.Graph) -> None:
