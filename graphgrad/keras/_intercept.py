@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from graphgrad.core._gradients import completed_upstream, is_float
 from graphgrad.keras import _methods, _tape_linear, _tape_recompute
-from graphgrad.keras._layer_index import holds_variables
+from graphgrad.keras._layer_index import CallPatches, holds_variables
 from graphgrad.keras._tape_backward import backward_of_call, edge_grads
 from graphgrad.transforms._context import TransformContext
 
@@ -90,7 +90,7 @@ class Interceptor:
     # The backward pass under way: custom gradients run inside TF's own
     # backward pass, which cannot hand them an argument.
     self._step = BackwardStep()
-    self._restore: List[tuple] = []
+    self._patches = CallPatches()
     self._glue: List[tf.GradientTape] = []
     self._lower_outputs: Dict[str, List[tuple]] = collections.defaultdict(list)
     self._pause_depth = 0
@@ -138,19 +138,12 @@ class Interceptor:
           self._no_pause |= {"/".join(parts[:k]) for k in range(1, len(parts))}
     for path in paths:
       layer = plan.layer(path)
-      had = "call" in layer.__dict__
-      self._restore.append((layer, had, layer.__dict__.get("call")))
-      object.__setattr__(layer, "call", self._wrapper(path, layer, layer.call))
+      self._patches.replace(layer, self._wrapper(path, layer, layer.call))
     log.debug("graphgrad KerasPlan tape: intercepting %d layers of %s",
               len(paths), plan.model.name)
 
   def unpatch(self) -> None:
-    while self._restore:
-      layer, had, call = self._restore.pop()
-      if had:
-        object.__setattr__(layer, "call", call)
-      else:
-        object.__delattr__(layer, "call")
+    self._patches.restore()
 
   def close(self) -> None:
     self.unpatch()

@@ -184,3 +184,30 @@ class LayerIndex:
         f"no layer named {layer!r} in the model; known layers: "
         f"{', '.join(self.paths) or '(none)'}. Use the Keras name of one of "
         f"them (layer.name), or its 'outer/inner' path.")
+
+
+class CallPatches:
+  """Keras layers whose ``call`` is replaced for a while, put back in reverse.
+
+  The replacement is set on the layer instance, so the class and every other
+  instance keep their own ``call``; :meth:`restore` removes it again (or puts
+  back a ``call`` the instance held before).
+  """
+
+  def __init__(self):
+    self._saved: List[Tuple[Any, bool, Any]] = []
+
+  def replace(self, layer, call) -> None:
+    """Makes ``call`` the ``call`` of ``layer``, until :meth:`restore`."""
+    had = "call" in layer.__dict__
+    self._saved.append((layer, had, layer.__dict__.get("call")))
+    object.__setattr__(layer, "call", call)
+
+  def restore(self) -> None:
+    """Puts back every replaced ``call``, the last replaced first."""
+    while self._saved:
+      layer, had, call = self._saved.pop()
+      if had:
+        object.__setattr__(layer, "call", call)
+      else:
+        object.__delattr__(layer, "call")

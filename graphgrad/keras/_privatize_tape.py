@@ -21,6 +21,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.core import _privacy
 from graphgrad.keras._layer_index import (
+  CallPatches,
   children,
   holds_variables,
   tf_variable,
@@ -53,7 +54,7 @@ class Recorder:
   def __init__(self, model, privacy: _privacy.Privacy, noise):
     self.model, self.privacy, self.noise = model, privacy, noise
     self.calls: List[Dict[str, Any]] = []
-    self._restore: list = []
+    self._patches = CallPatches()
 
   # -- recording -------------------------------------------------------------
 
@@ -78,17 +79,10 @@ class Recorder:
       # An unbuilt layer may make its variables in its first call.
       if (not getattr(layer, "built", True)
           or (holds_variables(layer) and layer.trainable_weights)):
-        had = "call" in layer.__dict__
-        self._restore.append((layer, had, layer.__dict__.get("call")))
-        object.__setattr__(layer, "call", self._wrapper(layer, layer.call))
+        self._patches.replace(layer, self._wrapper(layer, layer.call))
 
   def unpatch(self) -> None:
-    while self._restore:
-      layer, had, call = self._restore.pop()
-      if had:
-        object.__setattr__(layer, "call", call)
-      else:
-        object.__delattr__(layer, "call")
+    self._patches.restore()
 
   def _wrapper(self, layer, call):
     def wrapped_call(*args, **kwargs):
