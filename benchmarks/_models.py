@@ -6,6 +6,7 @@ hand recipe needs them; graphgrad finds them itself). No tf-keras needed.
 """
 
 import dataclasses
+import sys
 from typing import Callable, Dict, List, Tuple
 
 import numpy as np
@@ -214,6 +215,38 @@ def embedding(batch: int = 128, length: int = 16, vocab: int = 20000,
 
 
 MLP_DEPTHS = (8, 32, 64, 128)
+
+
+def alias_legacy_layers() -> None:
+  """tf_slim 1.1 imports tf_keras.legacy_tf_layers, which tf-keras 2.16+
+  keeps under tf_keras.src."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  prefix = "tf_keras.src.legacy_tf_layers"
+  sys.modules["tf_keras.legacy_tf_layers"] = importlib.import_module(prefix)
+  for sub in ("base", "core", "convolutional", "normalization", "pooling"):
+    sys.modules[f"tf_keras.legacy_tf_layers.{sub}"] = importlib.import_module(
+        f"{prefix}.{sub}")
+
+
+def slim_resnet(depth: int, batch: int = 2, size: int = 64) -> Built:
+  """tf-slim's ``resnet_v1_<depth>`` in training mode, softmax loss, in the
+  default tf.Graph."""
+  alias_legacy_layers()
+  import tf_slim as slim  # pylint: disable=g-import-not-at-top
+  from tf_slim.nets import resnet_v1  # pylint: disable=g-import-not-at-top
+  tf1 = tf.compat.v1
+  x = tf1.placeholder(tf.float32, [batch, size, size, 3])
+  y = tf1.placeholder(tf.int32, [batch])
+  with slim.arg_scope(resnet_v1.resnet_arg_scope()):
+    logits, _ = getattr(resnet_v1, f"resnet_v1_{depth}")(
+        x, num_classes=10, is_training=True, global_pool=True)
+  logits = tf.reshape(logits, [batch, 10])
+  loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=y, logits=logits))
+  rng = np.random.default_rng(0)
+  feed = {x: rng.normal(size=(batch, size, size, 3)).astype(np.float32),
+          y: rng.integers(0, 10, batch).astype(np.int32)}
+  return Built(loss, feed, [])
 
 
 def models(tiny: bool = False) -> List[Model]:

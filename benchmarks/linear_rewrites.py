@@ -26,7 +26,6 @@ And residual nets: tf-slim ``resnet_v1_50`` / ``101`` / ``152`` (batch 2,
 import logging
 from typing import Dict
 
-import numpy as np
 import tensorflow as tf
 
 import benchmarks
@@ -56,26 +55,6 @@ RESNET_VARIANTS = ("minimize", "clip_units")
 
 def _units(net):
   return [n for n in net.names if n.endswith("conv3/BatchNorm")]
-
-
-def resnet(depth: int, batch: int = 2, size: int = 64) -> _models.Built:
-  """tf-slim's ``resnet_v1_<depth>`` in training mode, softmax loss."""
-  from benchmarks import memory  # pylint: disable=g-import-not-at-top
-  memory._alias_legacy_layers()  # pylint: disable=protected-access
-  import tf_slim as slim  # pylint: disable=g-import-not-at-top
-  from tf_slim.nets import resnet_v1  # pylint: disable=g-import-not-at-top
-  x = tf1.placeholder(tf.float32, [batch, size, size, 3])
-  y = tf1.placeholder(tf.int32, [batch])
-  with slim.arg_scope(resnet_v1.resnet_arg_scope()):
-    logits, _ = getattr(resnet_v1, f"resnet_v1_{depth}")(
-        x, num_classes=10, is_training=True)
-  logits = tf.reshape(logits, [batch, 10])
-  loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-      labels=y, logits=logits))
-  rng = np.random.default_rng(0)
-  feed = {x: rng.normal(size=(batch, size, size, 3)).astype(np.float32),
-          y: rng.integers(0, 10, batch).astype(np.int32)}
-  return _models.Built(loss, feed, [])
 
 
 def _scale_clip():
@@ -163,7 +142,7 @@ def _cases(tiny: bool):
       (_models.Model(f"mlp{d}", lambda d=d: _models.mlp(d), d,
                      f"MLP depth {d}, width 256, batch 128"), MLP_VARIANTS)
       for d in (32, 128)] + [
-      (_models.Model(f"resnet_v1_{d}", lambda d=d: resnet(d), 0,
+      (_models.Model(f"resnet_v1_{d}", lambda d=d: _models.slim_resnet(d), 0,
                      f"tf-slim resnet_v1_{d}, batch 2, 64x64, clip_by_norm "
                      f"upstream of every bottleneck unit"), RESNET_VARIANTS)
       for d in (50, 101, 152)]

@@ -32,8 +32,6 @@ import sys
 import time
 from typing import Dict, List
 
-import numpy as np
-
 import benchmarks
 
 log = logging.getLogger("graphgrad.benchmarks")
@@ -53,7 +51,6 @@ KERAS_VARIANTS = ("tape", "plan", "recompute", "recompute_grad")
 
 def _build_model(name: str):
   """(loss, feed, analyze kwargs) of one model, in the default tf.Graph."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from benchmarks import _models  # pylint: disable=g-import-not-at-top
   if name.startswith("mlp"):
@@ -64,35 +61,10 @@ def _build_model(name: str):
     built = _models.lstm()
     return built.loss, built.feed, {}
   if name.startswith("resnet50"):
-    _alias_legacy_layers()
-    from tf_slim.nets import resnet_v1  # pylint: disable=g-import-not-at-top
     batch, size = (int(p) for p in name[len("resnet50_"):].split("x"))
-    tf1 = tf.compat.v1
-    x = tf1.placeholder(tf.float32, [batch, size, size, 3])
-    y = tf1.placeholder(tf.int32, [batch])
-    import tf_slim as slim  # pylint: disable=g-import-not-at-top
-    with slim.arg_scope(resnet_v1.resnet_arg_scope()):
-      logits, _ = resnet_v1.resnet_v1_50(x, num_classes=10,
-                                         is_training=True, global_pool=True)
-    logits = tf.reshape(logits, [batch, 10])
-    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=y, logits=logits))
-    rng = np.random.default_rng(0)
-    feed = {x: rng.normal(size=(batch, size, size, 3)).astype(np.float32),
-            y: rng.integers(0, 10, batch).astype(np.int32)}
-    return loss, feed, {}
+    built = _models.slim_resnet(50, batch=batch, size=size)
+    return built.loss, built.feed, {}
   raise ValueError(name)
-
-
-def _alias_legacy_layers():
-  """tf_slim 1.1 imports tf_keras.legacy_tf_layers, which tf-keras 2.16+
-  keeps under tf_keras.src."""
-  import importlib  # pylint: disable=g-import-not-at-top
-  prefix = "tf_keras.src.legacy_tf_layers"
-  sys.modules["tf_keras.legacy_tf_layers"] = importlib.import_module(prefix)
-  for sub in ("base", "core", "convolutional", "normalization", "pooling"):
-    sys.modules[f"tf_keras.legacy_tf_layers.{sub}"] = importlib.import_module(
-        f"{prefix}.{sub}")
 
 
 def _train_op(variant: str, loss):
