@@ -6,6 +6,8 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
+import graphgrad as gg
+
 tf1 = tf.compat.v1
 
 
@@ -124,3 +126,18 @@ def error_line(capsys, argv):
   lines = err.strip().splitlines()
   assert len(lines) == 1 and "Traceback" not in err, err
   return lines[0]
+
+
+
+class HalfThroughKernel(gg.backward.Replacement):
+  """A user replacement built from ``context.dense()`` and ``context.vjp``
+  alone: half of what the kernel product sends below. The same class serves
+  both plans, which is the point of the tests that use it."""
+
+  name = "half_through_kernel"
+
+  def backward(self, context):
+    d = context.dense()
+    delta, = context.vjp(d.outputs, [d.pre], context.upstream,
+                         stop=context.inputs)
+    return context.vjp([d.pre], context.inputs, [0.5 * delta])

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import graphgrad as gg
 import keras_cases
+from helpers import HalfThroughKernel
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -147,26 +148,13 @@ def test_user_replacement_gets_the_keras_context(K):
   assert not np.allclose(got[0], _grads(plain, model, x)[0][0])
 
 
-class _HalfThroughKernel(gg.backward.Replacement):
-  """Half of what the kernel product sends below, by context.dense and
-  context.vjp alone (as the TF1 test of the same name)."""
-
-  name = "half_through_kernel"
-
-  def backward(self, context):
-    d = context.dense()
-    delta, = context.vjp(d.outputs, [d.pre], context.upstream,
-                         stop=context.inputs)
-    return context.vjp([d.pre], context.inputs, [0.5 * delta])
-
-
 def test_a_replacement_differentiates_through_the_context_vjp(K):
   inp = K.Input((6,))
   l1 = K.layers.Dense(5, activation="relu", name="l1")
   l2 = K.layers.Dense(3, activation="tanh", name="l2")
   model = K.Model(inp, l2(l1(inp)))
   x = _x()
-  plan = gg.KerasPlan(model).replace_backward("l2", _HalfThroughKernel())
+  plan = gg.KerasPlan(model).replace_backward("l2", HalfThroughKernel())
   got = [g for g, _ in _grads(plan, model, x)]
   # By hand: l1 trains on 0.5 * delta W^T, delta the gradient at x @ W.
   with tf.GradientTape(persistent=True) as tape:

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import graphgrad as gg
 from graphgrad import backward as B
-from helpers import dense, evaluate, grads_of, trainable
+from helpers import HalfThroughKernel, dense, evaluate, grads_of, trainable
 
 tf1 = tf.compat.v1
 
@@ -426,23 +426,10 @@ def test_feedback_matrices_are_made_once_per_plan_and_equal_for_one_seed():
   np.testing.assert_allclose(v3, expected[1], rtol=1e-6)
 
 
-class _HalfThroughKernel(B.Replacement):
-  """Half of what the kernel product sends below, by context.dense and
-  context.vjp alone."""
-
-  name = "half_through_kernel"
-
-  def backward(self, context):
-    d = context.dense()
-    delta, = context.vjp(d.outputs, [d.pre], context.upstream,
-                         stop=context.inputs)
-    return context.vjp([d.pre], context.inputs, [0.5 * delta])
-
-
 def test_a_replacement_differentiates_through_the_context_vjp(graph):
   loss, logits, (h,) = _mlp(2, tf.tanh)
   gv = gg.GradientPlan(loss).replace_backward(
-      "l2", _HalfThroughKernel()).compute_gradients()
+      "l2", HalfThroughKernel()).compute_gradients()
   w = trainable("l2")[0]
   delta = tf1.gradients(loss, logits)[0] * (1 - logits**2)  # through tanh
   ref_l1 = tf1.gradients(h, trainable("l1"),
