@@ -645,7 +645,7 @@ class GradientPlan:
       The plan, for chaining.
 
     Raises:
-      As :meth:`override_gradient`.
+      GraphGradError: as :meth:`override_gradient` raises it.
     """
     return self._override(op, straight_through, "straight_through")
 
