@@ -13,7 +13,7 @@ the documentation's Concepts page gives each word exactly.
 """
 
 import dataclasses
-from typing import Dict, Optional, Tuple
+from typing import Dict, FrozenSet, Optional, Tuple
 
 import networkx as nx
 import tensorflow as tf
@@ -153,6 +153,24 @@ class LayerGraph:
   def layer_of(self, op: tf.Operation) -> Optional[str]:
     """Name of the layer an op belongs to, or ``None`` for glue."""
     return self._op_layer.get(op.name)
+
+  def layers_of_ops(self, match: str, key: str) -> FrozenSet[str]:
+    """The layers holding the ops of the op graph that ``(match, key)``
+    names: ``"name"`` an op's name, ``"type"`` every op of a type (the
+    compiled plan's topology, ``graphgrad.core._rules.Topology``)."""
+    found = set()
+    for _, d in self.op_graph.nodes(data=True):
+      op = d["op"]
+      if (op.name if match == "name" else op.type) == key:
+        layer = self.layer_of(op)
+        if layer is not None:
+          found.add(layer)
+    return frozenset(found)
+
+  @property
+  def replacement_view(self) -> "LayerGraph":
+    """The layers as a backward replacement sees them: this layer graph."""
+    return self
 
   def layer_of_variable(self, var: tf.Variable) -> Optional[str]:
     """Name of the layer that holds ``var``, or ``None``."""

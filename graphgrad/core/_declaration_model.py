@@ -55,6 +55,9 @@ class DeclarationKind(enum.Enum):
   TASKS = "tasks"
   PARAMETER_TASKS = "parameter_tasks"
   OVERRIDE = "override"
+  RECOMPUTE = "recompute"
+  PRIVATIZE = "privatize"
+  LOSS_SCALE = "loss_scale"
 
 
 # How an override names what it overrides: an op's name, every op of a type,
@@ -154,6 +157,45 @@ class OverrideDeclaration(Declaration):
   kind: ClassVar[DeclarationKind] = DeclarationKind.OVERRIDE
   op: Tuple[str, str]
   fn: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class RecomputeDeclaration(Declaration):
+  """``recompute(keep)``; ``layer`` is ``""``.
+
+  Attributes:
+    keep: the layers whose outputs the backward pass keeps, or ``None`` for
+      the executor's choice.
+  """
+  kind: ClassVar[DeclarationKind] = DeclarationKind.RECOMPUTE
+  keep: Optional[Tuple[str, ...]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivatizeDeclaration(Declaration):
+  """``privatize(l2_norm_clip, noise_multiplier, seed)``; ``layer`` is ``""``.
+
+  Attributes:
+    privacy: the checked :class:`~graphgrad.core._privacy.Privacy`.
+  """
+  kind: ClassVar[DeclarationKind] = DeclarationKind.PRIVATIZE
+  privacy: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScaleDeclaration(Declaration):
+  """Training under a loss scale; ``layer`` is ``""``.
+
+  A ``GradientPlan`` declares it once (``loss_scale=``, or the loss-scale
+  optimizer ``apply_gradients`` adopts); a ``KerasPlan`` tape adds it to the
+  plan's declarations for that tape (``plan.tape(loss_scale=...)``).
+
+  Attributes:
+    scale: what gives the scale: a TF1 ``LossScale``, a Keras
+      loss-scale optimizer or a number.
+  """
+  kind: ClassVar[DeclarationKind] = DeclarationKind.LOSS_SCALE
+  scale: Any = None
 
 
 _TRANSFORMS = (UpstreamDeclaration, GradientsDeclaration, EdgeDeclaration)
@@ -346,6 +388,41 @@ class Declarations:
     self._add(OverrideDeclaration(key if match == "layer" else "", op, fn),
               validate)
 
+  def add_recompute(self, keep: Optional[Sequence[Any]], caller: str
+                    ) -> None:
+    """Records ``recompute(keep)``; ``keep`` a list of layer references or
+    ``None``. A plan recomputes once."""
+    self._check_open()
+    if keep is not None:
+      if isinstance(keep, str) or not isinstance(keep, (list, tuple, set)):
+        raise _errors.GraphGradError(
+            f"{caller}: `keep` must be a list of layers (names, paths or "
+            f"layers) or None; got {type(keep).__name__} {keep!r}. Pass "
+            f"keep=[{keep!r}] for one layer.")
+      keep = tuple(self._layer(k, "keep") for k in keep)
+    if self.of_kind(RecomputeDeclaration):
+      raise _errors.GraphGradError(
+          f"{caller}: this {self._owner} already recomputes; declare "
+          f"recompute once, with every layer to keep.")
+    self._add(RecomputeDeclaration("", keep), None)
+
+  def add_privatize(self, privacy: Any, caller: str) -> None:
+    """Records ``privatize``: ``privacy`` is the checked ``Privacy``."""
+    if self._frozen or self.of_kind(PrivatizeDeclaration):
+      state = "built" if self._frozen else "private"
+      raise _errors.GraphGradError(
+          f"{caller}: the plan is already {state}; declare privatize once, "
+          f"before its gradients are first computed (compute_gradients, "
+          f"apply_gradients, plan.tape() or attach()).")
+    self._add(PrivatizeDeclaration("", privacy), None)
+
+  def add_loss_scale(self, scale: Any) -> None:
+    """Records the plan's loss scale (a ``GradientPlan`` has one)."""
+    self._check_open()
+    self._items = [d for d in self._items
+                   if not isinstance(d, LossScaleDeclaration)]
+    self._add(LossScaleDeclaration("", scale), None)
+
   def freeze(self) -> None:
     """Refuses further declarations: the plan is being built."""
     self._frozen = True
@@ -418,6 +495,24 @@ class Declarations:
   def overrides(self) -> Dict[Tuple[str, str], Any]:
     """``(match, key)`` -> the override's gradient function."""
     return {d.op: d.fn for d in self.of_kind(OverrideDeclaration)}
+
+  @property
+  def recompute(self) -> Optional[RecomputeDeclaration]:
+    """The recompute declaration, or ``None``."""
+    found = self.of_kind(RecomputeDeclaration)
+    return found[0] if found else None
+
+  @property
+  def privacy(self) -> Any:
+    """The ``Privacy`` that ``privatize`` declared, or ``None``."""
+    found = self.of_kind(PrivatizeDeclaration)
+    return found[0].privacy if found else None
+
+  @property
+  def loss_scale(self) -> Any:
+    """The declared loss scale, or ``None``."""
+    found = self.of_kind(LossScaleDeclaration)
+    return found[0].scale if found else None
 
   @property
   def layers(self) -> Tuple[str, ...]:

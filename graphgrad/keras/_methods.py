@@ -10,7 +10,7 @@ the replacement. A replacement's ``check`` and ``cuts`` see the model's
 layers as :class:`KerasLayers`.
 """
 
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Tuple
 
 import tensorflow as tf
 
@@ -99,6 +99,16 @@ class KerasLayers:
   def find(self, layer, arg: str) -> str:
     """The path of ``layer``; raises LayerNotFoundError naming ``arg``."""
     return self._index.find(layer, arg)
+
+  def layers_of_ops(self, match: str, key: str) -> FrozenSet[str]:
+    """The layers an override matches: a KerasPlan overrides the call of
+    one layer (``match`` ``"layer"``) (``graphgrad.core._rules.Topology``)."""
+    return frozenset([key]) if match == "layer" else frozenset()
+
+  @property
+  def replacement_view(self) -> "KerasLayers":
+    """The layers as a backward replacement sees them: this value."""
+    return self
 
   def top_layer(self, who: str, fix: str) -> str:
     """The last top-level layer holding variables: the model's top.

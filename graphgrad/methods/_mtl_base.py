@@ -27,6 +27,9 @@ class TaskMethod:
 
   name = "task_method"
   stateful = False
+  # combine(S * J) == S * combine(J) for every S > 0: under a loss scale the
+  # method may see loss-scaled task gradients (docs/concepts.md).
+  homogeneous = False
 
   def create_state(self, k: int, name: str | None = None
                    ) -> tf.Module | None:
@@ -107,6 +110,7 @@ class GramMethod(TaskMethod):
 
 class _Mean(GramMethod):
   name = "mean"
+  homogeneous = True
 
   def _weights(self, gram, state=None, eps=None):
     k = tf.shape(gram)[0]
@@ -115,6 +119,7 @@ class _Mean(GramMethod):
 
 class _Sum(GramMethod):
   name = "sum"
+  homogeneous = True
 
   def _weights(self, gram, state=None, eps=None):
     return tf.ones([tf.shape(gram)[0]], tf.float64)

@@ -94,6 +94,7 @@ class PCGrad(TaskMethod):
   """PCGrad as a task-combination method (see :func:`pcgrad`)."""
 
   name = "pcgrad"
+  homogeneous = True
 
   def __init__(self, shuffle: bool = False, seed: Optional[int] = None):
     self.shuffle, self.seed = shuffle, seed
@@ -270,7 +271,8 @@ def without_tasks(grads: Sequence[Gradient],
 
 def parameter_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
                       method: Any, resources: Resources,
-                      gradients: Callable, reduce: Optional[Callable] = None):
+                      gradients: Callable, reduce: Optional[Callable] = None,
+                      seed: Optional[tf.Tensor] = None):
   """The TF1 engine's rewrite ``(grads, variables) -> grads``.
 
   :func:`combine_parameters`, with ``g_i = dL/dL_i * dL_i/dtheta``: one
@@ -282,7 +284,9 @@ def parameter_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
   call from the loss with the task losses held constant
   (``stop_gradients``), which crosses only the unlisted terms.
   ``reduce(variables, grads)`` (the plan's ``reduce_fn``) reduces each
-  task's gradients, and that rest, as the plan's own are. A stateful
+  task's gradients, and that rest, as the plan's own are. ``seed`` is the
+  loss's gradient where it is not 1 (a loss scale ``S``): the task
+  gradients are then scaled as the plan's are. A stateful
   method's state is made once, in ``resources`` under ``(None,
   "combine_tasks/parameters/state")``.
   """
@@ -300,12 +304,12 @@ def parameter_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
   def run(grads, variables):
     variables = list(variables)
     with tf.name_scope("combine_tasks_parameters"):
-      weights = gradients(loss, list(losses))
+      weights = gradients(loss, list(losses), grad_ys=seed)
       per_task = [reduced(gradients(l, variables, grad_ys=w), variables)
                   if w is not None else [None] * len(variables)
                   for l, w in zip(losses, weights)]
       if grads is None:
-        rest = reduced(gradients(loss, variables,
+        rest = reduced(gradients(loss, variables, grad_ys=seed,
                                  stop_gradients=list(losses)), variables)
       else:
         rest = without_tasks(grads, per_task)
@@ -339,7 +343,8 @@ def _checked_result(method, out, like: tf.Tensor) -> tf.Tensor:
 
 def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor], method: Any,
                    scope: str, resources: Resources, layer: str,
-                   gradients: Callable = tf.compat.v1.gradients):
+                   gradients: Callable = tf.compat.v1.gradients,
+                   seed: Optional[tf.Tensor] = None):
   """The TF1 engine's rewrite ``(grads, outputs) -> grads`` at a shared layer.
 
   ``g - sum_i g_i + method.combine([g_i])`` with ``g_i = dL/dL_i * dL_i/dT``,
@@ -347,12 +352,14 @@ def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor], method: Any,
   the loss to ``T`` only. A stateful method's state is made once, in the
   plan's ``resources`` under ``(layer, "combine_tasks/state")``.
   ``gradients`` is the plan's ``tf.gradients`` (it applies the plan's
-  gradient overrides on the way from each task loss to ``T``).
+  gradient overrides on the way from each task loss to ``T``). ``seed``
+  is the loss's gradient where it is not 1 (a loss scale ``S``): the task
+  gradients are then scaled as ``grads`` are.
   """
   def run(grads, outputs):
     name = scope.replace("/", "_")
     with tf.name_scope(name):
-      weights = gradients(loss, list(losses))
+      weights = gradients(loss, list(losses), grad_ys=seed)
       per_task = [gradients(l, list(outputs), grad_ys=w)
                   if w is not None else [None] * len(outputs)
                   for l, w in zip(losses, weights)]

@@ -31,13 +31,8 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
-from graphgrad.core._declaration_model import (
-  Declarations,
-  ParameterTasksDeclaration,
-  TasksDeclaration,
-)
 from graphgrad.core._gradients import aggregate
-from graphgrad.core._privacy import Privacy
+from graphgrad.core._rules import PlanRules, TaskRule
 from graphgrad.methods import _pcgrad, _replacement
 from graphgrad.plan import (
   _hooks,
@@ -98,14 +93,6 @@ class Options:
     colocate_gradients_with_ops: passed to ``tf.gradients``.
     name: name scope of the ops the plan adds.
     reduce_fn: the cross-replica reduction, or ``None``.
-    loss_scale: the ``LossScale`` of a loss-scale optimizer (calling it
-      gives the scale ``S``), or ``None``: the plan then backpropagates
-      ``loss * S``, its transforms see gradients divided by ``S``, and its
-      parameter gradients are divided by ``S`` (see ``_loss_scale_optimizer``).
-    recompute: what ``plan.recompute`` declared, or ``None``.
-    privacy: what ``plan.privatize`` declared, or ``None``: the gradients
-      then come from ``_privatize_graph``, noised before the parameter
-      transforms.
     after: ops the backward pass waits for (batch-norm updates): the
       loss's gradient, its seed, is built after them, so no gradient is
       alive while they run (tf-slim's ``create_train_op`` barrier).
@@ -115,9 +102,6 @@ class Options:
   colocate_gradients_with_ops: bool = False
   name: str = "graphgrad"
   reduce_fn: Optional[Callable] = None
-  loss_scale: Any = None
-  recompute: Optional[_recompute.Recompute] = None
-  privacy: Optional[Privacy] = None
   after: Tuple[tf.Operation, ...] = ()
 
   @property
@@ -136,16 +120,21 @@ class Built:
 
 
 def build(loss: tf.Tensor, net: Callable[[], LayerGraph],
-          var_list: Sequence[tf.Variable], declarations: Declarations,
+          var_list: Sequence[tf.Variable], rules: PlanRules,
           options: Options, resources: Resources) -> Built:
-  """Builds ``declarations`` on ``loss``'s graph.
+  """Builds the plan's compiled ``rules`` on ``loss``'s graph.
 
   Args:
     loss: the plan's loss.
     net: returns the plan's layer graph (analysed on first use: a plan that
       declares nothing never analyses).
     var_list: the variables to differentiate, in output order.
-    declarations: what to rewrite.
+    rules: the plan, compiled (``graphgrad.core._rules``). A loss scale
+      (calling its ``scale`` gives ``S``) backpropagates ``loss * S``; the
+      transforms see gradients divided by ``S``, and the parameter
+      gradients are divided by ``S`` (see ``_loss_scale_optimizer``).
+      Under ``privacy`` the gradients come from ``_privatize_graph``,
+      noised before the parameter transforms.
     options: how to differentiate.
     resources: the plan's store of what its transforms create.
 
@@ -157,7 +146,7 @@ def build(loss: tf.Tensor, net: Callable[[], LayerGraph],
       registered gradient and no override: the message lists every one,
       with its layer, where ``tf.gradients`` stops at the first.
   """
-  executor = _Executor(loss, net, var_list, declarations, options, resources)
+  executor = _Executor(loss, net, var_list, rules, options, resources)
   try:
     return executor.run()
   except LookupError as e:  # a gradient tf.gradients could not find
@@ -171,10 +160,11 @@ def build(loss: tf.Tensor, net: Callable[[], LayerGraph],
 class _Executor:
   """One build of one plan."""
 
-  def __init__(self, loss, net, var_list, declarations, options, resources):
+  def __init__(self, loss, net, var_list, rules: PlanRules, options,
+               resources):
     self.loss, self._net = loss, net
     self.var_list = list(var_list)
-    self.declarations = declarations
+    self.rules = rules
     self.options = options
     self.resources = resources
     self.trace: List[TraceRecord] = []
@@ -193,21 +183,23 @@ class _Executor:
       return None
 
   def run(self) -> Built:
+    rules = self.rules
     self.scale = None
-    if self.options.loss_scale is not None:
+    if rules.loss_scale is not None:
       with self.loss.graph.as_default():
-        self.scale = self.options.loss_scale()
+        self.scale = rules.loss_scale.scale()
     self.overrides = _op_override.substitutions(
-        self.loss, self.var_list, self.declarations.overrides, self.layer_of)
-    self.recomputing = (None if self.options.recompute is None
+        self.loss, self.var_list, {(o.match, o.key): o.fn for o in rules.ops},
+        self.layer_of)
+    self.recomputing = (None if rules.recompute is None
                         else self._recomputing(tf.compat.v1.gradients))
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
-      params = self.declarations.parameter_tasks
+      params = rules.parameter_tasks
       chosen = set() if params is None else self._combined(params)
-      plain = not self.declarations.rewrites_backward
-      if self.options.privacy is not None:
+      plain = not rules.rewrites_backward
+      if rules.privacy is not None:
         by_name = _privatize_graph.Private(
-            self.loss, self.var_list, self.options.privacy,
+            self.loss, self.var_list, rules.privacy,
             self._gradients).gradients()
       elif plain:
         # The very call Optimizer.compute_gradients makes; unreached
@@ -222,10 +214,8 @@ class _Executor:
       out = [(by_name.get(v.op.name), v) for v in self.var_list]
       if params is not None:
         self._combine_parameters(params, out, chosen, plain)
-      for layer, fns in self.declarations.gradients.items():
-        self._transform_parameters((layer,), fns, out)
-      for layers, fn in self.declarations.gradient_groups:
-        self._transform_parameters(layers, (fn,), out)
+      for rule in rules.parameters:
+        self._transform_parameters(rule.layers, (rule.transform,), out)
       out += self.extra
       if self.options.gate_gradients == GATE_GRAPH:
         present = [(i, g) for i, (g, _) in enumerate(out) if g is not None]
@@ -239,31 +229,28 @@ class _Executor:
 
   def _recomputing(self, fn: Callable) -> Callable:
     """``fn`` recomputing the forward ops it crosses (``plan.recompute``)."""
-    overrides = self.declarations.overrides
-    names = {k for m, k in overrides if m == "name"}
-    types = {k for m, k in overrides if m == "type"}
-    spec = self.options.recompute
+    names = {o.key for o in self.rules.ops if o.match == "name"}
+    types = {o.key for o in self.rules.ops if o.match == "type"}
+    keep = self.rules.recompute.keep
     return _recompute.wrap(
-        fn, lambda: _recompute.kept_tensors(self.net, spec),
+        fn, lambda: _recompute.kept_tensors(self.net, keep),
         lambda op: op.name in names or op.type in types)
 
   # -- the segmented backward pass ------------------------------------------
 
   def _segmented(self, reached) -> Dict[str, Gradient]:
-    d = self.declarations
-    backward = d.backward
+    rules = self.rules
     segments = Segments(
         self.net, reached,
-        {n: self._upstream_hook(n, fn) for n, fn in d.upstream.items()},
-        {k: self._edge_hook(k, fn) for k, fn in d.edges.items()},
+        {n: self._upstream_hook(n, fn) for n, fn in rules.upstream.items()},
+        {k: self._edge_hook(k, e.transform) for k, e in rules.edges.items()},
         self.options.gradients_kwargs,
-        backward={n: self._backward_hook(n, fn) for n, fn in backward.items()},
-        outputs_fn={n: self._tasks_hook(x) for n, x in d.tasks.items()},
-        read_layers=[c for n, fn in backward.items()
-                     if isinstance(fn, _replacement.Replacement)
-                     for c in fn.cuts(self.net, n)],
+        backward={n: self._backward_hook(n, fn)
+                  for n, fn in rules.replacements.items()},
+        outputs_fn={n: self._tasks_hook(t) for n, t in rules.tasks.items()},
+        read_layers=rules.read_layers,
         gradients_fn=self.recomputing, overrides=self.overrides,
-        spans=self.options.recompute is None)
+        spans=rules.recompute is None)
     by_name = {v.op.name: v for v in reached}
     reduce = None
     if self.options.reduce_fn is not None:
@@ -306,22 +293,22 @@ class _Executor:
                                     self.extra, self._gradients,
                                     self.options.gradients_kwargs)
 
-  def _tasks_hook(self, declared: TasksDeclaration) -> Callable:
-    return _pcgrad.output_rewrite(self.loss, declared.losses or (),
-                                  declared.method,
-                                  f"combine_tasks_{declared.layer}",
-                                  self.resources, declared.layer,
-                                  gradients=self._gradients)
+  def _tasks_hook(self, task: TaskRule) -> Callable:
+    return _pcgrad.output_rewrite(self.loss, task.losses or (), task.method,
+                                  f"combine_tasks_{task.layer}",
+                                  self.resources, task.layer,
+                                  gradients=self._gradients,
+                                  seed=self._scaled_seed())
 
   # -- parameter gradients ---------------------------------------------------
 
-  def _combined(self, declared: ParameterTasksDeclaration) -> Set[str]:
+  def _combined(self, declared: TaskRule) -> Set[str]:
     """The op names of the variables a parameter-space combination takes."""
     layers = declared.layers
     return {v.op.name for v in self.var_list
             if layers is None or self.net.layer_of_variable(v) in layers}
 
-  def _combine_parameters(self, declared: ParameterTasksDeclaration,
+  def _combine_parameters(self, declared: TaskRule,
                           out: GradsAndVars, chosen: Set[str],
                           plain: bool) -> None:
     """The task combination in parameter space, on its entries of ``out``.
@@ -340,7 +327,8 @@ class _Executor:
     reduce = None if self.options.reduce_fn is None else self._reduce
     run = _pcgrad.parameter_rewrite(self.loss, declared.losses or (),
                                     declared.method, self.resources,
-                                    gradients, reduce)
+                                    gradients, reduce,
+                                    seed=self._scaled_seed())
     new = run(None if plain else [out[i][0] for i in idx],
               [out[i][1] for i in idx])
     for i, g in zip(idx, new):
@@ -415,6 +403,12 @@ class _Executor:
       if self.scale is None:
         return tf.ones_like(self.loss, name="seed")
       return _loss_scale_optimizer.seed(self.loss, self.scale)
+
+  def _scaled_seed(self) -> Optional[tf.Tensor]:
+    """The loss's gradient ``S`` under a loss scale, else ``None`` (1)."""
+    if self.scale is None:
+      return None
+    return _loss_scale_optimizer.seed(self.loss, self.scale)
 
   def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:

@@ -25,6 +25,7 @@ from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._gradients import straight_through
 from graphgrad.core._privacy import check_per_example_loss, check_privacy
+from graphgrad.core._rules import compile_rules
 from graphgrad.methods import _pcgrad
 from graphgrad.plan import (
   _advice,
@@ -36,7 +37,6 @@ from graphgrad.plan import (
   _optimizer,
   _picture,
   _privatize_graph,
-  _recompute,
   _summaries,
 )
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
@@ -129,10 +129,10 @@ class GradientPlan:
         gate_gradients=gate_gradients, aggregation_method=aggregation_method,
         colocate_gradients_with_ops=colocate_gradients_with_ops, name=name,
         reduce_fn=reduce_fn)
+    self._declarations = Declarations(self._resolve, owner="GradientPlan")
     self._loss_scale = None
     if loss_scale is not None:
       self._take_loss_scale(loss_scale, "gg.GradientPlan: `loss_scale`")
-    self._declarations = Declarations(self._resolve, owner="GradientPlan")
     self._resources = Resources()
     self._built: Optional[_executor.Built] = None
     self._warned_adaptive = False
@@ -507,19 +507,7 @@ class GradientPlan:
         value depends on the parameters (it can neither be reused nor
         recomputed).
     """
-    if self._built is not None:
-      raise _errors.GraphGradError(
-          "recompute: the plan is already built (compute_gradients or "
-          "apply_gradients was called). Declare recompute before building.")
-    if keep is not None:
-      if isinstance(keep, str) or not isinstance(keep, (list, tuple, set)):
-        raise _errors.GraphGradError(
-            f"recompute: `keep` must be a list of layer names or None; got "
-            f"{type(keep).__name__} {keep!r}. Pass keep=[{keep!r}] for one "
-            f"layer.")
-      keep = tuple(self._declarations.resolve(k, "keep") for k in keep)
-    self._options = dataclasses.replace(
-        self._options, recompute=_recompute.Recompute(keep))
+    self._declarations.add_recompute(keep, "recompute")
     return self
 
   def privatize(self, l2_norm_clip: float, noise_multiplier: float,
@@ -574,12 +562,7 @@ class GradientPlan:
     caller = "GradientPlan.privatize"
     privacy = check_privacy(l2_norm_clip, noise_multiplier, seed, caller)
     check_per_example_loss(self._loss, caller)
-    if self._options.privacy is not None or self._built is not None:
-      raise _errors.GraphGradError(
-          f"{caller}: the plan is already "
-          f"{'private' if self._built is None else 'built'}; declare "
-          f"privatize once, before compute_gradients or apply_gradients.")
-    self._options = dataclasses.replace(self._options, privacy=privacy)
+    self._declarations.add_privatize(privacy, caller)
     return self
 
   def override_gradient(self, op, fn) -> "GradientPlan":
@@ -685,14 +668,11 @@ class GradientPlan:
     if self._built is None:
       check_graph_mode(caller, self._loss)
       self._declarations.freeze()
-      if self._options.privacy is not None:
-        _privatize_graph.check_declarations(
-            self._declarations, self._loss_scale is not None,
-            self._options.reduce_fn)
-      if self._loss_scale is not None:
-        _loss_scale_optimizer.check_declarations(self._declarations)
+      rules = compile_rules(self._declarations, lambda: self.net)
+      if rules.privacy is not None:
+        _privatize_graph.check_reduce_fn(self._options.reduce_fn)
       self._built = _executor.build(
-          self._loss, lambda: self.net, self._var_list, self._declarations,
+          self._loss, lambda: self.net, self._var_list, rules,
           dataclasses.replace(self._options, after=tuple(after)),
           self._resources)
       _declaration_checks.warn_without_gradient(
@@ -833,7 +813,7 @@ class GradientPlan:
           f"with, or None (a Keras LossScaleOptimizer goes to a KerasPlan's "
           f"tape(loss_scale=...)).")
     self._loss_scale = optimizer
-    self._options = dataclasses.replace(self._options, loss_scale=scale)
+    self._declarations.add_loss_scale(scale)
 
   def _check_loss_scale(self, optimizer) -> None:
     """Makes sure the build is the one ``optimizer`` trains."""

@@ -69,31 +69,6 @@ def unscale(scale: tf.Tensor, grads_and_vars):
   return out
 
 
-def check_declarations(declarations) -> None:
-  """Refuses declarations whose values loss scaling would change.
-
-  A task combination mixes the scaled gradient at a layer's outputs with
-  task gradients it computes itself, unscaled; a backward replacement may
-  read or return gradients in its own units (a synthetic-gradient module
-  predicts unscaled ones). Neither is scaled consistently, so both are
-  refused rather than silently wrong.
-
-  Raises:
-    GraphGradError: naming the declarations.
-  """
-  bad = [f"combine_tasks({k!r})" for k in declarations.tasks] + [
-      f"replace_backward({k!r})" for k in declarations.backward]
-  if declarations.parameter_tasks is not None:
-    bad.append("combine_tasks(at='parameters')")
-  if bad:
-    raise _errors.GraphGradError(
-        f"loss_scale: a MixedPrecisionLossScaleOptimizer scales the "
-        f"loss's gradient by its loss scale, but {', '.join(bad)} compute "
-        f"gradients of their own that would not be scaled with it. Apply "
-        f"this plan with the optimizer the loss-scale optimizer wraps (and "
-        f"float32 where gradients underflow), or drop those declarations.")
-
-
 def seed(loss: tf.Tensor, scale) -> tf.Tensor:
   """The gradient of the loss when ``loss * S`` is backpropagated."""
   return tf.ones_like(loss) * tf.cast(scale, loss.dtype)

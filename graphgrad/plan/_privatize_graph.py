@@ -24,7 +24,6 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
 from graphgrad.core import _privacy
-from graphgrad.core._declaration_model import Declarations
 
 log = logging.getLogger("graphgrad")
 
@@ -40,20 +39,12 @@ _warned: set = set()
 Use = Tuple[tf.Operation, int]
 
 
-def check_declarations(declarations: Declarations, loss_scaled: bool,
-                       reduce_fn) -> None:
-  """Refuses what cannot be combined with ``privatize``, with the reason.
+def check_reduce_fn(reduce_fn) -> None:
+  """Refuses ``reduce_fn`` with ``privatize``, with the reason.
 
   Raises:
-    GraphGradError: as :func:`graphgrad.core._privacy.refuse_declarations`;
-      for a loss-scale optimizer or ``reduce_fn``.
+    GraphGradError: for a ``reduce_fn``.
   """
-  _privacy.refuse_declarations(declarations)
-  if loss_scaled:
-    raise _errors.GraphGradError(
-        "privatize: a loss-scale optimizer would divide the noise by its "
-        "loss scale. Apply the plan with the inner optimizer, and keep the "
-        "model's variables float32.")
   if reduce_fn is not None:
     raise _errors.GraphGradError(
         "privatize: `reduce_fn` would add one noise draw per replica instead "

@@ -16,7 +16,6 @@ backpropagated through its forward ops, which keep their activations.
 """
 
 import collections
-import dataclasses
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -43,17 +42,6 @@ _RANDOM = frozenset({
 # Stateful ops that only read a variable: a copy in the backward pass reads
 # the value the forward read (no update runs before the gradient is done).
 _READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd"})
-
-
-@dataclasses.dataclass(frozen=True)
-class Recompute:
-  """What ``plan.recompute(keep)`` declared.
-
-  Attributes:
-    keep: the layers whose outputs the backward pass keeps, or ``None`` to
-      let :func:`choose_keep` pick them.
-  """
-  keep: Optional[Tuple[str, ...]] = None
 
 
 def is_random(op: tf.Operation) -> bool:
@@ -132,13 +120,14 @@ def choose_tensors(net: LayerGraph) -> List[tf.Tensor]:
   return list(chosen.values())
 
 
-def kept_tensors(net: LayerGraph, spec: Recompute) -> List[tf.Tensor]:
-  """The tensors the backward pass keeps: the kept layers' outputs, or
-  with ``keep=None`` the tensors :func:`choose_tensors` picks."""
-  if spec.keep is None:
+def kept_tensors(net: LayerGraph, keep: Optional[Sequence[str]]
+                 ) -> List[tf.Tensor]:
+  """The tensors the backward pass keeps: the outputs of the layers in
+  ``keep``, or with ``keep=None`` the tensors :func:`choose_tensors` picks."""
+  if keep is None:
     kept = choose_tensors(net)
   else:
-    kept = [t for n in spec.keep for t in net[n].outputs
+    kept = [t for n in keep for t in net[n].outputs
             if _graph_util.differentiable(t)]
   # Indices follow the forward order: a kept tensor's segment is above
   # every kept tensor it depends on.
@@ -450,7 +439,7 @@ def memory_report(net: LayerGraph, keep: Optional[Sequence[str]] = None
   per_layer: Dict[str, int] = collections.Counter()
   for op, b in sizes:
     per_layer[net.layer_of(op) or "(glue)"] += b
-  kept = kept_tensors(net, Recompute(None if keep is None else tuple(keep)))
+  kept = kept_tensors(net, keep)
   kept_ops = {t.op.name for t in kept}
   total = sum(b for _, b in sizes)
   segments, current = [], 0

@@ -304,15 +304,17 @@ def test_combine_tasks_refuses_bad_arguments(graph):
     only_l1.combine_tasks(["l0", "l1"], losses, pc, at="parameters")
 
 
-def test_a_loss_scale_optimizer_refuses_the_parameter_level(graph):
+def test_a_loss_scale_optimizer_refuses_a_non_homogeneous_parameter_level(
+    graph):
   loss, losses = _two_tasks()
-  plan = gg.GradientPlan(loss).combine_tasks(None, losses, gg.mtl.pcgrad(),
-                                             at="parameters")
+  plan = gg.GradientPlan(loss).combine_tasks(
+      None, losses, gg.mtl.graddrop(seed=0), at="parameters")
   opt = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(
       tf1.train.GradientDescentOptimizer(0.1), loss_scale=8.0)
   with pytest.raises(gg.GraphGradError,
-                     match=r"combine_tasks\(at='parameters'\) compute "
-                           r"gradients of their own"):
+                     match=r"combine_tasks\(at='parameters', graddrop.*\) "
+                           r"compute\(s\) gradients whose result does not "
+                           r"scale"):
     plan.apply_gradients(opt)
 
 

@@ -170,16 +170,57 @@ def test_without_loss_scale_float16_gradients_underflow(graph):
 
 
 def test_refuses_declarations_loss_scaling_would_change(graph):
+  # GraphDrop's random mask depends on the gradients' values, not only on
+  # their direction: it is not homogeneous, so a loss scale is refused.
   x, y, out, loss = _model()
   la = tf.reduce_mean(tf.cast(out[:, 0], tf.float32))
   lb = tf.reduce_mean(tf.cast(out[:, 1], tf.float32))
-  plan = gg.GradientPlan(la + lb).project_conflicts("l1", [la, lb])
+  plan = gg.GradientPlan(la + lb).combine_tasks(
+      "l1", [la, lb], gg.mtl.graddrop(seed=1))
   opt = MPLSO(tf1.train.GradientDescentOptimizer(LR), "dynamic")
   with pytest.raises(gg.GraphGradError,
-                     match=r"MixedPrecisionLossScaleOptimizer .* "
-                           r"combine_tasks\('l1'\) compute gradients of "
-                           r"their own"):
+                     match=r"loss_scale: .* combine_tasks\('l1', .*graddrop"
+                           r".*\(not homogeneous\)"):
     plan.apply_gradients(opt)
+
+
+def _two_tasks():
+  rng = np.random.default_rng(3)
+  x = tf.constant(rng.normal(size=(BATCH, 4)).astype(np.float32))
+  h = x
+  for name, units in (("l1", 6), ("l2", 2)):
+    with tf1.variable_scope(name):
+      w = tf1.get_variable("kernel", initializer=rng.normal(
+          size=(int(h.shape[-1]), units)).astype(np.float32))
+      h = tf.tanh(h @ w)
+  # The tasks conflict at l1: -0.7 of the first task's gradient.
+  la = tf.reduce_mean(h[:, 0])
+  lb = -0.7 * tf.reduce_mean(h[:, 0]) + tf.reduce_mean(h[:, 1])
+  return la, lb
+
+
+@pytest.mark.parametrize("at", ["output", "parameters"])
+def test_a_homogeneous_task_combination_sees_the_scaled_task_gradients(
+    graph, at):
+  # pcgrad(S g_1, S g_2) = S pcgrad(g_1, g_2): under a loss scale the task
+  # gradients are scaled as the loss's is, and the unscaled result equals
+  # the plan's without a loss scale.
+  la, lb = _two_tasks()
+  got = []
+  for scale in (None, 1024.0):
+    opt = (None if scale is None
+           else MPLSO(tf1.train.GradientDescentOptimizer(LR), scale))
+    plan = gg.GradientPlan(la + lb, loss_scale=opt)
+    plan.combine_tasks("l1" if at == "output" else ["l1", "l2"], [la, lb],
+                       gg.mtl.pcgrad(shuffle=False), at=at)
+    got.append([g for g, _ in plan.compute_gradients()])
+  plain = tf.gradients(la + lb, tf1.trainable_variables())
+  with tf1.Session() as s:
+    s.run(tf1.global_variables_initializer())
+    unscaled, scaled, plain = s.run([got[0], got[1], plain])
+  assert any(not np.allclose(a, p) for a, p in zip(unscaled, plain))
+  for a, b in zip(scaled, unscaled):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 def test_a_loss_scale_tensorflow_does_not_list_is_refused(graph, monkeypatch):

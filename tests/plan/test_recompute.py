@@ -73,7 +73,7 @@ def test_chain_equals_the_plan_without_recompute(graph):
 def test_keep_none_picks_about_sqrt_n_separators(graph):
   loss = _chain(16)
   kept = [t.name for t in _recompute.kept_tensors(
-      gg.analyze(loss), _recompute.Recompute())]
+      gg.analyze(loss), None)]
   # Three boundaries, four segments of about four layers each.
   assert [k.split("/")[0] for k in kept] == ["l4", "l8", "l12"], kept
 
@@ -96,7 +96,7 @@ def test_skip_connections(graph):
   x = tf1.placeholder(tf.float32, [None, 8])
   loss = _residual(x)
   kept = [t.name for t in _recompute.kept_tensors(
-      gg.analyze(loss), _recompute.Recompute())]
+      gg.analyze(loss), None)]
   # Only tensors that no skip jumps over: a block's output, never inside.
   assert kept and all(n.startswith("Relu") or n.startswith("stem/")
                       for n in kept), kept

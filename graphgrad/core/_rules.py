@@ -1,0 +1,506 @@
+"""The compiled form of a plan: typed rules that both executors read.
+
+:func:`compile_rules` is the one reader of a plan's declarations. It checks
+what can be checked once for both executors (the privacy and loss-scale
+policies), composes each layer's upstream transforms once, decides each
+layer's :class:`Mode`, and returns one :class:`PlanRules`. The TF1 segment
+engine and the Keras tape read only that value: the mode of a layer is
+decided here, and nowhere else.
+
+A layer's mode, from its declarations:
+
+* ``PLAIN``: no rewrite of the gradient it passes below (it may still have
+  parameter transforms, or be cut because a task combination, an edge or a
+  replacement reads its outputs);
+* ``LINEAR``: its upstream transform is ``c * g`` (``Transform.linear_factor``):
+  one VJP of ``g``, whose part below is weighted by ``c``;
+* ``TRANSFORMED``: any other upstream transform ``fn``: its own variables see
+  ``g``, its inputs a VJP of ``fn(g)``;
+* ``REPLACED``: ``replace_backward``: the replacement computes what its
+  inputs get, from ``fn(g)`` where an upstream transform is declared too;
+* ``OVERRIDDEN``: the override of a Keras layer's call computes what its
+  inputs get, likewise.
+"""
+
+import dataclasses
+import enum
+from typing import (
+  Any,
+  Callable,
+  Dict,
+  FrozenSet,
+  Iterable,
+  List,
+  Mapping,
+  Optional,
+  Protocol,
+  Sequence,
+  Tuple,
+)
+
+from graphgrad import _errors
+from graphgrad.core._declaration_model import (
+  BackwardDeclaration,
+  Declaration,
+  EdgeDeclaration,
+  GradientsDeclaration,
+  LossScaleDeclaration,
+  OverrideDeclaration,
+  ParameterTasksDeclaration,
+  PrivatizeDeclaration,
+  RecomputeDeclaration,
+  TasksDeclaration,
+  UpstreamDeclaration,
+)
+from graphgrad.core._gradients import straight_through
+from graphgrad.core._privacy import Privacy, refuse_declarations
+from graphgrad.transforms._checks import compose
+from graphgrad.transforms._group import GroupTransform
+from graphgrad.transforms._transforms import Transform, is_identity
+
+__all__ = ["EdgeRule", "LayerRule", "LossScaleRule", "Mode", "OpRule",
+           "ParameterRule", "PlanRules", "RecomputeRule", "TaskRule",
+           "Topology", "compile_rules"]
+
+
+class Topology(Protocol):
+  """What compiling reads of a plan's layers; ``LayerGraph`` (a ``tf.Graph``)
+  and the Keras layer index implement it."""
+
+  def layers_of_ops(self, match: str, key: str) -> FrozenSet[str]:
+    """The layers holding the ops an override matches (``match`` one of
+    ``"name"``, ``"type"``, ``"layer"``)."""
+
+  @property
+  def replacement_view(self) -> Any:
+    """The layers as a backward replacement's ``check``/``cuts`` see them
+    (``context.net``)."""
+
+
+class Mode(enum.Enum):
+  """How a layer's backward pass treats the gradient it passes below."""
+  PLAIN = "plain"
+  LINEAR = "linear"
+  TRANSFORMED = "transformed"
+  REPLACED = "replaced"
+  OVERRIDDEN = "overridden"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRule:
+  """A task combination.
+
+  Attributes:
+    layers: at a layer's outputs, that one layer; in parameter space, the
+      layers whose variables are combined, or ``None`` for every variable.
+    losses: the task losses, or ``None`` where the executor gets them per
+      step (``KerasPlan``'s ``tape.gradient(task_losses=...)``).
+    method: the task-combination method.
+    at: ``"output"`` or ``"parameters"``.
+  """
+  layers: Optional[Tuple[str, ...]]
+  losses: Optional[Tuple[Any, ...]]
+  method: Any
+  at: str = "output"
+
+  @property
+  def layer(self) -> str:
+    """The layer of an output-level combination."""
+    return self.layers[0] if self.layers else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerRule:
+  """One layer's compiled backward rule.
+
+  Attributes:
+    layer: the layer's name (its path in a Keras model).
+    mode: see :class:`Mode`.
+    upstream: the layer's upstream transforms composed once, in
+      declaration order, or ``None`` (identities are dropped).
+    factor: ``c`` when ``mode`` is ``LINEAR``.
+    replacement: the backward replacement (mode ``REPLACED``).
+    override: the override of the layer's call (mode ``OVERRIDDEN``).
+    tasks: the task combination at the layer's outputs, acting before
+      everything else.
+    edge_upper: the upper end of a transformed edge: its inputs' gradient
+      is handed to the edge's lower layers.
+    read: a backward replacement reads the gradient at its outputs.
+  """
+  layer: str
+  mode: Mode = Mode.PLAIN
+  upstream: Optional[Transform] = None
+  factor: Optional[float] = None
+  replacement: Any = None
+  override: Optional[Callable] = None
+  tasks: Optional[TaskRule] = None
+  edge_upper: bool = False
+  read: bool = False
+
+  @property
+  def instead(self) -> bool:
+    """Something other than the chain rule computes the inputs' gradient."""
+    return self.mode in (Mode.REPLACED, Mode.OVERRIDDEN)
+
+  @property
+  def rewrites(self) -> bool:
+    """The gradient the layer passes below is not the chain rule's."""
+    return self.mode is not Mode.PLAIN
+
+  @property
+  def cut(self) -> bool:
+    """The executor must stop at the layer's outputs: it rewrites, combines
+    tasks, is the upper end of an edge, or its outputs' gradient is read."""
+    return (self.rewrites or self.tasks is not None or self.edge_upper
+            or self.read)
+
+  @property
+  def special(self) -> bool:
+    """More than an upstream transform: a task combination, the upper end
+    of an edge, a replacement, an override, or outputs a replacement
+    reads."""
+    return (self.instead or self.tasks is not None or self.edge_upper
+            or self.read)
+
+
+@dataclasses.dataclass(frozen=True)
+class EdgeRule:
+  """``transform_edge(lower, upper, fn)``, composed.
+
+  Attributes:
+    lower: the layer whose output receives the edge's gradient.
+    upper: the consumer layer.
+    transform: the edge's transforms composed in declaration order.
+    factor: ``c`` when ``transform`` is ``c * g``, else ``None``.
+  """
+  lower: str
+  upper: str
+  transform: Transform
+  factor: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OpRule:
+  """An op's gradient function inside the plan (``override_gradient``,
+  ``straight_through``) on a ``tf.Graph``.
+
+  Attributes:
+    match: ``"name"`` or ``"type"``.
+    key: the op's name or type.
+    fn: the gradient function.
+    linear: ``fn`` is linear in the gradient (``straight_through``): a
+      linear factor may be moved past it.
+    layers: the layers holding the matched ops.
+  """
+  match: str
+  key: str
+  fn: Callable
+  linear: bool
+  layers: FrozenSet[str] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterRule:
+  """A parameter-gradient transform.
+
+  Attributes:
+    layers: the layer (one name), or the layers a group transform sees at
+      once.
+    transform: the transform or group transform.
+    group: declared over a list of layers (applied after every layer's own).
+  """
+  layers: Tuple[str, ...]
+  transform: Any
+  group: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RecomputeRule:
+  """``plan.recompute(keep)``: the layers whose outputs are kept, or
+  ``None`` for the executor's choice."""
+  keep: Optional[Tuple[str, ...]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScaleRule:
+  """The loss scale a plan trains with.
+
+  Attributes:
+    scale: what gives the scale ``S`` (a TF1 ``LossScale``, a Keras
+      optimizer, a number); each executor reads it its own way.
+  """
+  scale: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRules:
+  """A plan, compiled: everything an executor reads of it.
+
+  Attributes:
+    layers: layer name -> its rule, for every layer a declaration names or
+      a replacement reads; :meth:`rule` gives ``PLAIN`` for the rest.
+    edges: ``(lower, upper)`` -> the edge's rule.
+    ops: the op overrides of a ``tf.Graph`` plan.
+    parameters: the parameter transforms, in the order they act: each
+      layer's own in declaration order, layer by layer, then the group
+      transforms in declaration order.
+    parameter_tasks: the task combination in parameter space, or ``None``.
+    recompute: the recompute rule, or ``None``.
+    privacy: what ``privatize`` declared, or ``None``.
+    loss_scale: the loss scale, or ``None``.
+    reads_global_step: a transform reads the global step (the executor then
+      advances it).
+  """
+  layers: Mapping[str, LayerRule] = dataclasses.field(default_factory=dict)
+  edges: Mapping[Tuple[str, str], EdgeRule] = dataclasses.field(
+      default_factory=dict)
+  ops: Tuple[OpRule, ...] = ()
+  parameters: Tuple[ParameterRule, ...] = ()
+  parameter_tasks: Optional[TaskRule] = None
+  recompute: Optional[RecomputeRule] = None
+  privacy: Optional[Privacy] = None
+  loss_scale: Optional[LossScaleRule] = None
+  reads_global_step: bool = False
+
+  def rule(self, layer: str) -> LayerRule:
+    """The rule of ``layer``: ``PLAIN`` where nothing is declared."""
+    found = self.layers.get(layer)
+    return found if found is not None else LayerRule(layer)
+
+  def of_mode(self, *modes: Mode) -> Dict[str, LayerRule]:
+    """The layers whose rule has one of ``modes``."""
+    return {n: r for n, r in self.layers.items() if r.mode in modes}
+
+  @property
+  def upstream(self) -> Dict[str, Transform]:
+    """Layer -> its composed upstream transform, for layers that have one."""
+    return {n: r.upstream for n, r in self.layers.items()
+            if r.upstream is not None}
+
+  @property
+  def replacements(self) -> Dict[str, Any]:
+    """Layer -> its backward replacement."""
+    return {n: r.replacement for n, r in self.layers.items()
+            if r.replacement is not None}
+
+  @property
+  def tasks(self) -> Dict[str, TaskRule]:
+    """Layer -> its task combination at the outputs."""
+    return {n: r.tasks for n, r in self.layers.items() if r.tasks is not None}
+
+  @property
+  def read_layers(self) -> Tuple[str, ...]:
+    """The layers whose output gradient a replacement reads."""
+    return tuple(n for n, r in self.layers.items() if r.read)
+
+  @property
+  def has_tasks(self) -> bool:
+    return bool(self.tasks) or self.parameter_tasks is not None
+
+  @property
+  def rewrites_backward(self) -> bool:
+    """The backward pass itself changes (not only parameter gradients)."""
+    return bool(self.edges) or any(
+        r.rewrites or r.tasks is not None for r in self.layers.values())
+
+
+# -- compiling ---------------------------------------------------------------
+
+def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
+                  ) -> PlanRules:
+  """Compiles a plan's declarations into its :class:`PlanRules`.
+
+  Args:
+    declarations: the plan's declarations in declaration order (a
+      :class:`~graphgrad.core._declaration_model.Declarations`, or any
+      iterable of them, with a :class:`LossScaleDeclaration` added by a
+      tape that trains with one).
+    topology: the plan's :class:`Topology`: read only for op overrides and
+      backward replacements (a plan that declares neither is compiled
+      without analysing its layers). A callable returning it is taken too.
+
+  Returns:
+    The :class:`PlanRules`.
+
+  Raises:
+    GraphGradError: for declarations that cannot be combined: ``privatize``
+      with a declaration that acts before the clip or with a loss scale; a
+      loss scale with a task combination or replacement that is not
+      homogeneous (see docs/concepts.md, "Loss scaling").
+
+  Example:
+    >>> import graphgrad as gg
+    >>> from graphgrad.core._declaration_model import Declarations
+    >>> d = Declarations(resolve=lambda name, arg: name, owner="GradientPlan")
+    >>> d.add_upstream("l2", gg.transforms.scale(0.5))
+    >>> d.add_upstream("l3", gg.transforms.clip_by_norm(1.0))
+    >>> rules = compile_rules(d)
+    >>> rules.rule("l2").mode, rules.rule("l2").factor
+    (<Mode.LINEAR: 'linear'>, 0.5)
+    >>> rules.rule("l3").mode, rules.rule("l1").mode
+    (<Mode.TRANSFORMED: 'transformed'>, <Mode.PLAIN: 'plain'>)
+  """
+  items = tuple(declarations)
+  lazy = _Lazy(topology)
+  privacy = _only(items, PrivatizeDeclaration)
+  loss_scale = _only(items, LossScaleDeclaration)
+  if privacy is not None:
+    refuse_declarations(items)
+    if loss_scale is not None:
+      raise _errors.GraphGradError(
+          "privatize: a loss scale would divide the noise by its loss "
+          "scale. "
+          "Train the private plan without a loss scale (float32 variables, "
+          "the optimizer the loss-scale optimizer wraps).")
+  if loss_scale is not None:
+    _check_loss_scale(items)
+  ops = tuple(_op_rule(d, lazy) for d in _of(items, OverrideDeclaration)
+              if d.op[0] != "layer")
+  nonlinear = {n for o in ops if not o.linear for n in o.layers}
+  layers = _layer_rules(items, lazy, nonlinear)
+  recompute = _only(items, RecomputeDeclaration)
+  params = _only(items, ParameterTasksDeclaration)
+  return PlanRules(
+      layers=layers,
+      edges=_edge_rules(items),
+      ops=ops,
+      parameters=_parameter_rules(items),
+      parameter_tasks=None if params is None else TaskRule(
+          params.layers, params.losses, params.method, at="parameters"),
+      recompute=None if recompute is None else RecomputeRule(recompute.keep),
+      privacy=None if privacy is None else privacy.privacy,
+      loss_scale=None if loss_scale is None else LossScaleRule(
+          loss_scale.scale),
+      reads_global_step=any(
+          getattr(d, "fn", None) is not None
+          and isinstance(d.fn, (Transform, GroupTransform))
+          and d.fn.reads_global_step
+          for d in _of(items, UpstreamDeclaration, GradientsDeclaration,
+                       EdgeDeclaration)))
+
+
+class _Lazy:
+  """The topology, fetched on first use."""
+
+  def __init__(self, topology):
+    self._topology, self._got = topology, None
+
+  def get(self):
+    if self._got is None:
+      t = self._topology
+      self._got = t() if callable(t) and not hasattr(
+          t, "layers_of_ops") else t
+      if self._got is None:
+        raise _errors.GraphGradError(
+            "compiling this plan needs its layers (an override or a backward "
+            "replacement is declared), but no topology was given.")
+    return self._got
+
+
+def _of(items, *kinds) -> List:
+  return [d for d in items if isinstance(d, kinds)]
+
+
+def _only(items, kind):
+  found = _of(items, kind)
+  return found[-1] if found else None
+
+
+def _composed(pairs) -> Dict[Any, Transform]:
+  grouped: Dict[Any, List[Transform]] = {}
+  for key, fn in pairs:
+    grouped.setdefault(key, []).append(fn)
+  return {k: compose(fns) for k, fns in grouped.items()}
+
+
+def _op_rule(d: OverrideDeclaration, lazy: _Lazy) -> OpRule:
+  match, key = d.op
+  return OpRule(match, key, d.fn, linear=d.fn is straight_through,
+                layers=frozenset(lazy.get().layers_of_ops(match, key)))
+
+
+def _layer_rules(items, lazy: _Lazy, nonlinear) -> Dict[str, LayerRule]:
+  upstream = {k: fn for k, fn in _composed(
+      (d.layer, d.fn) for d in _of(items, UpstreamDeclaration)).items()
+      if not is_identity(fn)}
+  replaced = {d.layer: d.fn for d in _of(items, BackwardDeclaration)}
+  overridden = {d.op[1]: d.fn for d in _of(items, OverrideDeclaration)
+                if d.op[0] == "layer"}
+  tasks = {d.layer: TaskRule((d.layer,), d.losses, d.method)
+           for d in _of(items, TasksDeclaration)}
+  uppers = {d.upper for d in _of(items, EdgeDeclaration)}
+  read: List[str] = []
+  if replaced:
+    view = lazy.get().replacement_view
+    # A plain callable (``fn(context)``) reads no other layer.
+    read = [c for layer, fn in replaced.items()
+            for c in (fn.cuts(view, layer) if hasattr(fn, "cuts") else ())]
+  names = list(dict.fromkeys(
+      [d.layer for d in items if d.layer
+       and isinstance(d, (UpstreamDeclaration, BackwardDeclaration,
+                          TasksDeclaration, OverrideDeclaration))]
+      + sorted(uppers) + read))
+  out = {}
+  for name in names:
+    fn = upstream.get(name)
+    factor = None if fn is None else fn.linear_factor
+    if name in replaced:
+      mode = Mode.REPLACED
+    elif name in overridden:
+      mode = Mode.OVERRIDDEN
+    elif fn is None:
+      mode = Mode.PLAIN
+    elif factor is not None and name not in nonlinear:
+      # An override inside the layer that may not be linear sees the
+      # rewritten gradient itself: the factor cannot be moved past it.
+      mode = Mode.LINEAR
+    else:
+      mode = Mode.TRANSFORMED
+    out[name] = LayerRule(
+        name, mode, upstream=fn,
+        factor=factor if mode is Mode.LINEAR else None,
+        replacement=replaced.get(name), override=overridden.get(name),
+        tasks=tasks.get(name), edge_upper=name in uppers,
+        read=name in read)
+  return out
+
+
+def _edge_rules(items) -> Dict[Tuple[str, str], EdgeRule]:
+  return {k: EdgeRule(k[0], k[1], fn, fn.linear_factor)
+          for k, fn in _composed(((d.layer, d.upper), d.fn)
+                                 for d in _of(items, EdgeDeclaration)).items()}
+
+
+def _parameter_rules(items) -> Tuple[ParameterRule, ...]:
+  own: Dict[str, List[Any]] = {}
+  groups: List[ParameterRule] = []
+  for d in _of(items, GradientsDeclaration):
+    if d.group:
+      groups.append(ParameterRule(d.group, d.fn, group=True))
+    else:
+      own.setdefault(d.layer, []).append(d.fn)
+  return tuple(ParameterRule((layer,), fn) for layer, fns in own.items()
+               for fn in fns) + tuple(groups)
+
+
+def _check_loss_scale(items: Sequence[Declaration]) -> None:
+  """The one loss-scale policy: a declaration that computes gradients of its
+  own (a task combination, a backward replacement) is refused unless it is
+  homogeneous, ``f(S g) = S f(g)``, so that the loss-scaled gradients it
+  receives give the loss-scaled result."""
+  bad = [f"combine_tasks({d.layer!r}, {d.method!r})"
+         for d in _of(items, TasksDeclaration) if not d.method.homogeneous]
+  bad += [f"combine_tasks(at='parameters', {d.method!r})"
+          for d in _of(items, ParameterTasksDeclaration)
+          if not d.method.homogeneous]
+  bad += [f"replace_backward({d.layer!r}, {d.fn!r})"
+          for d in _of(items, BackwardDeclaration)
+          if not getattr(d.fn, "homogeneous", False)]
+  if bad:
+    raise _errors.GraphGradError(
+        f"loss_scale: a loss scale multiplies every gradient of the backward "
+        f"pass by S, but {', '.join(bad)} compute(s) gradients whose result "
+        f"does not scale with S (not homogeneous), so they would be "
+        f"silently wrong. Train this plan without a loss scale (float32), "
+        f"or use methods that scale with their input (gg.mtl.pcgrad, "
+        f"mean, sum; feedback_alignment, direct_feedback_alignment).")
