@@ -191,8 +191,9 @@ class _Executor:
     self.overrides = _op_override.substitutions(
         self.loss, self.var_list, {(o.match, o.key): o.fn for o in rules.ops},
         self.layer_of)
-    self.recomputing = (None if rules.recompute is None
-                        else self._recomputing(tf.compat.v1.gradients))
+    self.recomputing = (None if rules.recompute is None else
+                        self._recomputing(tf.compat.v1.gradients,
+                                          rules.recompute.keep))
     with self.loss.graph.as_default(), tf.name_scope(self.options.name):
       params = rules.parameter_tasks
       chosen = set() if params is None else self._combined(params)
@@ -227,11 +228,12 @@ class _Executor:
         out = _loss_scale_optimizer.unscale(self.scale, out)
     return Built(tuple(out), tuple(self.trace))
 
-  def _recomputing(self, fn: Callable) -> Callable:
-    """``fn`` recomputing the forward ops it crosses (``plan.recompute``)."""
+  def _recomputing(self, fn: Callable,
+                   keep: Optional[Tuple[str, ...]]) -> Callable:
+    """``fn`` recomputing the forward ops it crosses, keeping the outputs
+    of the layers in ``keep`` (``plan.recompute``)."""
     names = {o.key for o in self.rules.ops if o.match == "name"}
     types = {o.key for o in self.rules.ops if o.match == "type"}
-    keep = self.rules.recompute.keep
     return _recompute.wrap(
         fn, lambda: _recompute.kept_tensors(self.net, keep),
         lambda op: op.name in names or op.type in types)
