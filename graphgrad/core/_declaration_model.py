@@ -388,10 +388,10 @@ class Declarations:
     self._add(OverrideDeclaration(key if match == "layer" else "", op, fn),
               validate)
 
-  def add_recompute(self, keep: Optional[Sequence[Any]], caller: str
-                    ) -> None:
+  def add_recompute(self, keep: Optional[Sequence[Any]], caller: str,
+                    validate: Optional[Callable[..., Any]] = None) -> None:
     """Records ``recompute(keep)``; ``keep`` a list of layer references or
-    ``None``. A plan recomputes once."""
+    ``None``. A plan recomputes once; ``validate`` takes the kept names."""
     self._check_open()
     if keep is not None:
       if isinstance(keep, str) or not isinstance(keep, (list, tuple, set)):
@@ -404,7 +404,8 @@ class Declarations:
       raise _errors.GraphGradError(
           f"{caller}: this {self._owner} already recomputes; declare "
           f"recompute once, with every layer to keep.")
-    self._add(RecomputeDeclaration("", keep), None)
+    self._add(RecomputeDeclaration("", keep),
+              (lambda: validate(keep)) if validate is not None else None)
 
   def add_privatize(self, privacy: Any, caller: str) -> None:
     """Records ``privatize``: ``privacy`` is the checked ``Privacy``."""

@@ -3,23 +3,14 @@
 :func:`compile_rules` is the one reader of a plan's declarations. It checks
 what can be checked once for both executors (the privacy and loss-scale
 policies), composes each layer's upstream transforms once, decides each
-layer's :class:`Mode`, and returns one :class:`PlanRules`. The TF1 segment
-engine and the Keras tape read only that value: the mode of a layer is
-decided here, and nowhere else.
-
-A layer's mode, from its declarations:
-
-* ``PLAIN``: no rewrite of the gradient it passes below (it may still have
-  parameter transforms, or be cut because a task combination, an edge or a
-  replacement reads its outputs);
-* ``LINEAR``: its upstream transform is ``c * g`` (``Transform.linear_factor``):
-  one VJP of ``g``, whose part below is weighted by ``c``;
-* ``TRANSFORMED``: any other upstream transform ``fn``: its own variables see
-  ``g``, its inputs a VJP of ``fn(g)``;
-* ``REPLACED``: ``replace_backward``: the replacement computes what its
-  inputs get, from ``fn(g)`` where an upstream transform is declared too;
-* ``OVERRIDDEN``: the override of a Keras layer's call computes what its
-  inputs get, likewise.
+layer's :class:`Mode` (the one place it is decided) and returns one
+:class:`PlanRules`, which the TF1 segment engine and the Keras tape read.
+``PLAIN``: the chain rule below the layer; ``LINEAR``: an upstream transform
+``c * g``, one VJP weighted by ``c``; ``TRANSFORMED``: any other ``fn``, the
+own variables see ``g`` and the inputs a VJP of ``fn(g)``; ``REPLACED`` and
+``OVERRIDDEN``: ``replace_backward`` or the override of a Keras layer's call
+computes what the inputs get, from ``fn(g)`` where an upstream transform is
+declared too.
 """
 
 import dataclasses
@@ -250,6 +241,8 @@ class PlanRules:
     loss_scale: the loss scale, or ``None``.
     reads_global_step: a transform reads the global step (the executor then
       advances it).
+    named: every layer a declaration names, then those a replacement
+      reads, in first-named order: the layers that must run.
   """
   layers: Mapping[str, LayerRule] = dataclasses.field(default_factory=dict)
   edges: Mapping[Tuple[str, str], EdgeRule] = dataclasses.field(
@@ -261,6 +254,7 @@ class PlanRules:
   privacy: Optional[Privacy] = None
   loss_scale: Optional[LossScaleRule] = None
   reads_global_step: bool = False
+  named: Tuple[str, ...] = ()
 
   def rule(self, layer: str) -> LayerRule:
     """The rule of ``layer``: ``PLAIN`` where nothing is declared."""
@@ -371,6 +365,11 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
       privacy=None if privacy is None else privacy.privacy,
       loss_scale=None if loss_scale is None else LossScaleRule(
           loss_scale.scale),
+      named=tuple(dict.fromkeys(
+          [n for d in items for n in (
+              (d.layer, d.upper) if isinstance(d, EdgeDeclaration)
+              else (d.layer,)) if n]
+          + [n for n, r in layers.items() if r.read])),
       reads_global_step=any(
           getattr(d, "fn", None) is not None
           and isinstance(d.fn, (Transform, GroupTransform))

@@ -130,9 +130,7 @@ class Attachment:
 
   @property
   def has_tasks(self) -> bool:
-    declarations = self.plan.declarations
-    return (bool(declarations.tasks)
-            or declarations.parameter_tasks is not None)
+    return self.plan.rules.has_tasks
 
   def _prepare(self, x, y, batch_size) -> None:
     """Makes the methods' variables before the optimizer is built."""
@@ -141,7 +139,7 @@ class Attachment:
     if self.has_tasks:  # eagerly: the config serializes the optimizer
       self._loss_weights = model.get_compile_config().get("loss_weights")
     optimizer = getattr(model, "optimizer", None)
-    if (not plan.declarations.backward or optimizer is None
+    if (not plan.rules.replacements or optimizer is None
         or _built(optimizer) or self._made(optimizer)):
       return
     batch = _first_batch(x, y, batch_size)

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from graphgrad.core._gradients import completed_upstream, is_float
+from graphgrad.core._rules import Mode
 from graphgrad.keras import _methods, _tape_linear, _tape_recompute
 from graphgrad.keras._layer_index import CallPatches, holds_variables
 from graphgrad.keras._tape_backward import backward_of_call, edge_grads
@@ -74,17 +75,14 @@ class Interceptor:
   def __init__(self, plan, labels=None):
     self.plan = plan
     self.labels = labels
-    decl = plan.declarations
-    self.edges = decl.edges
-    # Layers whose backward pass needs more than an upstream transform.
-    special = ({up for _, up in self.edges} | set(decl.backward)
-               | set(decl.tasks) | set(plan.read_layers)
-               | {k for m, k in decl.overrides if m == "layer"})
-    self.custom = set(decl.upstream) | special
-    # Layers whose one declaration is a linear upstream rewrite: they may
-    # run uninterrupted on inputs scaled in the backward pass (_linear).
-    self.light = {p: fn.linear_factor for p, fn in decl.upstream.items()
-                  if fn.linear_factor is not None and p not in special}
+    rules = plan.rules
+    self.edges = {k: e.transform for k, e in rules.edges.items()}
+    # Layers whose backward pass is their own.
+    self.custom = {p for p, r in rules.layers.items() if r.cut}
+    # Layers whose one rule is a linear upstream rewrite: they may run
+    # uninterrupted on inputs scaled in the backward pass (_linear).
+    self.light = {p: r.factor for p, r in rules.layers.items()
+                  if r.mode is Mode.LINEAR and not r.special}
     self.calls: collections.Counter = collections.Counter()
     self.outputs: Dict[str, List[list]] = collections.defaultdict(list)
     # The backward pass under way: custom gradients run inside TF's own
@@ -97,8 +95,9 @@ class Interceptor:
     self._paused: Optional[contextlib.ExitStack] = None
     self._no_pause: set = set()
     self.recomputed = self._recomputed_layers()
-    self._recomputer = (None if plan.recompute is None else
-                        _tape_recompute.Recomputer(plan.recompute, plan.name))
+    self._recomputer = (None if rules.recompute is None else
+                        _tape_recompute.Recomputer(rules.recompute.keep,
+                                                   plan.name))
 
   @contextlib.contextmanager
   def backward(self, step: BackwardStep):
@@ -111,13 +110,12 @@ class Interceptor:
 
   def targets(self) -> List[str]:
     """Every layer the plan names, and the layers its replacements read."""
-    names = list(self.plan.declarations.layers) + list(self.plan.read_layers)
-    return list(dict.fromkeys(names))
+    return list(self.plan.rules.named)
 
   def _recomputed_layers(self) -> List[str]:
     """Top-level layers recomputed under ``plan.recompute``: those that
     neither are nor hold a layer the plan rewrites or reads."""
-    if self.plan.recompute is None:
+    if self.plan.rules.recompute is None:
       return []
     named = self.targets() + [p for k in self.edges for p in k]
     return [p for p in self.plan.layer_names if "/" not in p

@@ -20,10 +20,15 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.core._declaration_model import Declarations
+from graphgrad.core._declaration_model import (
+  Declaration,
+  Declarations,
+  LossScaleDeclaration,
+)
 from graphgrad.core._inert import bottom_layer_advice
-from graphgrad.core._privacy import Noise, check_privacy, refuse_declarations
-from graphgrad.keras import _fit, _loss_scale, _methods, _tape_recompute
+from graphgrad.core._privacy import Noise, check_privacy
+from graphgrad.core._rules import PlanRules, compile_rules
+from graphgrad.keras import _fit, _loss_scale, _methods
 from graphgrad.keras._layer_index import (
   LayerIndex,
   check_group_parameters,
@@ -106,8 +111,7 @@ class KerasPlan(tf.Module, LayerOverriding):
     self._unscaled_warned = False
     self._attached: Optional[_fit.Attachment] = None
     self._warned_bottom: set = set()
-    self._privacy: Optional[tuple] = None
-    self._recompute: Optional[_tape_recompute.KerasRecompute] = None
+    self._noise: Optional[Noise] = None
     self._eager_recompute_logged = False
 
   # -- declaring -----------------------------------------------------------
@@ -395,13 +399,12 @@ class KerasPlan(tf.Module, LayerOverriding):
           "recompute: a tape of this plan was already opened, which fixes "
           "the plan. Declare recompute before the first step, or make a new "
           "KerasPlan.")
+    self._declarations.add_recompute(keep, "recompute", self._top_level)
+    return self
+
+  def _top_level(self, keep: Optional[Sequence[str]]) -> None:
+    """Refuses a nested layer in ``recompute(keep=...)``."""
     if keep is not None:
-      if isinstance(keep, str) or not isinstance(keep, (list, tuple, set)):
-        raise _errors.GraphGradError(
-            f"recompute: `keep` must be a list of layers (names, paths or "
-            f"the layers) or None; got {type(keep).__name__} {keep!r}. Pass "
-            f"keep=[{keep!r}] for one layer.")
-      keep = tuple(self._declarations.resolve(k, "keep") for k in keep)
       nested = [k for k in keep if "/" in k]
       if nested:
         tops = [p for p in self._index.paths if "/" not in p]
@@ -411,8 +414,6 @@ class KerasPlan(tf.Module, LayerOverriding):
             f"are recomputed whole; got the nested {', '.join(nested)}. "
             f"Keep the layer that holds it instead: one of "
             f"{', '.join(tops)}.")
-    self._recompute = _tape_recompute.KerasRecompute(keep)
-    return self
 
   # -- running -------------------------------------------------------------
 
@@ -445,14 +446,11 @@ class KerasPlan(tf.Module, LayerOverriding):
       self._declarations.freeze()
       log.info("graphgrad KerasPlan on %s: %s", self._model.name,
                self._declarations.summary())
-    if self._privacy is not None:
-      refuse_declarations(self._declarations)
-      if loss_scale is not None:
-        raise _errors.GraphGradError(
-            "privatize: a loss scale would divide the noise by the scale. "
-            "Train the private plan without loss_scale (float32 "
-            "variables; norms are computed in float32).")
-    if (self._recompute is not None and tf.executing_eagerly()
+    extra: List[Declaration] = (
+        [] if _loss_scale.scale_of(loss_scale) is None
+        else [LossScaleDeclaration("", loss_scale)])
+    rules = compile_rules(list(self._declarations) + extra, self._layers())
+    if (rules.recompute is not None and tf.executing_eagerly()
         and not self._eager_recompute_logged):
       self._eager_recompute_logged = True
       log.info("graphgrad KerasPlan on %s: recompute saves memory only in a "
@@ -460,12 +458,13 @@ class KerasPlan(tf.Module, LayerOverriding):
                "step keeps every activation, with the same gradients.",
                self._model.name)
     if loss_scale is not None:
-      return _loss_scale.ScaledTape(self._view(), persistent,
+      return _loss_scale.ScaledTape(self._view(rules), persistent,
                                     watch_accessed_variables, labels,
                                     loss_scale)
     if not self._unscaled_warned:
-      self._unscaled_warned = _loss_scale.warn_unscaled(self)
-    return PlanTape(self._view(), persistent, watch_accessed_variables, labels)
+      self._unscaled_warned = _loss_scale.warn_unscaled(self.model, rules)
+    return PlanTape(self._view(rules), persistent, watch_accessed_variables,
+                    labels)
 
   def privatize(self, l2_norm_clip: float, noise_multiplier: float,
                 seed: Optional[int] = None) -> "KerasPlan":
@@ -510,14 +509,15 @@ class KerasPlan(tf.Module, LayerOverriding):
     """
     caller = "KerasPlan.privatize"
     privacy = check_privacy(l2_norm_clip, noise_multiplier, seed, caller)
-    if (self._privacy is not None or self._declarations.frozen
-        or self._attached is not None):
+    private = self._declarations.privacy is not None
+    if private or self._declarations.frozen or self._attached is not None:
       raise _errors.GraphGradError(
           f"{caller}: the plan is already "
-          f"{'private' if self._privacy is not None else 'in use'}; declare "
+          f"{'private' if private else 'in use'}; declare "
           f"privatize once, before the first plan.tape() or attach().")
+    self._declarations.add_privatize(privacy, caller)
     with tf.name_scope(self.name):
-      self._privacy = (privacy, Noise(privacy))
+      self._noise = Noise(privacy)
     return self
 
   def attach(self, labels=None) -> "KerasPlan":
@@ -545,7 +545,7 @@ class KerasPlan(tf.Module, LayerOverriding):
         attached to the model (detach it first), or the model is not a
         Keras 3 or tf-keras ``Model``; for a private plan.
     """
-    if self._privacy is not None:
+    if self._declarations.privacy is not None:
       raise _errors.GraphGradError(
           "plan.attach(): a private plan (privatize) needs the vector of "
           "per-example losses, and model.fit reduces its compiled loss over "
@@ -628,20 +628,22 @@ class KerasPlan(tf.Module, LayerOverriding):
 
   # -- what the tape reads ------------------------------------------------
 
-  def _view(self) -> PlanView:
-    layers = self._layers()
-    reads = [c for p, fn in self._declarations.backward.items()
-             for c in (fn.cuts(layers, p) if callable(getattr(fn, "cuts", None))
-                       else [])]
+  @property
+  def rules(self) -> PlanRules:
+    """The plan's declarations, compiled (``graphgrad.core._rules``): what
+    its tapes execute, without a loss scale."""
+    return compile_rules(self._declarations, self._layers())
+
+  def _view(self, rules: PlanRules) -> PlanView:
     return PlanView(
-        declarations=self._declarations, model=self._model, name=self.name,
+        rules=rules, model=self._model, name=self.name,
         resources=self._resources, method_variables=self._methods,
-        read_layers=tuple(dict.fromkeys(reads)), layers=layers,
+        layers=self._layers(),
         layer_names=tuple(self._index.paths), layer=self.layer,
         own_variables=lambda path: layer_variables(self._index[path]),
         step_tensor=self._step_tensor,
         enter_tape=self._enter_tape, exit_tape=self._exit_tape,
-        privacy=self._privacy, recompute=self._recompute)
+        noise=self._noise)
 
   def _step_tensor(self):
     """``global_step`` as a ``tf.Variable`` or tensor (Keras 3 unwrapped)."""

@@ -16,16 +16,12 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad.core._rules import PlanRules
 from graphgrad.keras._layer_index import tf_variable
 from graphgrad.keras._tape import PlanTape
 from graphgrad.transforms import _scaled
 
 log = logging.getLogger("graphgrad")
-
-# Task-combination methods whose result scales with their inputs (degree-1
-# homogeneous): they give the same direction for scaled task gradients.
-_HOMOGENEOUS_TASKS = ("pcgrad", "mean", "sum")
-
 
 def scale_of(loss_scale) -> Optional[tf.Tensor]:
   """The loss scale as a float32 scalar, or ``None`` for no scaling.
@@ -73,32 +69,6 @@ def _scalar(value) -> tf.Tensor:
   return tf.cast(t, tf.float32)
 
 
-def check(declarations) -> None:
-  """Refuses declarations that loss scaling would make silently wrong."""
-  for path, fn in declarations.backward.items():
-    if getattr(fn, "name", None) == "synthetic":
-      raise _errors.GraphGradError(
-          f"plan.tape(loss_scale=...): replace_backward({path!r}, "
-          f"synthetic()) trains its module on the gradients it predicts, "
-          f"which loss scaling multiplies by the scale; it is not supported "
-          f"with a loss scale. Train this plan in float32 (no "
-          f"mixed_float16 policy), or drop the synthetic replacement.")
-  odd = [p for p, fn in declarations.backward.items()
-         if not getattr(fn, "homogeneous", False)]
-  odd += [p for p, d in declarations.tasks.items()
-          if getattr(d.method, "name", None) not in _HOMOGENEOUS_TASKS]
-  params = declarations.parameter_tasks
-  if params is not None and getattr(params.method, "name",
-                                    None) not in _HOMOGENEOUS_TASKS:
-    odd.append("combine_tasks(at='parameters')")
-  if odd:
-    log.warning(
-        "graphgrad KerasPlan: under a loss scale, the backward replacements "
-        "and task combinations of %s receive the loss-scaled gradients "
-        "(transforms receive unscaled ones); they are right only if their "
-        "result scales with their input.", ", ".join(sorted(set(odd))))
-
-
 class ScaledTape(PlanTape):
   """A plan tape whose gradients are those of a loss scaled by ``S``.
 
@@ -112,10 +82,6 @@ class ScaledTape(PlanTape):
                labels=None, loss_scale: Any = None):
     super().__init__(plan, persistent, watch_accessed_variables, labels)
     self._loss_scale = loss_scale
-    # Refuses a wrong argument when the tape is made; an optimizer without
-    # a loss scale scales nothing.
-    if scale_of(loss_scale) is not None:
-      check(plan.declarations)
 
   def gradient(self, target, sources=None, output_gradients=None,
                unconnected_gradients=tf.UnconnectedGradients.NONE,
@@ -133,36 +99,34 @@ def float16_model(model) -> bool:
              for l in layers)
 
 
-def nonlinear(declarations) -> bool:
-  """True when a declaration's result depends on the gradient's scale."""
-  fns = list(declarations.upstream.values()) + list(
-      declarations.edges.values())
-  fns += [fn for fns_ in declarations.gradients.values() for fn in fns_]
-  fns += [fn for _, fn in declarations.gradient_groups]
+def nonlinear(rules: PlanRules) -> bool:
+  """True when a rule's result depends on the gradient's scale."""
+  fns = list(rules.upstream.values()) + [e.transform
+                                          for e in rules.edges.values()]
+  fns += [r.transform for r in rules.parameters]
   if any(getattr(fn, "linear_factor", None) is None for fn in fns):
     return True
   if any(not getattr(fn, "homogeneous", False)
-         for fn in declarations.backward.values()):
+         for fn in rules.replacements.values()):
     return True
-  tasks = list(declarations.tasks.values())
-  if declarations.parameter_tasks is not None:
-    tasks.append(declarations.parameter_tasks)
-  return any(getattr(d.method, "name", None) not in _HOMOGENEOUS_TASKS
-             for d in tasks)
+  tasks = list(rules.tasks.values())
+  if rules.parameter_tasks is not None:
+    tasks.append(rules.parameter_tasks)
+  return any(not t.method.homogeneous for t in tasks)
 
 
-def warn_unscaled(plan) -> bool:
+def warn_unscaled(model, rules: PlanRules) -> bool:
   """Logs when a float16 model has a non-linear plan and no loss scale.
 
   Returns:
     True when it logged: the caller logs once per plan.
   """
-  if not float16_model(plan.model) or not nonlinear(plan.declarations):
+  if not float16_model(model) or not nonlinear(rules):
     return False
   log.warning(
       "graphgrad KerasPlan on %s: the model computes in float16 and the "
       "plan has non-linear declarations, but the tape has no loss scale, so "
       "they see the loss-scaled gradients of a loss-scale optimizer. Pass "
       "it: `with plan.tape(loss_scale=optimizer) as tape:` (or the scale "
-      "as a number).", plan.model.name)
+      "as a number).", model.name)
   return True

@@ -10,12 +10,13 @@ variables the plan's training methods own.
 
 import dataclasses
 import logging
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core._gradients import add_dense
+from graphgrad.core._rules import PlanRules
 from graphgrad.keras import _privatize_tape, _replicas, _tasks
 from graphgrad.keras._intercept import BackwardStep, Interceptor
 from graphgrad.keras._layer_index import tf_variable
@@ -31,12 +32,11 @@ class PlanView:
   """What the TF2 executor reads of a KerasPlan.
 
   Attributes:
-    declarations: the plan's declarations.
+    rules: the plan, compiled (``graphgrad.core._rules``).
     model: the Keras model.
     name: the name scope of the ops the plan adds.
     resources: the plan's store of what its transforms create.
     method_variables: the variables of the plan's training methods.
-    read_layers: layers whose output gradients a replacement reads.
     layers: the model's layers, as a replacement sees them (``net``).
     layer_names: paths of every layer in the model.
     layer: path -> the Keras layer.
@@ -44,15 +44,13 @@ class PlanView:
     step_tensor: () -> the global step as a tensor, or ``None``.
     enter_tape: marks a tape open; raises while another one is.
     exit_tape: marks a tape closed.
-    privacy: ``(Privacy, Noise)`` of ``plan.privatize``, or ``None``.
-    recompute: what ``plan.recompute`` declared, or ``None``.
+    noise: the ``Noise`` of ``plan.privatize``, or ``None``.
   """
-  declarations: Any
+  rules: PlanRules
   model: Any
   name: str
   resources: Any
   method_variables: Any
-  read_layers: Tuple[str, ...]
   layers: Any
   layer_names: Tuple[str, ...]
   layer: Callable[[str], Any]
@@ -60,8 +58,7 @@ class PlanView:
   step_tensor: Callable[[], Any]
   enter_tape: Callable[[Any], None]
   exit_tape: Callable[[Any], None]
-  privacy: Optional[Tuple[Any, Any]] = None
-  recompute: Any = None
+  noise: Any = None
 
 
 class PlanTape:
@@ -75,13 +72,14 @@ class PlanTape:
                watch_accessed_variables: bool, labels=None):
     self._plan = plan
     self._run = Interceptor(plan, labels)
-    self._private = (None if plan.privacy is None
-                     else _privatize_tape.Recorder(plan.model, *plan.privacy))
+    rules = plan.rules
+    self._private = (None if rules.privacy is None else
+                     _privatize_tape.Recorder(plan.model, rules.privacy,
+                                              plan.noise))
     # Task gradients and privatize take extra backward passes over the same
     # recording.
     self._tape = tf.GradientTape(
-        persistent=(persistent or bool(plan.declarations.tasks)
-                    or plan.declarations.parameter_tasks is not None
+        persistent=(persistent or rules.has_tasks
                     or self._private is not None),
         watch_accessed_variables=watch_accessed_variables)
     self._entered = False
@@ -164,8 +162,8 @@ class PlanTape:
     if sources is None:
       sources = list(plan.model.trainable_variables)
     by_layer = _tasks.losses_by_layer(
-        plan.declarations.tasks, task_losses,
-        parameters=plan.declarations.parameter_tasks is not None)
+        plan.rules.tasks, task_losses,
+        parameters=plan.rules.parameter_tasks is not None)
     step = BackwardStep(task_deltas=self._task_deltas(target, by_layer))
     with self._run.backward(step):
       if self._private is None:
@@ -177,12 +175,10 @@ class PlanTape:
             unconnected_gradients))
     self._last = step
     self._check_edges(step)
-    todo = [(p, fn) for p, fns in plan.declarations.gradients.items()
-            for fn in fns if not is_identity(fn)]
-    params = plan.declarations.parameter_tasks
-    # Transforms of several layers at once, after every layer's own.
-    todo += [(paths, fn) for paths, fn in plan.declarations.gradient_groups
-             if not is_identity(fn)]
+    # Each layer's own transforms, then those of several layers at once.
+    todo = [(r.layers if r.group else r.layers[0], r.transform)
+            for r in plan.rules.parameters if not is_identity(r.transform)]
+    params = plan.rules.parameter_tasks
     if not todo and not step.extra and params is None:
       return grads
     flat_s = tf.nest.flatten(sources)
@@ -291,7 +287,7 @@ class PlanTape:
 
   def _task_deltas(self, target, by_layer) -> Dict[str, List[list]]:
     """Task layer -> what its task combination adds, per call and output."""
-    tasks = self._plan.declarations.tasks
+    tasks = self._plan.rules.tasks
     deltas: Dict[str, List[list]] = {}
     with self._run.backward(BackwardStep(plain=True)):
       for path in tasks:

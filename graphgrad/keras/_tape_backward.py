@@ -116,14 +116,14 @@ def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
   if not outs:
     return [None] * n, [None] * len(variables)
   plan = run.plan
-  decl = plan.declarations
-  override = decl.overrides.get(("layer", path))
+  rule = plan.rules.rule(path)
+  override = rule.override
   if step.plain:  # task gradients: plain backpropagation, or the override
     rules = LayerRules(override=None if override is None else (
         lambda gs: overridden(run, path, override, xs, outs, gs)))
     own = list(range(len(variables)))
   else:
-    fn, replace = decl.upstream.get(path), decl.backward.get(path)
+    fn, replace = rule.upstream, rule.replacement
     own_refs = {v.ref() for v in plan.own_variables(path)}
     own = [i for i, v in enumerate(variables) if v.ref() in own_refs]
 
@@ -137,7 +137,7 @@ def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
             _checks.checked(fn, dy, run.context(path, "upstream", tensor=o),
                             f"transform_upstream({path!r}) on {describe(o)}")
             for o, dy in zip(outs, gs)],
-        factor=fn.linear_factor if fn is not None else None,
+        factor=rule.factor,
         replace=None if replace is None else lambda gs, chain_rule: (
             run.replace(step, path, replace, inner, xs, outs, gs,
                         chain_rule)),

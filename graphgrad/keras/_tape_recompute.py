@@ -33,17 +33,6 @@ _STATE_OPS = frozenset({"ReadVariableOp", "AssignVariableOp",
                         "VarHandleOp", "NoOp", "Placeholder"})
 
 
-@dataclasses.dataclass(frozen=True)
-class KerasRecompute:
-  """What ``KerasPlan.recompute(keep)`` declared.
-
-  Attributes:
-    keep: paths of the layers whose outputs are kept, or ``None`` to let
-      :func:`choose_kept` pick calls from the step's activation bytes.
-  """
-  keep: Optional[Tuple[str, ...]] = None
-
-
 @dataclasses.dataclass
 class _LayerCall:
   """One call of a recomputed layer in the forward pass."""
@@ -115,8 +104,10 @@ def choose_kept(calls: Sequence[_LayerCall]) -> Set[int]:
 class Recomputer:
   """The recomputed calls of one plan tape, and their replays."""
 
-  def __init__(self, spec: KerasRecompute, name: str):
-    self._spec = spec
+  def __init__(self, keep: Optional[Tuple[str, ...]], name: str):
+    # The paths of the layers whose outputs are kept, or None to choose
+    # calls from the step's activation bytes (choose_kept).
+    self._keep = keep
     self._name = name
     # Calls traced in another graph (tf-keras builds a Sequential model in
     # a scratch graph on its first call) run as they are.
@@ -206,10 +197,10 @@ class Recomputer:
     if self._blocks_of == len(self.calls):
       return
     self._blocks_of = len(self.calls)
-    if self._spec.keep is None:
+    if self._keep is None:
       ends = choose_kept(self.calls)
     else:
-      ends = {i for i, c in enumerate(self.calls) if c.path in self._spec.keep}
+      ends = {i for i, c in enumerate(self.calls) if c.path in self._keep}
     block = 0
     for i, c in enumerate(self.calls):
       if c.whole:  # its own block: what it reads and makes is kept

@@ -145,6 +145,14 @@ def test_loss_scale_errors(K):
   with pytest.raises(gg.GraphGradError, match="must be a scalar"):
     plan.tape(loss_scale=tf.ones([2]))
   syn = gg.KerasPlan(_model(K)).replace_backward("l2", gg.backward.synthetic())
-  with pytest.raises(gg.GraphGradError, match="not supported with a loss "
-                     "scale"):
+  with pytest.raises(gg.GraphGradError, match=r"loss_scale: .*"
+                     r"replace_backward\('l2', synthetic\(.*\(not "
+                     r"homogeneous\)"):
     syn.tape(loss_scale=128.0)
+  # One policy with GradientPlan's: a task combination that does not scale
+  # with its input is refused, not warned about.
+  drop = gg.KerasPlan(_model(K)).combine_tasks(
+      "l1", gg.mtl.graddrop(seed=0))
+  with pytest.raises(gg.GraphGradError, match=r"loss_scale: .*"
+                     r"combine_tasks\('l1', graddrop"):
+    drop.tape(loss_scale=128.0)
