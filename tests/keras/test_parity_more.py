@@ -14,11 +14,21 @@ Keras 3 eagerly and in a ``tf.function``) and the same tolerance
 * ``combine_tasks(layers, ..., at="parameters")`` on chain and skip, and on
   a subset of the layers beside an upstream transform (two_heads over all
   layers and every method: tests/keras/test_mtl_parity.py);
+* a loss scale: ``GradientPlan(loss, loss_scale=`` a TF1
+  ``MixedPrecisionLossScaleOptimizer``) against ``plan.tape(loss_scale=`` a
+  Keras ``LossScaleOptimizer``), both with the fixed scale 1024, bare and
+  with nonlinear upstream and parameter transforms, which must see the
+  unscaled gradient;
+* what each plan does today when a loss scale meets task combinations,
+  backward replacements and overrides, where the two plans differ
+  (``test_loss_scale_policy_today_*``).
 
 Each case is shown to matter: the declaration changes some gradient against
 the plan without it (recompute: the plans rebuild forward ops in the
-backward pass).
+backward pass; a loss scale: the gradients the tape returns are scaled).
 """
+
+import logging
 
 import numpy as np
 import pytest
@@ -103,6 +113,13 @@ DECLARATIONS = {
     "tasks_parameters_subset+upstream": lambda p, d: d.combine(
         p, [d.s["mid"], d.s["top"]], gg.mtl.mgda()).transform_upstream(
             d.s["mid"], keras_cases.nonlinear),
+    # With a loss scale (LOSS_SCALE): none, or transforms that a wrong
+    # scale would change.
+    "none": lambda p, d: p,
+    "transforms": lambda p, d: (
+        p.transform_upstream(d.s["mid"], T.clip_by_norm(0.02))
+        .transform_upstream(d.s["top"], keras_cases.nonlinear)
+        .transform_gradients(d.s["mid"], T.clip_by_norm(0.05))),
 }
 OVERRIDES = ["straight_through", "straight_through+upstream",
              "override_nonlinear"]
@@ -114,6 +131,10 @@ PARAMETER_TASKS = [("tasks_parameters", "chain"), ("tasks_parameters", "skip"),
                    ("tasks_parameters_subset+upstream", "chain"),
                    ("tasks_parameters_subset+upstream", "skip"),
                    ("tasks_parameters_subset+upstream", "two_heads")]
+# A bare plan on the chain; the transforms on every shape.
+LOSS_SCALE = [("none", "chain")] + [("transforms", shape)
+                                    for shape in sorted(SHAPES)]
+
 
 def _ops(ops, shape, relu):
   return _ReluAfter(ops, RELU_AFTER[shape]) if relu else ops
@@ -162,6 +183,14 @@ def _plain(shape, weights, x, labels, relu=False):
   if key not in _PLAIN:
     _PLAIN[key] = _tf1(shape, weights, x, labels, relu=relu)[0]
   return _PLAIN[key]
+
+
+def _loss_scale_optimizer(flavour, K):
+  if flavour == "keras3":
+    return K.optimizers.LossScaleOptimizer(K.optimizers.SGD(0.1),
+                                           initial_scale=SCALE)
+  return K.mixed_precision.LossScaleOptimizer(
+      K.optimizers.SGD(0.1), dynamic=False, initial_scale=SCALE)
 
 
 def _tf2(shape, model, x, labels, declare, traced, relu=False, opt=None,
@@ -288,3 +317,149 @@ def test_parameter_tasks_parity(run, decl, shape):
       if not name.startswith(inside):
         np.testing.assert_allclose(want[name], alone[name], rtol=1e-6,
                                    atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("decl,shape", LOSS_SCALE)
+@pytest.mark.parametrize("run", RUNS)
+def test_loss_scale_parity(run, decl, shape):
+  flavour, K, model, traced, x, labels = _setup(run, shape)
+  weights = keras_cases.layer_weights(model)
+  declare = DECLARATIONS[decl]
+  want, _ = _tf1(shape, weights, x, labels, declare, scale=SCALE)
+  raw, _ = _tf2(shape, model, x, labels, declare, traced,
+                opt=_loss_scale_optimizer(flavour, K))
+  # The tape returns the scaled gradients, for the optimizer to unscale;
+  # compute_gradients returns the unscaled ones. 1024 is a power of two.
+  got = {k: v / SCALE for k, v in raw.items()}
+  _close(got, want, decl)
+  # Scaling is invisible: the plan without a loss scale gives the same.
+  unscaled, _ = _tf1(shape, weights, x, labels, declare)
+  _close(want, unscaled, f"{decl} against no loss scale", rtol=1e-6,
+         atol=1e-7)
+  plain = _plain(shape, weights, x, labels)
+  assert not np.allclose(raw[f"{SHAPES[shape]['top']}/kernel"],
+                         plain[f"{SHAPES[shape]['top']}/kernel"])
+  if decl == "transforms":
+    assert _changed(want, plain)
+    # Transforms that saw the scaled gradient would give other gradients.
+    wrong, _ = _tf1(shape, weights, x, labels, declare, scaled_loss=True)
+    assert _changed(wrong, want)
+
+
+# -- the loss-scale policy today, where the two plans differ -----------------
+#
+# GradientPlan refuses every task combination and backward replacement under
+# a loss scale (graphgrad/plan/_loss_scale_optimizer.py); KerasPlan refuses
+# only synthetic gradients and warns about the rest unless they are known to
+# scale with their input (graphgrad/keras/_loss_scale.py). Overrides pass on
+# both, and their fn sees the loss-scaled gradient on both.
+
+REFUSED_TODAY = {
+    "combine_tasks": lambda p, d: p.combine_tasks(
+        d.s["mid"], d.tasks, gg.mtl.pcgrad()),
+    "combine_tasks_parameters": lambda p, d: d.combine(
+        p, None, gg.mtl.pcgrad()),
+    "feedback_alignment": lambda p, d: p.replace_backward(
+        d.s["mid"], gg.backward.feedback_alignment(seed=3)),
+    "synthetic": lambda p, d: p.replace_backward(
+        d.s["mid"], gg.backward.synthetic(hidden=(4,), seed=5)),
+}
+
+
+@pytest.mark.parametrize("decl", sorted(REFUSED_TODAY))
+def test_loss_scale_policy_today_gradient_plan_refuses(decl):
+  _, _, model, _, x, labels = _setup("keras3-eager", "chain")
+  weights = keras_cases.layer_weights(model)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"^loss_scale: a MixedPrecisionLossScaleOptimizer "
+                           r"scales the loss's gradient .* compute gradients "
+                           r"of their own"):
+    _tf1("chain", weights, x, labels, REFUSED_TODAY[decl], scale=SCALE)
+
+
+# Keras, under a loss scale of 1024 with the scaled task losses: whether the
+# tape warns that the declaration receives the loss-scaled gradients. Its
+# gradients over 1024 are compared with the same plan without a loss scale.
+KERAS_TODAY = {  # name: (declare, takes task losses, warns)
+    "pcgrad": (lambda p, d: p.combine_tasks(d.s["mid"], gg.mtl.pcgrad()),
+               True, False),
+    "mgda": (lambda p, d: p.combine_tasks(d.s["mid"], gg.mtl.mgda()),
+             True, True),
+    "pcgrad_parameters": (lambda p, d: d.combine(p, None, gg.mtl.pcgrad()),
+                          True, False),
+    "upgrad_parameters": (lambda p, d: d.combine(p, None, gg.mtl.upgrad()),
+                          True, True),
+    "feedback_alignment": (lambda p, d: p.replace_backward(
+        d.s["mid"], gg.backward.feedback_alignment(seed=3)), False, False),
+    "user_replacement": (lambda p, d: p.replace_backward(
+        d.s["mid"], _half_vjp), False, True),
+}
+
+
+def _half_vjp(ctx):
+  """A user's replacement: half the chain rule, not marked homogeneous."""
+  return ctx.vjp(list(ctx.outputs), ctx.inputs,
+                 [0.5 * g for g in ctx.upstream], stop=ctx.inputs)
+
+
+def _keras_scaled(model, x, labels, decl, opt, scaled):
+  """The chain's KerasPlan gradients of one eager step: under
+  ``plan.tape(loss_scale=opt)`` of ``SCALE * loss`` with the task losses
+  scaled alike, over ``SCALE``; or of the plain loss without it."""
+  declare, tasks, _ = KERAS_TODAY[decl]
+  plan = declare(gg.KerasPlan(model), _Side("chain"))
+  with plan.tape(loss_scale=opt if scaled else None) as tape:
+    losses = _tasks("chain", [model(tf.constant(x))],
+                    [tf.constant(l) for l in labels])
+    if scaled:
+      losses = [SCALE * l for l in losses]
+    loss = tf.add_n(losses)
+  grads = tape.gradient(loss, task_losses=losses if tasks else None)
+  return [np.asarray(g) / (SCALE if scaled else 1.0) for g in grads]
+
+
+@pytest.mark.parametrize("decl", sorted(KERAS_TODAY))
+def test_loss_scale_policy_today_keras_plan_warns_and_computes(decl, caplog):
+  warns = KERAS_TODAY[decl][2]
+  K = FLAVOURS["keras3"]
+  model = keras_cases.keras_model(keras_cases.CASES["chain"], K)
+  x, labels = keras_cases.batch(keras_cases.CASES["chain"])
+  opt = _loss_scale_optimizer("keras3", K)
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    got = _keras_scaled(model, x, labels, decl, opt, True)
+  warned = [r.message for r in caplog.records if r.name == "graphgrad"
+            and "receive the loss-scaled gradients" in r.message]
+  assert len(warned) == int(warns), (decl, warned)
+  want = _keras_scaled(model, x, labels, decl, opt, False)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=decl)
+
+
+def test_loss_scale_policy_today_keras_plan_refuses_synthetic():
+  K = FLAVOURS["keras3"]
+  model = keras_cases.keras_model(keras_cases.CASES["chain"], K)
+  plan = REFUSED_TODAY["synthetic"](gg.KerasPlan(model), _Side("chain"))
+  with pytest.raises(gg.GraphGradError,
+                     match=r"replace_backward\('l2', synthetic\(\)\) .* not "
+                           r"supported with a loss scale"):
+    plan.tape(loss_scale=_loss_scale_optimizer("keras3", K))
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_loss_scale_policy_today_override_fn_sees_the_scaled_gradient(run):
+  # Both plans accept an override under a loss scale and call its fn on
+  # the loss-scaled gradient, as they are: a nonlinear fn then differs
+  # from the plan without a loss scale (unlike a transform, see
+  # test_loss_scale_parity), equally on both plans.
+  flavour, K, model, traced, x, labels = _setup(run, "skip", relu=True)
+  weights = keras_cases.layer_weights(model)
+  declare = DECLARATIONS["override_nonlinear"]
+  want, _ = _tf1("skip", weights, x, labels, declare, relu=True, scale=SCALE)
+  raw, _ = _tf2("skip", model, x, labels, declare, traced, relu=True,
+                opt=_loss_scale_optimizer(flavour, K))
+  _close({k: v / SCALE for k, v in raw.items()}, want, "override")
+  unscaled, _ = _tf1("skip", weights, x, labels, declare, relu=True)
+  on_scaled, _ = _tf1("skip", weights, x, labels, declare, relu=True,
+                      scaled_loss=True)
+  assert _changed(want, unscaled)
+  _close(want, on_scaled, "override sees S * g", rtol=1e-6, atol=1e-7)
