@@ -21,9 +21,20 @@ And residual nets: tf-slim ``resnet_v1_50`` / ``101`` / ``152`` (batch 2,
 64x64) with ``clip_by_norm(1.0)`` upstream of every bottleneck unit
 (``conv3/BatchNorm``), variant ``clip_units``: the ops added per unit beyond
 ``minimize()``'s stay constant with depth (not in the tiny run).
+
+The ops each variant adds are pinned in ``benchmarks/op_counts.json``, for
+the full and the tiny models, beside those of ``minimize()`` and of the
+identity plan (``gg_identity``); ``tests/test_op_counts.py`` rebuilds the
+tiny models and checks every count exactly. A deliberate change re-records
+the file with ``python -m benchmarks.linear_rewrites --record`` (graph
+building only, about two minutes).
 """
 
+import argparse
+import json
 import logging
+import os
+import sys
 from typing import Dict
 
 import tensorflow as tf
@@ -51,6 +62,9 @@ LSTM_VARIANTS = ("minimize", "scale", "scale_cut", "clip_by_norm")
 MLP_VARIANTS = ("minimize", "scale_all", "scale_all_cut", "scale_clip_all",
                 "floor")
 RESNET_VARIANTS = ("minimize", "clip_units")
+# The file of pinned op counts (see the module docstring).
+OP_COUNTS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                         "op_counts.json")
 
 
 def _units(net):
@@ -211,3 +225,53 @@ def run(config: benchmarks.Config) -> benchmarks.SuiteResult:
 
 
 benchmarks.register("linear_rewrites", run, order=15, render=render)
+
+
+def op_counts(tiny: bool) -> Dict[str, Dict[str, int]]:
+  """Per model, the ops each variant's train op adds, built once each.
+
+  The builds of :func:`run_case` without the timing, plus the identity plan
+  (``gg_identity``: ``transform_upstream(identity())`` below every layer),
+  which builds what ``minimize()`` builds. A skipped variant is left out.
+  """
+  out: Dict[str, Dict[str, int]] = {}
+  for model, variants in _cases(tiny):
+    counts = out.setdefault(model.name, {})
+    for v in tuple(variants) + ("gg_identity",):
+      try:
+        counts[v] = _measure.build_once(model, v).ops_added
+      except _variants.Skip as e:
+        log.info("%s / %s skipped: %s", model.name, v, e)
+  return out
+
+
+def record(path: str = OP_COUNTS) -> Dict:
+  """Writes the op counts of the full and the tiny models to ``path``."""
+  data = {"regenerate": "python -m benchmarks.linear_rewrites --record",
+          "tensorflow": tf.__version__,
+          "tiny": op_counts(True), "full": op_counts(False)}
+  with open(path, "w") as f:
+    json.dump(data, f, indent=1)
+    f.write("\n")
+  return data
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog="python -m benchmarks.linear_rewrites",
+      description="Op counts of the linear-rewrite variants.")
+  parser.add_argument("--record", action="store_true",
+                      help=f"rewrite {os.path.relpath(OP_COUNTS)} with "
+                      f"today's op counts")
+  parser.add_argument("--tiny", action="store_true",
+                      help="print the tiny models' counts only")
+  args = parser.parse_args(argv)
+  logging.getLogger("graphgrad").setLevel(logging.WARNING)
+  data = (record() if args.record
+          else {"tiny" if args.tiny else "full": op_counts(args.tiny)})
+  print(json.dumps(data, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
