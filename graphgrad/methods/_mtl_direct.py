@@ -22,6 +22,7 @@ _F64 = tf.float64
 
 
 class _ConFIG(TaskMethod):
+  homogeneous = True  # combine(S J) = S combine(J): tests/methods
   name = "config"
 
   def __init__(self, pref):
@@ -74,6 +75,7 @@ def config(pref_vector: Sequence[float] | None = None) -> TaskMethod:
 
 
 class _GradDrop(TaskMethod):
+  homogeneous = True  # combine(S J) = S combine(J): tests/methods
   name = "graddrop"
 
   def __init__(self, f, leak, seed):

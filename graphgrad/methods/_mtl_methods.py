@@ -24,6 +24,7 @@ _F64 = tf.float64
 
 
 class _MGDA(GramMethod):
+  homogeneous = True  # combine(S J) = S combine(J): tests/methods
   name = "mgda"
 
   def __init__(self, epsilon, max_iters):
@@ -66,6 +67,7 @@ def mgda(epsilon: float = 1e-3, max_iters: int = 100) -> TaskMethod:
 
 class _DualCone(GramMethod):
   """UPGrad and DualProj: projections onto the dual cone of the rows."""
+  homogeneous = True  # combine(S J) = S combine(J): tests/methods
 
   def __init__(self, name, pref, norm_eps, reg_eps):
     self.name, self.pref = name, pref
@@ -146,6 +148,7 @@ def dualproj(pref_vector: Sequence[float] | None = None,
 
 
 class _CAGrad(GramMethod):
+  homogeneous = True  # combine(S J) = S combine(J): tests/methods
   name = "cagrad"
 
   def __init__(self, c, norm_eps):
@@ -194,6 +197,7 @@ def cagrad(c: float = 0.5, norm_eps: float = 1e-4) -> TaskMethod:
 
 
 class _IMTLG(GramMethod):
+  homogeneous = True  # combine(S J) = S combine(J): tests/methods
   name = "imtl_g"
 
   def _weights(self, gram, state=None, eps=None):
@@ -226,6 +230,7 @@ def imtl_g() -> TaskMethod:
 
 
 class _AlignedMTL(GramMethod):
+  homogeneous = True  # combine(S J) = S combine(J): tests/methods
   name = "aligned_mtl"
 
   def __init__(self, pref, scale_mode):

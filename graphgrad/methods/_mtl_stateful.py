@@ -42,6 +42,7 @@ def _assign_after(out: tf.Tensor, updates) -> tf.Tensor:
 
 
 class _GradVac(GramMethod):
+  homogeneous = True  # combine(S J) = S combine(J): tests/methods
   name = "gradvac"
   stateful = True
 

@@ -218,10 +218,10 @@ def test_one_loss_scale_policy():
                         _Topology())
   assert rules.loss_scale.scale == 128.0
   for declare, named in (
-      (lambda d: d.add_tasks("l2", None, gg.mtl.mgda()),
-       r"combine_tasks\('l2', mgda"),
-      (lambda d: d.add_parameter_tasks(None, None, gg.mtl.graddrop(seed=0)),
-       r"combine_tasks\(at='parameters', graddrop"),
+      (lambda d: d.add_tasks("l2", None, gg.mtl.nash_mtl()),
+       r"combine_tasks\('l2', nash_mtl"),
+      (lambda d: d.add_parameter_tasks(None, None, gg.mtl.nash_mtl()),
+       r"combine_tasks\(at='parameters', nash_mtl"),
       (lambda d: d.add_backward("l1", gg.backward.synthetic()),
        r"replace_backward\('l1', synthetic"),
       (lambda d: d.add_backward("l1", lambda context: context.upstream),

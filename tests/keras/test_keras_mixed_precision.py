@@ -152,7 +152,7 @@ def test_loss_scale_errors(K):
   # One policy with GradientPlan's: a task combination that does not scale
   # with its input is refused, not warned about.
   drop = gg.KerasPlan(_model(K)).combine_tasks(
-      "l1", gg.mtl.graddrop(seed=0))
+      "l1", gg.mtl.nash_mtl())
   with pytest.raises(gg.GraphGradError, match=r"loss_scale: .*"
-                     r"combine_tasks\('l1', graddrop"):
+                     r"combine_tasks\('l1', nash_mtl"):
     drop.tape(loss_scale=128.0)

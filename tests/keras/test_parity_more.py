@@ -19,9 +19,8 @@ Keras 3 eagerly and in a ``tf.function``) and the same tolerance
   Keras ``LossScaleOptimizer``), both with the fixed scale 1024, bare and
   with nonlinear upstream and parameter transforms, which must see the
   unscaled gradient;
-* what each plan does today when a loss scale meets task combinations,
-  backward replacements and overrides, where the two plans differ
-  (``test_loss_scale_policy_today_*``).
+* one loss-scale policy for task combinations, backward replacements and
+  overrides on both plans (``test_loss_scale_*``).
 
 Each case is shown to matter: the declaration changes some gradient against
 the plan without it (recompute: the plans rebuild forward ops in the
@@ -346,53 +345,59 @@ def test_loss_scale_parity(run, decl, shape):
     assert _changed(wrong, want)
 
 
-# -- the loss-scale policy today, where the two plans differ -----------------
+# -- the loss-scale policy, one for both plans ---------------------------------
 #
-# GradientPlan refuses every task combination and backward replacement under
-# a loss scale (graphgrad/plan/_loss_scale_optimizer.py); KerasPlan refuses
-# only synthetic gradients and warns about the rest unless they are known to
-# scale with their input (graphgrad/keras/_loss_scale.py). Overrides pass on
-# both, and their fn sees the loss-scaled gradient on both.
+# A task combination or backward replacement under a loss scale receives the
+# loss-scaled gradients. It is accepted when it is homogeneous,
+# combine(S J) = S combine(J) (TaskMethod.homogeneous, Replacement.homogeneous,
+# checked for every method in tests/methods/test_homogeneous.py), and refused
+# by both plans, with one message, otherwise (graphgrad/core/_rules.py).
+# Overrides pass on both, and their fn sees the loss-scaled gradient on both.
 
-REFUSED_TODAY = {
-    "combine_tasks": lambda p, d: p.combine_tasks(
-        d.s["mid"], d.tasks, gg.mtl.pcgrad()),
-    "combine_tasks_parameters": lambda p, d: d.combine(
-        p, None, gg.mtl.pcgrad()),
-    "feedback_alignment": lambda p, d: p.replace_backward(
-        d.s["mid"], gg.backward.feedback_alignment(seed=3)),
+def _at_mid(method):
+  """``combine_tasks`` at the middle layer, as each plan takes it."""
+  def declare(p, d):
+    losses = [] if d.tasks is None else [d.tasks]
+    return p.combine_tasks(d.s["mid"], *losses, method)
+  return declare
+
+
+REFUSED = {
+    "nash_mtl": _at_mid(gg.mtl.nash_mtl()),
+    "nash_mtl_parameters": lambda p, d: d.combine(
+        p, None, gg.mtl.nash_mtl()),
+    "user_replacement": lambda p, d: p.replace_backward(
+        d.s["mid"], _half_vjp),
     "synthetic": lambda p, d: p.replace_backward(
         d.s["mid"], gg.backward.synthetic(hidden=(4,), seed=5)),
 }
+REFUSAL = (r"^loss_scale: .* \(not homogeneous\), so they would be "
+           r"silently wrong")
 
 
-@pytest.mark.parametrize("decl", sorted(REFUSED_TODAY))
-def test_loss_scale_policy_today_gradient_plan_refuses(decl):
-  _, _, model, _, x, labels = _setup("keras3-eager", "chain")
+@pytest.mark.parametrize("decl", sorted(REFUSED))
+def test_loss_scale_refuses_what_does_not_scale_on_both_plans(decl):
+  _, K, model, _, x, labels = _setup("keras3-eager", "chain")
   weights = keras_cases.layer_weights(model)
-  with pytest.raises(gg.GraphGradError,
-                     match=r"^loss_scale: a MixedPrecisionLossScaleOptimizer "
-                           r"scales the loss's gradient .* compute gradients "
-                           r"of their own"):
-    _tf1("chain", weights, x, labels, REFUSED_TODAY[decl], scale=SCALE)
+  with pytest.raises(gg.GraphGradError, match=REFUSAL):
+    _tf1("chain", weights, x, labels, REFUSED[decl], scale=SCALE)
+  plan = REFUSED[decl](gg.KerasPlan(model), _Side("chain"))
+  with pytest.raises(gg.GraphGradError, match=REFUSAL):
+    plan.tape(loss_scale=_loss_scale_optimizer("keras3", K))
 
 
-# Keras, under a loss scale of 1024 with the scaled task losses: whether the
-# tape warns that the declaration receives the loss-scaled gradients. Its
-# gradients over 1024 are compared with the same plan without a loss scale.
-KERAS_TODAY = {  # name: (declare, takes task losses, warns)
-    "pcgrad": (lambda p, d: p.combine_tasks(d.s["mid"], gg.mtl.pcgrad()),
-               True, False),
-    "mgda": (lambda p, d: p.combine_tasks(d.s["mid"], gg.mtl.mgda()),
-             True, True),
+# Accepted: under a loss scale of 1024 each plan's gradients (Keras: over
+# 1024, of the scaled loss and task losses) equal its own without a loss
+# scale (the plans' parity without a loss scale is test_parity's).
+ACCEPTED = {  # name: (declare, takes task losses)
+    "pcgrad": (_at_mid(gg.mtl.pcgrad()), True),
+    "mgda": (_at_mid(gg.mtl.mgda()), True),
     "pcgrad_parameters": (lambda p, d: d.combine(p, None, gg.mtl.pcgrad()),
-                          True, False),
+                          True),
     "upgrad_parameters": (lambda p, d: d.combine(p, None, gg.mtl.upgrad()),
-                          True, True),
+                          True),
     "feedback_alignment": (lambda p, d: p.replace_backward(
-        d.s["mid"], gg.backward.feedback_alignment(seed=3)), False, False),
-    "user_replacement": (lambda p, d: p.replace_backward(
-        d.s["mid"], _half_vjp), False, True),
+        d.s["mid"], gg.backward.feedback_alignment(seed=3)), False),
 }
 
 
@@ -406,7 +411,7 @@ def _keras_scaled(model, x, labels, decl, opt, scaled):
   """The chain's KerasPlan gradients of one eager step: under
   ``plan.tape(loss_scale=opt)`` of ``SCALE * loss`` with the task losses
   scaled alike, over ``SCALE``; or of the plain loss without it."""
-  declare, tasks, _ = KERAS_TODAY[decl]
+  declare, tasks = ACCEPTED[decl]
   plan = declare(gg.KerasPlan(model), _Side("chain"))
   with plan.tape(loss_scale=opt if scaled else None) as tape:
     losses = _tasks("chain", [model(tf.constant(x))],
@@ -418,35 +423,27 @@ def _keras_scaled(model, x, labels, decl, opt, scaled):
   return [np.asarray(g) / (SCALE if scaled else 1.0) for g in grads]
 
 
-@pytest.mark.parametrize("decl", sorted(KERAS_TODAY))
-def test_loss_scale_policy_today_keras_plan_warns_and_computes(decl, caplog):
-  warns = KERAS_TODAY[decl][2]
+@pytest.mark.parametrize("decl", sorted(ACCEPTED))
+def test_loss_scale_accepts_what_scales_on_both_plans(decl, caplog):
   K = FLAVOURS["keras3"]
   model = keras_cases.keras_model(keras_cases.CASES["chain"], K)
   x, labels = keras_cases.batch(keras_cases.CASES["chain"])
+  weights = keras_cases.layer_weights(model)
+  declare = ACCEPTED[decl][0]
+  want, _ = _tf1("chain", weights, x, labels, declare)
+  got, _ = _tf1("chain", weights, x, labels, declare, scale=SCALE)
+  _close(got, want, f"{decl} GradientPlan")
   opt = _loss_scale_optimizer("keras3", K)
   with caplog.at_level(logging.WARNING, logger="graphgrad"):
     got = _keras_scaled(model, x, labels, decl, opt, True)
-  warned = [r.message for r in caplog.records if r.name == "graphgrad"
-            and "receive the loss-scaled gradients" in r.message]
-  assert len(warned) == int(warns), (decl, warned)
+  assert not [r for r in caplog.records if r.name == "graphgrad"]
   want = _keras_scaled(model, x, labels, decl, opt, False)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=decl)
 
 
-def test_loss_scale_policy_today_keras_plan_refuses_synthetic():
-  K = FLAVOURS["keras3"]
-  model = keras_cases.keras_model(keras_cases.CASES["chain"], K)
-  plan = REFUSED_TODAY["synthetic"](gg.KerasPlan(model), _Side("chain"))
-  with pytest.raises(gg.GraphGradError,
-                     match=r"replace_backward\('l2', synthetic\(\)\) .* not "
-                           r"supported with a loss scale"):
-    plan.tape(loss_scale=_loss_scale_optimizer("keras3", K))
-
-
 @pytest.mark.parametrize("run", RUNS)
-def test_loss_scale_policy_today_override_fn_sees_the_scaled_gradient(run):
+def test_loss_scale_an_override_fn_sees_the_scaled_gradient(run):
   # Both plans accept an override under a loss scale and call its fn on
   # the loss-scaled gradient, as they are: a nonlinear fn then differs
   # from the plan without a loss scale (unlike a transform, see

@@ -308,11 +308,11 @@ def test_a_loss_scale_optimizer_refuses_a_non_homogeneous_parameter_level(
     graph):
   loss, losses = _two_tasks()
   plan = gg.GradientPlan(loss).combine_tasks(
-      None, losses, gg.mtl.graddrop(seed=0), at="parameters")
+      None, losses, gg.mtl.nash_mtl(), at="parameters")
   opt = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(
       tf1.train.GradientDescentOptimizer(0.1), loss_scale=8.0)
   with pytest.raises(gg.GraphGradError,
-                     match=r"combine_tasks\(at='parameters', graddrop.*\) "
+                     match=r"combine_tasks\(at='parameters', nash_mtl.*\) "
                            r"compute\(s\) gradients whose result does not "
                            r"scale"):
     plan.apply_gradients(opt)

@@ -170,16 +170,16 @@ def test_without_loss_scale_float16_gradients_underflow(graph):
 
 
 def test_refuses_declarations_loss_scaling_would_change(graph):
-  # GraphDrop's random mask depends on the gradients' values, not only on
-  # their direction: it is not homogeneous, so a loss scale is refused.
+  # Nash-MTL's result does not grow with the task gradients (degree 0):
+  # it is not homogeneous, so a loss scale is refused.
   x, y, out, loss = _model()
   la = tf.reduce_mean(tf.cast(out[:, 0], tf.float32))
   lb = tf.reduce_mean(tf.cast(out[:, 1], tf.float32))
   plan = gg.GradientPlan(la + lb).combine_tasks(
-      "l1", [la, lb], gg.mtl.graddrop(seed=1))
+      "l1", [la, lb], gg.mtl.nash_mtl())
   opt = MPLSO(tf1.train.GradientDescentOptimizer(LR), "dynamic")
   with pytest.raises(gg.GraphGradError,
-                     match=r"loss_scale: .* combine_tasks\('l1', .*graddrop"
+                     match=r"loss_scale: .* combine_tasks\('l1', .*nash_mtl"
                            r".*\(not homogeneous\)"):
     plan.apply_gradients(opt)
 
