@@ -24,7 +24,8 @@ from graphgrad.core._gradients import (
   is_float,
   weigh,
 )
-from graphgrad.core._layer_policy import LayerRules, layer_backward
+from graphgrad.core._layer_policy import layer_backward
+from graphgrad.core._rules import LayerRule, Mode
 from graphgrad.transforms import _checks
 
 
@@ -69,15 +70,18 @@ def call_vjp(inner: tf.GradientTape, ys, xs, grads) -> list:
   return list(inner.gradient(ys, xs, output_gradients=grads))
 
 
-class _TapeVJP:
-  """The VJP provider of one layer call: :func:`call_vjp`."""
+class _CallSteps:
+  """The steps of one rewritten layer call (``core._layer_policy.
+  LayerSteps``): the call's inner tape is its VJP (:func:`call_vjp`)."""
 
-  def __init__(self, inner, outs, xs, variables, own):
+  def __init__(self, run, step, rule: LayerRule, inner, outs, xs,
+               variables, own):
+    self.run, self.step, self.rule = run, step, rule
     self.inner, self.outs, self.xs = inner, outs, xs
     self.own = [variables[i] for i in own]
     self.other = [v for i, v in enumerate(variables) if i not in set(own)]
 
-  def __call__(self, grads, inputs: bool, own: bool, other: bool):
+  def vjp(self, grads, inputs: bool, own: bool, other: bool):
     xs = list(self.xs) if inputs else []
     vs = (self.own if own else []) + (self.other if other else [])
     res = call_vjp(self.inner, self.outs, xs + vs, grads) if xs or vs else []
@@ -86,6 +90,32 @@ class _TapeVJP:
 
   def weigh(self, grad, factor):
     return weigh(grad, factor)
+
+  def arrived(self, grads):
+    # Tasks were combined before (over every output of the call); the
+    # complete gradient is what replacements below read.
+    if not self.step.plain:
+      self.step.done[self.rule.layer] = grads
+    return grads
+
+  def transform(self, grads):
+    path, fn = self.rule.layer, self.rule.upstream
+    return [_checks.checked(fn, dy, self.run.context(path, "upstream",
+                                                     tensor=o),
+                            f"transform_upstream({path!r}) on {describe(o)}")
+            for o, dy in zip(self.outs, grads)]
+
+  def observe(self, grads):
+    pass  # the Keras tape keeps no trace
+
+  def replace(self, grads, chain_rule):
+    path = self.rule.layer
+    return self.run.replace(self.step, path, self.rule.replacement,
+                            self.inner, self.xs, self.outs, grads, chain_rule)
+
+  def override(self, grads):
+    return overridden(self.run, self.rule.layer, self.rule.override, self.xs,
+                      self.outs, grads)
 
 
 def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
@@ -117,33 +147,15 @@ def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
     return [None] * n, [None] * len(variables)
   plan = run.plan
   rule = plan.rules.rule(path)
-  override = rule.override
   if step.plain:  # task gradients: plain backpropagation, or the override
-    rules = LayerRules(override=None if override is None else (
-        lambda gs: overridden(run, path, override, xs, outs, gs)))
+    rule = (LayerRule(path, Mode.OVERRIDDEN, override=rule.override)
+            if rule.override is not None else LayerRule(path))
     own = list(range(len(variables)))
   else:
-    fn, replace = rule.upstream, rule.replacement
     own_refs = {v.ref() for v in plan.own_variables(path)}
     own = [i for i, v in enumerate(variables) if v.ref() in own_refs]
-
-    def tasks(gs):  # combined above, over every output of the call
-      step.done[path] = gs
-      return gs
-
-    rules = LayerRules(
-        tasks=tasks,
-        upstream=None if fn is None else lambda gs: [
-            _checks.checked(fn, dy, run.context(path, "upstream", tensor=o),
-                            f"transform_upstream({path!r}) on {describe(o)}")
-            for o, dy in zip(outs, gs)],
-        factor=rule.factor,
-        replace=None if replace is None else lambda gs, chain_rule: (
-            run.replace(step, path, replace, inner, xs, outs, gs,
-                        chain_rule)),
-        override=None if override is None else (
-            lambda gs: overridden(run, path, override, xs, outs, gs)))
-  result = layer_backward(rules, g, _TapeVJP(inner, outs, xs, variables, own))
+  result = layer_backward(
+      rule, g, _CallSteps(run, step, rule, inner, outs, xs, variables, own))
   dv: list = [None] * len(variables)
   mine = set(own)
   for i, grad in zip(own, result.own):

@@ -15,48 +15,68 @@ makes the single call ``Optimizer.minimize`` makes.
 """
 
 import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Set
 
 import tensorflow as tf
 
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._gradients import aggregate, completed_upstream, is_zero
-from graphgrad.core._layer_policy import LayerRules, layer_backward
+from graphgrad.core._layer_policy import layer_backward
+from graphgrad.core._rules import EdgeRule, LayerRule, Mode, PlanRules
 from graphgrad.plan import _hooks, _reach
 from graphgrad.plan._backprop import Backprop
 from graphgrad.plan._cuts import CutPlan, Group, GroupKind, ancestors
 from graphgrad.plan._op_override import Substitutions
 from graphgrad.plan._spans import Spans
 
-__all__ = ["Rewrite", "Segments"]
+__all__ = ["Hooks", "Rewrite", "Segments"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Rewrite:
-  """An upstream or edge rewrite as the engine receives it.
+  """An upstream or edge transform as the engine calls it.
 
   Attributes:
-    fn: ``(grad, tensor) -> grad``, the rewrite with the plan's checks.
-    factor: ``c`` when ``fn`` computes ``c * grad`` (a Python number, see
-      ``Transform.linear_factor``), else ``None``. With a factor the engine
-      never calls ``fn`` except where a backward replacement needs the
-      rewritten gradient.
+    fn: ``(grad, tensor) -> grad``, the transform with the plan's checks.
     observe: called as ``observe(grad, tensor)`` with each gradient that
-      a linear rewrite weights instead of calling ``fn`` on (summaries).
+      a ``LINEAR`` rule weights instead of calling ``fn`` on (summaries).
   """
   fn: Callable
-  factor: Optional[float] = None
   observe: Optional[Callable] = None
 
 
-class _SegmentVJP:
-  """The VJP provider of one cut layer: one segment call per VJP."""
+class Hooks(Protocol):
+  """What the engine calls of the TF1 executor, per compiled rule."""
 
-  def __init__(self, bp: Backprop, ys, targets, own, other, stops):
-    self.bp, self.ys, self.targets = bp, ys, targets
+  def upstream(self, rule: LayerRule) -> Rewrite:
+    """The layer's upstream transform."""
+
+  def edge(self, rule: EdgeRule) -> Rewrite:
+    """The edge's transform."""
+
+  def replacement(self, rule: LayerRule) -> Callable:
+    """The layer's backward replacement, called with keywords ``layer``,
+    ``outputs``, ``upstream`` (the gradients at ``outputs`` after the
+    upstream transform), ``inputs``, ``chain_rule`` (a function building
+    what the chain rule would give) and ``upstream_of`` (layer name -> the
+    complete gradients at that cut layer's outputs); it returns one
+    gradient per input."""
+
+  def tasks(self, rule: LayerRule) -> Callable:
+    """``(grads, outputs) -> grads``: the layer's task combination."""
+
+
+class _LayerSteps:
+  """The steps of one cut layer (``core._layer_policy.LayerSteps``): one
+  segment call per VJP."""
+
+  def __init__(self, segments: "Segments", bp: Backprop, rule: LayerRule,
+               ys, targets, own, other, stops):
+    self.segments, self.bp, self.rule = segments, bp, rule
+    self.ys, self.targets = ys, targets
     self.own, self.other, self.stops = own, other, stops
 
-  def __call__(self, grads, inputs: bool, own: bool, other: bool):
+  def vjp(self, grads, inputs: bool, own: bool, other: bool):
     xs = self.targets if inputs else []
     names = (self.own if own else []) + (self.other if other else [])
     res = self.bp.call(self.ys, grads, xs, names, stops=self.stops)
@@ -66,6 +86,28 @@ class _SegmentVJP:
   def weigh(self, grad, factor):
     return self.bp.weigh(grad, factor)
 
+  def arrived(self, grads):
+    name, s = self.rule.layer, self.segments
+    tasks = s.outputs_fn.get(name)
+    s._done[name] = tasks(grads, self.ys) if tasks is not None else grads
+    return s._done[name]
+
+  def transform(self, grads):
+    rw = self.segments.upstream[self.rule.layer]
+    return [rw.fn(gy, y) for y, gy in zip(self.ys, grads)]
+
+  def observe(self, grads):
+    self.segments._observe(self.rule.layer, self.ys, grads)
+
+  def replace(self, grads, chain_rule):
+    name = self.rule.layer
+    return self.segments.backward[name](
+        layer=name, outputs=self.ys, upstream=grads, inputs=self.targets,
+        upstream_of=self.segments._upstream_of, chain_rule=chain_rule)
+
+  def override(self, grads):
+    raise AssertionError("a tf.Graph plan overrides ops, not layers")
+
 
 class Segments:
   """Plans and builds the segmented backward pass of one gradient plan.
@@ -73,86 +115,64 @@ class Segments:
   Args:
     net: the analysed layer graph.
     variables: the variables to differentiate.
-    upstream: layer name -> the :class:`Rewrite` of the upstream gradient
-      at each of its output tensors.
-    edges: ``(lower, upper)`` -> the :class:`Rewrite` of the gradient
-      ``upper`` sends directly into ``lower``'s tensor.
+    rules: the plan, compiled: each layer's mode and factor, the edges, the
+      layers whose outputs a replacement reads.
+    hooks: the executor's transforms, replacements and task combinations,
+      asked once per rule that has one.
     options: keyword arguments for ``tf.gradients``.
-    backward: layer name -> callable replacing the chain rule from the
-      layer's outputs to its inputs. It is called with keywords ``layer``,
-      ``outputs``, ``upstream`` (the gradients at ``outputs`` after the
-      upstream rewrite), ``inputs``, ``chain_rule`` (a function building
-      what the chain rule would give) and ``upstream_of`` (layer name -> the
-      complete gradients at that cut layer's outputs), and returns one
-      gradient per input.
-    outputs_fn: layer name -> callable ``(grads, outputs) -> grads`` applied
-      to the total gradient at the layer's outputs before anything else: the
-      layer's own parameters and everything below see its result.
-    read_layers: more layers to cut, whose output gradients
-      ``upstream_of`` reads (a replacement's ``cuts``).
     gradients_fn: what each segment calls instead of ``tf.gradients``, with
       the same arguments (``plan.recompute``, see ``_recompute``).
     overrides: the plan's overridden ops: their functions replace the
-      registered ones in every segment call (see ``_hooks``). A layer whose
-      own ops include one whose function is not known to be linear is
-      backpropagated with its rewritten gradient, never weighted by a
-      factor, and glue with such an op is never covered by a layer above.
+      registered ones in every segment call (see ``_hooks``). Glue with an
+      op whose function is not known to be linear is never covered by a
+      layer above (a layer holding one is never ``LINEAR``: compiled so).
     spans: whether spans of linear layers may share one call; ``False``
       when ``gradients_fn`` differentiates copies of the forward ops
       (``plan.recompute``), which a span's per-op factors cannot reach.
   """
 
-  def __init__(self, net: LayerGraph, variables,
-               upstream: Dict[str, Rewrite],
-               edges: Dict[Tuple[str, str], Rewrite], options: dict,
-               backward: Optional[Dict[str, Callable]] = None,
-               outputs_fn: Optional[Dict[str, Callable]] = None,
-               read_layers: Sequence[str] = (),
+  def __init__(self, net: LayerGraph, variables, rules: PlanRules,
+               hooks: Hooks, options: dict,
                gradients_fn: Optional[Callable] = None,
                overrides: Optional[Substitutions] = None,
                spans: bool = True):
     self.net = net
+    self.rules = rules
     self.gradients_fn = gradients_fn or tf.compat.v1.gradients
     self.overrides = overrides or Substitutions()
     self.variables = {v.op.name: v for v in variables}
-    nonlinear = self._nonlinear_overrides()
-    # An override whose function may not be linear sees the rewritten
-    # gradient itself: its layer's factor cannot be moved past it.
-    self.upstream = {
-        n: (dataclasses.replace(rw, factor=None)
-            if any(net.layer_of(op) == n for op in nonlinear) else rw)
-        for n, rw in upstream.items()}
-    self.edges = dict(edges)
+    self.upstream = {n: hooks.upstream(r) for n, r in rules.layers.items()
+                     if r.upstream is not None}
+    self.edges = {k: hooks.edge(e) for k, e in rules.edges.items()}
     self.options = options
-    self.backward = dict(backward or {})
-    self.outputs_fn = dict(outputs_fn or {})
-    self.edge_uppers = {up for _, up in edges}
-    cut_layers = (set(upstream) | self.edge_uppers | set(self.backward)
-                  | set(self.outputs_fn) | set(read_layers))
+    self.backward = {n: hooks.replacement(r) for n, r in rules.layers.items()
+                     if r.mode is Mode.REPLACED}
+    self.outputs_fn = {n: hooks.tasks(r) for n, r in rules.layers.items()
+                       if r.tasks is not None}
+    self.edge_uppers = {n for n, r in rules.layers.items() if r.edge_upper}
+    cut_layers = {n for n, r in rules.layers.items() if r.cut}
+    self._special = {n for n, r in rules.layers.items() if r.special}
     # A layer whose only rewrite is linear also backpropagates the glue
     # that feeds it alone: one segment per layer, not one more per glue op.
-    special = self.edge_uppers | set(self.backward) | set(self.outputs_fn)
-    self._special = special | set(read_layers)
-    with_glue = [n for n, rw in self.upstream.items()
-                 if rw.factor is not None and n not in self._special]
+    factors = {n: r.factor for n, r in rules.layers.items()
+               if r.mode is Mode.LINEAR and r.factor is not None}
+    with_glue = [n for n in factors if n not in self._special]
     self.cuts = CutPlan(net, self.variables, cut_layers, self.edge_uppers,
-                        with_glue, uncovered={op.name for op in nonlinear})
+                        with_glue, uncovered=self._nonlinear_overrides())
     # Each segment call walks only the ops behind its ys (see _reach).
     self._bound = _reach.can_bound(
         d["op"] for _, d in net.op_graph.nodes(data=True))
     self._done: Dict[str, List] = {}
     self._spans = Spans(
-        net, self.cuts, self.variables,
-        {n: rw.factor for n, rw in self.upstream.items()
-         if rw.factor is not None}, self._special,
+        net, self.cuts, self.variables, factors, self._special,
         enabled=spans and _hooks.available(),
         overridden=set(self.overrides.fns))
 
-  def _nonlinear_overrides(self) -> List[tf.Operation]:
+  def _nonlinear_overrides(self) -> Set[str]:
     """The overridden ops of the op graph whose function may not be linear."""
     known = self.net.op_graph
-    return [known.nodes[n]["op"] for n in self.overrides.fns
-            if n in known and n not in self.overrides.linear]
+    return {n for n in self.overrides.fns
+            if n in known and n not in self.overrides.linear}
 
   def schedule(self) -> List[Group]:
     """Returns the cut groups in execution order, with their segments."""
@@ -221,44 +241,22 @@ class Segments:
   def _run_layer(self, group: Group, bp: Backprop) -> None:
     """A cut layer: the per-layer policy, with one segment call per VJP."""
     name, ys = group.key.name, group.sources
+    rule = self.rules.rule(name)
     own = [n for n in group.variables
            if self.net.layer_of_variable(self.variables[n]) == name]
     other = [n for n in group.variables if n not in own]
-    store = bp.edge_grads[name] if name in self.edge_uppers else None
-    replace = self.backward.get(name)
+    store = bp.edge_grads[name] if rule.edge_upper else None
     # A replacement answers for every input; a zero edge removes the rest.
-    targets = (group.targets if replace is not None
+    targets = (group.targets if rule.mode is Mode.REPLACED
                else self._live_inputs(group, bp))
-    vjp = _SegmentVJP(bp, ys, targets, own, other, group.targets)
-    result = layer_backward(self._rules(name, ys, targets), bp.total(ys), vjp)
+    steps = _LayerSteps(self, bp, rule, ys, targets, own, other,
+                        group.targets)
+    result = layer_backward(rule, bp.total(ys), steps)
     bp.deposit([], own + other, result.own + result.other)
     if result.inputs is None:
       bp.drop(targets, other)
     else:
       bp.deposit(targets, [], result.inputs, store=store)
-
-  def _rules(self, name: str, ys, targets) -> LayerRules:
-    """The declarations of layer ``name`` as the per-layer policy takes them."""
-    outputs_fn, rw = self.outputs_fn.get(name), self.upstream.get(name)
-    replace = self.backward.get(name)
-
-    def tasks(g):
-      self._done[name] = outputs_fn(g, ys) if outputs_fn is not None else g
-      return self._done[name]
-
-    def replaced(g, chain_rule):
-      return replace(layer=name, outputs=ys, upstream=g, inputs=targets,
-                     upstream_of=self._upstream_of, chain_rule=chain_rule)
-
-    return LayerRules(
-        tasks=tasks,
-        upstream=None if rw is None else (
-            lambda g: [rw.fn(gy, y) for y, gy in zip(ys, g)]),
-        # The replacement sees the rewritten gradient itself, in the
-        # documented order: a linear factor cannot be moved past it.
-        factor=None if rw is None or replace is not None else rw.factor,
-        observe=None if rw is None else lambda g: self._observe(name, ys, g),
-        replace=None if replace is None else replaced)
 
   def _live_inputs(self, group: Group, bp: Backprop) -> List[tf.Tensor]:
     """The layer's targets, less those whose edge is ``zero()``."""
@@ -271,16 +269,16 @@ class Segments:
     """``targets`` but those whose edge into ``upper`` is ``zero()``."""
     live = []
     for t in targets:
-      rw = self._edge_of(t, upper)
-      if rw is not None and is_zero(rw.factor):
+      edge = self._edge_rule(t, upper)
+      if edge is not None and is_zero(edge.factor):
         bp.drop([t])
       else:
         live.append(t)
     return live
 
-  def _edge_of(self, t: tf.Tensor, upper: str) -> Optional[Rewrite]:
+  def _edge_rule(self, t: tf.Tensor, upper: str) -> Optional[EdgeRule]:
     lower = self.net.layer_of(t.op)
-    return None if lower is None else self.edges.get((lower, upper))
+    return None if lower is None else self.rules.edges.get((lower, upper))
 
   def _upstream_of(self, layer: str) -> List:
     return completed_upstream(self._done, layer)
@@ -300,11 +298,12 @@ class Segments:
     bp.deposit([], group.variables, res[len(live):])
 
   def _edge(self, t: tf.Tensor, upper: str, grad, bp: Backprop):
-    rw = self._edge_of(t, upper)
-    if rw is None or grad is None:
+    edge = self._edge_rule(t, upper)
+    if edge is None or grad is None:
       return grad
-    if rw.factor is None:
+    rw = self.edges[edge.lower, edge.upper]
+    if edge.factor is None:
       return rw.fn(grad, t)
     if rw.observe is not None:
       rw.observe(grad, t)
-    return bp.weigh(grad, rw.factor)
+    return bp.weigh(grad, edge.factor)

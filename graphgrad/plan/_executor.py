@@ -32,7 +32,7 @@ from graphgrad._types import Gradient
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core._gradients import aggregate
-from graphgrad.core._rules import PlanRules, TaskRule
+from graphgrad.core._rules import EdgeRule, LayerRule, PlanRules, TaskRule
 from graphgrad.methods import _pcgrad, _replacement
 from graphgrad.plan import (
   _hooks,
@@ -243,14 +243,7 @@ class _Executor:
   def _segmented(self, reached) -> Dict[str, Gradient]:
     rules = self.rules
     segments = Segments(
-        self.net, reached,
-        {n: self._upstream_hook(n, fn) for n, fn in rules.upstream.items()},
-        {k: self._edge_hook(k, e.transform) for k, e in rules.edges.items()},
-        self.options.gradients_kwargs,
-        backward={n: self._backward_hook(n, fn)
-                  for n, fn in rules.replacements.items()},
-        outputs_fn={n: self._tasks_hook(t) for n, t in rules.tasks.items()},
-        read_layers=rules.read_layers,
+        self.net, reached, rules, self, self.options.gradients_kwargs,
         gradients_fn=self.recomputing, overrides=self.overrides,
         spans=rules.recompute is None)
     by_name = {v.op.name: v for v in reached}
@@ -262,23 +255,29 @@ class _Executor:
     return {v.op.name: aggregate(contributions.get(v.op.name, ()), like=v)
             for v in reached}
 
-  def _upstream_hook(self, layer: str, fn: Transform) -> Rewrite:
+  # -- what the engine asks of each rule (_engine.Hooks) ----------------------
+
+  def upstream(self, rule: LayerRule) -> Rewrite:
+    layer, fn = rule.layer, rule.upstream
+    assert fn is not None  # asked only for a rule with a transform
     return self._rewrite(
         fn, lambda t: self._context(layer, "upstream", tensor=t),
         lambda t: f"transform_upstream({layer!r}) on {t.name}")
 
-  def _edge_hook(self, key: Tuple[str, str], fn: Transform) -> Rewrite:
+  def edge(self, rule: EdgeRule) -> Rewrite:
+    key = (rule.lower, rule.upper)
     return self._rewrite(
-        fn, lambda t: self._context(key[0], "edge", tensor=t, edge=key),
+        rule.transform,
+        lambda t: self._context(key[0], "edge", tensor=t, edge=key),
         lambda t: f"transform_edge({key[0]!r}, {key[1]!r}) on {t.name}")
 
   def _rewrite(self, fn: Transform, context: Callable, where: Callable
                ) -> Rewrite:
-    """``fn`` as the engine takes it, with its linear factor if it has one.
+    """``fn`` as the engine calls it, with the plan's checks and trace.
 
-    The engine weights a linear rewrite by its factor instead of calling
-    ``fn``; ``observe`` then records it in the trace, with an ``after`` that
-    calls ``fn`` only when read.
+    Where the rule is linear the engine weights by its factor instead of
+    calling ``fn``; ``observe`` then records it in the trace, with an
+    ``after`` that calls ``fn`` only when read.
     """
     def apply(g, t):
       return self._apply(fn, g, context(t), where(t))
@@ -288,14 +287,17 @@ class _Executor:
       self.trace.append(TraceRecord(ctx, g, later=lambda: self._later(
           fn, g, ctx, at)))
 
-    return Rewrite(apply, fn.linear_factor, observe)
+    return Rewrite(apply, observe)
 
-  def _backward_hook(self, layer: str, fn: Callable) -> Callable:
-    return _replacement.engine_hook(self.net, layer, fn, self.resources,
-                                    self.extra, self._gradients,
+  def replacement(self, rule: LayerRule) -> Callable:
+    return _replacement.engine_hook(self.net, rule.layer, rule.replacement,
+                                    self.resources, self.extra,
+                                    self._gradients,
                                     self.options.gradients_kwargs)
 
-  def _tasks_hook(self, task: TaskRule) -> Callable:
+  def tasks(self, rule: LayerRule) -> Callable:
+    task = rule.tasks
+    assert task is not None  # asked only for a rule with tasks
     return _pcgrad.output_rewrite(self.loss, task.losses or (), task.method,
                                   f"combine_tasks_{task.layer}",
                                   self.resources, task.layer,
