@@ -18,6 +18,7 @@ from typing import Callable, List, Sequence, Tuple
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad.core._rules import ParameterRule
 from graphgrad.keras._layer_index import tf_variable
 from graphgrad.transforms._group import GroupTransform
 
@@ -97,17 +98,17 @@ def _first_replica_only(g, ctx):
   return tf.where(first, g, tf.zeros_like(g))
 
 
-def transform_parameters(sources, grads, todo: List[Tuple[str, object]],
-                         transform_layer: Callable, own_variables: Callable,
+def transform_parameters(sources, grads, todo: Sequence[ParameterRule],
+                         transform: Callable, own_variables: Callable,
                          name: str):
   """Applies the parameter transforms ``todo`` to ``grads``, replica-aware.
 
   Args:
     sources: what the gradients are of (a structure of variables/tensors).
     grads: the replica's gradients, in the structure of ``sources``.
-    todo: ``(layer path, transform)`` pairs, in declaration order.
-    transform_layer: ``(path, fn, flat_sources, flat_grads) -> None``, which
-      applies ``fn`` to the layer's entries of ``flat_grads`` in place.
+    todo: the parameter rules, in the order they act.
+    transform: ``(flat_sources, flat_grads) -> flat_grads``, which applies
+      them (``graphgrad.core._parameters``).
     own_variables: ``path -> [tf.Variable]``, the layer's variables.
     name: the name scope of the ops added.
 
@@ -127,11 +128,11 @@ def transform_parameters(sources, grads, todo: List[Tuple[str, object]],
   with tf.name_scope(name):
     summed: List[int] = []
     if count > 1:
-      by_layer: dict = {}
-      for path, fn in todo:
-        by_layer.setdefault(path, []).append(fn)
-      refs = {v.ref() for path, fns in by_layer.items() if needs_sum(fns)
-              for v in own_variables(path)}
+      by_layers: dict = {}
+      for rule in todo:
+        by_layers.setdefault(rule.layers, []).append(rule.transform)
+      refs = {v.ref() for layers, fns in by_layers.items() if needs_sum(fns)
+              for path in layers for v in own_variables(path)}
       for i, s in enumerate(flat_s):
         v = tf_variable(s)
         if v is not None and v.ref() in refs and flat_g[i] is not None:
@@ -143,8 +144,7 @@ def transform_parameters(sources, grads, todo: List[Tuple[str, object]],
                                [_dense(flat_g[i]) for i in summed])
       for i, g in zip(summed, total):
         flat_g[i] = g
-    for path, fn in todo:
-      transform_layer(path, fn, flat_s, flat_g)
+    flat_g = list(transform(flat_s, flat_g))
     if summed:
       ctx = tf.distribute.get_replica_context()
       for i in summed:

@@ -16,12 +16,11 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core._gradients import add_dense
-from graphgrad.core._rules import PlanRules
+from graphgrad.core._parameters import transform_parameters
+from graphgrad.core._rules import ParameterRule, PlanRules
 from graphgrad.keras import _privatize_tape, _replicas, _tasks
 from graphgrad.keras._intercept import BackwardStep, Interceptor
 from graphgrad.keras._layer_index import tf_variable
-from graphgrad.transforms import _checks
-from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import is_identity
 
 log = logging.getLogger("graphgrad")
@@ -176,8 +175,8 @@ class PlanTape:
     self._last = step
     self._check_edges(step)
     # Each layer's own transforms, then those of several layers at once.
-    todo = [(r.layers if r.group else r.layers[0], r.transform)
-            for r in plan.rules.parameters if not is_identity(r.transform)]
+    todo = [r for r in plan.rules.parameters
+            if not is_identity(r.transform)]
     params = plan.rules.parameter_tasks
     if not todo and not step.extra and params is None:
       return grads
@@ -189,9 +188,9 @@ class PlanTape:
                                      flat_g)
     self._methods_grads(step, flat_s, flat_g)
     # Under tf.distribute: the transforms see the sum over replicas.
-    flat_g = _replicas.transform_parameters(flat_s, flat_g, todo,
-                                            self._transform_layer,
-                                            self._own_variables, plan.name)
+    flat_g = _replicas.transform_parameters(
+        flat_s, flat_g, todo, self._transformed(todo), self._own_variables,
+        plan.name)
     return tf.nest.pack_sequence_as(grads, flat_g)
 
   def grads_and_vars(self, target, task_losses=None) -> List[Tuple[Any, Any]]:
@@ -238,36 +237,28 @@ class PlanTape:
       if v is not None and v.ref() in by_ref:
         flat_g[i] = add_dense(by_ref[v.ref()])
 
-  def _own_variables(self, path) -> List[tf.Variable]:
-    """The variables of the layer ``path``, or of a tuple of layers."""
-    paths = path if isinstance(path, tuple) else (path,)
-    return [v for p in paths for v in self._plan.own_variables(p)]
+  def _own_variables(self, path: str) -> List[tf.Variable]:
+    """The variables of the layer ``path``, nested layers' included."""
+    return list(self._plan.own_variables(path))
 
-  def _transform_layer(self, path, fn, flat_s, flat_g) -> None:
-    own = {v.ref() for v in self._own_variables(path)}
-    if isinstance(path, tuple):  # a group: one name, in messages and context
-      path = path[0] if len(path) == 1 else ", ".join(path)
-    # position in the flat sources -> the layer's own tf.Variable there
-    mine: Dict[int, tf.Variable] = {}
-    for i, s in enumerate(flat_s):
-      v = tf_variable(s)
-      if v is not None and v.ref() in own:
-        mine[i] = v
-    if isinstance(fn, GroupTransform):
-      pairs = [(flat_g[i], v) for i, v in mine.items()]
-      new = _checks.checked_group(fn, pairs,
-                                  self._run.context(path, "gradients"),
-                                  f"transform_gradients({path!r}, {fn!r})")
-      for (i, v), g in zip(mine.items(), new):
-        where = f"transform_gradients({path!r}, {fn!r}) on {v.name}"
-        flat_g[i] = _checks.check_result(flat_g[i], g, where)
-      return
-    for i, var in mine.items():
-      if flat_g[i] is not None:
-        flat_g[i] = _checks.checked(
-            fn, flat_g[i],
-            self._run.context(path, "gradients", variable=var),
-            f"transform_gradients({path!r}) on {var.name}")
+  def _transformed(self, todo: List[ParameterRule]) -> Callable:
+    """``(flat_sources, flat_grads) -> flat_grads`` after the parameter
+    transforms ``todo`` (``core._parameters``)."""
+    refs: Dict[str, set] = {}
+
+    def layer_among(v, layers):
+      for path in layers:
+        if path not in refs:
+          refs[path] = {w.ref() for w in self._own_variables(path)}
+        if v.ref() in refs[path]:
+          return path
+      return None
+
+    def transform(flat_s, flat_g):
+      pairs = [(g, tf_variable(s)) for s, g in zip(flat_s, flat_g)]
+      return transform_parameters(todo, pairs, layer_among, self._run.context)
+
+    return transform
 
   def _parameter_tasks(self, declared, target, losses, flat_s, flat_g):
     """The task combination in parameter space, on the chosen sources:

@@ -32,6 +32,7 @@ from graphgrad._types import Gradient
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core._gradients import aggregate
+from graphgrad.core._parameters import transform_parameters
 from graphgrad.core._rules import EdgeRule, LayerRule, PlanRules, TaskRule
 from graphgrad.methods import _pcgrad, _replacement
 from graphgrad.plan import (
@@ -42,9 +43,8 @@ from graphgrad.plan import (
   _recompute,
 )
 from graphgrad.plan._engine import Rewrite, Segments
-from graphgrad.transforms import _checks
+from graphgrad.transforms import _checks, _scaled
 from graphgrad.transforms._context import Resources, TransformContext
-from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import Transform
 
 GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
@@ -194,7 +194,10 @@ class _Executor:
     self.recomputing = (None if rules.recompute is None else
                         self._recomputing(tf.compat.v1.gradients,
                                           rules.recompute.keep))
-    with self.loss.graph.as_default(), tf.name_scope(self.options.name):
+    # Under a loss scale every transform sees the unscaled gradient
+    # (transforms._scaled), as in a KerasPlan's tape.
+    with self.loss.graph.as_default(), tf.name_scope(self.options.name), \
+        _scaled.active(self.scale):
       params = rules.parameter_tasks
       chosen = set() if params is None else self._combined(params)
       plain = not rules.rewrites_backward
@@ -215,8 +218,9 @@ class _Executor:
       out = [(by_name.get(v.op.name), v) for v in self.var_list]
       if params is not None:
         self._combine_parameters(params, out, chosen, plain)
-      for rule in rules.parameters:
-        self._transform_parameters(rule.layers, (rule.transform,), out)
+      new = transform_parameters(rules.parameters, out, self._layer_among,
+                                 self._context, self._apply)
+      out = [(g, v) for g, (_, v) in zip(new, out)]
       out += self.extra
       if self.options.gate_gradients == GATE_GRAPH:
         present = [(i, g) for i, (g, _) in enumerate(out) if g is not None]
@@ -338,33 +342,11 @@ class _Executor:
     for i, g in zip(idx, new):
       out[i] = (g, out[i][1])
 
-  def _transform_parameters(self, layers: Tuple[str, ...], fns,
-                            out: GradsAndVars) -> None:
-    """Applies parameter transforms ``fns`` to the entries of ``out`` of
-    ``layers`` (one layer, or a group seen at once)."""
-    idx = [i for i, (_, v) in enumerate(out)
-           if self.net.layer_of_variable(v) in layers]
-    layer = layers[0] if len(layers) == 1 else list(layers)  # for messages
-    for fn in fns:
-      if isinstance(fn, GroupTransform):
-        new = _checks.checked_group(
-            _loss_scale_optimizer.unscaled(fn, self.scale),
-            [out[i] for i in idx],
-            self._context(", ".join(layers), "gradients"),
-            f"transform_gradients({layer!r}, {fn!r})")
-        for i, g in zip(idx, new):
-          where = f"transform_gradients({layer!r}, {fn!r}) on {out[i][1].name}"
-          out[i] = (_checks.check_result(out[i][0], g, where), out[i][1])
-        continue
-      for i in idx:
-        g, v = out[i]
-        if g is not None:
-          owner = (layers[0] if len(layers) == 1
-                   else self.net.layer_of_variable(v) or "")
-          ctx = self._context(owner, "gradients", variable=v)
-          out[i] = (self._apply(fn, g, ctx,
-                                f"transform_gradients({layer!r}) on {v.name}"),
-                    v)
+  def _layer_among(self, v: tf.Variable, layers: Tuple[str, ...]
+                   ) -> Optional[str]:
+    """``v``'s layer if it is one of ``layers``."""
+    layer = self.net.layer_of_variable(v)
+    return layer if layer in layers else None
 
   # -- one tf.gradients call, reduce_fn --------------------------------------
 
@@ -416,8 +398,7 @@ class _Executor:
 
   def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:
-    unscaled = _loss_scale_optimizer.unscaled(fn, self.scale)
-    out = _checks.checked(unscaled, grad, ctx, where)
+    out = _checks.checked(fn, grad, ctx, where)
     self.trace.append(TraceRecord(ctx, grad, out))
     return out
 

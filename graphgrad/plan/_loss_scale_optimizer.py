@@ -6,12 +6,11 @@ builds what its ``minimize()`` does: the plan backpropagates ``loss * S``
 by ``1 / S`` as the optimizer's own unscaling does, and the optimizer's
 ``apply_gradients`` skips a non-finite step and updates a dynamic scale. In
 between, every transform sees the unscaled gradient, in float32 where the
-gradient is float16: :func:`unscaled` casts in, divides by ``S``,
-transforms, multiplies by ``S`` and casts back. TensorFlow's loss scales are
-powers of two, so both multiplications are exact and a transform's result
-reaches the optimizer unchanged. Linear rewrites (a factor, a backward
-replacement, an override) commute with the scale and act on the scaled
-gradient as they are.
+gradient is float16 (``graphgrad.transforms._scaled``, as in a KerasPlan's
+tape). TensorFlow's loss scales are powers of two, so both multiplications
+are exact and a transform's result reaches the optimizer unchanged; task
+combinations and backward replacements follow the compiled rules' one
+policy (``graphgrad.core._rules``).
 """
 
 from typing import Any, Callable, Optional
@@ -19,8 +18,6 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.transforms._group import GroupTransform
-from graphgrad.transforms._transforms import Transform, as_transform
 
 _MPLSO = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
 
@@ -72,56 +69,3 @@ def unscale(scale: tf.Tensor, grads_and_vars):
 def seed(loss: tf.Tensor, scale) -> tf.Tensor:
   """The gradient of the loss when ``loss * S`` is backpropagated."""
   return tf.ones_like(loss) * tf.cast(scale, loss.dtype)
-
-
-def _to_float32(g):
-  return tf.cast(g, tf.float32) if g.dtype == tf.float16 else g
-
-
-def _back(out, like, scale):
-  return tf.cast(out * tf.cast(scale, out.dtype), like.dtype)
-
-
-class _Unscaled(Transform):
-  """``fn`` on the unscaled gradient, in float32, scaled back."""
-
-  def __init__(self, fn: Transform, scale):
-    self.fn, self.scale = fn, scale
-    self.name = f"unscaled_{fn.name}"
-    self.reads_global_step = fn.reads_global_step
-
-  def apply_dense(self, grad, context):
-    g = _to_float32(grad)
-    out = self.fn(g * tf.cast(1.0 / self.scale, g.dtype), context)
-    return _back(tf.convert_to_tensor(out), grad, self.scale)
-
-  def __repr__(self):
-    return repr(self.fn)
-
-
-class _UnscaledGroup(GroupTransform):
-  """A group transform on the unscaled gradients, in float32, scaled back."""
-
-  def __init__(self, fn: GroupTransform, scale):
-    self.fn, self.scale = fn, scale
-    self.name = f"unscaled_{fn.name}"
-    self.reads_global_step = fn.reads_global_step
-
-  def apply_group(self, grads_and_vars, context):
-    inv = 1.0 / self.scale
-    pairs = [(_to_float32(g) * tf.cast(inv, _to_float32(g).dtype), v)
-             for g, v in grads_and_vars]
-    out = self.fn.apply_group(pairs, context)
-    return [_back(o, g, self.scale) for o, (g, _) in zip(out, grads_and_vars)]
-
-  def __repr__(self):
-    return repr(self.fn)
-
-
-def unscaled(fn, scale):
-  """``fn`` made to see the unscaled float32 gradient (see module doc)."""
-  if scale is None:
-    return fn
-  if isinstance(fn, GroupTransform):
-    return _UnscaledGroup(fn, scale)
-  return _Unscaled(as_transform(fn), scale)

@@ -53,12 +53,15 @@ def _like(g, values):
 
 
 def unscale(g: Gradient) -> Gradient:
-  """``g / S`` in float32 (``None`` and non-float gradients as they are)."""
+  """``g / S``, float16 and bfloat16 in float32 (``None`` and non-float
+  gradients as they are)."""
   scale = current()
   if g is None or scale is None or not _values(g).dtype.is_floating:
     return g
-  s = tf.cast(scale, tf.float32)
-  return _like(g, tf.cast(_values(g), tf.float32) / s)
+  dtype = _values(g).dtype
+  if dtype in (tf.float16, tf.bfloat16):
+    dtype = tf.float32
+  return _like(g, tf.cast(_values(g), dtype) / tf.cast(scale, dtype))
 
 
 def rescale(like: Gradient, out: Gradient) -> Gradient:
