@@ -198,7 +198,6 @@ class LossScaleDeclaration(Declaration):
   scale: Any = None
 
 
-_TRANSFORMS = (UpstreamDeclaration, GradientsDeclaration, EdgeDeclaration)
 D = TypeVar("D", bound=Declaration)
 
 
@@ -498,43 +497,10 @@ class Declarations:
     return {d.op: d.fn for d in self.of_kind(OverrideDeclaration)}
 
   @property
-  def recompute(self) -> Optional[RecomputeDeclaration]:
-    """The recompute declaration, or ``None``."""
-    found = self.of_kind(RecomputeDeclaration)
-    return found[0] if found else None
-
-  @property
   def privacy(self) -> Any:
     """The ``Privacy`` that ``privatize`` declared, or ``None``."""
     found = self.of_kind(PrivatizeDeclaration)
     return found[0].privacy if found else None
-
-  @property
-  def loss_scale(self) -> Any:
-    """The declared loss scale, or ``None``."""
-    found = self.of_kind(LossScaleDeclaration)
-    return found[0].scale if found else None
-
-  @property
-  def layers(self) -> Tuple[str, ...]:
-    """Every layer named by a declaration, in first-declared order."""
-    names: List[str] = []
-    for d in self._items:
-      names += [d.layer] if d.layer else []
-      names += [d.upper] if isinstance(d, EdgeDeclaration) else []
-    return tuple(dict.fromkeys(names))
-
-  @property
-  def reads_global_step(self) -> bool:
-    """True when a declared transform reads the global step (annealed noise):
-    the executor then advances it."""
-    return any(getattr(d.fn, "reads_global_step", False) for d in self._items
-               if isinstance(d, _TRANSFORMS))
-
-  @property
-  def rewrites_backward(self) -> bool:
-    """True when the backward pass itself changes (not only parameters)."""
-    return bool(self.upstream or self.edges or self.backward or self.tasks)
 
   def summary(self) -> str:
     """``upstream=[...], gradients=[...], ...``, for a plan's repr."""

@@ -272,6 +272,16 @@ class PlanRules:
             if r.upstream is not None}
 
   @property
+  def own_parameters(self) -> Dict[str, Tuple[Any, ...]]:
+    """Layer -> its own parameter transforms (not the group ones), in
+    order."""
+    out: Dict[str, Tuple[Any, ...]] = {}
+    for r in self.parameters:
+      if not r.group:
+        out[r.layers[0]] = out.get(r.layers[0], ()) + (r.transform,)
+    return out
+
+  @property
   def replacements(self) -> Dict[str, Any]:
     """Layer -> its backward replacement."""
     return {n: r.replacement for n, r in self.layers.items()

@@ -95,7 +95,7 @@ class SyntheticGradients(Replacement):
       plan: a built ``GradientPlan`` that declared this replacement (on any
         number of layers); each plan has its own modules.
     """
-    layers = [l for l, r in plan.declarations.backward.items() if r is self]
+    layers = [l for l, r in plan.rules.replacements.items() if r is self]
     return {m.input.name: m for l in layers
             for m in plan.resources.of_layer(l).values()
             if isinstance(m, SyntheticModule) and m.input is not None

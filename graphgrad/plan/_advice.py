@@ -78,9 +78,9 @@ def pure_scale(fns: Iterable[Transform]) -> Optional[float]:
   return None if factor == 1.0 else factor
 
 
-def warn_if_scale_cancels(declared, optimizer,
+def warn_if_scale_cancels(rules, optimizer,
                           update_ops: Sequence[tf.Operation], grads) -> bool:
-  """Logs one warning when a plan's declarations (``declared``) only scale
+  """Logs one warning when a plan's compiled ``rules`` only scale
   gradients under ``optimizer``, whose update (``update_ops``, applying
   ``grads``) is adaptive (:func:`is_adaptive`).
 
@@ -90,9 +90,10 @@ def warn_if_scale_cancels(declared, optimizer,
   if not is_adaptive(update_ops, grads):
     return False
   found = []
-  for kind, table in (("transform_gradients", declared.gradients),
-                      ("transform_upstream", declared.upstream),
-                      ("transform_edge", declared.edges)):
+  edges = {k: e.transform for k, e in rules.edges.items()}
+  for kind, table in (("transform_gradients", rules.own_parameters),
+                      ("transform_upstream", rules.upstream),
+                      ("transform_edge", edges)):
     for key, fns in table.items():
       factor = pure_scale(fns if isinstance(fns, tuple) else (fns,))
       if factor is not None:

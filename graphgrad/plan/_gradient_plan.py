@@ -25,7 +25,7 @@ from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._gradients import straight_through
 from graphgrad.core._privacy import check_per_example_loss, check_privacy
-from graphgrad.core._rules import compile_rules
+from graphgrad.core._rules import PlanRules, compile_rules
 from graphgrad.methods import _pcgrad
 from graphgrad.plan import (
   _advice,
@@ -135,6 +135,7 @@ class GradientPlan:
       self._take_loss_scale(loss_scale, "gg.GradientPlan: `loss_scale`")
     self._resources = Resources()
     self._built: Optional[_executor.Built] = None
+    self._rules: Optional[PlanRules] = None
     self._warned_adaptive = False
 
   # -- read-only accessors -------------------------------------------------
@@ -170,6 +171,14 @@ class GradientPlan:
   def declarations(self) -> Declarations:
     """Everything declared, in order (read-only accessors)."""
     return self._declarations
+
+  @property
+  def rules(self) -> PlanRules:
+    """The declarations, compiled (``graphgrad.core._rules``): what the
+    plan builds. Compiled once the plan is built; before, on each read."""
+    if self._rules is None or not self._declarations.frozen:
+      self._rules = compile_rules(self._declarations, lambda: self.net)
+    return self._rules
 
   @property
   def resources(self) -> Resources:
@@ -668,7 +677,7 @@ class GradientPlan:
     if self._built is None:
       check_graph_mode(caller, self._loss)
       self._declarations.freeze()
-      rules = compile_rules(self._declarations, lambda: self.net)
+      rules = self.rules
       if rules.privacy is not None:
         _privatize_graph.check_reduce_fn(self._options.reduce_fn)
       self._built = _executor.build(
@@ -677,11 +686,10 @@ class GradientPlan:
           self._resources)
       _declaration_checks.warn_without_gradient(
           self.net, self._built.grads_and_vars)
-      d = self._declarations
       log.info("graphgrad plan on %s: %d variables, %d upstream, %d "
-               "gradient, %d edge transforms", self._loss.name,
-               len(self._built.grads_and_vars), len(d.upstream),
-               len(d.gradients), len(d.edges))
+               "parameter, %d edge transforms", self._loss.name,
+               len(self._built.grads_and_vars), len(rules.upstream),
+               len(rules.parameters), len(rules.edges))
     return list(self._built.grads_and_vars)
 
   def apply_gradients(self, optimizer, global_step=None,
@@ -743,10 +751,10 @@ class GradientPlan:
     before = len(self._loss.graph.get_operations())
     op = _optimizer.train_op(
         optimizer, gv, self._loss.graph, global_step, name, update_ops,
-        advance_global_step=self._declarations.reads_global_step)
+        advance_global_step=self.rules.reads_global_step)
     if not self._warned_adaptive:  # read from the update the optimizer built
       self._warned_adaptive = _advice.warn_if_scale_cancels(
-          self._declarations, optimizer,
+          self.rules, optimizer,
           self._loss.graph.get_operations()[before:], [g for g, _ in gv])
     return op
 
@@ -869,7 +877,7 @@ class GradientPlan:
     with their transforms, transformed edges thick, and the edges into a
     layer with ``transform_upstream`` dashed.
     """
-    return _draw.to_dot(self.net, _picture.highlights(self._declarations))
+    return _draw.to_dot(self.net, _picture.highlights(self.rules))
 
   def draw(self, path, graphviz: bool = True) -> str:
     """Writes a picture of the layer graph with this plan's transforms marked.
@@ -884,7 +892,7 @@ class GradientPlan:
     Raises:
       GraphGradError: as :meth:`LayerGraph.draw`.
     """
-    return _draw.draw(self.net, path, _picture.highlights(self._declarations),
+    return _draw.draw(self.net, path, _picture.highlights(self.rules),
                       graphviz=graphviz)
 
   # -- helpers -------------------------------------------------------------

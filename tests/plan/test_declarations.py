@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import graphgrad as gg
 from graphgrad.core._declaration_model import DeclarationKind, Declarations
+from graphgrad.core._rules import compile_rules
 from helpers import dense, evaluate
 
 T = gg.transforms
@@ -30,10 +31,11 @@ def test_declarations_keep_order_and_chain_per_layer():
   assert [x.kind for x in d] == [K.UPSTREAM, K.GRADIENTS, K.UPSTREAM,
                                  K.UPSTREAM, K.EDGE]
   assert repr(d.upstream) == "{'l2': chain(scale(0.5), scale(1))}"
-  assert d.layers == ("l2", "l1") and d.rewrites_backward
-  assert not d.reads_global_step
+  rules = compile_rules(d)
+  assert rules.named == ("l2", "l1") and rules.rewrites_backward
+  assert not rules.reads_global_step
   d.add_gradients("l1", T.chain(T.scale(2.0), T.add_noise(eta=0.3)))
-  assert d.reads_global_step
+  assert compile_rules(d).reads_global_step
 
 
 def test_a_refused_declaration_leaves_nothing_and_frozen_refuses_all():
@@ -52,6 +54,15 @@ def test_a_refused_declaration_leaves_nothing_and_frozen_refuses_all():
     d.resolve("l1")
 
 
+class _NoOps:
+  """A topology in which an override matches no op of any layer."""
+
+  def layers_of_ops(self, match, key):
+    return frozenset([key]) if match == "layer" else frozenset()
+
+  replacement_view = None
+
+
 def test_overrides_are_declarations_of_their_own_kind():
   d = Declarations(resolve=lambda name, arg: name, owner="KerasPlan")
   half = lambda op, g: 0.5 * g  # noqa: E731
@@ -62,7 +73,7 @@ def test_overrides_are_declarations_of_their_own_kind():
   assert [x.kind for x in d] == [K.OVERRIDE, K.OVERRIDE, K.UPSTREAM]
   assert d.overrides == {("type", "Round"): half, ("layer", "quant"): half}
   # Only a layer's override names a layer.
-  assert d.layers == ("quant", "l2")
+  assert compile_rules(d, _NoOps()).named == ("quant", "l2")
   assert "overrides=['Round', 'quant']" in d.summary()
   with pytest.raises(gg.GraphGradError, match=r"override_gradient: an override "
                                               r"matches an op by one of"):
