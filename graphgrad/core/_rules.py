@@ -45,6 +45,7 @@ from graphgrad.core._declaration_model import (
 )
 from graphgrad.core._gradients import straight_through
 from graphgrad.core._privacy import Privacy, refuse_declarations
+from graphgrad.methods._replacement import Replacement, as_replacement
 from graphgrad.transforms._checks import compose
 from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import Transform, is_identity
@@ -110,7 +111,8 @@ class LayerRule:
     upstream: the layer's upstream transforms composed once, in
       declaration order, or ``None`` (identities are dropped).
     factor: ``c`` when ``mode`` is ``LINEAR``.
-    replacement: the backward replacement (mode ``REPLACED``).
+    replacement: the backward replacement (mode ``REPLACED``); a plain
+      callable is wrapped in a ``FunctionReplacement``.
     override: the override of the layer's call (mode ``OVERRIDDEN``).
     tasks: the task combination at the layer's outputs, acting before
       everything else.
@@ -122,7 +124,7 @@ class LayerRule:
   mode: Mode = Mode.PLAIN
   upstream: Optional[Transform] = None
   factor: Optional[float] = None
-  replacement: Any = None
+  replacement: Optional[Replacement] = None
   override: Optional[Callable] = None
   tasks: Optional[TaskRule] = None
   edge_upper: bool = False
@@ -282,7 +284,7 @@ class PlanRules:
     return out
 
   @property
-  def replacements(self) -> Dict[str, Any]:
+  def replacements(self) -> Dict[str, Replacement]:
     """Layer -> its backward replacement."""
     return {n: r.replacement for n, r in self.layers.items()
             if r.replacement is not None}
@@ -432,7 +434,8 @@ def _layer_rules(items, lazy: _Lazy, nonlinear) -> Dict[str, LayerRule]:
   upstream = {k: fn for k, fn in _composed(
       (d.layer, d.fn) for d in _of(items, UpstreamDeclaration)).items()
       if not is_identity(fn)}
-  replaced = {d.layer: d.fn for d in _of(items, BackwardDeclaration)}
+  replaced = {d.layer: as_replacement(d.fn)
+              for d in _of(items, BackwardDeclaration)}
   overridden = {d.op[1]: d.fn for d in _of(items, OverrideDeclaration)
                 if d.op[0] == "layer"}
   tasks = {d.layer: TaskRule((d.layer,), d.losses, d.method)
@@ -441,9 +444,7 @@ def _layer_rules(items, lazy: _Lazy, nonlinear) -> Dict[str, LayerRule]:
   read: List[str] = []
   if replaced:
     view = lazy.get().replacement_view
-    # A plain callable (``fn(context)``) reads no other layer.
-    read = [c for layer, fn in replaced.items()
-            for c in (fn.cuts(view, layer) if hasattr(fn, "cuts") else ())]
+    read = [c for layer, fn in replaced.items() for c in fn.cuts(view, layer)]
   names = list(dict.fromkeys(
       [d.layer for d in items if d.layer
        and isinstance(d, (UpstreamDeclaration, BackwardDeclaration,
@@ -504,7 +505,7 @@ def _check_loss_scale(items: Sequence[Declaration]) -> None:
           if not d.method.homogeneous]
   bad += [f"replace_backward({d.layer!r}, {d.fn!r})"
           for d in _of(items, BackwardDeclaration)
-          if not getattr(d.fn, "homogeneous", False)]
+          if not as_replacement(d.fn).homogeneous]
   if bad:
     raise _errors.GraphGradError(
         f"loss_scale: a loss scale multiplies every gradient of the backward "

@@ -104,10 +104,9 @@ def nonlinear(rules: PlanRules) -> bool:
   fns = list(rules.upstream.values()) + [e.transform
                                           for e in rules.edges.values()]
   fns += [r.transform for r in rules.parameters]
-  if any(getattr(fn, "linear_factor", None) is None for fn in fns):
+  if any(fn.linear_factor is None for fn in fns):
     return True
-  if any(not getattr(fn, "homogeneous", False)
-         for fn in rules.replacements.values()):
+  if any(not fn.homogeneous for fn in rules.replacements.values()):
     return True
   tasks = list(rules.tasks.values())
   if rules.parameter_tasks is not None:

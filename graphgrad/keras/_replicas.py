@@ -20,7 +20,6 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.core._rules import ParameterRule
 from graphgrad.keras._layer_index import tf_variable
-from graphgrad.transforms._group import GroupTransform
 
 # Strategies whose replicas do not all-reduce gradients in replica context
 # (ParameterServerStrategy applies each worker's own, TPUStrategy is untested).
@@ -85,8 +84,7 @@ def needs_sum(fns: Sequence) -> bool:
   A linear transform ``c * g`` gives the same sum whether it acts on each
   replica's gradient or on their sum, so it acts per replica.
   """
-  return any(isinstance(fn, GroupTransform)
-             or getattr(fn, "linear_factor", None) is None for fn in fns)
+  return any(fn.linear_factor is None for fn in fns)
 
 
 def _dense(g):

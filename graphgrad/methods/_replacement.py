@@ -293,6 +293,34 @@ class Replacement:
       return self.backward(context)
 
 
+class FunctionReplacement(Replacement):
+  """A plain callable ``fn(context)`` declared as a backward replacement.
+
+  It has the typed attributes of every :class:`Replacement` (reads no other
+  layer, not homogeneous), calls ``fn`` as it is, without a name scope of
+  its own, and shows as ``fn``.
+  """
+
+  def __init__(self, fn: Callable):
+    self.fn = fn
+    self.name = getattr(fn, "__name__", type(fn).__name__)
+
+  def backward(self, context: BackwardContext):
+    return self.fn(context)
+
+  def __call__(self, context: BackwardContext):
+    return self.fn(context)
+
+  def __repr__(self) -> str:
+    return repr(self.fn)
+
+
+def as_replacement(fn: Callable) -> Replacement:
+  """``fn`` as a :class:`Replacement`: itself, or a plain callable wrapped
+  in a :class:`FunctionReplacement`."""
+  return fn if isinstance(fn, Replacement) else FunctionReplacement(fn)
+
+
 def run_replacement(fn: Callable, context: Any, where: str) -> BackwardResult:
   """Calls ``fn(context)`` and checks one gradient per input, shaped like it.
 

@@ -71,7 +71,7 @@ def pure_scale(fns: Iterable[Transform]) -> Optional[float]:
   """
   factor = 1.0
   for t in fns:
-    c = getattr(t, "linear_factor", None)  # group transforms have none
+    c = t.linear_factor  # None for group transforms
     if c is None or c <= 0:
       return None
     factor *= c

@@ -294,6 +294,7 @@ class _Executor:
     return Rewrite(apply, observe)
 
   def replacement(self, rule: LayerRule) -> Callable:
+    assert rule.replacement is not None  # asked only for a REPLACED rule
     return _replacement.engine_hook(self.net, rule.layer, rule.replacement,
                                     self.resources, self.extra,
                                     self._gradients,

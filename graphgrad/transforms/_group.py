@@ -61,6 +61,9 @@ class GroupTransform:
 
   name = "group_transform"
   reads_global_step = False
+  # A group transform is never ``c * g`` per gradient (see
+  # ``Transform.linear_factor``): it sees all of them at once.
+  linear_factor = None
 
   def apply_group(self, grads_and_vars: Sequence[Tuple[Gradient, tf.Variable]],
                   context: TransformContext) -> List[Gradient]:

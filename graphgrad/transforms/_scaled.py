@@ -39,7 +39,7 @@ def current():
 
 def needs_unscaling(fn) -> bool:
   """True unless ``fn`` is linear (then it commutes with the scale)."""
-  return current() is not None and getattr(fn, "linear_factor", None) is None
+  return current() is not None and fn.linear_factor is None
 
 
 def _values(g):
