@@ -34,12 +34,13 @@ from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core._gradients import aggregate
 from graphgrad.core._rules import EdgeRule, LayerRule, PlanRules, TaskRule
-from graphgrad.methods import _pcgrad, _replacement
+from graphgrad.methods import _pcgrad
 from graphgrad.plan import (
   _loss_scale_optimizer,
   _op_override,
   _privatize_graph,
   _recompute,
+  _replacement_graph,
 )
 from graphgrad.plan._backprop import GraphVJP
 from graphgrad.plan._engine import Rewrite, Segments
@@ -294,9 +295,9 @@ class _Executor:
     return Rewrite(apply, observe)
 
   def replacement(self, rule: LayerRule) -> Callable:
-    return _replacement.engine_hook(self.net, rule.layer, rule.replacement,
-                                    self.resources, self.extra,
-                                    self._gradients, {})
+    return _replacement_graph.engine_hook(self.net, rule.layer,
+                                          rule.replacement, self.resources,
+                                          self.extra, self.vjp)
 
   def tasks(self, rule: LayerRule) -> Callable:
     task = rule.tasks
