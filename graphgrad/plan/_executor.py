@@ -304,9 +304,7 @@ class _Executor:
     assert task is not None  # asked only for a rule with tasks
     return _pcgrad.output_rewrite(self.loss, task.losses or (), task.method,
                                   f"combine_tasks_{task.layer}",
-                                  self.resources, task.layer,
-                                  gradients=self._gradients,
-                                  seed=self._scaled_seed())
+                                  self.resources, task.layer, self.vjp)
 
   # -- parameter gradients ---------------------------------------------------
 
@@ -333,7 +331,7 @@ class _Executor:
     reduce = None if self.options.reduce_fn is None else self._reduce
     run = _pcgrad.parameter_rewrite(self.loss, declared.losses or (),
                                     declared.method, self.resources,
-                                    self._gradients, reduce,
+                                    self.vjp, reduce,
                                     seed=self._scaled_seed())
     new = run(None if plain else [out[i][0] for i in idx],
               [out[i][1] for i in idx])
