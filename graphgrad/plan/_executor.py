@@ -205,8 +205,7 @@ class _Executor:
       plain = not rules.rewrites_backward
       if rules.privacy is not None:
         by_name = _privatize_graph.Private(
-            self.loss, self.var_list, rules.privacy,
-            self._gradients).gradients()
+            self.loss, self.var_list, rules.privacy, self.vjp).gradients()
       elif plain:
         # The very call Optimizer.compute_gradients makes; unreached
         # variables get None from it. The parameter-space combination
@@ -380,14 +379,6 @@ class _Executor:
                        self._reduce([v for v, _ in found],
                                     [g for _, g in found])))
     return {v.op.name: g for v, g in found}
-
-  def _gradients(self, ys, xs, grad_ys=None, stop_gradients=None
-                 ) -> List[Gradient]:
-    """``tf.gradients``' arguments, to the plan's VJP."""
-    ys = list(ys) if isinstance(ys, (list, tuple)) else [ys]
-    if grad_ys is not None and not isinstance(grad_ys, (list, tuple)):
-      grad_ys = [grad_ys]
-    return self.vjp.vjp(ys, grad_ys, xs, stop_gradients or ())
 
   def _reduce(self, variables, grads) -> List[Gradient]:
     """Calls reduce_fn on one segment's parameter gradients and checks it."""
