@@ -271,23 +271,23 @@ def without_tasks(grads: Sequence[Gradient],
 
 def parameter_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
                       method: Any, resources: Resources,
-                      gradients: Callable, reduce: Optional[Callable] = None,
+                      vjp: Any, reduce: Optional[Callable] = None,
                       seed: Optional[tf.Tensor] = None):
   """The TF1 engine's rewrite ``(grads, variables) -> grads``.
 
-  :func:`combine_parameters`, with ``g_i = dL/dL_i * dL_i/dtheta``: one
-  call of the plan's ``gradients`` per task loss (from that loss to the
-  variables; the plan's gradient overrides apply), plus one from the loss
-  to the task losses for ``dL/dL_i``. ``grads`` is the plan's gradient
-  ``G`` of each variable, or ``None`` when the plan made none for these
-  variables because it rewrites nothing else: the rest is then one more
-  call from the loss with the task losses held constant
-  (``stop_gradients``), which crosses only the unlisted terms.
+  :func:`combine_parameters`, with ``g_i = dL/dL_i * dL_i/dtheta``: the
+  ``task_vjps`` of the plan's ``vjp`` (``core._vjp.VJP``): one call per
+  task loss, from that loss to the variables, plus one from the loss to
+  the task losses for ``dL/dL_i``; the plan's gradient overrides apply.
+  ``grads`` is the plan's gradient ``G`` of each variable, or ``None``
+  when the plan made none for these variables because it rewrites nothing
+  else: the rest is then one more call from the loss with the task losses
+  held constant (``stop``), which crosses only the unlisted terms.
   ``reduce(variables, grads)`` (the plan's ``reduce_fn``) reduces each
   task's gradients, and that rest, as the plan's own are. ``seed`` is the
-  loss's gradient where it is not 1 (a loss scale ``S``): the task
-  gradients are then scaled as the plan's are. A stateful
-  method's state is made once, in ``resources`` under ``(None,
+  loss's gradient where it is not 1 (a loss scale ``S``), with which the
+  rest is backpropagated; ``vjp`` scales the task gradients alike. A
+  stateful method's state is made once, in ``resources`` under ``(None,
   "combine_tasks/parameters/state")``.
   """
   def reduced(gs, variables):
@@ -304,13 +304,12 @@ def parameter_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
   def run(grads, variables):
     variables = list(variables)
     with tf.name_scope("combine_tasks_parameters"):
-      weights = gradients(loss, list(losses), grad_ys=seed)
-      per_task = [reduced(gradients(l, variables, grad_ys=w), variables)
-                  if w is not None else [None] * len(variables)
-                  for l, w in zip(losses, weights)]
+      per_task = [reduced(gs, variables)
+                  for gs in vjp.task_vjps(loss, list(losses), variables)]
       if grads is None:
-        rest = reduced(gradients(loss, variables, grad_ys=seed,
-                                 stop_gradients=list(losses)), variables)
+        one = tf.ones_like(loss) if seed is None else seed
+        rest = reduced(vjp.vjp([loss], [one], variables, stop=list(losses)),
+                       variables)
       else:
         rest = without_tasks(grads, per_task)
       state = task_state(
@@ -342,27 +341,22 @@ def _checked_result(method, out, like: tf.Tensor) -> tf.Tensor:
 
 
 def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor], method: Any,
-                   scope: str, resources: Resources, layer: str,
-                   gradients: Callable = tf.compat.v1.gradients,
-                   seed: Optional[tf.Tensor] = None):
+                   scope: str, resources: Resources, layer: str, vjp: Any):
   """The TF1 engine's rewrite ``(grads, outputs) -> grads`` at a shared layer.
 
   ``g - sum_i g_i + method.combine([g_i])`` with ``g_i = dL/dL_i * dL_i/dT``,
   through :func:`combine_flat`. Each task loss is backpropagated once, from
   the loss to ``T`` only. A stateful method's state is made once, in the
   plan's ``resources`` under ``(layer, "combine_tasks/state")``.
-  ``gradients`` is the plan's ``tf.gradients`` (it applies the plan's
-  gradient overrides on the way from each task loss to ``T``). ``seed``
-  is the loss's gradient where it is not 1 (a loss scale ``S``): the task
-  gradients are then scaled as ``grads`` are.
+  ``vjp`` is the plan's (``core._vjp.VJP``): its ``task_vjps`` apply the
+  plan's gradient overrides on the way from each task loss to ``T``, and
+  scale the task gradients as ``grads`` are (by the loss scale ``S``
+  under one).
   """
   def run(grads, outputs):
     name = scope.replace("/", "_")
     with tf.name_scope(name):
-      weights = gradients(loss, list(losses), grad_ys=seed)
-      per_task = [gradients(l, list(outputs), grad_ys=w)
-                  if w is not None else [None] * len(outputs)
-                  for l, w in zip(losses, weights)]
+      per_task = vjp.task_vjps(loss, list(losses), list(outputs))
       state = task_state(
           method, active_tasks(per_task),
           lambda make: resources.get_or_create(layer, "combine_tasks/state",

@@ -10,7 +10,8 @@ of variables it trains itself. Both plans make the one context type: it
 differentiates through the executor's VJP (``context.vjp``) and keeps the
 replacement's variables, made once per plan from deterministic initial
 values (:func:`feedback_matrix_value`, ``module_values``), in the plan's
-store (``context.variable``). The TF1 engine's side of it is here.
+store (``context.variable``). Each executor's side of it is its own: the
+TF1 engine's is ``graphgrad.plan._replacement_graph``.
 """
 
 import dataclasses
@@ -438,63 +439,6 @@ def kernel_matmul(net: LayerGraph, layer: str, who: str
         f"direct_feedback_alignment() or synthetic() for other layer types, "
         f"or group the layer so that it holds one dense kernel.")
   return found[0]
-
-
-class GraphBackward:
-  """The TF1 segment engine's side of a :class:`BackwardContext`.
-
-  Its VJP is the plan's gradient function (``tf.gradients`` with the plan's
-  overrides and options); its variables are kept in the plan's resources;
-  a dense layer is found in the op graph.
-  """
-
-  def __init__(self, net: LayerGraph, layer: str, resources: Resources,
-               gradients: Callable, options: dict, outputs: Sequence):
-    self.net, self.layer, self.resources = net, layer, resources
-    self.gradients, self.options = gradients, options
-    self.outputs = tuple(outputs)
-
-  def vjp(self, ys, xs, grad_ys, stop) -> List[Gradient]:
-    if not ys or not xs:
-      return [None] * len(xs)
-    return list(self.gradients(ys, xs, grad_ys=grad_ys,
-                               stop_gradients=list(stop), **self.options))
-
-  def variable(self, key, init, trainable, name) -> tf.Variable:
-    return self.resources.get_or_create(
-        self.layer, key,
-        lambda: tf.compat.v1.Variable(init(), trainable=trainable, name=name))
-
-  def dense(self, who: str) -> DenseMatMul:
-    mm, k = kernel_matmul(self.net, self.layer, who)
-    return DenseMatMul(data=mm.inputs[1 - k], kernel=mm.inputs[k],
-                       pre=mm.outputs[0], outputs=self.outputs,
-                       kernel_index=k,
-                       transpose_a=mm.get_attr("transpose_a"),
-                       transpose_b=mm.get_attr("transpose_b"))
-
-
-def engine_hook(net: LayerGraph, name: str, fn: Callable,
-                resources: Resources,
-                extra: List[Tuple[Gradient, tf.Variable]],
-                gradients: Callable, options: dict) -> Callable:
-  """Wraps ``fn`` for the segment engine: its arguments in, checked
-  gradients out; the result's extra ``(gradient, variable)`` pairs go to
-  ``extra``. ``gradients(ys, xs, grad_ys=, stop_gradients=, **options)``
-  is the context's VJP: the plan's gradient function. An exception ``fn``
-  raises becomes a ``GraphGradError`` naming the layer."""
-  def run(layer, outputs, upstream, inputs, upstream_of, chain_rule):
-    ctx = BackwardContext(
-        layer=net[layer], name=net[layer].name, net=net, inputs=tuple(inputs),
-        outputs=tuple(outputs), upstream=tuple(upstream),
-        upstream_of=upstream_of, chain_rule=chain_rule, resources=resources,
-        executor=GraphBackward(net, net[layer].name, resources, gradients,
-                               options, outputs))
-    with tf.name_scope(f"replace_backward_{ctx.name}".replace("/", "_")):
-      result = run_replacement(fn, ctx, f"replace_backward({name!r})")
-    extra.extend(result.extra_grads_and_vars)
-    return result.input_grads
-  return run
 
 
 def stateless_seed(seed: int, key: str) -> List[int]:

@@ -1,42 +1,164 @@
-"""The accumulators of a segmented backward pass, and its segment calls.
+"""The TF1 executor's VJP, and the accumulators of a backward pass.
 
-:class:`Backprop` holds, while the engine builds, the gradient contributions
-gathered at every cut tensor and every variable, makes each segment's
-``tf.gradients`` call, and weights what a linear rewrite scales.
+:class:`GraphVJP` is the one place where a ``GradientPlan`` differentiates
+(``core._vjp.VJP``): the engine's segment calls, the single call of a plan
+that rewrites nothing, task VJPs, a replacement's ``context.vjp`` and
+``privatize``'s calls, each with the plan's options and op overrides
+(``_hooks``). Under ``plan.recompute`` each call is split at the kept
+tensors into pieces, each differentiated on a copy of its ops
+(``_recompute``).
+
+:class:`Backprop` holds, while a backward pass builds, the gradient
+contributions at every tensor and variable: it makes the engine's segment
+calls, and weights what a linear rewrite scales. A recomputed call's pieces
+deposit into it, each reading the sum of what the pieces above gave.
 """
 
 import collections
-from typing import Callable, Dict, List, Optional, Sequence, Set
+from typing import (
+  Callable,
+  Dict,
+  List,
+  Optional,
+  Sequence,
+  Set,
+)
 
 import tensorflow as tf
 
+from graphgrad._types import Gradient
+from graphgrad.analysis import _graph_util
 from graphgrad.core._gradients import aggregate, weigh
 from graphgrad.plan import _hooks, _reach
+from graphgrad.plan._recompute import Recompute, Split
+
+__all__ = ["Backprop", "GraphVJP"]
+
+
+class GraphVJP:
+  """The VJP of a ``GradientPlan``: every gradient it builds comes from here.
+
+  Args:
+    options: keyword arguments of every call's ``tf.gradients`` (the
+      plan's ``gate_gradients``, ``aggregation_method`` and
+      ``colocate_gradients_with_ops``).
+    overrides: op name -> the gradient function substituted for the
+      registered one in every call (see ``_hooks``).
+    recompute: ``plan.recompute``'s option: every call recomputes the
+      forward ops it crosses, keeping the kept tensors.
+    seed: ``target -> the gradient it is backpropagated with`` (``None``
+      for ones): the plan's loss is backpropagated with the loss scale
+      ``S`` under a loss scale. :meth:`task_vjps` reads it.
+  """
+
+  def __init__(self, options: Optional[dict] = None,
+               overrides: Optional[Dict[str, Callable]] = None,
+               recompute: Optional[Recompute] = None,
+               seed: Optional[Callable[[tf.Tensor], Optional[Gradient]]]
+               = None):
+    self.options = dict(options or {})
+    self.overrides = dict(overrides or {})
+    self.recompute = recompute
+    self._seed = seed or (lambda target: None)
+
+  # -- the VJP protocol (core._vjp) ------------------------------------------
+
+  def vjp(self, ys: Sequence, grads: Optional[Sequence], xs: Sequence,
+          stop: Sequence = ()) -> List[Gradient]:
+    """The gradients of ``ys`` for ``xs`` with ``grads`` at ``ys``.
+
+    ``grads`` entries that are ``None`` send nothing; ``grads=None`` is
+    ones at every ``ys`` entry (``tf.gradients``' own seed). Under
+    recompute, the call's pieces add up in a :class:`Backprop` of their
+    own.
+    """
+    return Backprop(self).differentiate(ys, grads, xs, stop)
+
+  def task_vjps(self, target: tf.Tensor, losses: Sequence, xs: Sequence
+                ) -> List[List[Gradient]]:
+    """Per task loss ``l_i``: ``d target / d l_i * d l_i / d xs``.
+
+    One call from ``target`` (with its seed) to the task losses gives the
+    weights; then one call per task loss, to ``xs`` only.
+    """
+    seed = self._seed(target)
+    weights = self.vjp([target], None if seed is None else [seed],
+                       list(losses))
+    return [self.vjp([l], [w], xs) if w is not None else [None] * len(xs)
+            for l, w in zip(losses, weights)]
+
+  def per_example(self, ys: Sequence, grads: Sequence, xs: Sequence,
+                  batch) -> List[Gradient]:
+    """Per-example gradients of ``xs``, each ``[batch, *x.shape]``.
+
+    One masked call per example, in ``tf.vectorized_map``: ``grads`` with
+    every row but row ``i`` zeroed. The plan's overrides apply; the call
+    takes none of the plan's options and recomputes nothing (it crosses
+    the ops that read a variable, whose inputs the caller reads anyway).
+    ``None`` for an ``x`` that no ``ys`` entry reaches.
+    """
+    ys, xs = list(ys), list(xs)
+    grads = [tf.convert_to_tensor(g) for g in grads]
+    found: List[int] = []
+
+    def one(i):
+      masked = [g * tf.reshape(tf.one_hot(i, batch, dtype=g.dtype),
+                               [-1] + [1] * (g.shape.rank - 1))
+                for g in grads]
+      parts = self.gradients(ys, masked, xs, (), options={})
+      found[:] = [j for j, p in enumerate(parts) if p is not None]
+      return [tf.convert_to_tensor(parts[j]) for j in found]
+
+    stacked = tf.vectorized_map(one, tf.range(batch))
+    out: List[Gradient] = [None] * len(xs)
+    for j, s in zip(found, stacked):
+      out[j] = s
+    return out
+
+  # -- the one call ----------------------------------------------------------
+
+  def gradients(self, ys: List, grad_ys: Optional[List], xs: List,
+                stops: Sequence, hooks: Optional[Dict] = None,
+                allowed: Optional[Set[tf.Operation]] = None,
+                options: Optional[dict] = None) -> List:
+    """One ``tf.gradients`` call, with the plan's overrides.
+
+    Args:
+      ys, grad_ys, xs: as ``tf.gradients``' (``grad_ys=None``: ones).
+      stops: its ``stop_gradients``.
+      hooks: op -> what to do around its gradient function (``_hooks``).
+      allowed: the ops its reachability walk may mark (``_reach``), or
+        ``None`` for TF's own walk.
+      options: its other keyword arguments; ``None`` for the plan's.
+    """
+    kwargs = self.options if options is None else options
+    with _hooks.hooked(hooks or {}, self.overrides), _reach.bounded(allowed):
+      return tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys,
+                                    stop_gradients=list(stops), **kwargs)
+
+
+def _bounded(ys, xs) -> Optional[Set[tf.Operation]]:
+  """The walk bound of one call, where the ops behind ``ys`` allow one."""
+  ops = _graph_util.ops_behind([y.op for y in ys], -1)
+  return _reach.behind(ys, xs) if xs and _reach.can_bound(ops) else None
 
 
 class Backprop:
-  """Accumulators and segment calls of one build of the backward pass.
+  """Accumulators and calls of one backward pass, through one VJP.
 
   Args:
+    vjp: the plan's VJP.
     variables: variable op name -> differentiated variable.
-    options: keyword arguments for ``tf.gradients``.
     bound: whether each call's reachability walk may be bounded.
     reduce: optional ``(var_names, grads) -> grads`` applied to the
       parameter gradients of each segment call.
-    gradients_fn: what each segment calls instead of ``tf.gradients``,
-      with the same arguments.
-    overrides: op name -> the gradient function substituted for the
-      registered one in every segment call (see ``_hooks``).
   """
 
-  def __init__(self, variables: Dict[str, tf.Variable], options: dict,
-               bound: bool, reduce: Optional[Callable] = None,
-               gradients_fn: Optional[Callable] = None,
-               overrides: Optional[Dict[str, Callable]] = None):
-    self.gradients_fn = gradients_fn or tf.compat.v1.gradients
-    self.overrides = dict(overrides or {})
-    self.variables = variables
-    self.options = options
+  def __init__(self, vjp: GraphVJP,
+               variables: Optional[Dict[str, tf.Variable]] = None,
+               bound: bool = False, reduce: Optional[Callable] = None):
+    self.vjp = vjp
+    self.variables = dict(variables or {})
     self.bound = bound
     self.reduce = reduce
     self.acc: Dict[str, List] = collections.defaultdict(list)
@@ -47,27 +169,81 @@ class Backprop:
     self.dropped_vars: Set[str] = set()
     self._consts: Dict = {}
 
-  def total(self, ts: Sequence[tf.Tensor], store=None) -> List:
+  def total(self, ts: Sequence, store=None) -> List:
     store = self.acc if store is None else store
     return [aggregate(store.get(t.name, ()), like=t) for t in ts]
 
   def call(self, ys, grad_ys, targets, var_names, stops=None,
            hooks: Optional[Dict[tf.Operation, _hooks.Hook]] = None) -> List:
-    """One segment: ``gradients_fn`` from ``ys`` to targets and variables.
+    """One segment: the VJP from ``ys`` to targets and variables.
 
     The overridden ops' functions, and ``hooks`` around those of the hooked
     ops, replace the registered ones in this call's gradient lookup.
     """
-    pairs = [(y, gy) for y, gy in zip(ys, grad_ys) if gy is not None]
     xs = list(targets) + [self.variables[n] for n in var_names]
-    if not pairs or not xs:
-      return [None] * len(xs)
     stops = list(targets) if stops is None else list(stops)
-    ys = [y for y, _ in pairs]
-    allowed = _reach.behind(ys, xs) if self.bound else None
-    with _hooks.hooked(hooks or {}, self.overrides), _reach.bounded(allowed):
-      return self.gradients_fn(ys, xs, grad_ys=[gy for _, gy in pairs],
-                               stop_gradients=stops, **self.options)
+    return self.differentiate(ys, grad_ys, xs, stops, hooks)
+
+  def differentiate(self, ys: Sequence, grads: Optional[Sequence],
+                    xs: Sequence, stops: Sequence = (),
+                    hooks: Optional[Dict] = None) -> List:
+    """One call of the VJP: one gradient (or ``None``) per ``xs`` entry.
+
+    ``ys`` whose ``grads`` entry is ``None`` are left out; ``grads=None``
+    is ones at every ``ys`` entry. Under recompute the call is split at
+    the kept tensors, and its pieces deposit here (:meth:`_recomputed`).
+    """
+    ys, xs = list(ys), list(xs)
+    if grads is not None:
+      pairs = [(y, g) for y, g in zip(ys, grads) if g is not None]
+      ys, grads = [y for y, _ in pairs], [g for _, g in pairs]
+    if not ys or not xs:
+      return [None] * len(xs)
+    recompute = self.vjp.recompute
+    if recompute is None:
+      allowed = _reach.behind(ys, xs) if self.bound else None
+      return self.vjp.gradients(ys, grads, xs, stops, hooks, allowed)
+    if grads is None:
+      grads = [tf.ones_like(y) for y in ys]
+    return self._recomputed(recompute.split(ys, xs, stops), list(grads),
+                            hooks)
+
+  def _recomputed(self, split: Split, grads: List,
+                  hooks: Optional[Dict]) -> List:
+    """The pieces of one call, from the top down, each with the sum of
+    what the pieces above deposited at its outputs; then one call from the
+    ``ys`` that no piece computes. The call's own contributions are kept
+    apart from the pass's (another call may cross the same tensors with
+    another gradient), under their tensors' names as ever."""
+    store: Dict[str, List] = collections.defaultdict(list)
+    for y, g in zip(split.ys, grads):
+      self.add(y, g, store)
+    exact: Dict[int, Gradient] = {}
+    for piece in split.pieces():
+      outs = [(t, g) for t, g in zip(piece.outputs,
+                                     self.total(piece.outputs, store))
+              if g is not None]
+      if not outs:
+        continue
+      gs = [g for _, g in outs]
+      ys, xs, stops = split.call(piece, [t for t, _ in outs], gs)
+      res = self.vjp.gradients(ys, gs, xs, stops, hooks, _bounded(ys, xs))
+      below = piece.boundary + [split.xs[i] for i in piece.external]
+      for t, g in zip(below, res):
+        self.add(t, g, store)
+      k = len(below)
+      exact.update(zip(piece.inner, res[k:k + len(piece.inner)]))
+      for i, g in zip(piece.variables, res[k + len(piece.inner):]):
+        self.add(split.xs[i], g, store)
+    if split.leftover:
+      ys = [split.ys[i] for i in split.leftover]
+      res = self.vjp.gradients(ys, [grads[i] for i in split.leftover],
+                               split.xs, split.stops, hooks,
+                               _bounded(ys, split.xs))
+      for x, g in zip(split.xs, res):
+        self.add(x, g, store)
+    return [exact[i] if i in exact else self.total([x], store)[0]
+            for i, x in enumerate(split.xs)]
 
   def weigh(self, grad, factor: Optional[float]):
     """``factor * grad``, sparse kept sparse; no op for a factor of 1."""
@@ -79,7 +255,7 @@ class Backprop:
       self._consts[factor, dtype] = tf.constant(factor, dtype)
     return self._consts[factor, dtype]
 
-  def add(self, t: tf.Tensor, grad, store=None) -> None:
+  def add(self, t, grad, store=None) -> None:
     if grad is not None:
       (self.acc if store is None else store)[t.name].append(grad)
 

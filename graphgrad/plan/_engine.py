@@ -1,4 +1,4 @@
-"""Segmented backpropagation: one ``tf.gradients`` call per segment.
+"""Segmented backpropagation: one call of the plan's VJP per segment.
 
 The engine cuts the forward op graph where a rewritten gradient enters or
 leaves a layer (``_cuts``): at the outputs and inputs of every layer with an
@@ -24,7 +24,7 @@ from graphgrad.core._gradients import aggregate, completed_upstream, is_zero
 from graphgrad.core._layer_policy import layer_backward
 from graphgrad.core._rules import EdgeRule, LayerRule, Mode, PlanRules
 from graphgrad.plan import _hooks, _reach
-from graphgrad.plan._backprop import Backprop
+from graphgrad.plan._backprop import Backprop, GraphVJP
 from graphgrad.plan._cuts import CutPlan, Group, GroupKind, ancestors
 from graphgrad.plan._op_override import Substitutions
 from graphgrad.plan._spans import Spans
@@ -119,27 +119,28 @@ class Segments:
       layers whose outputs a replacement reads.
     hooks: the executor's transforms, replacements and task combinations,
       asked once per rule that has one.
-    options: keyword arguments for ``tf.gradients``.
-    gradients_fn: what each segment calls instead of ``tf.gradients``, with
-      the same arguments (``plan.recompute``, see ``_recompute``).
+    options: keyword arguments for ``tf.gradients``, of the VJP made
+      when ``vjp`` is not given.
+    vjp: the plan's VJP (``_backprop.GraphVJP``), which every segment
+      calls; by default one with ``options`` and ``overrides``.
     overrides: the plan's overridden ops: their functions replace the
       registered ones in every segment call (see ``_hooks``). Glue with an
       op whose function is not known to be linear is never covered by a
       layer above (a layer holding one is never ``LINEAR``: compiled so).
     spans: whether spans of linear layers may share one call; ``False``
-      when ``gradients_fn`` differentiates copies of the forward ops
+      when the VJP differentiates copies of the forward ops
       (``plan.recompute``), which a span's per-op factors cannot reach.
   """
 
   def __init__(self, net: LayerGraph, variables, rules: PlanRules,
                hooks: Hooks, options: dict,
-               gradients_fn: Optional[Callable] = None,
+               vjp: Optional[GraphVJP] = None,
                overrides: Optional[Substitutions] = None,
                spans: bool = True):
     self.net = net
     self.rules = rules
-    self.gradients_fn = gradients_fn or tf.compat.v1.gradients
     self.overrides = overrides or Substitutions()
+    self.vjp = vjp or GraphVJP(options, self.overrides.fns)
     self.variables = {v.op.name: v for v in variables}
     self.upstream = {n: hooks.upstream(r) for n, r in rules.layers.items()
                      if r.upstream is not None}
@@ -185,12 +186,10 @@ class Segments:
     Args:
       seed: the gradient of the loss.
       reduce: optional ``(var_names, grads) -> grads``, applied to the
-        parameter gradients each ``tf.gradients`` call (segment) produces,
-        before they join the variables' contributions.
+        parameter gradients each segment call produces, before they join
+        the variables' contributions.
     """
-    bp = Backprop(self.variables, self.options, self._bound, reduce,
-                  gradients_fn=self.gradients_fn,
-                  overrides=self.overrides.fns)
+    bp = Backprop(self.vjp, self.variables, self._bound, reduce)
     bp.acc[self.net.loss.name].append(seed)
     self._done = {}
     run = {GroupKind.LAYER: self._run_layer, GroupKind.EDGE: self._run_edge,

@@ -4,15 +4,16 @@
 backward pass it makes the single ``tf.gradients`` call that
 ``Optimizer.minimize`` makes; else it turns each declaration into a rule of
 the segment engine (:class:`~graphgrad.plan._engine.Segments`). Every
-backward call substitutes the plan's overrides for the registered gradient
-functions of their ops (``_op_override``, ``_hooks``). It then applies the
+backward call is one of the plan's VJP (:class:`~graphgrad.plan._backprop.
+GraphVJP`), which substitutes the plan's overrides for the registered
+gradient functions of their ops (``_op_override``, ``_hooks``) and, under
+``plan.recompute``, recomputes the forward ops it crosses. It then applies the
 parameter-gradient transforms, appends the ``(gradient, variable)`` pairs of
 backward replacements, and gates the result. Every applied transform is
 recorded as a :class:`TraceRecord`, which ``plan.summaries()`` reads.
 """
 
 import dataclasses
-import functools
 from typing import (
   Any,
   Callable,
@@ -34,14 +35,15 @@ from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core._gradients import aggregate
 from graphgrad.core._parameters import transform_parameters
 from graphgrad.core._rules import EdgeRule, LayerRule, PlanRules, TaskRule
-from graphgrad.methods import _pcgrad, _replacement
+from graphgrad.methods import _pcgrad
 from graphgrad.plan import (
-  _hooks,
   _loss_scale_optimizer,
   _op_override,
   _privatize_graph,
   _recompute,
+  _replacement_graph,
 )
+from graphgrad.plan._backprop import GraphVJP
 from graphgrad.plan._engine import Rewrite, Segments
 from graphgrad.transforms import _checks, _scaled
 from graphgrad.transforms._context import Resources, TransformContext
@@ -191,9 +193,12 @@ class _Executor:
     self.overrides = _op_override.substitutions(
         self.loss, self.var_list, {(o.match, o.key): o.fn for o in rules.ops},
         self.layer_of)
-    self.recomputing = (None if rules.recompute is None else
-                        self._recomputing(tf.compat.v1.gradients,
-                                          rules.recompute.keep))
+    self.vjp = GraphVJP(
+        self.options.gradients_kwargs, self.overrides.fns,
+        recompute=(None if rules.recompute is None
+                   else self._recompute(rules.recompute.keep)),
+        seed=lambda target: (self._scaled_seed() if target is self.loss
+                             else None))
     # Under a loss scale every transform sees the unscaled gradient
     # (transforms._scaled), as in a KerasPlan's tape.
     with self.loss.graph.as_default(), tf.name_scope(self.options.name), \
@@ -203,8 +208,7 @@ class _Executor:
       plain = not rules.rewrites_backward
       if rules.privacy is not None:
         by_name = _privatize_graph.Private(
-            self.loss, self.var_list, rules.privacy,
-            self._gradients).gradients()
+            self.loss, self.var_list, rules.privacy, self.vjp).gradients()
       elif plain:
         # The very call Optimizer.compute_gradients makes; unreached
         # variables get None from it. The parameter-space combination
@@ -232,14 +236,14 @@ class _Executor:
         out = _loss_scale_optimizer.unscale(self.scale, out)
     return Built(tuple(out), tuple(self.trace))
 
-  def _recomputing(self, fn: Callable,
-                   keep: Optional[Tuple[str, ...]]) -> Callable:
-    """``fn`` recomputing the forward ops it crosses, keeping the outputs
-    of the layers in ``keep`` (``plan.recompute``)."""
+  def _recompute(self, keep: Optional[Tuple[str, ...]]
+                 ) -> _recompute.Recompute:
+    """The VJP's recompute option: keep the outputs of the layers in
+    ``keep``; never copy an overridden op (``plan.recompute``)."""
     names = {o.key for o in self.rules.ops if o.match == "name"}
     types = {o.key for o in self.rules.ops if o.match == "type"}
-    return _recompute.wrap(
-        fn, lambda: _recompute.kept_tensors(self.net, keep),
+    return _recompute.Recompute(
+        lambda: _recompute.kept_tensors(self.net, keep),
         lambda op: op.name in names or op.type in types)
 
   # -- the segmented backward pass ------------------------------------------
@@ -248,7 +252,7 @@ class _Executor:
     rules = self.rules
     segments = Segments(
         self.net, reached, rules, self, self.options.gradients_kwargs,
-        gradients_fn=self.recomputing, overrides=self.overrides,
+        vjp=self.vjp, overrides=self.overrides,
         spans=rules.recompute is None)
     by_name = {v.op.name: v for v in reached}
     reduce = None
@@ -295,19 +299,16 @@ class _Executor:
 
   def replacement(self, rule: LayerRule) -> Callable:
     assert rule.replacement is not None  # asked only for a REPLACED rule
-    return _replacement.engine_hook(self.net, rule.layer, rule.replacement,
-                                    self.resources, self.extra,
-                                    self._gradients,
-                                    self.options.gradients_kwargs)
+    return _replacement_graph.engine_hook(self.net, rule.layer,
+                                          rule.replacement, self.resources,
+                                          self.extra, self.vjp)
 
   def tasks(self, rule: LayerRule) -> Callable:
     task = rule.tasks
     assert task is not None  # asked only for a rule with tasks
     return _pcgrad.output_rewrite(self.loss, task.losses or (), task.method,
                                   f"combine_tasks_{task.layer}",
-                                  self.resources, task.layer,
-                                  gradients=self._gradients,
-                                  seed=self._scaled_seed())
+                                  self.resources, task.layer, self.vjp)
 
   # -- parameter gradients ---------------------------------------------------
 
@@ -322,8 +323,8 @@ class _Executor:
                           plain: bool) -> None:
     """The task combination in parameter space, on its entries of ``out``.
 
-    Each task loss takes one call of the plan's gradient function (as every
-    segment does), to the combined variables only. With ``plain`` (nothing
+    Each task loss takes one call of the plan's VJP (as every segment
+    does), to the combined variables only. With ``plain`` (nothing
     else rewrites the backward pass) their entries of ``out`` are empty and
     the rest of their gradient is one more call that crosses only the
     loss's unlisted terms.
@@ -331,12 +332,10 @@ class _Executor:
     idx = [i for i, (_, v) in enumerate(out) if v.op.name in chosen]
     if not idx:
       return
-    gradients = functools.partial(self._gradients,
-                                  **self.options.gradients_kwargs)
     reduce = None if self.options.reduce_fn is None else self._reduce
     run = _pcgrad.parameter_rewrite(self.loss, declared.losses or (),
                                     declared.method, self.resources,
-                                    gradients, reduce,
+                                    self.vjp, reduce,
                                     seed=self._scaled_seed())
     new = run(None if plain else [out[i][0] for i in idx],
               [out[i][1] for i in idx])
@@ -349,25 +348,20 @@ class _Executor:
     layer = self.net.layer_of_variable(v)
     return layer if layer in layers else None
 
-  # -- one tf.gradients call, reduce_fn --------------------------------------
+  # -- one call of the VJP, reduce_fn ----------------------------------------
 
   def _whole(self, variables) -> Dict[str, Gradient]:
-    """One tf.gradients call, as Optimizer.minimize builds, then reduce_fn."""
+    """One call of the VJP, the tf.gradients call Optimizer.minimize
+    makes, then reduce_fn."""
     seeded = self.scale is not None or self.options.after
-    scaled = {"grad_ys": self._seed()} if seeded else {}
-    grads = self._gradients(self.loss, variables, **scaled,
-                            **self.options.gradients_kwargs)
+    grads = self.vjp.vjp([self.loss], [self._seed()] if seeded else None,
+                         variables)
     found = [(v, g) for v, g in zip(variables, grads) if g is not None]
     if self.options.reduce_fn is not None and found:
       found = list(zip([v for v, _ in found],
                        self._reduce([v for v, _ in found],
                                     [g for _, g in found])))
     return {v.op.name: g for v, g in found}
-
-  def _gradients(self, ys, xs, **kwargs) -> List:
-    """``tf.gradients`` with the plan's overrides, recomputing if declared."""
-    with _hooks.hooked({}, self.overrides.fns):
-      return (self.recomputing or tf.compat.v1.gradients)(ys, xs, **kwargs)
 
   def _reduce(self, variables, grads) -> List[Gradient]:
     """Calls reduce_fn on one segment's parameter gradients and checks it."""

@@ -6,12 +6,12 @@ the rule of each: a dense op (``MatMul``, ``BatchMatMulV2``, a two-operand
 ``Einsum``, a ``MatMul`` on a sequence reshaped to 2-D), a convolution
 (``Conv2D``, unfolded with ``extract_patches``), an embedding lookup
 (``ResourceGather``, ``GatherV2``), a broadcast elementwise op (``BiasAdd``,
-``Add``, ``Mul``...). One ``tf.gradients`` call of ``sum_i l_i`` gives the
-gradient at those ops' outputs; the shared rules of
+``Add``, ``Mul``...). One call of the plan's VJP from ``sum_i l_i`` gives
+the gradient at those ops' outputs; the shared rules of
 :mod:`graphgrad.core._privacy` turn them into per-example squared norms. A
 variable whose uses have no rule gets the exact per-example gradient of those
-ops only (``vectorized_map``), logged once. The clipped sums come from the
-same tensors (:meth:`Private.gradients`), then the noise.
+ops only (the VJP's ``per_example``), logged once. The clipped sums come
+from the same tensors (:meth:`Private.gradients`), then the noise.
 """
 
 import logging
@@ -24,6 +24,7 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
 from graphgrad.core import _privacy
+from graphgrad.plan._backprop import GraphVJP
 
 log = logging.getLogger("graphgrad")
 
@@ -55,7 +56,7 @@ def check_reduce_fn(reduce_fn) -> None:
 class Private:
   """DP-SGD's gradients of a plan, from the boundary tensors alone.
 
-  One ``tf.gradients`` call of ``sum_i l_i`` gives the gradient at the
+  One call of the plan's VJP from ``sum_i l_i`` gives the gradient at the
   output of every op that uses a variable. From each use's boundary tensors
   come the per-example squared norms, the clip factors ``c_i``, and then
   (book-keeping, Bu et al. 2023) each variable's clipped sum
@@ -65,14 +66,15 @@ class Private:
     loss: the vector of per-example losses ``[B]``.
     var_list: the plan's variables.
     privacy: the declaration.
-    gradients_fn: the plan's ``tf.gradients`` (``plan.recompute``'s).
+    vjp: the plan's VJP (with its overrides; recomputing under
+      ``plan.recompute``).
   """
 
   def __init__(self, loss: tf.Tensor, var_list: Sequence[tf.Variable],
-               privacy: _privacy.Privacy, gradients_fn=None):
+               privacy: _privacy.Privacy, vjp: GraphVJP):
     self.loss, self.privacy = loss, privacy
     self.var_list = list(var_list)
-    self._gradients = gradients_fn or tf.compat.v1.gradients
+    self._vjp = vjp
     self._on_path = {op.name for op in _graph_util.forward_ops(loss)}
     self.batch = tf.shape(loss)[0]
     self._noise = _privacy.Noise(privacy)
@@ -108,7 +110,7 @@ class Private:
     outputs = sorted({t for us in uses.values() for op, _ in us
                       for t in op.outputs if t.dtype.is_floating},
                      key=lambda t: t.name)
-    grads = dict(zip(outputs, self._gradients(self.loss, outputs)))
+    grads = dict(zip(outputs, self._vjp.vjp([self.loss], None, outputs)))
     forms = {}
     for v in self.var_list:
       used = [(op, i) for op, i in uses[v.op.name]
@@ -178,16 +180,9 @@ class Private:
         ys.append(y)
         gs.append(tf.convert_to_tensor(g))
     xs = list({id(x): x for op, i in uses for x in [op.inputs[i]]}.values())
-
-    def one(i):
-      masked = [g * tf.reshape(tf.one_hot(i, self.batch, dtype=g.dtype),
-                               [-1] + [1] * (g.shape.rank - 1)) for g in gs]
-      parts = tf.compat.v1.gradients(ys, xs, grad_ys=masked)
-      parts = [tf.cast(tf.convert_to_tensor(p), dtype) for p in parts
-               if p is not None]
-      return tf.reshape(tf.add_n(parts), var.shape)
-
-    return tf.vectorized_map(one, tf.range(self.batch))
+    parts = [tf.cast(p, dtype) for p in
+             self._vjp.per_example(ys, gs, xs, self.batch) if p is not None]
+    return tf.reshape(tf.add_n(parts), [-1] + var.shape.as_list())
 
 
 def _refuse_batch_norm(on_path, graph: tf.Graph) -> None:

@@ -1,23 +1,33 @@
-"""Recomputation: backward calls that recompute forward ops, not keep them.
+"""Recomputation: an option of the plan's VJP that recomputes forward ops.
 
-:func:`wrap` turns a plan's gradient function into one that splits the
-forward ops of each call ``(ys, xs)`` at the *kept* tensors (the outputs of
-the kept layers) into segments. From the top down it copies each segment's
-ops into the op graph and differentiates the copy, with the gradient
-accumulated at the segment's outputs as ``grad_ys``. The copy's first ops
-wait for that gradient (control dependencies), so a segment is recomputed
-only when the backward pass above it is done and its memory is free.
+Under ``plan.recompute`` the plan's VJP (``_backprop.GraphVJP``) splits each
+call ``(ys, xs)`` at the *kept* tensors (the outputs of the kept layers)
+into pieces (:class:`Split`). From the top down it copies each piece's ops
+and differentiates the copy, with the gradient summed at the piece's outputs
+as ``grad_ys``, depositing what it gives into ``_backprop.Backprop``. A
+copy's first ops wait for that gradient, so a piece is recomputed only when
+the backward pass above it is done. This module plans and copies; it never
+differentiates and never sums.
 
-Never copied: the parameter subgraph (variable reads, which the copies read
-as they are) and random ops (their forward values are reused, so a dropout
-mask is the forward's). A segment with an op that must not run twice or
-cannot be copied (a stateful op, a loop or cond, an overridden op) is
-backpropagated through its forward ops, which keep their activations.
+Never copied: the parameter subgraph (variable reads) and random ops (their
+forward values are reused: a dropout mask is the forward's). A piece with an
+op that must not run twice or cannot be copied (a stateful op, a loop, an
+overridden op) is backpropagated through its forward ops.
 """
 
 import collections
+import dataclasses
 import math
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import (
+  Callable,
+  Dict,
+  Iterator,
+  List,
+  Optional,
+  Sequence,
+  Set,
+  Tuple,
+)
 
 import networkx as nx
 import tensorflow as tf
@@ -25,8 +35,6 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layer_graph import LayerGraph
-from graphgrad.core._gradients import aggregate
-from graphgrad.plan import _reach
 
 # Ops that run a function or a loop: backpropagated whole, never copied.
 _FUNCTIONAL = frozenset({
@@ -134,28 +142,38 @@ def kept_tensors(net: LayerGraph, keep: Optional[Sequence[str]]
   return sorted(kept, key=lambda t: net.topo_index(t.op))
 
 
-def wrap(base: Callable, kept: Callable[[], Sequence[tf.Tensor]],
-         forward: Callable[[tf.Operation], bool]) -> Callable:
-  """``base`` (a ``tf.gradients``-like function) with recomputation.
+class Recompute:
+  """``plan.recompute``: an option of the plan's VJP (``_backprop``).
+
+  Each backward call ``(ys, xs)`` of a recomputing VJP is split at the kept
+  tensors (:meth:`split`); the VJP differentiates the pieces from the top
+  down, each on a copy of its forward ops, and deposits what each gives
+  into the backward pass's accumulators.
 
   Args:
-    base: the plan's gradient function.
-    kept: returns the kept tensors (called once, on the first call).
+    kept: returns the kept tensors (called once, on the first split).
     forward: whether an op must be backpropagated through itself, never
       copied (an overridden op).
-
-  Returns:
-    A function with the arguments of ``tf.compat.v1.gradients``.
   """
-  cache: Dict[str, Dict[str, int]] = {}
 
-  def gradients(ys, xs, grad_ys=None, stop_gradients=None, **options):
-    if "index" not in cache:
-      cache["index"] = {t.name: i for i, t in enumerate(kept())}
-    return _Call(base, cache["index"], forward, ys, xs, grad_ys,
-                 stop_gradients, options).run()
+  def __init__(self, kept: Callable[[], Sequence[tf.Tensor]],
+               forward: Callable[[tf.Operation], bool]):
+    self._kept = kept
+    self.forward = forward
+    self._index: Optional[Dict[str, int]] = None
 
-  return gradients
+  @property
+  def index(self) -> Dict[str, int]:
+    """Kept tensor name -> its position in the forward order."""
+    if self._index is None:
+      self._index = {t.name: i for i, t in enumerate(self._kept())}
+    return self._index
+
+  def split(self, ys: Sequence[tf.Tensor], xs: Sequence,
+            stops: Sequence[tf.Tensor]) -> "Split":
+    """The pieces of the call from ``ys`` to ``xs``, none flowing back
+    through ``stops``."""
+    return Split(self, ys, xs, stops)
 
 
 def _scalar(t: tf.Tensor) -> bool:
@@ -166,27 +184,59 @@ def _is_var(x) -> bool:
   return isinstance(x, tf.Variable)
 
 
-def _as_list(x) -> list:
-  return list(x) if isinstance(x, (list, tuple)) else [x]
+@dataclasses.dataclass
+class Piece:
+  """The forward ops between two kept tensors that one call crosses.
+
+  Attributes:
+    index: its kept tensors' position (0: below the first kept tensor).
+    ops: its forward ops, in topological order.
+    outputs: its tensors whose gradient comes from above (``ys`` or read
+      by a piece above): the ``grad_ys`` of its call.
+    boundary: the tensors of the pieces below that it reads: its call
+      stops there, and its gradients for them go to those pieces.
+    external: positions in ``xs`` of the tensors it reads from outside
+      the region.
+    inner: positions in ``xs`` of the tensors it computes itself: its call
+      gives their gradient.
+    variables: positions in ``xs`` of the variables.
+    copyable: whether its ops are copied (else backpropagated through the
+      forward ops themselves, which keep their activations).
+  """
+  index: int
+  ops: List[tf.Operation]
+  outputs: List[tf.Tensor]
+  boundary: List[tf.Tensor]
+  external: List[int]
+  inner: List[int]
+  variables: List[int]
+  copyable: bool
 
 
-class _Call:
-  """One recomputing backward call."""
+class Split:
+  """One recomputing backward call, split at the kept tensors.
 
-  def __init__(self, base, kept_index, forward, ys, xs, grad_ys, stops,
-               options):
-    self.base, self.options = base, options
-    self.forward = forward
-    self.ys = _as_list(ys)
-    self.xs = _as_list(xs)
-    if grad_ys is None:
-      grad_ys = [None] * len(self.ys)
-    self.grad_ys = [tf.ones_like(y) if g is None else g
-                    for y, g in zip(self.ys, _as_list(grad_ys))]
-    self.stops = [s for s in _as_list(stop_gradients_or_empty(stops))]
+  :meth:`pieces` gives the pieces from the top down and :meth:`call` the
+  ``(ys, xs, stops)`` of each piece's VJP, on a copy of its forward ops;
+  the VJP adds their results up (``_backprop``). ``leftover`` holds the
+  positions in ``ys`` of the tensors no piece computes (but the region
+  holds: random ops'), backpropagated by one more call to every ``xs``.
+  """
+
+  def __init__(self, option: Recompute, ys, xs, stops):
+    self.forward = option.forward
+    self.kept_index = option.index
+    self.ys, self.xs, self.stops = list(ys), list(xs), list(stops)
     self.stop_names = {s.name for s in self.stops}
-    self.kept_index = kept_index
     self.graph = self.ys[0].graph
+    region, var_ops = self._region()
+    order, seg, random = self._segments(region, var_ops)
+    self._order, self._seg, self._random = order, seg, random
+    self.leftover = [i for i, y in enumerate(self.ys)
+                     if y.op not in seg and y.op in region
+                     and y.op not in random]
+    # Random ops' outputs are their forward values: never differentiated.
+    self._held = [t for op in random for t in op.outputs]
 
   # -- the region between xs and ys ----------------------------------------
 
@@ -215,8 +265,8 @@ class _Call:
                 for c in t.consumers() if c in behind]
     return region, var_ops
 
-  def run(self) -> List:
-    region, var_ops = self._region()
+  def _segments(self, region, var_ops):
+    """(the region in topological order, op -> piece, the random ops)."""
     dag = nx.DiGraph()
     dag.add_nodes_from(region)
     dag.add_edges_from((t.op, op) for op in region for t in op.inputs
@@ -262,7 +312,7 @@ class _Call:
       top = max((seg[m] for m in looped), default=0)
       for m in looped:
         seg[m] = top
-    return self._build(order, seg, random, region)
+    return order, seg, random
 
   def _check_random(self, op, region, param) -> None:
     for t in op.inputs:
@@ -277,87 +327,50 @@ class _Call:
             f"draw the random values from a tensor that does not depend on "
             f"the parameters.")
 
-  # -- building ------------------------------------------------------------
+  # -- the pieces ------------------------------------------------------------
 
-  def _build(self, order, seg, random, region) -> List:
+  def pieces(self) -> Iterator[Piece]:
+    """The pieces, from the top down."""
+    seg = self._seg
     by_seg: Dict[int, List[tf.Operation]] = collections.defaultdict(list)
-    for op in order:
+    for op in self._order:
       if op in seg:
         by_seg[seg[op]].append(op)
     y_names = {y.name for y in self.ys}
-    acc: Dict[str, List] = collections.defaultdict(list)
-    for y, g in zip(self.ys, self.grad_ys):
-      acc[y.name].append(g)
-    var_acc: List[List] = [[] for _ in self.xs]
-    final: Dict[int, object] = {}
-    leftover = [(y, g) for y, g in zip(self.ys, self.grad_ys)
-                if y.op not in seg and y.op in region
-                and y.op not in random]
-    stops_extra = [t for op in random for t in op.outputs]
     for j in sorted(by_seg, reverse=True):
       ops = by_seg[j]
       inside = set(ops)
-      outs = [t for op in ops for t in op.outputs
-              if _graph_util.differentiable(t) and (
-                  t.name in y_names or any(
-                      seg.get(c, -1) > j for c in t.consumers()))]
-      pairs = [(t, aggregate(acc.get(t.name, ()), like=t)) for t in outs]
-      pairs = [(t, g) for t, g in pairs if g is not None]
-      if not pairs:
-        continue
+      outputs = [t for op in ops for t in op.outputs
+                 if _graph_util.differentiable(t) and (
+                     t.name in y_names or any(
+                         seg.get(c, -1) > j for c in t.consumers()))]
       boundary = {t.name: t for op in ops for t in op.inputs
                   if t.op in seg and t.op not in inside
                   and _graph_util.differentiable(t)}
-      external_xs = [i for i, x in enumerate(self.xs) if not _is_var(x)
-                     and x.op not in inside and x.name not in boundary
-                     and any(c in inside for c in x.consumers())]
-      inner_xs_own = [i for i, x in enumerate(self.xs) if not _is_var(x)
-                      and x.op in inside]
-      var_idx = [i for i, x in enumerate(self.xs) if _is_var(x)]
-      copyable = not any(self._forward_only(op) for op in ops)
-      mapping: Dict[str, tf.Tensor] = {}
-      if copyable:
-        self._copy(ops, mapping, [g for _, g in pairs], j)
-      ys_in = [mapping.get(t.name, t) for t, _ in pairs]
-      b_list = list(boundary.values())
-      xs_in = (b_list + [self.xs[i] for i in external_xs]
-               + [mapping.get(self.xs[i].name, self.xs[i])
-                  for i in inner_xs_own]
-               + [self.xs[i] for i in var_idx])
-      stops_in = b_list + self.stops + stops_extra
-      res = self._inner(ys_in, [g for _, g in pairs], xs_in, stops_in)
-      k = 0
-      for t in b_list:
-        if res[k] is not None:
-          acc[t.name].append(res[k])
-        k += 1
-      for i in external_xs:
-        if res[k] is not None:
-          acc[self.xs[i].name].append(res[k])
-        k += 1
-      for i in inner_xs_own:
-        final[i] = res[k]
-        k += 1
-      for i in var_idx:
-        if res[k] is not None:
-          var_acc[i].append(res[k])
-        k += 1
-    if leftover:
-      res = self._inner([y for y, _ in leftover], [g for _, g in leftover],
-                        self.xs, self.stops)
-      for i, g in enumerate(res):
-        if g is not None:
-          (var_acc[i] if _is_var(self.xs[i])
-           else acc[self.xs[i].name]).append(g)
-    out = []
-    for i, x in enumerate(self.xs):
-      if _is_var(x):
-        out.append(aggregate(var_acc[i]))
-      elif i in final:
-        out.append(final[i])
-      else:
-        out.append(aggregate(acc.get(x.name, ()), like=x))
-    return out
+      yield Piece(
+          index=j, ops=ops, outputs=outputs, boundary=list(boundary.values()),
+          external=[i for i, x in enumerate(self.xs) if not _is_var(x)
+                    and x.op not in inside and x.name not in boundary
+                    and any(c in inside for c in x.consumers())],
+          inner=[i for i, x in enumerate(self.xs) if not _is_var(x)
+                 and x.op in inside],
+          variables=[i for i, x in enumerate(self.xs) if _is_var(x)],
+          copyable=not any(self._forward_only(op) for op in ops))
+
+  def call(self, piece: Piece, ys: Sequence[tf.Tensor], grads: Sequence
+           ) -> Tuple[List, List, List]:
+    """``(ys, xs, stops)`` of ``piece``'s VJP with ``grads`` at ``ys`` (of
+    its ``outputs``): on a copy of its ops, made now, that waits for
+    ``grads``. The results are for ``boundary``, ``external``, ``inner``
+    and ``variables``, in that order."""
+    mapping: Dict[str, tf.Tensor] = {}
+    if piece.copyable:
+      self._copy(piece.ops, mapping, grads, piece.index)
+    xs = (piece.boundary + [self.xs[i] for i in piece.external]
+          + [mapping.get(self.xs[i].name, self.xs[i]) for i in piece.inner]
+          + [self.xs[i] for i in piece.variables])
+    return ([mapping.get(t.name, t) for t in ys], xs,
+            piece.boundary + self.stops + self._held)
 
   def _forward_only(self, op: tf.Operation) -> bool:
     """Whether ``op`` must be backpropagated through itself, not a copy."""
@@ -391,18 +404,6 @@ class _Call:
         copies[op.name] = new
         for t, n in zip(op.outputs, new.outputs):
           mapping[t.name] = n
-
-  def _inner(self, ys, grad_ys, xs, stops) -> List:
-    ops = _graph_util.ops_behind([y.op for y in ys], -1)
-    allowed = (_reach.behind(ys, xs) if xs and _reach.can_bound(ops)
-               else None)
-    with _reach.bounded(allowed):
-      return self.base(ys, xs, grad_ys=grad_ys, stop_gradients=stops,
-                       **self.options)
-
-
-def stop_gradients_or_empty(stops) -> list:
-  return [] if stops is None else _as_list(stops)
 
 
 # -- estimates -----------------------------------------------------------------

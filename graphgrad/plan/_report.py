@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.analysis._layer_graph import LayerGraph
+from graphgrad.plan._backprop import GraphVJP
 from graphgrad.plan._gradient_plan import GradientPlan
 
 Feed = Union[None, Mapping, Sequence[Mapping], Callable[[int], Mapping]]
@@ -126,8 +127,8 @@ def gradient_report(sess: tf.compat.v1.Session, net: LayerGraph,
 
   The figures and the flag rule are defined in the module docstring and on
   the concepts page of the documentation. The report adds gradient ops to
-  the loss's ``tf.Graph`` (one ``tf.gradients`` call, and the plan's build
-  when a plan is given) and runs them; it changes no variable.
+  the loss's ``tf.Graph`` (one plain ``tf.gradients`` call, and the plan's
+  build when a plan is given) and runs them; it changes no variable.
 
   Args:
     sess: a ``tf.compat.v1.Session`` on the loss's graph, with the variables
@@ -246,7 +247,8 @@ def _fetches(net: LayerGraph, plan: Optional[GradientPlan]) -> Dict[str, Any]:
       if ctx.role == "upstream" and ctx.tensor is not None:
         after_up[ctx.tensor.name] = after
   with net.loss.graph.as_default(), tf.name_scope("gradient_report"):
-    grads = tf.compat.v1.gradients(net.loss, variables + flat_out)
+    # The plain chain rule: a VJP with no override, ones at the loss.
+    grads = GraphVJP().vjp([net.loss], None, variables + flat_out)
     none = tf.zeros([0], name="no_gradient")
   by_var = dict(zip([v.op.name for v in variables], grads[:len(variables)]))
   by_out = dict(zip([t.name for t in flat_out], grads[len(variables):]))
