@@ -7,7 +7,10 @@ TensorFlow or Keras API graphgrad uses (:data:`PRIVATE_APIS`): why each is
 needed, a self-test run once at first use that proves on this TensorFlow the
 behaviour graphgrad relies on (for a replaced lookup, that ``tf.gradients``
 really calls the replacement), and the public fallback taken, with one
-logged warning, when the self-test fails (:func:`usable`).
+logged warning, when the self-test fails (:func:`usable`). Tests run the
+self-tests again (:func:`reset`, :func:`as_at_import`) and watch the bounded
+walk (:func:`walk_bound`, :func:`observed_walks`) through documented
+functions, never by setting this module's globals.
 """
 
 import collections
@@ -172,7 +175,8 @@ def usable(key: str, variant: str = "") -> bool:
     if (key, variant) not in _results:
       api = PRIVATE_APIS[key]
       try:
-        api.check(variant) if variant else api.check()
+        with _observer(None):  # observed_walks shows graphgrad's own walks
+          api.check(variant) if variant else api.check()
         _results[(key, variant)] = True
       except Exception as e:  # pylint: disable=broad-except
         # Whatever broke, the behaviour graphgrad relies on is not there.
@@ -199,6 +203,47 @@ def reset() -> None:
   with _lock:
     _results.clear()
     _warned.clear()
+
+
+@contextlib.contextmanager
+def as_at_import() -> Iterator[None]:
+  """Within the block, graphgrad reads TensorFlow's replaced functions again.
+
+  For tests that change TensorFlow as a release could, by removing
+  ``ops.get_gradient_function`` or ``gradients_util._MarkReachedOps``: the
+  two functions graphgrad replaces are read from TensorFlow's modules as at
+  import (graphgrad's own replacement standing for the function it
+  replaced), and the self-tests run again at their next use, so a function
+  removed before the block is found missing and its fallback taken. After
+  the block graphgrad uses the functions it used before, and runs the
+  self-tests again.
+  """
+  global _ORIGINAL_LOOKUP, _ORIGINAL_WALK
+  with _lock:
+    before = _ORIGINAL_LOOKUP, _ORIGINAL_WALK
+    _ORIGINAL_LOOKUP = _tf_function(_tf_ops, "get_gradient_function",
+                                    _ORIGINAL_LOOKUP)
+    _ORIGINAL_WALK = _tf_function(_gradients_util, "_MarkReachedOps",
+                                  _ORIGINAL_WALK)
+    reset()
+  try:
+    yield
+  finally:
+    with _lock:
+      _ORIGINAL_LOOKUP, _ORIGINAL_WALK = before
+      reset()
+
+
+def _tf_function(module, name: str, replaced):
+  """``module.<name>``, TensorFlow's; None when it is missing.
+
+  Where graphgrad's replacement stands, the function it ``replaced``: None
+  when this module was reloaded over it.
+  """
+  found = getattr(module, name, None)
+  if getattr(found, "__module__", None) == __name__:
+    return replaced
+  return found
 
 
 class ThreadPatch:
@@ -247,9 +292,7 @@ try:
 except ImportError:  # a TensorFlow that moved it: the self-test fails
   _tf_ops = None
 
-_ORIGINAL_LOOKUP = getattr(_tf_ops, "get_gradient_function", None)
-if getattr(_ORIGINAL_LOOKUP, "__module__", None) == __name__:
-  _ORIGINAL_LOOKUP = None  # this module reloaded over its own replacement
+_ORIGINAL_LOOKUP = _tf_function(_tf_ops, "get_gradient_function", None)
 
 GradientWrap = Callable[[tf.Operation, Optional[Callable]],
                         Optional[Callable]]
@@ -389,9 +432,7 @@ try:
 except ImportError:  # a TensorFlow that moved it: the self-test fails
   _gradients_util = None
 
-_ORIGINAL_WALK = getattr(_gradients_util, "_MarkReachedOps", None)
-if getattr(_ORIGINAL_WALK, "__module__", None) == __name__:
-  _ORIGINAL_WALK = None
+_ORIGINAL_WALK = _tf_function(_gradients_util, "_MarkReachedOps", None)
 
 # Dtypes TF's walk follows, and those whose following depends on handle
 # data it reads (variants) or on a flag (quantized): there the bounded walk
@@ -426,8 +467,15 @@ def _bounded_walk(allowed, from_ops, reached_ops) -> None:
     _ORIGINAL_WALK(from_ops, reached_ops, [])  # type: ignore[misc]
 
 
+# This thread's observer of the replaced walk (observed_walks).
+_watch = threading.local()
+
+
 def _walk(from_ops, reached_ops, func_graphs):
   allowed = _WALK.value()
+  observe = getattr(_watch, "observe", None)
+  if observe is not None:
+    observe(allowed)
   if allowed is None or func_graphs:
     return _ORIGINAL_WALK(from_ops, reached_ops, func_graphs)  # type: ignore[misc]
   # TF's walk, restricted to ``allowed`` (``from_ops`` are always marked).
@@ -450,6 +498,54 @@ def bounded_walk(allowed: Optional[Set[tf.Operation]]) -> Iterator[None]:
     return
   with _WALK.active(_gradients_util, allowed):
     yield
+
+
+def walk_bound() -> Optional[Set[tf.Operation]]:
+  """The ops this thread's ``tf.gradients`` walk is bounded to, or None.
+
+  Not None only inside :func:`bounded_walk`, on a TensorFlow whose walk
+  passed its self-test.
+  """
+  return _WALK.value()
+
+
+WalkObserver = Callable[[Optional[Set[tf.Operation]]], None]
+
+
+@contextlib.contextmanager
+def observed_walks(observe: WalkObserver) -> Iterator[None]:
+  """Within the block, ``observe`` sees each of this thread's walks.
+
+  For tests. Each time ``tf.gradients`` on this thread walks forward from
+  its ``xs`` through graphgrad's replacement of ``_MarkReachedOps``,
+  ``observe(bound)`` is called with the walk's bound (:func:`walk_bound`,
+  None for an unbounded walk). The self-tests' walks are not observed, nor
+  TensorFlow's own walk (before graphgrad first bounds one, or where the
+  self-test failed).
+
+  Example:
+    >>> bounded = []
+    >>> with tf.Graph().as_default():
+    ...   x = tf.constant(2.0); y = x * x
+    ...   with observed_walks(lambda bound: bounded.append(bound is not None)):
+    ...     with bounded_walk({x.op, y.op}):
+    ...       inside = tf.compat.v1.gradients(y, x)
+    ...     outside = tf.compat.v1.gradients(y, x)
+    >>> bounded, walk_bound()
+    ([True, False], None)
+  """
+  with _observer(observe):
+    yield
+
+
+@contextlib.contextmanager
+def _observer(observe: Optional[WalkObserver]) -> Iterator[None]:
+  previous = getattr(_watch, "observe", None)
+  _watch.observe = observe
+  try:
+    yield
+  finally:
+    _watch.observe = previous
 
 
 def _check_reached_walk() -> None:

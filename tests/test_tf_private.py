@@ -256,9 +256,8 @@ def test_without_the_lookup_every_op_counts_as_having_a_gradient(
   assert not _compat.has_gradient_function(y.op)
   from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top
   monkeypatch.delattr(ops, "get_gradient_function")
-  monkeypatch.setattr(_compat, "_ORIGINAL_LOOKUP", None)  # as at import
-  _compat.reset()
-  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+  with _compat.as_at_import(), caplog.at_level(logging.WARNING,
+                                               logger="graphgrad"):
     assert _compat.has_gradient_function(y.op)
     assert _compat.has_gradient_function(tf.square(x).op)
   (record,) = _warnings(caplog, "gradient_lookup")
