@@ -78,3 +78,37 @@ def test_a_name_left_out_is_found_missing():
   text = _api_text().replace("::: graphgrad.thaw\n", "")
   assert not _listed("graphgrad.thaw", text)
   assert _listed("graphgrad.thaw", _api_text())
+
+
+_MEMBERS = re.compile(r"^::: (\S+)\n    options:\n(?:      .*\n)*?      "
+                      r"members: \[([^\]]*)\]", re.MULTILINE)
+
+
+def _members_lists(text):
+  """``{entry: [member, ...]}`` of the entries that list their members."""
+  return {entry: [m.strip() for m in listed.split(",")]
+          for entry, listed in _MEMBERS.findall(text)}
+
+
+def _public_members(cls):
+  """The public attributes graphgrad defines on ``cls`` and its bases."""
+  return {name for c in cls.__mro__ if c.__module__.startswith("graphgrad.")
+          for name in vars(c) if not name.startswith("_")}
+
+
+def test_a_members_list_names_every_public_member():
+  # A list orders a class's members with its mixins'; it must miss none.
+  lists = _members_lists(_api_text())
+  assert "graphgrad.GradientPlan" in lists
+  for entry, listed in lists.items():
+    module_name, _, name = entry.rpartition(".")
+    cls = getattr(importlib.import_module(module_name), name)
+    assert len(listed) == len(set(listed)), entry
+    assert set(listed) == _public_members(cls), entry
+
+
+def test_a_member_left_out_of_a_members_list_is_found_missing():
+  text = _api_text().replace(" override_gradient,", "")
+  listed = _members_lists(text)["graphgrad.GradientPlan"]
+  assert "override_gradient" not in listed
+  assert set(listed) != _public_members(graphgrad.GradientPlan)
