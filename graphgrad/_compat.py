@@ -8,9 +8,10 @@ needed, a self-test run once at first use that proves on this TensorFlow the
 behaviour graphgrad relies on (for a replaced lookup, that ``tf.gradients``
 really calls the replacement), and the public fallback taken, with one
 logged warning, when the self-test fails (:func:`usable`). Tests run the
-self-tests again (:func:`reset`, :func:`as_at_import`) and watch the bounded
-walk (:func:`walk_bound`, :func:`observed_walks`) through documented
-functions, never by setting this module's globals.
+self-tests again (:func:`reset`, :func:`as_at_import`), read the functions
+graphgrad replaces (:func:`original_function`) and watch the bounded walk
+(:func:`walk_bound`, :func:`observed_walks`) through documented functions,
+never through this module's globals.
 """
 
 import collections
@@ -232,6 +233,22 @@ def as_at_import() -> Iterator[None]:
     with _lock:
       _ORIGINAL_LOOKUP, _ORIGINAL_WALK = before
       reset()
+
+
+def original_function(key: str) -> Optional[Callable]:
+  """TensorFlow's function that graphgrad replaces for ``PRIVATE_APIS[key]``.
+
+  ``ops.get_gradient_function`` for ``"gradient_lookup"``,
+  ``gradients_util._MarkReachedOps`` for ``"reached_walk"``, as graphgrad
+  read it (:func:`as_at_import`); None when it was missing. For tests that
+  rebuild TensorFlow around it.
+
+  Example:
+    >>> original_function("gradient_lookup").__name__
+    'get_gradient_function'
+  """
+  return {"gradient_lookup": _ORIGINAL_LOOKUP,
+          "reached_walk": _ORIGINAL_WALK}[key]
 
 
 def _tf_function(module, name: str, replaced):
