@@ -7,11 +7,8 @@ TensorFlow or Keras API graphgrad uses (:data:`PRIVATE_APIS`): why each is
 needed, a self-test run once at first use that proves on this TensorFlow the
 behaviour graphgrad relies on (for a replaced lookup, that ``tf.gradients``
 really calls the replacement), and the public fallback taken, with one
-logged warning, when the self-test fails (:func:`usable`). Tests run the
-self-tests again (:func:`reset`, :func:`as_at_import`), read the functions
-graphgrad replaces (:func:`original_function`) and watch the bounded walk
-(:func:`walk_bound`, :func:`observed_walks`) through documented functions,
-never through this module's globals.
+logged warning, when the self-test fails (:func:`usable`). Tests change
+its state through functions, never its globals (:func:`as_at_import`).
 """
 
 import collections
@@ -176,7 +173,7 @@ def usable(key: str, variant: str = "") -> bool:
     if (key, variant) not in _results:
       api = PRIVATE_APIS[key]
       try:
-        with _observer(None):  # observed_walks shows graphgrad's own walks
+        with observed_walks(None):
           api.check(variant) if variant else api.check()
         _results[(key, variant)] = True
       except Exception as e:  # pylint: disable=broad-except
@@ -208,24 +205,19 @@ def reset() -> None:
 
 @contextlib.contextmanager
 def as_at_import() -> Iterator[None]:
-  """Within the block, graphgrad reads TensorFlow's replaced functions again.
+  """Within the block, the functions graphgrad replaces are read again.
 
-  For tests that change TensorFlow as a release could, by removing
-  ``ops.get_gradient_function`` or ``gradients_util._MarkReachedOps``: the
-  two functions graphgrad replaces are read from TensorFlow's modules as at
-  import (graphgrad's own replacement standing for the function it
-  replaced), and the self-tests run again at their next use, so a function
-  removed before the block is found missing and its fallback taken. After
-  the block graphgrad uses the functions it used before, and runs the
-  self-tests again.
+  For tests that change TensorFlow: ``ops.get_gradient_function`` and
+  ``gradients_util._MarkReachedOps`` are read as at import, and the
+  self-tests run again; after the block, graphgrad uses the functions it
+  used before and runs them again. Other seams for tests:
+  :func:`original_function`, :func:`walk_bound`, :func:`observed_walks`.
   """
   global _ORIGINAL_LOOKUP, _ORIGINAL_WALK
   with _lock:
     before = _ORIGINAL_LOOKUP, _ORIGINAL_WALK
-    _ORIGINAL_LOOKUP = _tf_function(_tf_ops, "get_gradient_function",
-                                    _ORIGINAL_LOOKUP)
-    _ORIGINAL_WALK = _tf_function(_gradients_util, "_MarkReachedOps",
-                                  _ORIGINAL_WALK)
+    _ORIGINAL_LOOKUP = _tf_function(_tf_ops, "get_gradient_function", before[0])
+    _ORIGINAL_WALK = _tf_function(_gradients_util, "_MarkReachedOps", before[1])
     reset()
   try:
     yield
@@ -236,31 +228,15 @@ def as_at_import() -> Iterator[None]:
 
 
 def original_function(key: str) -> Optional[Callable]:
-  """TensorFlow's function that graphgrad replaces for ``PRIVATE_APIS[key]``.
-
-  ``ops.get_gradient_function`` for ``"gradient_lookup"``,
-  ``gradients_util._MarkReachedOps`` for ``"reached_walk"``, as graphgrad
-  read it (:func:`as_at_import`); None when it was missing. For tests that
-  rebuild TensorFlow around it.
-
-  Example:
-    >>> original_function("gradient_lookup").__name__
-    'get_gradient_function'
-  """
+  """TensorFlow's function graphgrad replaces for ``PRIVATE_APIS[key]``."""
   return {"gradient_lookup": _ORIGINAL_LOOKUP,
           "reached_walk": _ORIGINAL_WALK}[key]
 
 
 def _tf_function(module, name: str, replaced):
-  """``module.<name>``, TensorFlow's; None when it is missing.
-
-  Where graphgrad's replacement stands, the function it ``replaced``: None
-  when this module was reloaded over it.
-  """
+  """``module.<name>``, or ``replaced`` where graphgrad's replacement is."""
   found = getattr(module, name, None)
-  if getattr(found, "__module__", None) == __name__:
-    return replaced
-  return found
+  return replaced if getattr(found, "__module__", None) == __name__ else found
 
 
 class ThreadPatch:
@@ -484,8 +460,7 @@ def _bounded_walk(allowed, from_ops, reached_ops) -> None:
     _ORIGINAL_WALK(from_ops, reached_ops, [])  # type: ignore[misc]
 
 
-# This thread's observer of the replaced walk (observed_walks).
-_watch = threading.local()
+_watch = threading.local()  # this thread's observed_walks
 
 
 def _walk(from_ops, reached_ops, func_graphs):
@@ -518,27 +493,18 @@ def bounded_walk(allowed: Optional[Set[tf.Operation]]) -> Iterator[None]:
 
 
 def walk_bound() -> Optional[Set[tf.Operation]]:
-  """The ops this thread's ``tf.gradients`` walk is bounded to, or None.
-
-  Not None only inside :func:`bounded_walk`, on a TensorFlow whose walk
-  passed its self-test.
-  """
+  """The ops this thread's ``tf.gradients`` walk is bounded to, or None."""
   return _WALK.value()
 
 
-WalkObserver = Callable[[Optional[Set[tf.Operation]]], None]
-
-
 @contextlib.contextmanager
-def observed_walks(observe: WalkObserver) -> Iterator[None]:
-  """Within the block, ``observe`` sees each of this thread's walks.
+def observed_walks(observe: Optional[Callable[[Any], None]]
+                   ) -> Iterator[None]:
+  """Within the block, this thread's walks call ``observe(walk_bound())``.
 
-  For tests. Each time ``tf.gradients`` on this thread walks forward from
-  its ``xs`` through graphgrad's replacement of ``_MarkReachedOps``,
-  ``observe(bound)`` is called with the walk's bound (:func:`walk_bound`,
-  None for an unbounded walk). The self-tests' walks are not observed, nor
-  TensorFlow's own walk (before graphgrad first bounds one, or where the
-  self-test failed).
+  Each ``tf.gradients`` call that walks through graphgrad's replacement of
+  ``_MarkReachedOps`` (installed by the first bounded walk) is observed,
+  except the self-tests'. ``None`` observes nothing.
 
   Example:
     >>> bounded = []
@@ -551,12 +517,6 @@ def observed_walks(observe: WalkObserver) -> Iterator[None]:
     >>> bounded, walk_bound()
     ([True, False], None)
   """
-  with _observer(observe):
-    yield
-
-
-@contextlib.contextmanager
-def _observer(observe: Optional[WalkObserver]) -> Iterator[None]:
   previous = getattr(_watch, "observe", None)
   _watch.observe = observe
   try:
