@@ -7,7 +7,8 @@ TensorFlow or Keras API graphgrad uses (:data:`PRIVATE_APIS`): why each is
 needed, a self-test run once at first use that proves on this TensorFlow the
 behaviour graphgrad relies on (for a replaced lookup, that ``tf.gradients``
 really calls the replacement), and the public fallback taken, with one
-logged warning, when the self-test fails (:func:`usable`).
+logged warning, when the self-test fails (:func:`usable`). Tests change
+its state through functions, never its globals (:func:`as_at_import`).
 """
 
 import collections
@@ -172,7 +173,8 @@ def usable(key: str, variant: str = "") -> bool:
     if (key, variant) not in _results:
       api = PRIVATE_APIS[key]
       try:
-        api.check(variant) if variant else api.check()
+        with observed_walks(None):
+          api.check(variant) if variant else api.check()
         _results[(key, variant)] = True
       except Exception as e:  # pylint: disable=broad-except
         # Whatever broke, the behaviour graphgrad relies on is not there.
@@ -199,6 +201,42 @@ def reset() -> None:
   with _lock:
     _results.clear()
     _warned.clear()
+
+
+@contextlib.contextmanager
+def as_at_import() -> Iterator[None]:
+  """Within the block, the functions graphgrad replaces are read again.
+
+  For tests that change TensorFlow: ``ops.get_gradient_function`` and
+  ``gradients_util._MarkReachedOps`` are read as at import, and the
+  self-tests run again; after the block, graphgrad uses the functions it
+  used before and runs them again. Other seams for tests:
+  :func:`original_function`, :func:`walk_bound`, :func:`observed_walks`.
+  """
+  global _ORIGINAL_LOOKUP, _ORIGINAL_WALK
+  with _lock:
+    before = _ORIGINAL_LOOKUP, _ORIGINAL_WALK
+    _ORIGINAL_LOOKUP = _tf_function(_tf_ops, "get_gradient_function", before[0])
+    _ORIGINAL_WALK = _tf_function(_gradients_util, "_MarkReachedOps", before[1])
+    reset()
+  try:
+    yield
+  finally:
+    with _lock:
+      _ORIGINAL_LOOKUP, _ORIGINAL_WALK = before
+      reset()
+
+
+def original_function(key: str) -> Optional[Callable]:
+  """TensorFlow's function graphgrad replaces for ``PRIVATE_APIS[key]``."""
+  return {"gradient_lookup": _ORIGINAL_LOOKUP,
+          "reached_walk": _ORIGINAL_WALK}[key]
+
+
+def _tf_function(module, name: str, replaced):
+  """``module.<name>``, or ``replaced`` where graphgrad's replacement is."""
+  found = getattr(module, name, None)
+  return replaced if getattr(found, "__module__", None) == __name__ else found
 
 
 class ThreadPatch:
@@ -247,9 +285,7 @@ try:
 except ImportError:  # a TensorFlow that moved it: the self-test fails
   _tf_ops = None
 
-_ORIGINAL_LOOKUP = getattr(_tf_ops, "get_gradient_function", None)
-if getattr(_ORIGINAL_LOOKUP, "__module__", None) == __name__:
-  _ORIGINAL_LOOKUP = None  # this module reloaded over its own replacement
+_ORIGINAL_LOOKUP = _tf_function(_tf_ops, "get_gradient_function", None)
 
 GradientWrap = Callable[[tf.Operation, Optional[Callable]],
                         Optional[Callable]]
@@ -389,9 +425,7 @@ try:
 except ImportError:  # a TensorFlow that moved it: the self-test fails
   _gradients_util = None
 
-_ORIGINAL_WALK = getattr(_gradients_util, "_MarkReachedOps", None)
-if getattr(_ORIGINAL_WALK, "__module__", None) == __name__:
-  _ORIGINAL_WALK = None
+_ORIGINAL_WALK = _tf_function(_gradients_util, "_MarkReachedOps", None)
 
 # Dtypes TF's walk follows, and those whose following depends on handle
 # data it reads (variants) or on a flag (quantized): there the bounded walk
@@ -426,8 +460,14 @@ def _bounded_walk(allowed, from_ops, reached_ops) -> None:
     _ORIGINAL_WALK(from_ops, reached_ops, [])  # type: ignore[misc]
 
 
+_watch = threading.local()  # this thread's observed_walks
+
+
 def _walk(from_ops, reached_ops, func_graphs):
   allowed = _WALK.value()
+  observe = getattr(_watch, "observe", None)
+  if observe is not None:
+    observe(allowed)
   if allowed is None or func_graphs:
     return _ORIGINAL_WALK(from_ops, reached_ops, func_graphs)  # type: ignore[misc]
   # TF's walk, restricted to ``allowed`` (``from_ops`` are always marked).
@@ -450,6 +490,39 @@ def bounded_walk(allowed: Optional[Set[tf.Operation]]) -> Iterator[None]:
     return
   with _WALK.active(_gradients_util, allowed):
     yield
+
+
+def walk_bound() -> Optional[Set[tf.Operation]]:
+  """The ops this thread's ``tf.gradients`` walk is bounded to, or None."""
+  return _WALK.value()
+
+
+@contextlib.contextmanager
+def observed_walks(observe: Optional[Callable[[Any], None]]
+                   ) -> Iterator[None]:
+  """Within the block, this thread's walks call ``observe(walk_bound())``.
+
+  Each ``tf.gradients`` call that walks through graphgrad's replacement of
+  ``_MarkReachedOps`` (installed by the first bounded walk) is observed,
+  except the self-tests'. ``None`` observes nothing.
+
+  Example:
+    >>> bounded = []
+    >>> with tf.Graph().as_default():
+    ...   x = tf.constant(2.0); y = x * x
+    ...   with observed_walks(lambda bound: bounded.append(bound is not None)):
+    ...     with bounded_walk({x.op, y.op}):
+    ...       inside = tf.compat.v1.gradients(y, x)
+    ...     outside = tf.compat.v1.gradients(y, x)
+    >>> bounded, walk_bound()
+    ([True, False], None)
+  """
+  previous = getattr(_watch, "observe", None)
+  _watch.observe = observe
+  try:
+    yield
+  finally:
+    _watch.observe = previous
 
 
 def _check_reached_walk() -> None:

@@ -78,3 +78,64 @@ def test_a_name_left_out_is_found_missing():
   text = _api_text().replace("::: graphgrad.thaw\n", "")
   assert not _listed("graphgrad.thaw", text)
   assert _listed("graphgrad.thaw", _api_text())
+
+
+_OPTIONS = re.compile(r"^::: (\S+)\n    options:\n((?:      .*\n)+)",
+                      re.MULTILINE)
+
+
+def _options(text):
+  """``{entry: {option: value}}``; a list value may wrap onto more lines."""
+  return {entry: dict(re.findall(r"^      (\w+): (\[[^\]]*\]|.*)$", block,
+                                 re.MULTILINE))
+          for entry, block in _OPTIONS.findall(text)}
+
+
+def _names(value):
+  return re.findall(r"\w+", value)
+
+
+def _class(entry):
+  module_name, _, name = entry.rpartition(".")
+  return getattr(importlib.import_module(module_name), name)
+
+
+def _public_members(cls):
+  """The public attributes graphgrad defines on ``cls`` and its bases."""
+  return {name for c in cls.__mro__ if c.__module__.startswith("graphgrad.")
+          for name in vars(c) if not name.startswith("_")}
+
+
+def _inherited(cls):
+  """The public members ``cls`` takes from graphgrad's mixins."""
+  return _public_members(cls) - {n for n in vars(cls) if not n.startswith("_")}
+
+
+def test_a_members_list_names_every_public_member():
+  # A list orders a class's members with its mixins'; it must miss none.
+  lists = {entry: _names(options["members"])
+           for entry, options in _options(_api_text()).items()
+           if options.get("members", "").startswith("[")}
+  assert "graphgrad.GradientPlan" in lists
+  for entry, listed in lists.items():
+    assert len(listed) == len(set(listed)), entry
+    assert set(listed) == _public_members(_class(entry)), entry
+
+
+def test_the_members_of_mixins_are_on_the_page():
+  # mkdocstrings leaves inherited members out unless told.
+  options = _options(_api_text())
+  assert _inherited(graphgrad.GradientPlan) and _inherited(graphgrad.KerasPlan)
+  for entry in _ENTRY.findall(_api_text()):
+    obj = _class(entry)
+    if not isinstance(obj, type) or not _inherited(obj):
+      continue
+    shown = options.get(entry, {}).get("inherited_members", "false")
+    assert shown == "true" or _inherited(obj) <= set(_names(shown)), entry
+
+
+def test_a_member_left_out_of_a_members_list_is_found_missing():
+  text = _api_text().replace(" override_gradient,", "")
+  listed = _names(_options(text)["graphgrad.GradientPlan"]["members"])
+  assert "override_gradient" not in listed
+  assert set(listed) != _public_members(graphgrad.GradientPlan)

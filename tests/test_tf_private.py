@@ -209,7 +209,7 @@ def test_a_tensorflow_that_stops_calling_the_lookup_unchains(
   # TensorFlow's own lookup, bound where tf.gradients reads it.
   proxy = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real)
                                    if not n.startswith("__")})
-  proxy.get_gradient_function = _compat._ORIGINAL_LOOKUP  # pylint: disable=protected-access
+  proxy.get_gradient_function = _compat.original_function("gradient_lookup")
   _rebuilt(monkeypatch, gradients_util, "_GradientsHelper", ops=proxy)
   _compat.reset()
   with caplog.at_level(logging.WARNING, logger="graphgrad"):
@@ -230,7 +230,7 @@ def test_without_the_lookup_a_plan_with_an_override_is_refused(
   real = gradients_util.ops
   proxy = types.SimpleNamespace(**{n: getattr(real, n) for n in dir(real)
                                    if not n.startswith("__")})
-  proxy.get_gradient_function = _compat._ORIGINAL_LOOKUP  # pylint: disable=protected-access
+  proxy.get_gradient_function = _compat.original_function("gradient_lookup")
   _rebuilt(monkeypatch, gradients_util, "_GradientsHelper", ops=proxy)
   _compat.reset()
   with tf.Graph().as_default():
@@ -256,9 +256,8 @@ def test_without_the_lookup_every_op_counts_as_having_a_gradient(
   assert not _compat.has_gradient_function(y.op)
   from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top
   monkeypatch.delattr(ops, "get_gradient_function")
-  monkeypatch.setattr(_compat, "_ORIGINAL_LOOKUP", None)  # as at import
-  _compat.reset()
-  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+  with _compat.as_at_import(), caplog.at_level(logging.WARNING,
+                                               logger="graphgrad"):
     assert _compat.has_gradient_function(y.op)
     assert _compat.has_gradient_function(tf.square(x).op)
   (record,) = _warnings(caplog, "gradient_lookup")
@@ -284,7 +283,7 @@ def test_a_tensorflow_without_the_walk_keeps_its_own(change, fresh,
   bounded = _residual_graph_def()
   bounded_grads, reference, _ = _mlp_plan_gradients(FACTORS)
   from tensorflow.python.ops import gradients_util  # pylint: disable=g-import-not-at-top
-  walk = _compat._ORIGINAL_WALK  # pylint: disable=protected-access
+  walk = _compat.original_function("reached_walk")
   _rebuilt(monkeypatch, gradients_util, "_PendingCount", _MarkReachedOps=walk)
   if change == "missing":
     monkeypatch.delattr(gradients_util, "_MarkReachedOps")

@@ -1,7 +1,8 @@
 """GradientPlan and its TF1 executor, the segment engine.
 
-``_gradient_plan`` is GradientPlan, one class: it checks each declaration
-(``_declaration_checks``), records it in its ``Declarations``
+``_gradient_plan`` is GradientPlan, with two mixins (the training methods
+of ``_training_methods``, the op overrides of ``_op_override``): it checks
+each declaration (``_declaration_checks``), records it in its ``Declarations``
 (``graphgrad.core``), and builds them once with ``_executor.build``, which
 turns them into rules of the segment engine (``_engine``: cuts in ``_cuts``,
 spans of linear layers in ``_spans``, accumulators and segment calls in

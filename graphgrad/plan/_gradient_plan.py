@@ -1,13 +1,14 @@
 """GradientPlan: declarative gradient rewrites, built as one backward pass.
 
 Each declaring method checks what only a ``tf.Graph`` plan can check (the
-layer has a floating-point output, the layer-graph edge exists, the
-replacement can handle the layer, the task losses; the rest in
+layer has a floating-point output, the layer-graph edge exists; the rest in
 :mod:`graphgrad.plan._declaration_checks`) and records the declaration in the
-plan's :class:`~graphgrad.core._declaration_model.Declarations`.
-:meth:`~GradientPlan.compute_gradients` builds them once with
-:func:`graphgrad.plan._executor.build`; the train op, the summaries and the
-picture are made from that result.
+plan's :class:`~graphgrad.core._declaration_model.Declarations`. The
+training methods' declarations come from the mixin ``TrainingMethods``
+(``_training_methods``), the op overrides from ``OpOverriding``
+(``_op_override``). :meth:`~GradientPlan.compute_gradients` builds them once
+with :func:`graphgrad.plan._executor.build`; the train op, the summaries and
+the picture are made from that result.
 """
 
 import dataclasses
@@ -23,23 +24,22 @@ from graphgrad.analysis._analyze import analyze
 from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
-from graphgrad.core._gradients import straight_through
 from graphgrad.core._privacy import check_per_example_loss, check_privacy
 from graphgrad.core._rules import PlanRules, compile_rules
-from graphgrad.methods import _pcgrad
 from graphgrad.plan import (
   _advice,
   _arguments,
   _declaration_checks,
   _executor,
   _loss_scale_optimizer,
-  _op_override,
   _optimizer,
   _picture,
   _privatize_graph,
   _summaries,
 )
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
+from graphgrad.plan._op_override import OpOverriding
+from graphgrad.plan._training_methods import TrainingMethods
 from graphgrad.transforms._context import Resources
 
 log = logging.getLogger("graphgrad")
@@ -47,7 +47,7 @@ log = logging.getLogger("graphgrad")
 __all__ = ["GATE_GRAPH", "GATE_NONE", "GATE_OP", "GradientPlan"]
 
 
-class GradientPlan:
+class GradientPlan(TrainingMethods, OpOverriding):
   """Rewrites gradients at layer boundaries, then trains with one op.
 
   A plan is declared, then built once, on the first call to
@@ -290,202 +290,6 @@ class GradientPlan:
             then=lambda: self.net.boundary(lo, up)))
     return self
 
-  def replace_backward(self, layer: str, fn) -> "GradientPlan":
-    """Computes what ``layer`` sends to its inputs with ``fn``, not W^T.
-
-    ``layer``'s own parameters still get their gradients from the true
-    upstream gradient at its outputs; everything below the layer receives,
-    at each of the layer's input tensors, what ``fn`` returns (plus,
-    unchanged, contributions that bypass the layer). An upstream transform
-    on the same layer is applied first: ``fn`` sees the transformed
-    gradient. See ``gg.backward`` for feedback alignment, direct feedback
-    alignment and synthetic gradients.
-
-    Args:
-      layer: layer name.
-      fn: a ``gg.backward`` replacement, or a callable mapping a
-        ``gg.backward.BackwardContext`` to one gradient per
-        ``context.inputs`` tensor.
-
-    Returns:
-      The plan, for chaining.
-
-    A layer with nowhere to send the result (no input, or no float input
-    above other layers) warns once, as :meth:`transform_upstream` does.
-
-    Raises:
-      LayerNotFoundError: if ``layer`` is unknown.
-      UnsupportedGraphError: as :meth:`transform_upstream`.
-      GraphGradError: if ``fn`` is not callable, the layer already has a
-        replacement, the replacement cannot handle the layer (e.g. feedback
-        alignment on a convolution), or the plan is built.
-    """
-    name = self._declarations.resolve(layer, "layer")
-    check = getattr(fn, "check", None)
-    then = (lambda: check(self.net, name)) if callable(check) else None
-    self._declarations.add_backward(name, fn, validate=lambda: (
-        _declaration_checks.check_declaration(
-            self.net, "replace_backward", name, then=then)))
-    return self
-
-  def combine_tasks(self, layers, losses: Sequence[tf.Tensor],
-                    method, at: str = "output") -> "GradientPlan":
-    """Combines the task gradients at a shared layer with ``method``.
-
-    ``at="output"`` (the default) combines them at one layer's outputs
-    ``T``. With ``g`` the gradient at ``T`` and ``g_i = dL/dL_i * dL_i/dT``
-    the share of task loss ``L_i`` in it, the gradient at ``T`` becomes
-
-        g - sum_i g_i + method.combine([g_1, ..., g_n]):
-
-    terms of the plan's loss other than the listed losses (a regulariser, an
-    unlisted head) pass unchanged, and weights in the loss
-    (``L = 0.5 L_a + L_b``) are respected. The layer's own parameters and
-    everything below it see the combined gradient (the layer belongs to the
-    shared trunk); an upstream transform on the layer acts after it, on the
-    combined gradient. With several output tensors, each ``g_i`` is the
-    concatenation of the task's flattened gradients at all of them (zeros
-    where the task does not reach one), so the method's dot products run
-    over all of ``T``, batch included; a task loss that reaches none of
-    ``T`` is left out. Each task loss is backpropagated once, from the loss
-    to ``T`` only; rewrites declared above the layer act on ``g`` only. A
-    stateful method (``gg.mtl.gradvac``, ``gg.mtl.nash_mtl``) gets its
-    state made once for this plan and layer, in :attr:`resources`.
-
-    ``at="parameters"`` combines them in parameter space, as the PCGrad
-    authors' ``PCGrad_tf.py`` and TorchJD's ``backward`` do. ``g_i = dL/dL_i
-    * dL_i/dtheta`` is task ``i``'s gradient of the variables of ``layers``
-    (every variable the plan differentiates for ``layers=None``), flattened
-    and concatenated into one vector (zeros where the task does not reach a
-    variable); with ``G`` the plan's gradient of those variables, they get
-
-        G - sum_i g_i + method.combine([g_1, ..., g_n])
-
-    split back to their shapes, before their ``transform_gradients``. As at
-    the outputs, unlisted terms of the loss and its weights pass unchanged,
-    and the plan's backward rewrites act on ``G`` only: each ``g_i`` is the
-    plain backward pass of ``L_i`` (with the plan's gradient overrides).
-    Variables outside ``layers`` keep the plan's gradient ``G``. It costs
-    one backward pass per task loss, to those variables; when nothing else
-    rewrites the backward pass, the plan's own pass skips them and their
-    ``G - sum_i g_i`` is a pass over the loss with the task losses held
-    constant (``stop_gradients``), which crosses only the unlisted terms, so
-    with every layer it costs what ``PCGrad_tf.py`` costs. With
-    ``reduce_fn`` each task's gradients are reduced before they are
-    combined. A plan has at most one such declaration.
-
-    Args:
-      layers: ``at="output"``: the shared layer, whose outputs feed the task
-        heads. ``at="parameters"``: a layer name, a list of them, or
-        ``None`` for every variable of the plan.
-      losses: two or more scalar task losses; the plan's loss must depend on
-        each, and none may depend on another.
-      method: a task-combination method such as ``gg.mtl.upgrad()``:
-        ``method.combine(grads)`` takes ``k`` task gradients of one shape
-        and returns one gradient of that shape; one with
-        ``create_state(k, name=None)`` gets ``combine(grads, state=...)``.
-        :meth:`project_conflicts` uses ``gg.mtl.pcgrad()``.
-      at: ``"output"`` or ``"parameters"``.
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      LayerNotFoundError: if a layer is unknown.
-      NotConnectedError: if the plan's loss does not depend on a listed loss.
-      GraphGradError: if ``at`` is neither level, ``losses`` is not a list
-        of at least two distinct, separate scalar losses, ``method`` has no
-        ``combine``, the layer (or the plan, in parameter space) already
-        combines task gradients, a listed layer has no variable of the
-        plan, or the plan is built.
-
-    Example:
-      >>> import tensorflow as tf, graphgrad as gg
-      >>> with tf.Graph().as_default():
-      ...   w = tf.compat.v1.get_variable("w", initializer=[1.0, 1.0])
-      ...   la, lb = w[0], w[1] - w[0]  # gradients [1, 0] and [-1, 1]
-      ...   plan = gg.GradientPlan(la + lb).combine_tasks(
-      ...       None, [la, lb], gg.mtl.pcgrad(), at="parameters")
-      ...   (g, _), = plan.compute_gradients()
-      ...   with tf.compat.v1.Session() as s:
-      ...     s.run(tf.compat.v1.global_variables_initializer())
-      ...     print(s.run(g).tolist())
-      [0.5, 1.5]
-    """
-    if _pcgrad.check_at(at) == "parameters":
-      return self._parameter_tasks(layers, losses, method)
-    if isinstance(layers, (list, tuple)) or layers is None:
-      raise _errors.GraphGradError(
-          f"combine_tasks: with at='output' `layers` must be one layer, at "
-          f"whose outputs the task gradients are combined; got {layers!r}. "
-          f"Name one layer, or pass at='parameters' to combine the task "
-          f"gradients of several layers' variables.")
-    return self._tasks(layers, losses, method, "combine_tasks")
-
-  def _parameter_tasks(self, layers, losses, method) -> "GradientPlan":
-    names = self._declarations.resolve_layers(layers, "combine_tasks")
-    losses = _pcgrad.check_losses(self.net, "", losses, "combine_tasks")
-
-    def validate():
-      held = {self.net.layer_of_variable(v) for v in self._var_list}
-      empty = [n for n in names or () if n not in held]
-      if empty:
-        raise _errors.GraphGradError(
-            f"combine_tasks(at='parameters'): layer(s) "
-            f"{', '.join(map(repr, empty))} hold no variable this plan "
-            f"differentiates (its var_list), so there is nothing to combine "
-            f"there. Name layers with trainable variables.")
-    self._declarations.add_parameter_tasks(names, losses, method,
-                                           validate=validate)
-    return self
-
-  def project_conflicts(self, layer: str, losses: Sequence[tf.Tensor],
-                        shuffle: bool = False,
-                        seed: Optional[int] = None) -> "GradientPlan":
-    """Applies PCGrad's projection to the task gradients at a layer's outputs.
-
-    ``combine_tasks(layer, losses, pcgrad(shuffle, seed))``: the projection
-    of PCGrad (Yu et al., 2020, "Gradient Surgery for Multi-Task Learning")
-    applied at the layer's outputs ``T``, a cheaper variant of the paper's
-    PCGrad, which projects over all parameters (that is
-    ``combine_tasks(None, losses, gg.mtl.pcgrad(), at="parameters")``). Each
-    task gradient ``g_i`` at ``T`` that conflicts with another ``g_j``
-    (``g_i . g_j < 0``, dot products over all of ``T``, batch included) is
-    projected onto the normal plane of ``g_j``, the other tasks taken in
-    list order (or a random one with ``shuffle``), ``g_i <- g_i - (g_i .
-    g_j) / ||g_j||^2 g_j``; the gradient
-    at ``T`` becomes ``g - sum_i g_i + sum_i g_i^PC``. With two tasks, the
-    result has a non-negative dot product with both. A task loss that does
-    not reach an output counts as a zero gradient there. See
-    :meth:`combine_tasks` for what sees the result.
-
-    Args:
-      layer: the shared layer, whose outputs feed the task heads.
-      losses: two or more scalar task losses; the plan's loss must depend on
-        each, and none may depend on another.
-      shuffle: take the other tasks in a random order, drawn at each step
-        (with two tasks the order does not matter); ``False`` by default.
-      seed: op-level seed of the shuffles.
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      LayerNotFoundError, NotConnectedError, GraphGradError: as
-        :meth:`combine_tasks`.
-    """
-    return self._tasks(layer, losses, _pcgrad.pcgrad(shuffle, seed),
-                       "project_conflicts")
-
-  def _tasks(self, layer, losses, method, caller: str) -> "GradientPlan":
-    name = self._declarations.resolve(layer, "layer")
-    losses = _pcgrad.check_losses(self.net, name, losses, caller)
-    self._declarations.add_tasks(
-        name, losses, method,
-        validate=lambda: _declaration_checks.check_declaration(
-            self.net, caller, name))
-    return self
-
   def recompute(self, keep: Optional[Sequence[str]] = None
                 ) -> "GradientPlan":
     """Recomputes forward ops in the backward pass instead of keeping them.
@@ -572,83 +376,6 @@ class GradientPlan:
     privacy = check_privacy(l2_norm_clip, noise_multiplier, seed, caller)
     check_per_example_loss(self._loss, caller)
     self._declarations.add_privatize(privacy, caller)
-    return self
-
-  def override_gradient(self, op, fn) -> "GradientPlan":
-    """Gives ``op`` the backward pass ``fn`` inside this plan only.
-
-    In every ``tf.gradients`` call of the plan that crosses the op, ``fn``
-    takes the place of its registered gradient function (or of none): the
-    gradient at its outputs (summed over all consumers, after every rewrite
-    above it) goes through ``fn`` to its inputs, and backpropagation
-    continues below. TensorFlow's gradient registry and the op's attributes
-    are not changed, so other ``tf.gradients`` calls on the graph are
-    unaffected; ops of imported graphs, and ops inside ``tf.compat.v1``
-    loops, work alike. Every other declaration composes with it.
-
-    Args:
-      op: a ``tf.Operation``, an op name, or an op type (``"Round"``): a
-        type applies to every op of that type on the loss's backward path.
-        A string that is the type of an op on that path is a type.
-      fn: ``fn(op, *output_grads) -> input grads``, the signature of a
-        function registered with ``tf.RegisterGradient``: one gradient (or
-        None) per input of ``op``.
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      NotConnectedError: if ``op`` is not on the loss's backward path.
-      GraphGradError: if ``op`` names nothing there, already has an
-        override, ``fn`` is not callable, or the plan is built; when the
-        plan is built, on a TensorFlow whose gradient lookup fails
-        graphgrad's self-test.
-
-    Example:
-      >>> import tensorflow as tf, graphgrad as gg
-      >>> with tf.Graph().as_default():
-      ...   with tf.compat.v1.variable_scope("l1"):
-      ...     w = tf.compat.v1.get_variable("w", initializer=[0.4, 1.6])
-      ...   with tf.compat.v1.variable_scope("l2"):
-      ...     y = tf.round(w) * tf.compat.v1.get_variable("v", initializer=3.0)
-      ...   plan = gg.GradientPlan(tf.reduce_sum(y))
-      ...   plan = plan.override_gradient("Round", lambda op, g: 0.5 * g)
-      ...   gv = plan.compute_gradients()
-      ...   with tf.compat.v1.Session() as s:
-      ...     s.run(tf.compat.v1.global_variables_initializer())
-      ...     print([s.run(g).tolist() for g, _ in gv])
-      [[1.5, 1.5], 2.0]
-    """
-    return self._override(op, fn, "override_gradient")
-
-  def straight_through(self, op) -> "GradientPlan":
-    """Gives ``op`` an identity backward pass (the straight-through estimator).
-
-    ``override_gradient(op, fn)`` with ``fn`` passing each output's gradient
-    to the input of the same index (``None`` to inputs without one, such as
-    a ``FakeQuant`` op's ``min`` and ``max``): what
-    ``gradient_override_map({"Round": "Identity"})`` gives, for this plan
-    only.
-
-    Args:
-      op: a ``tf.Operation``, an op name, or an op type (``"Round"``).
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      GraphGradError: as :meth:`override_gradient` raises it.
-    """
-    return self._override(op, straight_through, "straight_through")
-
-  def _override(self, op, fn, caller: str) -> "GradientPlan":
-    if self._declarations.frozen:
-      raise _errors.GraphGradError(
-          f"{caller}: this plan is already built (compute_gradients or "
-          f"apply_gradients was called); declare every override before "
-          f"building, or make a new GradientPlan.")
-    key = _op_override.resolve_op(self._loss, self._var_list, op, caller)
-    self._declarations.add_override(key, fn, caller)
     return self
 
   # -- building and training ----------------------------------------------

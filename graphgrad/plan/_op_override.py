@@ -4,6 +4,7 @@ A plan's override gives an op a gradient function for this plan's backward
 pass only: TensorFlow's gradient registry, the op's attributes and every
 other ``tf.gradients`` call on the graph are untouched, which
 ``gradient_override_map`` cannot promise; ops of imported graphs work too.
+GradientPlan declares overrides through its mixin :class:`OpOverriding`.
 This module resolves and checks the overridden ops (:func:`substitutions`);
 the engine substitutes each ``fn`` for the registered gradient function in
 every segment call that crosses its op (``_hooks``), so the gradient at an
@@ -14,17 +15,117 @@ overridden op's outputs, summed over its consumers in that call, goes through
 import collections
 import dataclasses
 import functools
-from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import (
+  Callable,
+  Dict,
+  FrozenSet,
+  List,
+  Optional,
+  Sequence,
+  Tuple,
+  TypeVar,
+)
 
 import tensorflow as tf
 
 from graphgrad import _compat, _errors
 from graphgrad.analysis import _lost_overrides
 from graphgrad.analysis._no_gradient import ops_on_path, ops_without_gradient
+from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._gradients import input_grads, straight_through
 from graphgrad.plan import _hooks
 
 GradFn = Callable[..., object]
+
+_P = TypeVar("_P", bound="OpOverriding")
+
+
+class OpOverriding:
+  """``override_gradient`` and ``straight_through`` of a GradientPlan.
+
+  The plan sets ``_loss``, ``_var_list`` and ``_declarations``.
+  """
+
+  _loss: tf.Tensor
+  _var_list: Tuple[tf.Variable, ...]
+  _declarations: Declarations
+
+  def override_gradient(self: _P, op, fn) -> _P:
+    """Gives ``op`` the backward pass ``fn`` inside this plan only.
+
+    In every ``tf.gradients`` call of the plan that crosses the op, ``fn``
+    takes the place of its registered gradient function (or of none): the
+    gradient at its outputs (summed over all consumers, after every rewrite
+    above it) goes through ``fn`` to its inputs, and backpropagation
+    continues below. TensorFlow's gradient registry and the op's attributes
+    are not changed, so other ``tf.gradients`` calls on the graph are
+    unaffected; ops of imported graphs, and ops inside ``tf.compat.v1``
+    loops, work alike. Every other declaration composes with it.
+
+    Args:
+      op: a ``tf.Operation``, an op name, or an op type (``"Round"``): a
+        type applies to every op of that type on the loss's backward path.
+        A string that is the type of an op on that path is a type.
+      fn: ``fn(op, *output_grads) -> input grads``, the signature of a
+        function registered with ``tf.RegisterGradient``: one gradient (or
+        None) per input of ``op``.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      NotConnectedError: if ``op`` is not on the loss's backward path.
+      GraphGradError: if ``op`` names nothing there, already has an
+        override, ``fn`` is not callable, or the plan is built; when the
+        plan is built, on a TensorFlow whose gradient lookup fails
+        graphgrad's self-test.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> with tf.Graph().as_default():
+      ...   with tf.compat.v1.variable_scope("l1"):
+      ...     w = tf.compat.v1.get_variable("w", initializer=[0.4, 1.6])
+      ...   with tf.compat.v1.variable_scope("l2"):
+      ...     y = tf.round(w) * tf.compat.v1.get_variable("v", initializer=3.0)
+      ...   plan = gg.GradientPlan(tf.reduce_sum(y))
+      ...   plan = plan.override_gradient("Round", lambda op, g: 0.5 * g)
+      ...   gv = plan.compute_gradients()
+      ...   with tf.compat.v1.Session() as s:
+      ...     s.run(tf.compat.v1.global_variables_initializer())
+      ...     print([s.run(g).tolist() for g, _ in gv])
+      [[1.5, 1.5], 2.0]
+    """
+    return self._override(op, fn, "override_gradient")
+
+  def straight_through(self: _P, op) -> _P:
+    """Gives ``op`` an identity backward pass (the straight-through estimator).
+
+    ``override_gradient(op, fn)`` with ``fn`` passing each output's gradient
+    to the input of the same index (``None`` to inputs without one, such as
+    a ``FakeQuant`` op's ``min`` and ``max``): what
+    ``gradient_override_map({"Round": "Identity"})`` gives, for this plan
+    only.
+
+    Args:
+      op: a ``tf.Operation``, an op name, or an op type (``"Round"``).
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      GraphGradError: as :meth:`override_gradient` raises it.
+    """
+    return self._override(op, straight_through, "straight_through")
+
+  def _override(self: _P, op, fn, caller: str) -> _P:
+    if self._declarations.frozen:
+      raise _errors.GraphGradError(
+          f"{caller}: this plan is already built (compute_gradients or "
+          f"apply_gradients was called); declare every override before "
+          f"building, or make a new GradientPlan.")
+    key = resolve_op(self._loss, self._var_list, op, caller)
+    self._declarations.add_override(key, fn, caller)
+    return self
 
 
 def resolve_op(loss: tf.Tensor, sources, op, caller: str) -> Tuple[str, str]:

@@ -58,23 +58,16 @@ def test_bounded_walk_builds_the_same_ops_and_numbers(monkeypatch):
     np.testing.assert_array_equal(a, b)
 
 
-def test_bounded_walk_is_used_and_is_local_to_the_call(graph, monkeypatch):
+def test_bounded_walk_is_used_and_is_local_to_the_call(graph):
   x, loss = _residual_net()
   seen = []
-  original = _compat._walk  # pylint: disable=protected-access
-
-  def spy(from_ops, reached_ops, func_graphs):
-    seen.append(_compat._WALK.value() is not None)  # pylint: disable=protected-access
-    return original(from_ops, reached_ops, func_graphs)
-
-  monkeypatch.setattr(_compat._gradients_util, "_MarkReachedOps", spy)  # pylint: disable=protected-access
-  monkeypatch.setattr(_compat._WALK, "replacement", spy)  # pylint: disable=protected-access
-  _plan(loss).compute_gradients()
-  assert seen and all(seen)
-  seen.clear()
-  plain = tf.gradients(loss, tf1.trainable_variables())  # outside any plan
+  with _compat.observed_walks(lambda bound: seen.append(bound is not None)):
+    _plan(loss).compute_gradients()
+    assert seen and all(seen)
+    seen.clear()
+    plain = tf.gradients(loss, tf1.trainable_variables())  # outside any plan
   assert seen == [False]
-  assert _compat._WALK.value() is None  # pylint: disable=protected-access
+  assert _compat.walk_bound() is None
   evaluate(plain, {x: np.ones((2, 6), np.float32)})
 
 
