@@ -27,6 +27,7 @@ from graphgrad.core._rules import Mode
 from graphgrad.keras import _methods, _tape_linear, _tape_recompute
 from graphgrad.keras._layer_index import CallPatches, holds_variables
 from graphgrad.keras._tape_backward import backward_of_call, edge_grads
+from graphgrad.keras._tape_vjp import TapeVJP
 from graphgrad.transforms._context import TransformContext
 
 log = logging.getLogger("graphgrad")
@@ -200,7 +201,7 @@ class Interceptor:
     if self._paused is not None:
       self._paused.enter_context(glue.stop_recording())
     self._glue.append(glue)
-    self._lower_outputs[path].append((outs, glue))
+    self._lower_outputs[path].append((outs, TapeVJP.outer(glue)))
 
   def _scaled_call(self, path: str, call, args, kwargs):
     """The layer as it is, on inputs whose gradient the factor weights."""
@@ -223,16 +224,17 @@ class Interceptor:
     n = len(xs)
     index = len(self.outputs[path])
 
-    @tf.custom_gradient
-    def layer_op(*inputs):
-      xs_in = list(inputs[:n])
+    def run(*xs_in):
       flat_in = list(flat)
       for i, t in zip(idx, xs_in):
         flat_in[i] = t
       args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat_in)
-      with tf.GradientTape(persistent=True) as inner:
-        inner.watch(xs_in)
-        out = call(*args_in, **kwargs_in)
+      return call(*args_in, **kwargs_in)
+
+    @tf.custom_gradient
+    def layer_op(*inputs):
+      xs_in = list(inputs[:n])
+      inner, out = TapeVJP.record(run, xs_in)
 
       def grad(*dys, variables=None):
         step = self._step
@@ -261,8 +263,8 @@ class Interceptor:
 
   def replace(self, step: BackwardStep, path, fn, inner, xs, outs, upstream,
               chain_rule) -> list:
-    """Runs the replacement ``fn`` of one call, whose ``inner`` tape is its
-    VJP; its pairs go to ``step``."""
+    """Runs the replacement ``fn`` of one call, whose layer VJP is
+    ``inner``; its pairs go to ``step``."""
     with tf.name_scope(f"replace_backward_{path}".replace("/", "_")):
       grads, extra = _methods.run(fn, self.plan, path, inner, xs, outs,
                                   upstream, step.upstream_of, chain_rule,
