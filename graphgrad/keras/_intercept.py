@@ -11,7 +11,8 @@ replaced, on that layer instance only, by a wrapper that counts its calls and
   outputs to ``_tape_backward.backward_of_call`` (bypasses skip it);
 * for the lower layer of an edge, starts a *glue tape* on its outputs, which
   records only variable-free ops after it (``_tape_backward.edge_grads``);
-* under ``plan.recompute``, replays other top-level calls (``_tape_recompute``).
+* under ``plan.recompute``, replays top-level calls (``_tape_recompute``),
+  a rewritten call with its backward pass on the replay's VJP.
 """
 
 import collections
@@ -115,18 +116,21 @@ class Interceptor:
 
   def _recomputed_layers(self) -> List[str]:
     """Top-level layers recomputed under ``plan.recompute``: those that
-    neither are nor hold a layer the plan rewrites or reads."""
+    hold no layer the plan rewrites or reads, and are either named by no
+    declaration or rewritten themselves (not an edge's end)."""
     if self.plan.rules.recompute is None:
       return []
-    named = self.targets() + [p for k in self.edges for p in k]
+    ends = {p for k in self.edges for p in k}
+    named = self.targets() + list(ends)
     return [p for p in self.plan.layer_names if "/" not in p
-            and not any(t == p or t.startswith(p + "/") for t in named)]
+            and not any(t.startswith(p + "/") for t in named)
+            and (p not in named or (p in self.custom and p not in ends))]
 
   # -- patching ------------------------------------------------------------
 
   def patch(self) -> None:
     plan = self.plan
-    paths = self.targets() + self.recomputed
+    paths = list(dict.fromkeys(self.targets() + self.recomputed))
     if self.edges:
       # Every layer may have to pause glue tapes; ancestors of an edge's
       # ends must not, or the edge's own glue would be hidden.
@@ -161,9 +165,9 @@ class Interceptor:
       with self._pausing(pause):
         if path in self.light and _tape_linear.reads_only_own(
             layer, call, args, kwargs, self.plan.own_variables(path)):
-          out = self._scaled_call(path, call, args, kwargs)
+          out = self._scaled_call(path, layer, call, args, kwargs)
         elif custom:
-          out = self._custom_call(path, call, args, kwargs)
+          out = self._custom_call(path, layer, call, args, kwargs)
         elif recomputed:
           out = self._recomputer.call(path, layer, call, args, kwargs)
         else:
@@ -203,17 +207,23 @@ class Interceptor:
     self._glue.append(glue)
     self._lower_outputs[path].append((outs, TapeVJP.outer(glue)))
 
-  def _scaled_call(self, path: str, call, args, kwargs):
-    """The layer as it is, on inputs whose gradient the factor weights."""
+  def _scaled_call(self, path: str, layer, call, args, kwargs):
+    """The layer as it is (or recomputed), on inputs whose gradient the
+    factor weights."""
     factor = self.light[path]
     flat = [_tape_linear.scaled_input(a, factor, lambda: self._step.plain)
             if is_float(a) else a for a in tf.nest.flatten((args, kwargs))]
     args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat)
-    out = call(*args_in, **kwargs_in)
+    if path in self.recomputed:
+      out = self._recomputer.call(path, layer, call, args_in, kwargs_in)
+    else:
+      out = call(*args_in, **kwargs_in)
     self.outputs[path].append(tf.nest.flatten(out))
     return out
 
-  def _custom_call(self, path: str, call, args, kwargs):
+  def _custom_call(self, path: str, layer, call, args, kwargs):
+    if path in self.recomputed and self._recomputer.takes(args, kwargs):
+      return self._recomputed_custom_call(path, layer, call, args, kwargs)
     flat = tf.nest.flatten((args, kwargs))
     idx = [i for i, a in enumerate(flat) if is_float(a)]
     xs = [flat[i] for i in idx]
@@ -248,6 +258,21 @@ class Interceptor:
       return out, grad
 
     out = layer_op(*(xs + extra))
+    self.outputs[path].append(tf.nest.flatten(out))
+    return out
+
+  def _recomputed_custom_call(self, path: str, layer, call, args, kwargs):
+    """A rewritten call, recomputed: its backward pass runs on the VJP the
+    recomputer hands it (a recomputed layer is no edge's end)."""
+    index = len(self.outputs[path])
+
+    def backward(vjp, outs, dys, variables):
+      step = self._step
+      with tf.name_scope(self.plan.name):
+        return backward_of_call(self, step, path, index, vjp, outs,
+                                vjp.inputs, list(dys), list(variables))
+
+    out = self._recomputer.call(path, layer, call, args, kwargs, backward)
     self.outputs[path].append(tf.nest.flatten(out))
     return out
 

@@ -3,9 +3,9 @@
 Under ``KerasPlan.recompute``, each call of a recomputed layer runs inside
 ``tf.custom_gradient``, whose gradient does not read the call's activations:
 the first gradient to reach a *block* (the calls between two kept outputs)
-replays the block's calls from its inputs, each under its own tape, and each
-call takes its VJP from that replay. In a traced step the activations inside
-a block are freed after the forward pass.
+replays the block's calls (``TapeVJP.replay``), and each call takes its VJP
+from that replay (a rewritten call runs its declarations on it). In a traced
+step the activations inside a block are freed after the forward pass.
 
 A replayed call sees the non-trainable variables (batch-norm statistics,
 Keras 3 seed generators) as its forward call saw them, and the values the
@@ -47,6 +47,8 @@ class _LayerCall:
   inner_outs: list = dataclasses.field(default_factory=list)
   whole: bool = False  # keeps its activations: its VJP is ``inner``
   block: int = -1
+  # A rewritten call's backward pass, given its VJP (see Recomputer.call).
+  backward: Optional[Callable] = None
 
 
 def _bytes(t) -> int:
@@ -114,15 +116,35 @@ class Recomputer:
     self._blocks_of: Optional[int] = None  # len(calls) when blocks were set
     self._replays: Dict[int, Dict[int, tuple]] = {}
 
-  def call(self, path: str, layer, call: Callable, args, kwargs):
-    """Runs ``call`` as a recomputed layer call; returns its output."""
+  def takes(self, args, kwargs) -> bool:
+    """Whether a call on ``args`` and ``kwargs`` is recomputed: not an
+    embedding's lookup (nothing to replay it from), nor in a scratch graph."""
+    if not any(is_float(a) for a in tf.nest.flatten((args, kwargs))):
+      return False
+    return (tf.executing_eagerly()
+            or tf.compat.v1.get_default_graph() is self._graph)
+
+  def call(self, path: str, layer, call: Callable, args, kwargs,
+           backward: Optional[Callable] = None):
+    """Runs ``call`` as a recomputed layer call; returns its output.
+
+    Args:
+      path: the layer's path.
+      layer: the layer.
+      call: its ``call``.
+      args: the call's positional arguments.
+      kwargs: its keyword arguments.
+      backward: for a call the plan rewrites: ``backward(vjp, outs, dys,
+        variables) -> (input grads, variable grads)``, the call's backward
+        pass given its VJP (the replay's, or the forward call's for a call
+        that keeps its activations), its flat outputs and their gradients.
+        ``None``: the VJP of the gradients.
+    """
+    if not self.takes(args, kwargs):
+      return call(*args, **kwargs)
     flat = tf.nest.flatten((args, kwargs))
     idx = [i for i, a in enumerate(flat) if is_float(a)]
     eager = tf.executing_eagerly()
-    if not idx or (not eager and
-                   tf.compat.v1.get_default_graph() is not self._graph):
-      # an embedding's lookup (nothing to replay it from), a scratch graph
-      return call(*args, **kwargs)
 
     def run(*xs):
       flat_in = list(flat)
@@ -131,7 +153,7 @@ class Recomputer:
       args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat_in)
       return call(*args_in, **kwargs_in)
 
-    rec = _LayerCall(path, [flat[i] for i in idx], run)
+    rec = _LayerCall(path, [flat[i] for i in idx], run, backward=backward)
     rec.whole = eager
     if not eager:
       rec.state = [u for u in map(tf_variable, layer.non_trainable_variables)
@@ -168,6 +190,8 @@ class Recomputer:
       vjp, outs = rec.inner, rec.inner_outs
     else:
       vjp, outs = self._replayed(index, dys)
+    if rec.backward is not None:
+      return rec.backward(vjp, outs, dys, variables)
     xs = vjp.inputs
     dys = [tf.zeros_like(o) if d is None else d for o, d in zip(outs, dys)]
     pairs = [(o, d) for o, d in zip(outs, dys) if is_float(o)]

@@ -153,7 +153,7 @@ class TapeVJP:
                                   unconnected_gradients=unconnected))
     if self.gate and not tf.executing_eagerly():
       at = [i for i, g in enumerate(out) if isinstance(g, tf.Tensor)]
-      for i, g in zip(at, tf.tuple([out[i] for i in at])):
+      for i, g in zip(at, tf.tuple([out[i] for i in at]) if at else []):
         out[i] = g
     return out
 
