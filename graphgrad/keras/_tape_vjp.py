@@ -49,15 +49,17 @@ class TapeVJP:
   # -- the three kinds -----------------------------------------------------
 
   @classmethod
-  def record(cls, call: Callable, inputs: Sequence, watch: Sequence = (),
-             persistent: bool = True, gate: bool = False
+  def record(cls, call: Callable, inputs: Sequence,
+             watch: Optional[Sequence] = None, persistent: bool = True,
+             gate: bool = False
              ) -> Tuple["TapeVJP", Any]:
     """The layer VJP: ``call(*inputs)`` under a new tape.
 
     Args:
       call: the layer call, a function of ``inputs``.
-      inputs: the tensors the tape watches and ``call`` takes.
-      watch: more tensors or variables to watch.
+      inputs: the tensors ``call`` takes.
+      watch: what the tape watches (besides the trainable variables the
+        call reads): ``inputs`` for ``None``.
       persistent: whether the tape answers more than one :meth:`vjp`.
       gate: as for the class.
 
@@ -66,7 +68,7 @@ class TapeVJP:
     """
     inputs = list(inputs)
     with tf.GradientTape(persistent=persistent) as tape:
-      tape.watch(inputs + list(watch))
+      tape.watch(inputs if watch is None else list(watch))
       out = call(*inputs)
     return cls(tape, call, inputs, gate), out
 
