@@ -11,7 +11,8 @@ replaced, on that layer instance only, by a wrapper that counts its calls and
   outputs to ``_tape_backward.backward_of_call`` (bypasses skip it);
 * for the lower layer of an edge, starts a *glue tape* on its outputs, which
   records only variable-free ops after it (``_tape_backward.edge_grads``);
-* under ``plan.recompute``, replays other top-level calls (``_tape_recompute``).
+* under ``plan.recompute``, replays top-level calls (``_tape_recompute``),
+  a rewritten call with its backward pass on the replay's VJP.
 """
 
 import collections
@@ -27,6 +28,7 @@ from graphgrad.core._rules import Mode
 from graphgrad.keras import _methods, _tape_linear, _tape_recompute
 from graphgrad.keras._layer_index import CallPatches, holds_variables
 from graphgrad.keras._tape_backward import backward_of_call, edge_grads
+from graphgrad.keras._tape_vjp import TapeVJP
 from graphgrad.transforms._context import TransformContext
 
 log = logging.getLogger("graphgrad")
@@ -114,18 +116,21 @@ class Interceptor:
 
   def _recomputed_layers(self) -> List[str]:
     """Top-level layers recomputed under ``plan.recompute``: those that
-    neither are nor hold a layer the plan rewrites or reads."""
+    hold no layer the plan rewrites or reads, and are either named by no
+    declaration or rewritten themselves (not an edge's end)."""
     if self.plan.rules.recompute is None:
       return []
-    named = self.targets() + [p for k in self.edges for p in k]
+    ends = {p for k in self.edges for p in k}
+    named = self.targets() + list(ends)
     return [p for p in self.plan.layer_names if "/" not in p
-            and not any(t == p or t.startswith(p + "/") for t in named)]
+            and not any(t.startswith(p + "/") for t in named)
+            and (p not in named or (p in self.custom and p not in ends))]
 
   # -- patching ------------------------------------------------------------
 
   def patch(self) -> None:
     plan = self.plan
-    paths = self.targets() + self.recomputed
+    paths = list(dict.fromkeys(self.targets() + self.recomputed))
     if self.edges:
       # Every layer may have to pause glue tapes; ancestors of an edge's
       # ends must not, or the edge's own glue would be hidden.
@@ -160,9 +165,9 @@ class Interceptor:
       with self._pausing(pause):
         if path in self.light and _tape_linear.reads_only_own(
             layer, call, args, kwargs, self.plan.own_variables(path)):
-          out = self._scaled_call(path, call, args, kwargs)
+          out = self._scaled_call(path, layer, call, args, kwargs)
         elif custom:
-          out = self._custom_call(path, call, args, kwargs)
+          out = self._custom_call(path, layer, call, args, kwargs)
         elif recomputed:
           out = self._recomputer.call(path, layer, call, args, kwargs)
         else:
@@ -200,19 +205,25 @@ class Interceptor:
     if self._paused is not None:
       self._paused.enter_context(glue.stop_recording())
     self._glue.append(glue)
-    self._lower_outputs[path].append((outs, glue))
+    self._lower_outputs[path].append((outs, TapeVJP.outer(glue)))
 
-  def _scaled_call(self, path: str, call, args, kwargs):
-    """The layer as it is, on inputs whose gradient the factor weights."""
+  def _scaled_call(self, path: str, layer, call, args, kwargs):
+    """The layer as it is (or recomputed), on inputs whose gradient the
+    factor weights."""
     factor = self.light[path]
     flat = [_tape_linear.scaled_input(a, factor, lambda: self._step.plain)
             if is_float(a) else a for a in tf.nest.flatten((args, kwargs))]
     args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat)
-    out = call(*args_in, **kwargs_in)
+    if path in self.recomputed:
+      out = self._recomputer.call(path, layer, call, args_in, kwargs_in)
+    else:
+      out = call(*args_in, **kwargs_in)
     self.outputs[path].append(tf.nest.flatten(out))
     return out
 
-  def _custom_call(self, path: str, call, args, kwargs):
+  def _custom_call(self, path: str, layer, call, args, kwargs):
+    if path in self.recomputed and self._recomputer.takes(args, kwargs):
+      return self._recomputed_custom_call(path, layer, call, args, kwargs)
     flat = tf.nest.flatten((args, kwargs))
     idx = [i for i, a in enumerate(flat) if is_float(a)]
     xs = [flat[i] for i in idx]
@@ -223,16 +234,17 @@ class Interceptor:
     n = len(xs)
     index = len(self.outputs[path])
 
-    @tf.custom_gradient
-    def layer_op(*inputs):
-      xs_in = list(inputs[:n])
+    def run(*xs_in):
       flat_in = list(flat)
       for i, t in zip(idx, xs_in):
         flat_in[i] = t
       args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat_in)
-      with tf.GradientTape(persistent=True) as inner:
-        inner.watch(xs_in)
-        out = call(*args_in, **kwargs_in)
+      return call(*args_in, **kwargs_in)
+
+    @tf.custom_gradient
+    def layer_op(*inputs):
+      xs_in = list(inputs[:n])
+      inner, out = TapeVJP.record(run, xs_in)
 
       def grad(*dys, variables=None):
         step = self._step
@@ -249,6 +261,21 @@ class Interceptor:
     self.outputs[path].append(tf.nest.flatten(out))
     return out
 
+  def _recomputed_custom_call(self, path: str, layer, call, args, kwargs):
+    """A rewritten call, recomputed: its backward pass runs on the VJP the
+    recomputer hands it (a recomputed layer is no edge's end)."""
+    index = len(self.outputs[path])
+
+    def backward(vjp, outs, dys, variables):
+      step = self._step
+      with tf.name_scope(self.plan.name):
+        return backward_of_call(self, step, path, index, vjp, outs,
+                                vjp.inputs, list(dys), list(variables))
+
+    out = self._recomputer.call(path, layer, call, args, kwargs, backward)
+    self.outputs[path].append(tf.nest.flatten(out))
+    return out
+
   # -- what backward_of_call asks for --------------------------------------
 
   def context(self, layer, role, **kw) -> TransformContext:
@@ -261,8 +288,8 @@ class Interceptor:
 
   def replace(self, step: BackwardStep, path, fn, inner, xs, outs, upstream,
               chain_rule) -> list:
-    """Runs the replacement ``fn`` of one call, whose ``inner`` tape is its
-    VJP; its pairs go to ``step``."""
+    """Runs the replacement ``fn`` of one call, whose layer VJP is
+    ``inner``; its pairs go to ``step``."""
     with tf.name_scope(f"replace_backward_{path}".replace("/", "_")):
       grads, extra = _methods.run(fn, self.plan, path, inner, xs, outs,
                                   upstream, step.upstream_of, chain_rule,

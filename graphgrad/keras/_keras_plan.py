@@ -356,10 +356,12 @@ class KerasPlan(tf.Module, LayerOverriding):
     """Recomputes layer calls in the backward pass instead of keeping them.
 
     Every call of a top-level layer of the model (one the model calls
-    directly, a residual unit or a ``Dense``) that the plan neither rewrites
-    nor reads is recomputed: the backward pass keeps the outputs of the
-    calls in ``keep`` (and what other code reads), and replays the calls in
-    between, block by block, when the gradient reaches them. Gradients equal
+    directly, a residual unit or a ``Dense``) is recomputed, unless it holds
+    a layer the plan names, ends an edge or is only read by a replacement:
+    the backward pass keeps the outputs of the calls in ``keep`` (and what
+    other code reads), and replays the calls in between, block by block,
+    when the gradient reaches them. A layer the plan rewrites is recomputed
+    with its declarations, applied on the replay. Gradients equal
     the plan's without recompute. Batch-norm statistics are updated once
     per step, by the forward pass; a dropout mask is the forward's (Keras 3
     replays it from the same seed; a tf-keras ``Dropout`` keeps its

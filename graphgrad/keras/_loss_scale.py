@@ -83,13 +83,9 @@ class ScaledTape(PlanTape):
     super().__init__(plan, persistent, watch_accessed_variables, labels)
     self._loss_scale = loss_scale
 
-  def gradient(self, target, sources=None, output_gradients=None,
-               unconnected_gradients=tf.UnconnectedGradients.NONE,
-               task_losses=None):
+  def _scaled(self):
     """As :meth:`PlanTape.gradient`, each transform seeing ``g / S``."""
-    with _scaled.active(scale_of(self._loss_scale)):
-      return super().gradient(target, sources, output_gradients,
-                              unconnected_gradients, task_losses)
+    return _scaled.active(scale_of(self._loss_scale))
 
 
 def float16_model(model) -> bool:

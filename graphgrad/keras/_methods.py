@@ -2,8 +2,8 @@
 
 A ``gg.backward`` replacement runs on a Keras layer call as on a
 ``GradientPlan``: the tape makes a ``gg.backward.BackwardContext`` whose
-executor is a :class:`TapeBackward` (the VJP is the tape that recorded the
-call, on which the replacement's own ops are recorded too; a dense layer is
+executor is a :class:`TapeBackward` (the VJP is the layer VJP of the call,
+whose tape records the replacement's own ops too; a dense layer is
 a ``Dense`` layer's kernel product; variables live in the plan's
 :class:`MethodVariables`, which ``tf.train.Checkpoint`` saves), and calls
 the replacement. A replacement's ``check`` and ``cuts`` see the model's
@@ -18,7 +18,7 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.core._gradients import dense
 from graphgrad.keras._layer_index import tf_variable
-from graphgrad.keras._tape_backward import call_vjp
+from graphgrad.keras._tape_vjp import TapeVJP
 from graphgrad.methods import _replacement
 
 GradsAndVars = List[Tuple[Gradient, tf.Variable]]
@@ -141,21 +141,21 @@ class KerasLayers:
 class TapeBackward:
   """The Keras tape's side of one replacement's context.
 
-  ``tape`` is the persistent tape that recorded the layer call; while the
-  replacement runs, it records again (see :func:`run`), so that
-  :meth:`vjp` differentiates what the replacement builds too.
+  ``call_vjp`` is the layer VJP of the call; while the replacement runs,
+  its tape records again (see :func:`run`), so that :meth:`vjp`
+  differentiates what the replacement builds too.
 
   Args:
-    tape: the call's persistent inner tape.
+    call_vjp: the call's layer VJP (``_tape_vjp.TapeVJP.record``).
     layer: the Keras layer.
     path: its path.
     inputs: the call's floating-point inputs, which the tape watched.
     variables: the plan's :class:`MethodVariables`.
   """
 
-  def __init__(self, tape: tf.GradientTape, layer, path: str, inputs,
+  def __init__(self, call_vjp: TapeVJP, layer, path: str, inputs,
                variables: MethodVariables):
-    self.tape, self.layer, self.path = tape, layer, path
+    self.call_vjp, self.layer, self.path = call_vjp, layer, path
     self.inputs = list(inputs)
     self.variables = variables
     # Tensors the tape recorded nothing behind: stopping at them is free.
@@ -175,9 +175,12 @@ class TapeBackward:
             f"those instead.")
     if not ys or not xs:
       return [None] * len(xs)
-    grads = None if grad_ys is None else [dense(g) for g in grad_ys]
-    with self.tape.stop_recording():
-      return call_vjp(self.tape, ys, xs, grads)
+    # As for tf.gradients' grad_ys, an entry None is ones.
+    grads = None if grad_ys is None else [
+        tf.ones_like(y) if g is None else dense(g)
+        for y, g in zip(ys, grad_ys)]
+    with self.call_vjp.paused():
+      return self.call_vjp.vjp(ys, grads, xs)
 
   def variable(self, key, init, trainable, name) -> tf.Variable:
     head, _, rest = key.partition("/")
@@ -197,9 +200,9 @@ class TapeBackward:
     # The outputs are recomputed from a leaf copy of the product: as a
     # source or a stop, the product is that leaf, so that nothing but the
     # product leads from x to them, as in the layer's call.
-    with self.tape.stop_recording():
+    with self.call_vjp.paused():
       leaf = tf.identity(z)
-    self.tape.watch(leaf)
+    self.call_vjp.watch(leaf)
     self._leaves.add(leaf.ref())
     self._as_leaf[z.ref()] = leaf
     y = leaf if bias is None else tf.nn.bias_add(leaf, tf.cast(bias, z.dtype))
@@ -211,7 +214,7 @@ def _text(t) -> str:
   return t.name if tf.is_symbolic_tensor(t) else f"a tensor of shape {t.shape}"
 
 
-def run(fn, plan, path: str, tape: tf.GradientTape, xs, outs, upstream,
+def run(fn, plan, path: str, call_vjp: TapeVJP, xs, outs, upstream,
         upstream_of, chain_rule, labels) -> Tuple[List[Gradient],
                                                   GradsAndVars]:
   """Runs replacement ``fn`` on one call of layer ``path``.
@@ -225,10 +228,10 @@ def run(fn, plan, path: str, tape: tf.GradientTape, xs, outs, upstream,
     ``(gradient per input, (gradient, variable) pairs of its variables)``.
   """
   layer = plan.layer(path)
-  executor = TapeBackward(tape, layer, path, xs, plan.method_variables)
+  executor = TapeBackward(call_vjp, layer, path, xs, plan.method_variables)
 
   def unrecorded_chain_rule():
-    with tape.stop_recording():
+    with call_vjp.paused():
       return chain_rule()
 
   ctx = _replacement.BackwardContext(
@@ -236,7 +239,7 @@ def run(fn, plan, path: str, tape: tf.GradientTape, xs, outs, upstream,
       outputs=tuple(outs), upstream=tuple(upstream), upstream_of=upstream_of,
       chain_rule=unrecorded_chain_rule, resources=plan.resources,
       executor=executor, labels=labels)
-  with tape:  # the replacement's ops are recorded, for context.vjp
+  with call_vjp.recording():  # the replacement's ops, for context.vjp
     result = _replacement.run_replacement(fn, ctx,
                                           f"replace_backward({path!r})")
   return list(result.input_grads), list(result.extra_grads_and_vars)

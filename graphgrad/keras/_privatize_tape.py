@@ -8,9 +8,9 @@ tensors to the shared rules of :mod:`graphgrad.core._privacy`: ``Dense``
 (input, pre-activation gradient), ``Conv2D`` (unfolded patches),
 ``Embedding`` (ids, gradient), ``LayerNormalization`` (normalized input
 times gradient). Another layer gets the exact per-example gradients of its
-own variables through its own call (``vectorized_map``), logged once.
-:meth:`Recorder.gradient` then backpropagates ``sum_i c_i l_i`` and adds
-the noise.
+own variables through its own call (``TapeVJP.per_example``), logged once.
+:meth:`Recorder.private_grads` then backpropagates ``sum_i c_i l_i`` and
+adds the noise.
 """
 
 import logging
@@ -26,6 +26,7 @@ from graphgrad.keras._layer_index import (
   holds_variables,
   tf_variable,
 )
+from graphgrad.keras._tape_vjp import TapeVJP
 
 log = logging.getLogger("graphgrad")
 
@@ -95,14 +96,15 @@ class Recorder:
 
   # -- the private gradient ----------------------------------------------------
 
-  def gradient(self, tape: tf.GradientTape, target, sources: list,
-               unconnected) -> list:
-    """``(1/B)(sum_i clip_C(grad l_i) + noise)`` for each of ``sources``."""
+  def private_grads(self, vjp: TapeVJP, target, sources: list,
+                    unconnected) -> list:
+    """``(1/B)(sum_i clip_C(grad l_i) + noise)`` for each of ``sources``,
+    by ``vjp``, the outer-tape VJP of the step."""
     _privacy.check_per_example_loss(target, "KerasPlan.privatize")
     with tf.name_scope("privatize"):
       batch = tf.shape(target)[0]
       outs = [c["out"] for c in self.calls]
-      dys = tape.gradient(target, outs, output_gradients=tf.ones_like(target))
+      dys = vjp.vjp([target], [tf.ones_like(target)], outs)
       forms: Dict[Any, list] = {}
       shapes: Dict[Any, Any] = {}
       for c, dy in zip(self.calls, dys):
@@ -123,8 +125,7 @@ class Recorder:
             "plan.tape() as tape:`.")
       c = _privacy.clip_factors(parts, self.privacy.l2_norm_clip,
                                 target.dtype)
-      grads = tape.gradient(target, sources, output_gradients=c,
-                            unconnected_gradients=unconnected)
+      grads = vjp.vjp([target], [c], sources, unconnected=unconnected)
       for s, g in zip(sources, grads):
         v = tf_variable(s)
         if g is not None and (v is None or v.ref() not in forms):
@@ -169,11 +170,8 @@ def _pre_activation_grad(layer, z_fn, dy):
   act = getattr(layer, "activation", None)
   if act is None or getattr(act, "__name__", "") == "linear":
     return dy
-  z = z_fn()
-  with tf.GradientTape() as t:
-    t.watch(z)
-    y = act(z)
-  return t.gradient(y, z, output_gradients=tf.cast(dy, y.dtype))
+  vjp, y = TapeVJP.record(act, [z_fn()], persistent=False)
+  return vjp.vjp([y], [tf.cast(dy, y.dtype)], vjp.inputs)[0]
 
 
 def _dense(layer, x, dy, batch):
@@ -278,16 +276,6 @@ def _fallback(call: Dict[str, Any], dy, batch) -> Forms:
                 "per-example gradients are computed through their own call, "
                 "one example at a time.", key, layer.name)
   dtype = _privacy.norm_dtype(variables[0].dtype)
-
-  def one(elems):
-    xi, gi = elems
-    with tf.GradientTape() as t:
-      t.watch(variables)
-      yi = fn(xi[None], *args[1:], **kwargs)
-    grads = t.gradient(yi, variables, output_gradients=gi[None])
-    return [tf.zeros(v.shape, dtype) if g is None else
-            tf.cast(tf.convert_to_tensor(g), dtype)
-            for g, v in zip(grads, variables)]
-
-  per = tf.vectorized_map(one, (args[0], tf.convert_to_tensor(dy)))
-  return [(v, ("example", p)) for v, p in zip(variables, per)]
+  vjp = TapeVJP.of_call(lambda x: fn(x, *args[1:], **kwargs), [args[0]])
+  per = vjp.per_example([call["out"]], [dy], variables, batch)
+  return [(v, ("example", tf.cast(p, dtype))) for v, p in zip(variables, per)]

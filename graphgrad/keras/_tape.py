@@ -8,6 +8,7 @@ applies the parameter transforms, and collects the gradients of the
 variables the plan's training methods own.
 """
 
+import contextlib
 import dataclasses
 import logging
 from typing import Any, Callable, Dict, List, Tuple
@@ -21,6 +22,7 @@ from graphgrad.core._rules import ParameterRule, PlanRules
 from graphgrad.keras import _privatize_tape, _replicas, _tasks
 from graphgrad.keras._intercept import BackwardStep, Interceptor
 from graphgrad.keras._layer_index import tf_variable
+from graphgrad.keras._tape_vjp import TapeVJP
 from graphgrad.transforms._transforms import is_identity
 
 log = logging.getLogger("graphgrad")
@@ -81,6 +83,7 @@ class PlanTape:
         persistent=(persistent or rules.has_tasks
                     or self._private is not None),
         watch_accessed_variables=watch_accessed_variables)
+    self._vjp = TapeVJP.outer(self._tape)
     self._entered = False
     self._last = BackwardStep()
 
@@ -156,6 +159,16 @@ class PlanTape:
         strategy is a ``ParameterServerStrategy`` or ``TPUStrategy``.
       IncompatibleGradientError: if a transform changes a shape or dtype.
     """
+    with self._scaled():
+      return self._planned(target, sources, output_gradients,
+                           unconnected_gradients, task_losses)
+
+  def _scaled(self):
+    """The context the plan's gradient is computed in (a loss scale's)."""
+    return contextlib.nullcontext()
+
+  def _planned(self, target, sources, output_gradients, unconnected_gradients,
+               task_losses):
     self._check_ran()
     plan = self._plan
     if sources is None:
@@ -166,11 +179,11 @@ class PlanTape:
     step = BackwardStep(task_deltas=self._task_deltas(target, by_layer))
     with self._run.backward(step):
       if self._private is None:
-        grads = self._tape.gradient(target, sources, output_gradients,
-                                    unconnected_gradients)
+        grads = self._vjp.backprop(target, sources, output_gradients,
+                                   unconnected_gradients)
       else:
-        grads = tf.nest.pack_sequence_as(sources, self._private.gradient(
-            self._tape, target, tf.nest.flatten(sources),
+        grads = tf.nest.pack_sequence_as(sources, self._private.private_grads(
+            self._vjp, target, tf.nest.flatten(sources),
             unconnected_gradients))
     self._last = step
     self._check_edges(step)
@@ -212,7 +225,9 @@ class PlanTape:
       A list of ``(gradient, variable)`` pairs.
     """
     variables = list(self._plan.model.trainable_variables)
-    grads = self.gradient(target, variables, task_losses=task_losses)
+    with self._scaled():
+      grads = self._planned(target, variables, None,
+                            tf.UnconnectedGradients.NONE, task_losses)
     return list(zip(grads, variables)) + self.extra_grads_and_vars
 
   @property
@@ -272,7 +287,7 @@ class PlanTape:
                 and tf_variable(x).ref() in mine]
     with self._run.backward(BackwardStep(plain=True)), tf.name_scope(
         self._plan.name):
-      return _tasks.parameter_grads(self._tape, target, losses, flat_s,
+      return _tasks.parameter_grads(self._vjp, target, losses, flat_s,
                                     flat_g, chosen, declared.method,
                                     self._plan.method_variables)
 
@@ -284,7 +299,7 @@ class PlanTape:
       for path in tasks:
         losses = by_layer[path]
         deltas[path] = _tasks.task_deltas(
-            self._tape, target, losses, self._run.outputs[path],
+            self._vjp, target, losses, self._run.outputs[path],
             tasks[path].method, path, self._plan.method_variables)
     return deltas
 

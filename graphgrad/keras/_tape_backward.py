@@ -61,18 +61,10 @@ def overridden(run, path: str, fn, xs, outs, g) -> list:
   return list(input_grads(call, fn, list(g)))
 
 
-def call_vjp(inner: tf.GradientTape, ys, xs, grads) -> list:
-  """The VJP of one layer call: the gradients of ``ys`` for ``xs`` by the
-  persistent tape ``inner`` that recorded the call.
-
-  The per-layer policy and a replacement's ``context.vjp`` both ask it.
-  """
-  return list(inner.gradient(ys, xs, output_gradients=grads))
-
-
 class _CallSteps:
   """The steps of one rewritten layer call (``core._layer_policy.
-  LayerSteps``): the call's inner tape is its VJP (:func:`call_vjp`)."""
+  LayerSteps``): the layer VJP of the call (``_tape_vjp.TapeVJP``) is its
+  VJP."""
 
   def __init__(self, run, step, rule: LayerRule, inner, outs, xs,
                variables, own):
@@ -84,7 +76,7 @@ class _CallSteps:
   def vjp(self, grads, inputs: bool, own: bool, other: bool):
     xs = list(self.xs) if inputs else []
     vs = (self.own if own else []) + (self.other if other else [])
-    res = call_vjp(self.inner, self.outs, xs + vs, grads) if xs or vs else []
+    res = self.inner.vjp(self.outs, grads, xs + vs)
     n, m = len(xs), len(self.own) if own else 0
     return list(res[:n]), list(res[n:n + m]), list(res[n + m:])
 
@@ -127,7 +119,7 @@ def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
     step: the :class:`~graphgrad.keras._intercept.BackwardStep` under way.
     path: the layer's path.
     call: which call of the layer this is (0 for the first).
-    inner: a persistent tape that recorded the call.
+    inner: the call's layer VJP (``_tape_vjp.TapeVJP.record``).
     out: what the call returned.
     xs: the call's floating-point input tensors.
     dys: the gradients at ``out``'s tensors.
@@ -186,9 +178,8 @@ def edge_grads(run, step, entries, xs, dx) -> List:
         direct[js[0]].append(i)
       elif dx[i] is not None:
         glued.append(i)
-    through_glue = (glue.gradient([xs[i] for i in glued], outs,
-                            output_gradients=[dense(dx[i]) for i in glued])
-              if glued else [None] * len(outs))
+    through_glue = glue.vjp([xs[i] for i in glued],
+                            [dense(dx[i]) for i in glued], outs)
     for j, t in enumerate(outs):
       via_glue = through_glue[j]
       total = add_dense([dx[i] for i in direct[j]] + [via_glue])

@@ -3,9 +3,9 @@
 Under ``KerasPlan.recompute``, each call of a recomputed layer runs inside
 ``tf.custom_gradient``, whose gradient does not read the call's activations:
 the first gradient to reach a *block* (the calls between two kept outputs)
-replays the block's calls from its inputs, each under its own tape, and each
-call takes its VJP from that replay. In a traced step the activations inside
-a block are freed after the forward pass.
+replays the block's calls (``TapeVJP.replay``), and each call takes its VJP
+from that replay (a rewritten call runs its declarations on it). In a traced
+step the activations inside a block are freed after the forward pass.
 
 A replayed call sees the non-trainable variables (batch-norm statistics,
 Keras 3 seed generators) as its forward call saw them, and the values the
@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from graphgrad.core._gradients import is_float
 from graphgrad.keras._layer_index import tf_variable
+from graphgrad.keras._tape_vjp import TapeVJP
 
 log = logging.getLogger("graphgrad")
 
@@ -37,19 +38,17 @@ _STATE_OPS = frozenset({"ReadVariableOp", "AssignVariableOp",
 class _LayerCall:
   """One call of a recomputed layer in the forward pass."""
   path: str
-  call: Callable
-  structure: Any
-  flat: list
-  idx: List[int]
   xs: list
+  run: Callable  # the call, as a function of ``xs``
   outs: list = dataclasses.field(default_factory=list)
   state: List[tf.Variable] = dataclasses.field(default_factory=list)
   snapshot: list = dataclasses.field(default_factory=list)
-  inner: Optional[tf.GradientTape] = None  # the forward call's own tape
-  inner_xs: list = dataclasses.field(default_factory=list)
+  inner: Optional[TapeVJP] = None  # the forward call's layer VJP
   inner_outs: list = dataclasses.field(default_factory=list)
-  whole: bool = False  # keeps its activations: its VJP uses ``inner``
+  whole: bool = False  # keeps its activations: its VJP is ``inner``
   block: int = -1
+  # A rewritten call's backward pass, given its VJP (see Recomputer.call).
+  backward: Optional[Callable] = None
 
 
 def _bytes(t) -> int:
@@ -117,17 +116,44 @@ class Recomputer:
     self._blocks_of: Optional[int] = None  # len(calls) when blocks were set
     self._replays: Dict[int, Dict[int, tuple]] = {}
 
-  def call(self, path: str, layer, call: Callable, args, kwargs):
-    """Runs ``call`` as a recomputed layer call; returns its output."""
+  def takes(self, args, kwargs) -> bool:
+    """Whether a call on ``args`` and ``kwargs`` is recomputed: not an
+    embedding's lookup (nothing to replay it from), nor in a scratch graph."""
+    if not any(is_float(a) for a in tf.nest.flatten((args, kwargs))):
+      return False
+    return (tf.executing_eagerly()
+            or tf.compat.v1.get_default_graph() is self._graph)
+
+  def call(self, path: str, layer, call: Callable, args, kwargs,
+           backward: Optional[Callable] = None):
+    """Runs ``call`` as a recomputed layer call; returns its output.
+
+    Args:
+      path: the layer's path.
+      layer: the layer.
+      call: its ``call``.
+      args: the call's positional arguments.
+      kwargs: its keyword arguments.
+      backward: for a call the plan rewrites: ``backward(vjp, outs, dys,
+        variables) -> (input grads, variable grads)``, the call's backward
+        pass given its VJP (the replay's, or the forward call's for a call
+        that keeps its activations), its flat outputs and their gradients.
+        ``None``: the VJP of the gradients.
+    """
+    if not self.takes(args, kwargs):
+      return call(*args, **kwargs)
     flat = tf.nest.flatten((args, kwargs))
     idx = [i for i, a in enumerate(flat) if is_float(a)]
     eager = tf.executing_eagerly()
-    if not idx or (not eager and
-                   tf.compat.v1.get_default_graph() is not self._graph):
-      # an embedding's lookup (nothing to replay it from), a scratch graph
-      return call(*args, **kwargs)
-    rec = _LayerCall(path, call, (args, kwargs), flat, idx,
-                     [flat[i] for i in idx])
+
+    def run(*xs):
+      flat_in = list(flat)
+      for i, t in zip(idx, xs):
+        flat_in[i] = t
+      args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat_in)
+      return call(*args_in, **kwargs_in)
+
+    rec = _LayerCall(path, [flat[i] for i in idx], run, backward=backward)
     rec.whole = eager
     if not eager:
       rec.state = [u for u in map(tf_variable, layer.non_trainable_variables)
@@ -139,16 +165,9 @@ class Recomputer:
 
     @tf.custom_gradient
     def recomputed(*inputs):
-      flat_in = list(flat)
-      for i, t in zip(idx, inputs[:n]):
-        flat_in[i] = t
-      args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat_in)
       graph = None if eager else tf.compat.v1.get_default_graph()
       first = len(graph.get_operations()) if graph is not None else 0
-      with tf.GradientTape(persistent=True) as inner:
-        inner.watch(list(inputs[:n]))
-        out = call(*args_in, **kwargs_in)
-      rec.inner, rec.inner_xs = inner, list(inputs[:n])
+      rec.inner, out = TapeVJP.record(run, inputs[:n], gate=True)
       rec.inner_outs = tf.nest.flatten(out)
       if graph is not None and _stateful(graph.get_operations()[first:]):
         rec.whole = True
@@ -168,25 +187,23 @@ class Recomputer:
   def _vjp(self, index: int, dys: list, variables: list):
     rec = self.calls[index]
     if rec.whole and rec.inner is not None:
-      tape, xs, outs = rec.inner, rec.inner_xs, rec.inner_outs
+      vjp, outs = rec.inner, rec.inner_outs
     else:
-      tape, xs, outs = self._replayed(index, dys)
+      vjp, outs = self._replayed(index, dys)
+    if rec.backward is not None:
+      return rec.backward(vjp, outs, dys, variables)
+    xs = vjp.inputs
     dys = [tf.zeros_like(o) if d is None else d for o, d in zip(outs, dys)]
     pairs = [(o, d) for o, d in zip(outs, dys) if is_float(o)]
-    grads = list(tape.gradient([o for o, _ in pairs], xs + variables,
-                               output_gradients=[d for _, d in pairs]))
-    if not tf.executing_eagerly():
-      # As tf.gradients' gate_gradients: every gradient of the call is
-      # computed before any of them is used, so the calls below are not
-      # replayed while this call's activations wait for a parameter
-      # gradient.
-      at = [i for i, g in enumerate(grads) if isinstance(g, tf.Tensor)]
-      for i, g in zip(at, tf.tuple([grads[i] for i in at])):
-        grads[i] = g
+    # Gated: every gradient of the call is computed before any of them is
+    # used, so the calls below are not replayed while this call's
+    # activations wait for a parameter gradient.
+    grads = vjp.vjp([o for o, _ in pairs], [d for _, d in pairs],
+                    xs + variables)
     return grads[:len(xs)], grads[len(xs):]
 
   def _replayed(self, index: int, dys: list):
-    """The replayed (tape, inputs, outputs) of call ``index``."""
+    """The replayed (layer VJP, outputs) of call ``index``."""
     self._set_blocks()
     block = self.calls[index].block
     if block not in self._replays or index not in self._replays[block]:
@@ -218,27 +235,16 @@ class Recomputer:
     """Replays the calls of ``block`` after the gradient ``dys`` exists."""
     replayed: Dict[Any, tf.Tensor] = {}
     out: Dict[int, tuple] = {}
-    wait = [d for d in dys if isinstance(d, tf.Tensor)]
     for j, c in enumerate(self.calls):
       if c.block != block:
         continue
-      with tf.control_dependencies(wait):
-        xs = [tf.identity(replayed.get(x.ref(), x)) for x in c.xs]
-      flat_in = list(c.flat)
-      for i, t in zip(c.idx, xs):
-        flat_in[i] = t
-      args_in, kwargs_in = tf.nest.pack_sequence_as(c.structure, flat_in)
-      now = [tf.identity(v.read_value()) for v in c.state]
-      for v, s in zip(c.state, c.snapshot):
-        v.assign(s)
-      with tf.GradientTape(persistent=True) as tape:
-        tape.watch(xs)
-        outs = tf.nest.flatten(c.call(*args_in, **kwargs_in))
-      for v, s in zip(c.state, now):
-        v.assign(s)
+      vjp, outs = TapeVJP.replay(c.run, [replayed.get(x.ref(), x)
+                                         for x in c.xs],
+                                 after=dys, state=c.state,
+                                 snapshot=c.snapshot)
       for fwd, new in zip(c.outs, outs):
         replayed[fwd.ref()] = new
-      out[j] = (tape, xs, outs)
+      out[j] = (vjp, outs)
     return out
 
 

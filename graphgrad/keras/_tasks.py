@@ -12,13 +12,14 @@ and layer in the plan's tracked
 :class:`~graphgrad.keras._methods.MethodVariables`.
 """
 
-from typing import Any, List, Optional
+from typing import Any, List
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core._gradients import is_float
 from graphgrad.keras._methods import MethodVariables
+from graphgrad.keras._tape_vjp import TapeVJP
 from graphgrad.methods import _pcgrad
 
 # The key of the parameter-level task losses in a ``task_losses`` dict.
@@ -63,12 +64,12 @@ def losses_by_layer(tasks, task_losses, parameters: bool = False):
   return out
 
 
-def task_deltas(tape, target, losses, calls, method, path: str,
+def task_deltas(vjp: TapeVJP, target, losses, calls, method, path: str,
                 variables: MethodVariables) -> List[list]:
   """Per call and output: ``combine(g_i) - sum_i g_i``, or ``None``.
 
   Args:
-    tape: the persistent tape that recorded the step.
+    vjp: the outer-tape VJP of the step.
     target: the plan's loss.
     losses: the task losses.
     calls: the flat outputs of each call of the task layer.
@@ -76,12 +77,10 @@ def task_deltas(tape, target, losses, calls, method, path: str,
     path: the task layer's path, which keys the method's state.
     variables: the plan's method variables, where the state lives.
   """
-  weights = _weights(tape, target, losses)
   flat = [t for outs in calls for t in outs]
   floats = [i for i, t in enumerate(flat) if is_float(t)]
   like = [flat[i] for i in floats]
-  per_task = [tape.gradient(l, like, output_gradients=w)
-              for l, w in zip(losses, weights)]
+  per_task = vjp.task_vjps(target, losses, like)
   name = f"combine_tasks_{path}".replace("/", "_")
   state = _pcgrad.task_state(
       method, _pcgrad.active_tasks(per_task),
@@ -102,7 +101,7 @@ def task_deltas(tape, target, losses, calls, method, path: str,
   return out
 
 
-def parameter_grads(tape, target, losses, flat_s: List[Any],
+def parameter_grads(vjp: TapeVJP, target, losses, flat_s: List[Any],
                     flat_g: List[Any], chosen: List[int], method,
                     variables: MethodVariables) -> List[Any]:
   """``flat_g`` with the task combination in parameter space applied.
@@ -111,7 +110,7 @@ def parameter_grads(tape, target, losses, flat_s: List[Any],
   ``g_i = dL/dL_i * dL_i/dtheta`` from the tape, one pass per task loss.
 
   Args:
-    tape: the persistent tape that recorded the step.
+    vjp: the outer-tape VJP of the step.
     target: the plan's loss.
     losses: the task losses.
     flat_s: the gradient's sources, flattened.
@@ -123,10 +122,8 @@ def parameter_grads(tape, target, losses, flat_s: List[Any],
   out = list(flat_g)
   if not chosen:
     return out
-  weights = _weights(tape, target, losses)
   sources = [flat_s[i] for i in chosen]
-  per_task = [tape.gradient(l, sources, output_gradients=w)
-              for l, w in zip(losses, weights)]
+  per_task = vjp.task_vjps(target, losses, sources)
   state = _pcgrad.task_state(
       method, _pcgrad.active_tasks(per_task),
       lambda make: variables.state("combine_tasks/parameters", make),
@@ -137,14 +134,3 @@ def parameter_grads(tape, target, losses, flat_s: List[Any],
   for i, g in zip(chosen, new):
     out[i] = g
   return out
-
-
-def _weights(tape, target, losses) -> List[Optional[tf.Tensor]]:
-  """``dL/dL_i`` for each task loss; raises for one the loss misses."""
-  weights = tape.gradient(target, losses)
-  for i, w in enumerate(weights):
-    if w is None:
-      raise _errors.NotConnectedError(
-          f"tape.gradient: the loss does not depend on `task_losses[{i}]`. "
-          f"List the task losses whose (weighted) sum is the loss.")
-  return weights

@@ -127,6 +127,46 @@ def test_composes_with_a_declaration_on_another_layer(K):
   _assert_equal_grads(g0, g1)
 
 
+_ON_RECOMPUTED = {
+    "upstream": lambda p: p.transform_upstream(
+        "d4", gg.transforms.clip_by_norm(0.1)),
+    "linear_upstream": lambda p: p.transform_upstream(
+        "d1", gg.transforms.scale(0.5)),
+    "feedback_alignment": lambda p: p.transform_upstream(
+        "d3", lambda g: 3.0 * g - 0.05 * tf.sign(g)).replace_backward(
+            "d3", gg.backward.feedback_alignment(seed=3)),
+    "override": lambda p: p.override_gradient(
+        "d2", lambda call, g: 0.5 * g),
+}
+
+
+@pytest.mark.parametrize("decl", sorted(_ON_RECOMPUTED))
+@pytest.mark.parametrize("mode", MODES)
+def test_a_rewritten_layer_is_recomputed_with_its_declaration(
+    K, mode, decl, monkeypatch):
+  model = _mlp(K)
+  x = normal_rows(6, (16, 8))
+  replayed = []
+  replay = _tape_recompute.Recomputer._replay
+
+  def spy(self, block, dys):
+    replayed.extend(c.path for c in self.calls if c.block == block)
+    return replay(self, block, dys)
+
+  monkeypatch.setattr(_tape_recompute.Recomputer, "_replay", spy)
+  (g0, v0), (g1, v1) = _run_both(model, x, mode,
+                                 declare=_ON_RECOMPUTED[decl], keep=["d1"])
+  _assert_equal_grads(g0, g1)
+  for a, b in zip(v0, v1):
+    np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+  plain = _run_both(model, x, mode, keep=["d1"])[0][0]
+  assert any(not np.allclose(a, b) for a, b in zip(g0, plain))
+  if mode == "function":  # replayed, its declaration applied to the replay
+    layer = {"upstream": "d4", "linear_upstream": "d1",
+             "feedback_alignment": "d3", "override": "d2"}[decl]
+    assert layer in replayed, replayed
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_dropout_mask_is_the_forwards(K, mode):
   init = K.initializers.RandomNormal(stddev=0.5, seed=4)

@@ -1,0 +1,210 @@
+"""The Keras tape's VJPs (``graphgrad.core._vjp``): where it differentiates.
+
+Nothing else in ``graphgrad.keras`` asks a ``tf.GradientTape`` for a
+gradient. :class:`TapeVJP` is the protocol on one tape, made three ways:
+
+* :meth:`TapeVJP.record`, the layer VJP: a persistent tape that records one
+  layer call (a rewritten call, whose replacement records on it too; a
+  recomputed call that keeps its activations; an activation under
+  ``privatize``); made with the call alone (:meth:`TapeVJP.of_call`), it
+  runs the call once per example (:meth:`TapeVJP.per_example`);
+* :meth:`TapeVJP.outer`, the outer-tape VJP: the plan tape's own tape over
+  the step (the plan's gradient, task gradients, ``privatize``'s passes),
+  or an edge's glue tape;
+* :meth:`TapeVJP.replay`, the replay VJP: a recomputed call run again from
+  its inputs in the backward pass.
+"""
+
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad._types import Gradient
+
+_NONE = tf.UnconnectedGradients.NONE
+
+
+class TapeVJP:
+  """Vector-Jacobian products by one ``tf.GradientTape``.
+
+  Made by :meth:`record`, :meth:`outer`, :meth:`replay` or :meth:`of_call`.
+
+  Args:
+    tape: the tape, or ``None`` (:meth:`of_call`).
+    call: what the tape recorded, as a function of ``inputs``, or ``None``.
+    inputs: the tensors ``call`` was run on.
+    gate: in a graph, every gradient of one :meth:`vjp` is computed before
+      any of them is used (as ``tf.gradients``' ``gate_gradients``).
+  """
+
+  def __init__(self, tape: Optional[tf.GradientTape],
+               call: Optional[Callable] = None, inputs: Sequence = (),
+               gate: bool = False):
+    self.tape: Any = tape
+    self.call = call
+    self.inputs = list(inputs)
+    self.gate = gate
+
+  # -- the three kinds -----------------------------------------------------
+
+  @classmethod
+  def record(cls, call: Callable, inputs: Sequence,
+             watch: Optional[Sequence] = None, persistent: bool = True,
+             gate: bool = False
+             ) -> Tuple["TapeVJP", Any]:
+    """The layer VJP: ``call(*inputs)`` under a new tape.
+
+    Args:
+      call: the layer call, a function of ``inputs``.
+      inputs: the tensors ``call`` takes.
+      watch: what the tape watches (besides the trainable variables the
+        call reads): ``inputs`` for ``None``.
+      persistent: whether the tape answers more than one :meth:`vjp`.
+      gate: as for the class.
+
+    Returns:
+      ``(the VJP, what call returned)``.
+    """
+    inputs = list(inputs)
+    with tf.GradientTape(persistent=persistent) as tape:
+      tape.watch(inputs if watch is None else list(watch))
+      out = call(*inputs)
+    return cls(tape, call, inputs, gate), out
+
+  @classmethod
+  def outer(cls, tape: tf.GradientTape) -> "TapeVJP":
+    """The outer-tape VJP: ``tape``, which recorded the whole step (a plan
+    tape's own tape) or the ops after a layer's outputs (a glue tape)."""
+    return cls(tape)
+
+  @classmethod
+  def replay(cls, call: Callable, inputs: Sequence, after: Sequence = (),
+             state: Sequence = (), snapshot: Sequence = ()
+             ) -> Tuple["TapeVJP", list]:
+    """The replay VJP: ``call`` run again, in the backward pass.
+
+    Args:
+      call: the recomputed call, a function of its inputs.
+      inputs: its inputs (the forward pass' or replayed ones).
+      after: the gradient that reached the call: the replay waits for it,
+        so that it runs in the backward pass, not with the forward one.
+      state: variables the call updates (batch-norm statistics, seeds).
+      snapshot: their values when the forward call ran; the replay reads
+        them, and the values the forward pass left are restored after it.
+
+    Returns:
+      ``(the gated VJP, the replayed flat outputs)``.
+    """
+    wait = [d for d in after if isinstance(d, tf.Tensor)]
+    with tf.control_dependencies(wait):
+      xs = [tf.identity(x) for x in inputs]
+    now = [tf.identity(v.read_value()) for v in state]
+    for v, s in zip(state, snapshot):
+      v.assign(s)
+    vjp, out = cls.record(call, xs, gate=True)
+    for v, s in zip(state, now):
+      v.assign(s)
+    return vjp, tf.nest.flatten(out)
+
+  @classmethod
+  def of_call(cls, call: Callable, inputs: Sequence) -> "TapeVJP":
+    """A call that ran on ``inputs`` under another tape, for
+    :meth:`per_example`; it records nothing of its own."""
+    return cls(None, call, inputs)
+
+  # -- recording on the tape -----------------------------------------------
+
+  def recording(self):
+    """A context in which the tape records again (a replacement's ops)."""
+    return self.tape
+
+  def paused(self):
+    """A context in which the tape does not record."""
+    return self.tape.stop_recording()
+
+  def watch(self, t) -> None:
+    self.tape.watch(t)
+
+  # -- the protocol ----------------------------------------------------------
+
+  def vjp(self, ys: Sequence, grads: Optional[Sequence], xs: Sequence,
+          stop: Sequence = (),
+          unconnected: tf.UnconnectedGradients = _NONE) -> List[Gradient]:
+    """The gradients of ``ys`` for ``xs`` with ``grads`` at ``ys``.
+
+    Args:
+      ys: the tensors differentiated.
+      grads: one gradient per ``ys`` entry (``None``: nothing flows from
+        it), or ``None`` for ones at every entry.
+      xs: tensors or variables; one gradient (or ``None``) each.
+      stop: tensors no gradient flows back through: the tape can stop only
+        where it recorded nothing behind (the watched inputs, leaves),
+        which the callers check.
+      unconnected: as ``GradientTape.gradient``'s.
+    """
+    del stop  # a leaf of the tape stops by itself
+    xs = list(xs)
+    ys = list(ys)
+    if grads is not None:
+      pairs = [(y, g) for y, g in zip(ys, grads) if g is not None]
+      ys, grads = [y for y, _ in pairs], [g for _, g in pairs]
+    if not ys or not xs:
+      return [None] * len(xs)
+    out = list(self.tape.gradient(ys, xs, output_gradients=grads,
+                                  unconnected_gradients=unconnected))
+    if self.gate and not tf.executing_eagerly():
+      at = [i for i, g in enumerate(out) if isinstance(g, tf.Tensor)]
+      for i, g in zip(at, tf.tuple([out[i] for i in at]) if at else []):
+        out[i] = g
+    return out
+
+  def backprop(self, target, sources, output_gradients=None,
+               unconnected: tf.UnconnectedGradients = _NONE):
+    """``GradientTape.gradient`` itself: nested ``target`` and ``sources``,
+    ``output_gradients`` as the tape takes them (the plan's own gradient)."""
+    return self.tape.gradient(target, sources, output_gradients, unconnected)
+
+  def task_weights(self, target, losses: Sequence) -> List[tf.Tensor]:
+    """``d target / d l_i`` for each task loss; raises for one that
+    ``target`` does not depend on."""
+    weights = self.vjp([target], None, losses)
+    for i, w in enumerate(weights):
+      if w is None:
+        raise _errors.NotConnectedError(
+            f"tape.gradient: the loss does not depend on `task_losses[{i}]`. "
+            f"List the task losses whose (weighted) sum is the loss.")
+    return weights
+
+  def task_vjps(self, target, losses: Sequence, xs: Sequence
+                ) -> List[List[Gradient]]:
+    """Per task loss ``l_i``: ``d target / d l_i * d l_i / d xs``."""
+    weights = self.task_weights(target, losses)
+    return [self.vjp([l], [w], xs) for l, w in zip(losses, weights)]
+
+  def per_example(self, ys: Sequence, grads: Sequence, xs: Sequence,
+                  batch) -> List[tf.Tensor]:
+    """Per-example gradients of ``xs``, each ``[batch, *x.shape]``.
+
+    The call runs once per example (``tf.vectorized_map``), on row ``i`` of
+    its first input with the other inputs as they are, and is
+    differentiated with row ``i`` of ``grads``: exact for a call that
+    treats each example alone. ``ys`` are its outputs (one tensor); a
+    variable it does not reach gets zeros.
+    """
+    del ys, batch  # the call's outputs, one row per example
+    if self.call is None:
+      raise ValueError("per_example needs the call (TapeVJP.of_call)")
+    xs = list(xs)
+    rest = self.inputs[1:]
+
+    def one(elems):
+      xi, gi = elems
+      vjp, yi = TapeVJP.record(lambda x: self.call(x, *rest), [xi[None]],
+                               watch=xs, persistent=False)
+      got = vjp.vjp([yi], [gi[None]], xs)
+      return [tf.zeros(x.shape, x.dtype) if g is None else
+              tf.convert_to_tensor(g) for g, x in zip(got, xs)]
+
+    return tf.vectorized_map(one, (self.inputs[0],
+                                   tf.convert_to_tensor(grads[0])))
