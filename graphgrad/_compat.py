@@ -18,7 +18,6 @@ import importlib
 import logging
 import re
 import threading
-import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
@@ -78,50 +77,6 @@ def has_module(name: str) -> bool:
   except ImportError:
     return False
   return True
-
-
-# --------------------------------------------------------------------------
-# Public stand-ins for what private APIs would give
-# --------------------------------------------------------------------------
-
-# graph -> {op: its index in graph.get_operations()}, which lists ops in
-# creation order; ops are never removed, so the index only grows.
-_ORDERS: "weakref.WeakKeyDictionary[tf.Graph, Dict[tf.Operation, int]]" = (
-    weakref.WeakKeyDictionary())
-
-
-def op_id(op: tf.Operation) -> int:
-  """The op's creation index in its graph.
-
-  Example:
-    >>> with tf.Graph().as_default():
-    ...   a = tf.constant(1.0); b = a + 1.0
-    ...   op_id(a.op) < op_id(b.op)
-    True
-  """
-  graph = op.graph
-  index = _ORDERS.get(graph)
-  if index is None:
-    index = _ORDERS.setdefault(graph, {})
-  found = index.get(op)
-  if found is None:
-    ops = graph.get_operations()
-    for i in range(len(index), len(ops)):
-      index[ops[i]] = i
-    found = index[op]
-  return found
-
-
-def is_ref_dtype(dtype: tf.DType) -> bool:
-  """True for a reference dtype (``float32_ref``), a TF1 ref variable's.
-
-  Example:
-    >>> with tf.Graph().as_default():
-    ...   v = tf.compat.v1.Variable(1.0, use_resource=False)
-    ...   is_ref_dtype(v.dtype), is_ref_dtype(tf.float32)
-    (True, False)
-  """
-  return dtype.base_dtype != dtype
 
 
 # --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ Shared by analysis and plan.
 """
 
 import collections
+import weakref
 from typing import Callable, Dict, Iterable, List, Optional, Set
 
 import tensorflow as tf
@@ -11,6 +12,45 @@ import tensorflow as tf
 from graphgrad import _compat
 
 _VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+
+# graph -> {op: its index in graph.get_operations()}, which lists ops in
+# creation order; ops are never removed, so the index only grows.
+_ORDERS: "weakref.WeakKeyDictionary[tf.Graph, Dict[tf.Operation, int]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def op_id(op: tf.Operation) -> int:
+  """The op's creation index in its graph.
+
+  Example:
+    >>> with tf.Graph().as_default():
+    ...   a = tf.constant(1.0); b = a + 1.0
+    ...   op_id(a.op) < op_id(b.op)
+    True
+  """
+  graph = op.graph
+  index = _ORDERS.get(graph)
+  if index is None:
+    index = _ORDERS.setdefault(graph, {})
+  found = index.get(op)
+  if found is None:
+    ops = graph.get_operations()
+    for i in range(len(index), len(ops)):
+      index[ops[i]] = i
+    found = index[op]
+  return found
+
+
+def is_ref_dtype(dtype: tf.DType) -> bool:
+  """True for a reference dtype (``float32_ref``), a TF1 ref variable's.
+
+  Example:
+    >>> with tf.Graph().as_default():
+    ...   v = tf.compat.v1.Variable(1.0, use_resource=False)
+    ...   is_ref_dtype(v.dtype), is_ref_dtype(tf.float32)
+    (True, False)
+  """
+  return dtype.base_dtype != dtype
 
 
 def is_float(t: tf.Tensor) -> bool:
@@ -25,7 +65,7 @@ def is_variable_op(op: tf.Operation) -> bool:
 
 def is_handle(t: tf.Tensor) -> bool:
   """True for a variable handle or reference tensor: a parameter, not data."""
-  return t.dtype == tf.resource or _compat.is_ref_dtype(t.dtype)
+  return t.dtype == tf.resource or is_ref_dtype(t.dtype)
 
 
 def differentiable(t: tf.Tensor) -> bool:
@@ -95,7 +135,7 @@ def forward_ops(loss: tf.Tensor) -> List[tf.Operation]:
         seen.add(t.op.name)
         found.append(t.op)
         stack.append(t.op)
-  found.sort(key=_compat.op_id)
+  found.sort(key=op_id)
   return found
 
 
@@ -137,14 +177,14 @@ def ops_behind(start: Iterable[tf.Operation], floor: int,
                ) -> Set[tf.Operation]:
   """The ops ``start`` depends on through inputs ``follow`` accepts.
 
-  Ops created before op id ``floor`` (see ``_compat.op_id``) are not
+  Ops created before op id ``floor`` (see :func:`op_id`) are not
   entered. ``follow=None`` follows every input.
   """
   seen: Set[tf.Operation] = set()
   stack = list(start)
   while stack:
     op = stack.pop()
-    if op in seen or _compat.op_id(op) < floor:
+    if op in seen or op_id(op) < floor:
       continue
     seen.add(op)
     stack.extend(t.op for t in op.inputs if follow is None or follow(t))

@@ -12,7 +12,8 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
-from graphgrad import _compat, _errors
+from graphgrad import _errors
+from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layer_graph import scope_of
 
 
@@ -224,7 +225,7 @@ def group_by_ops(fwd_ops, groups, scopes, mapped, claimed, consumers):
   free = lambda op: owners_by_scope.get(op.name) in (None, *eligible)  # noqa: E731
   parametric = []
   weights: Set[str] = set()
-  for op in sorted(fwd_ops, key=_compat.op_id):
+  for op in sorted(fwd_ops, key=_graph_util.op_id):
     if op.type not in PARAMETRIC_TYPES or not free(op):
       continue
     reads = [r for r in (_variable_read(t, var_group) for t in op.inputs)
@@ -296,7 +297,7 @@ def _regrouped(groups, scopes, mapped, union, ops_of, owners):
       merged[union.find(name)].append(name)
   new_name: Dict[str, str] = {}
   taken = {n for n in groups if n not in union.parent} | set(mapped)
-  for root in sorted(merged, key=lambda r: _compat.op_id(first[r])
+  for root in sorted(merged, key=lambda r: _graph_util.op_id(first[r])
                      if r in first else -1):
     if root in mapped or root not in first:
       new_name[root] = root

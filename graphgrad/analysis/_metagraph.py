@@ -19,7 +19,7 @@ from typing import List, Tuple
 
 import tensorflow as tf
 
-from graphgrad import _compat, _errors
+from graphgrad import _errors
 from graphgrad.analysis import _graph_util, _thaw
 
 _LOSS_NAME = re.compile(r"(loss|cost|objective)", re.IGNORECASE)
@@ -133,7 +133,7 @@ def loss_candidates(graph: tf.Graph) -> List[tf.Tensor]:
       if _scalar_float(t):
         n = _reached_variables(t, trainable)
         if n:
-          found.append((n, _compat.op_id(op), t))
+          found.append((n, _graph_util.op_id(op), t))
   found.sort(key=lambda x: (-x[0], -x[1]))
   return [t for _, _, t in found]
 
@@ -190,7 +190,7 @@ def output_candidates(graph: tf.Graph) -> List[tf.Tensor]:
       if t.dtype.is_floating and not t.consumers():
         n = _reached_variables(t, trainable)
         if n:
-          found.append((n, _compat.op_id(op), t))
+          found.append((n, _graph_util.op_id(op), t))
   found.sort(key=lambda x: (-x[0], -x[1]))
   return [t for _, _, t in found]
 

@@ -65,7 +65,7 @@ def ops_on_path(tensor, sources: Optional[Iterable] = None,
     for t in op.outputs:
       if backpropagatable(t):
         stack.extend(c for c in t.consumers() if c in behind)
-  return sorted(reached, key=_compat.op_id)
+  return sorted(reached, key=_graph_util.op_id)
 
 
 def has_gradient(op: tf.Operation) -> bool:

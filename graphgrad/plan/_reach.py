@@ -36,7 +36,7 @@ def can_bound(forward_ops: Iterable[tf.Operation]) -> bool:
   for op in forward_ops:
     if op.type in _LOOP_OPS:
       return False
-    if any(_compat.op_id(t.op) > _compat.op_id(op) for t in op.inputs):
+    if any(_graph_util.op_id(t.op) > _graph_util.op_id(op) for t in op.inputs):
       return False
   return True
 
@@ -46,7 +46,7 @@ def behind(ys: Iterable[tf.Tensor], xs: Iterable) -> Set[tf.Operation]:
 
   ``xs`` holds tensors or variables (whose op is the variable's own).
   """
-  floor = min(_compat.op_id(x.op) for x in xs)
+  floor = min(_graph_util.op_id(x.op) for x in xs)
   return _graph_util.ops_behind([y.op for y in ys], floor)
 
 
