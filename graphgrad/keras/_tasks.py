@@ -18,9 +18,9 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core._gradients import is_float
+from graphgrad.core._task_combination import combined_parameters, output_deltas
 from graphgrad.keras._methods import MethodVariables
 from graphgrad.keras._tape_vjp import TapeVJP
-from graphgrad.methods import _pcgrad
 
 # The key of the parameter-level task losses in a ``task_losses`` dict.
 PARAMETERS = "parameters"
@@ -66,7 +66,8 @@ def losses_by_layer(tasks, task_losses, parameters: bool = False):
 
 def task_deltas(vjp: TapeVJP, target, losses, calls, method, path: str,
                 variables: MethodVariables) -> List[list]:
-  """Per call and output: ``combine(g_i) - sum_i g_i``, or ``None``.
+  """Per call and output: ``combine(g_i) - sum_i g_i``, or ``None``
+  (``core._task_combination.output_deltas`` over every call's outputs at once).
 
   Args:
     vjp: the outer-tape VJP of the step.
@@ -79,21 +80,14 @@ def task_deltas(vjp: TapeVJP, target, losses, calls, method, path: str,
   """
   flat = [t for outs in calls for t in outs]
   floats = [i for i, t in enumerate(flat) if is_float(t)]
-  like = [flat[i] for i in floats]
-  per_task = vjp.task_vjps(target, losses, like)
   name = f"combine_tasks_{path}".replace("/", "_")
-  state = _pcgrad.task_state(
-      method, _pcgrad.active_tasks(per_task),
-      lambda make: variables.state(f"combine_tasks/{path}", make),
-      f"{name}_state")
   with tf.name_scope(name):
-    combined = _pcgrad.combine_flat(method, per_task, like, state)
-  delta = [None] * len(flat)
-  for t, i in enumerate(floats):
-    if combined[t] is not None:
-      delta[i] = combined[t] - tf.add_n([tf.convert_to_tensor(gs[t])
-                                         for gs in per_task
-                                         if gs[t] is not None])
+    found = output_deltas(
+        vjp, target, losses, [flat[i] for i in floats], method,
+        lambda make: variables.state(f"combine_tasks/{path}", make), name)
+  delta: List[Any] = [None] * len(flat)
+  for i, d in zip(floats, found):
+    delta[i] = d
   out, start = [], 0
   for outs in calls:
     out.append(delta[start:start + len(outs)])
@@ -104,10 +98,8 @@ def task_deltas(vjp: TapeVJP, target, losses, calls, method, path: str,
 def parameter_grads(vjp: TapeVJP, target, losses, flat_s: List[Any],
                     flat_g: List[Any], chosen: List[int], method,
                     variables: MethodVariables) -> List[Any]:
-  """``flat_g`` with the task combination in parameter space applied.
-
-  For the sources at ``chosen``: ``G - sum_i g_i + combine([g_i])``, with
-  ``g_i = dL/dL_i * dL_i/dtheta`` from the tape, one pass per task loss.
+  """``flat_g`` with the task combination in parameter space applied
+  (``core._task_combination.combined_parameters``) to the sources at ``chosen``.
 
   Args:
     vjp: the outer-tape VJP of the step.
@@ -122,15 +114,10 @@ def parameter_grads(vjp: TapeVJP, target, losses, flat_s: List[Any],
   out = list(flat_g)
   if not chosen:
     return out
-  sources = [flat_s[i] for i in chosen]
-  per_task = vjp.task_vjps(target, losses, sources)
-  state = _pcgrad.task_state(
-      method, _pcgrad.active_tasks(per_task),
-      lambda make: variables.state("combine_tasks/parameters", make),
-      "combine_tasks_parameters_state")
-  with tf.name_scope("combine_tasks_parameters"):
-    rest = _pcgrad.without_tasks([flat_g[i] for i in chosen], per_task)
-    new = _pcgrad.combine_parameters(method, per_task, rest, sources, state)
+  new = combined_parameters(
+      vjp, target, losses, [flat_s[i] for i in chosen],
+      [flat_g[i] for i in chosen], method,
+      lambda make: variables.state("combine_tasks/parameters", make))
   for i, g in zip(chosen, new):
     out[i] = g
   return out

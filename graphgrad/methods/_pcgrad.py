@@ -24,7 +24,6 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.methods._mtl_base import TaskMethod, dense_grads
-from graphgrad.transforms._context import Resources
 
 
 def _dot(a: Sequence[tf.Tensor], b: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -269,58 +268,6 @@ def without_tasks(grads: Sequence[Gradient],
   return out
 
 
-def parameter_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor],
-                      method: Any, resources: Resources,
-                      vjp: Any, reduce: Optional[Callable] = None,
-                      seed: Optional[tf.Tensor] = None):
-  """The TF1 engine's rewrite ``(grads, variables) -> grads``.
-
-  :func:`combine_parameters`, with ``g_i = dL/dL_i * dL_i/dtheta``: the
-  ``task_vjps`` of the plan's ``vjp`` (``core._vjp.VJP``): one call per
-  task loss, from that loss to the variables, plus one from the loss to
-  the task losses for ``dL/dL_i``; the plan's gradient overrides apply.
-  ``grads`` is the plan's gradient ``G`` of each variable, or ``None``
-  when the plan made none for these variables because it rewrites nothing
-  else: the rest is then one more call from the loss with the task losses
-  held constant (``stop``), which crosses only the unlisted terms.
-  ``reduce(variables, grads)`` (the plan's ``reduce_fn``) reduces each
-  task's gradients, and that rest, as the plan's own are. ``seed`` is the
-  loss's gradient where it is not 1 (a loss scale ``S``), with which the
-  rest is backpropagated; ``vjp`` scales the task gradients alike. A
-  stateful method's state is made once, in ``resources`` under ``(None,
-  "combine_tasks/parameters/state")``.
-  """
-  def reduced(gs, variables):
-    if reduce is None:
-      return list(gs)
-    found = [t for t, g in enumerate(gs) if g is not None]
-    out = list(gs)
-    if found:
-      for t, r in zip(found, reduce([variables[t] for t in found],
-                                    [gs[t] for t in found])):
-        out[t] = r
-    return out
-
-  def run(grads, variables):
-    variables = list(variables)
-    with tf.name_scope("combine_tasks_parameters"):
-      per_task = [reduced(gs, variables)
-                  for gs in vjp.task_vjps(loss, list(losses), variables)]
-      if grads is None:
-        one = tf.ones_like(loss) if seed is None else seed
-        rest = reduced(vjp.vjp([loss], [one], variables, stop=list(losses)),
-                       variables)
-      else:
-        rest = without_tasks(grads, per_task)
-      state = task_state(
-          method, active_tasks(per_task),
-          lambda make: resources.get_or_create(
-              None, "combine_tasks/parameters/state", make),
-          "combine_tasks_parameters_state")
-      return combine_parameters(method, per_task, rest, variables, state)
-  return run
-
-
 def _concat(grads: Sequence[tf.Tensor]) -> tf.Tensor:
   if len(grads) == 1:
     return grads[0]
@@ -338,40 +285,6 @@ def _checked_result(method, out, like: tf.Tensor) -> tf.Tensor:
       f"combine_tasks: {method!r}.combine returned {what} for task "
       f"gradients of shape {like.shape} {like.dtype.name}. Return one "
       f"combined gradient shaped like each task gradient.")
-
-
-def output_rewrite(loss: tf.Tensor, losses: Sequence[tf.Tensor], method: Any,
-                   scope: str, resources: Resources, layer: str, vjp: Any):
-  """The TF1 engine's rewrite ``(grads, outputs) -> grads`` at a shared layer.
-
-  ``g - sum_i g_i + method.combine([g_i])`` with ``g_i = dL/dL_i * dL_i/dT``,
-  through :func:`combine_flat`. Each task loss is backpropagated once, from
-  the loss to ``T`` only. A stateful method's state is made once, in the
-  plan's ``resources`` under ``(layer, "combine_tasks/state")``.
-  ``vjp`` is the plan's (``core._vjp.VJP``): its ``task_vjps`` apply the
-  plan's gradient overrides on the way from each task loss to ``T``, and
-  scale the task gradients as ``grads`` are (by the loss scale ``S``
-  under one).
-  """
-  def run(grads, outputs):
-    name = scope.replace("/", "_")
-    with tf.name_scope(name):
-      per_task = vjp.task_vjps(loss, list(losses), list(outputs))
-      state = task_state(
-          method, active_tasks(per_task),
-          lambda make: resources.get_or_create(layer, "combine_tasks/state",
-                                               make), f"{name}_state")
-      combined = combine_flat(method, per_task, outputs, state)
-      out = []
-      for t, (g, p) in enumerate(zip(grads, combined)):
-        if g is None or p is None:  # no listed loss reaches this output
-          out.append(g)
-          continue
-        shares = [tf.convert_to_tensor(gs[t]) for gs in per_task
-                  if gs[t] is not None]
-        out.append(tf.convert_to_tensor(g) - tf.add_n(shares) + p)
-      return out
-  return run
 
 
 def check_losses(net: LayerGraph, layer: str, losses,

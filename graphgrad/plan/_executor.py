@@ -35,7 +35,7 @@ from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core._gradients import aggregate
 from graphgrad.core._parameters import transform_parameters
 from graphgrad.core._rules import EdgeRule, LayerRule, PlanRules, TaskRule
-from graphgrad.methods import _pcgrad
+from graphgrad.core._task_combination import combined_parameters, output_deltas
 from graphgrad.plan import (
   _loss_scale_optimizer,
   _op_override,
@@ -306,9 +306,19 @@ class _Executor:
   def tasks(self, rule: LayerRule) -> Callable:
     task = rule.tasks
     assert task is not None  # asked only for a rule with tasks
-    return _pcgrad.output_rewrite(self.loss, task.losses or (), task.method,
-                                  f"combine_tasks_{task.layer}",
-                                  self.resources, task.layer, self.vjp)
+    name = f"combine_tasks_{task.layer}".replace("/", "_")
+
+    def run(grads, outputs):
+      # g - sum_i g_i + combine(g_1, ..., g_k) at each output
+      with tf.name_scope(name):
+        deltas = output_deltas(
+            self.vjp, self.loss, task.losses or (), outputs, task.method,
+            lambda make: self.resources.get_or_create(
+                task.layer, "combine_tasks/state", make), name)
+        return [g if g is None or d is None
+                else tf.convert_to_tensor(g) + d
+                for g, d in zip(grads, deltas)]
+    return run
 
   # -- parameter gradients ---------------------------------------------------
 
@@ -333,12 +343,22 @@ class _Executor:
     if not idx:
       return
     reduce = None if self.options.reduce_fn is None else self._reduce
-    run = _pcgrad.parameter_rewrite(self.loss, declared.losses or (),
-                                    declared.method, self.resources,
-                                    self.vjp, reduce,
-                                    seed=self._scaled_seed())
-    new = run(None if plain else [out[i][0] for i in idx],
-              [out[i][1] for i in idx])
+    variables = [out[i][1] for i in idx]
+    losses = list(declared.losses or ())
+
+    def rest():
+      # The loss with the task losses held constant: its unlisted terms.
+      seed = self._scaled_seed()
+      return self.vjp.vjp(
+          [self.loss], [tf.ones_like(self.loss) if seed is None else seed],
+          variables, stop=losses)
+
+    new = combined_parameters(
+        self.vjp, self.loss, losses, variables,
+        None if plain else [out[i][0] for i in idx], declared.method,
+        lambda make: self.resources.get_or_create(
+            None, "combine_tasks/parameters/state", make),
+        reduce=reduce, rest=rest)
     for i, g in zip(idx, new):
       out[i] = (g, out[i][1])
 

@@ -1,0 +1,99 @@
+"""Task combination, written once for both executors against their VJP.
+
+``combine_tasks`` at a layer's outputs replaces the tasks' share of the
+gradient there, ``sum_i g_i``, by ``combine(g_1, ..., g_k)``; in parameter
+space it does the same for the gradients of the chosen variables. The task
+gradients ``g_i = d target / d l_i * d l_i / d x`` come from the executor's
+:class:`~graphgrad.core._vjp.VJP` (``task_vjps``): one backward pass per
+task loss, in the units of the plan's own gradient (loss-scaled under a
+loss scale). The combination itself is ``methods._pcgrad``'s, shared by every
+method; a stateful method keeps its state where the executor's ``state_of``
+puts it.
+"""
+
+from typing import Any, Callable, List, Optional, Sequence
+
+import tensorflow as tf
+
+from graphgrad._types import Gradient
+from graphgrad.core._vjp import VJP
+from graphgrad.methods import _pcgrad
+
+
+def output_deltas(vjp: VJP, target, losses: Sequence, outputs: Sequence,
+                  method: Any, state_of: Callable, name: str
+                  ) -> List[Optional[tf.Tensor]]:
+  """Per output: ``combine(g_1, ..., g_k) - sum_i g_i``, or ``None`` where
+  no task reaches it. The caller opens the name scope.
+
+  Args:
+    vjp: the executor's VJP.
+    target: the plan's loss, as it is backpropagated.
+    losses: the task losses.
+    outputs: the layer's floating-point outputs.
+    method: the task-combination method.
+    state_of: ``make -> state``, the executor's store of the method's state
+      for this plan and layer.
+    name: names the method's state.
+  """
+  per_task = vjp.task_vjps(target, list(losses), list(outputs))
+  state = _pcgrad.task_state(method, _pcgrad.active_tasks(per_task),
+                             state_of, f"{name}_state")
+  combined = _pcgrad.combine_flat(method, per_task, outputs, state)
+  deltas: List[Optional[tf.Tensor]] = []
+  for t, c in enumerate(combined):
+    shares = [tf.convert_to_tensor(gs[t]) for gs in per_task
+              if gs[t] is not None]
+    deltas.append(None if c is None or not shares else c - tf.add_n(shares))
+  return deltas
+
+
+def combined_parameters(vjp: VJP, target, losses: Sequence,
+                        variables: Sequence, grads: Optional[Sequence],
+                        method: Any, state_of: Callable,
+                        reduce: Optional[Callable] = None,
+                        rest: Optional[Callable[[], List[Gradient]]] = None
+                        ) -> List[Gradient]:
+  """The gradients of ``variables`` with their tasks' shares combined.
+
+  Each variable gets ``G - sum_i g_i + combine(g_1, ..., g_k)``, the task
+  gradients of all ``variables`` flattened into one vector each.
+
+  Args:
+    vjp: the executor's VJP.
+    target: the plan's loss, as it is backpropagated.
+    losses: the task losses.
+    variables: the combined variables.
+    grads: the plan's gradient ``G`` of each, or ``None`` where the plan made
+      none (then ``rest()`` gives ``G - sum_i g_i`` directly).
+    method: the task-combination method.
+    state_of: ``make -> state``, the executor's store of the method's state.
+    reduce: ``(variables, grads) -> grads``, applied to each task's
+      gradients as to the plan's own (a TF1 ``reduce_fn``), or ``None``.
+    rest: with ``grads`` ``None``, what the loss gives besides the tasks.
+  """
+  variables = list(variables)
+  with tf.name_scope("combine_tasks_parameters"):
+    per_task = [_reduced(reduce, gs, variables)
+                for gs in vjp.task_vjps(target, list(losses), variables)]
+    if grads is None:
+      assert rest is not None  # the caller gives one of the two
+      others = _reduced(reduce, rest(), variables)
+    else:
+      others = _pcgrad.without_tasks(grads, per_task)
+    state = _pcgrad.task_state(method, _pcgrad.active_tasks(per_task),
+                               state_of, "combine_tasks_parameters_state")
+    return _pcgrad.combine_parameters(method, per_task, others, variables,
+                                      state)
+
+
+def _reduced(reduce: Optional[Callable], gs: Sequence[Gradient],
+             variables: Sequence) -> List[Gradient]:
+  """``gs`` through ``reduce``, for the entries that have a gradient."""
+  out = list(gs)
+  found = [t for t, g in enumerate(gs) if g is not None]
+  if reduce is not None and found:
+    for t, r in zip(found, reduce([variables[t] for t in found],
+                                  [gs[t] for t in found])):
+      out[t] = r
+  return out
