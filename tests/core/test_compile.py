@@ -245,3 +245,12 @@ def test_recompute_is_a_declaration():
                      match=r"`keep` must be a list of layers .* got str"):
     _declared().add_recompute("l1", "recompute")
   assert compile_rules(_declared()).recompute is None
+
+
+def test_an_override_without_a_topology_is_refused_by_name():
+  d = _declared()
+  d.add_override(("type", "Relu"), straight_through, "straight_through")
+  with pytest.raises(gg.GraphGradError,
+                     match=r"needs its layers \(an override or a backward "
+                           r"replacement is declared\), but no topology"):
+    compile_rules(d)
