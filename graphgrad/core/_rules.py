@@ -332,7 +332,8 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
     GraphGradError: for declarations that cannot be combined: ``privatize``
       with a declaration that acts before the clip or with a loss scale; a
       loss scale with a task combination or replacement that is not
-      homogeneous (see docs/concepts.md, "Loss scaling").
+      homogeneous (docs/concepts.md, "Loss scaling and privatize: one
+      policy").
 
   Example:
     >>> import graphgrad as gg

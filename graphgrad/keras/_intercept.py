@@ -26,7 +26,11 @@ import tensorflow as tf
 from graphgrad.core._gradients import completed_upstream, is_float
 from graphgrad.core._rules import Mode
 from graphgrad.keras import _methods, _tape_linear, _tape_recompute
-from graphgrad.keras._layer_index import CallPatches, holds_variables
+from graphgrad.keras._layer_index import (
+  CallPatches,
+  float_inputs,
+  holds_variables,
+)
 from graphgrad.keras._tape_backward import backward_of_call, edge_grads
 from graphgrad.keras._tape_vjp import TapeVJP
 from graphgrad.transforms._context import TransformContext
@@ -224,22 +228,13 @@ class Interceptor:
   def _custom_call(self, path: str, layer, call, args, kwargs):
     if path in self.recomputed and self._recomputer.takes(args, kwargs):
       return self._recomputed_custom_call(path, layer, call, args, kwargs)
-    flat = tf.nest.flatten((args, kwargs))
-    idx = [i for i, a in enumerate(flat) if is_float(a)]
-    xs = [flat[i] for i in idx]
+    xs, run = float_inputs(call, args, kwargs)
     entries = [(lo, up, fn, outs, glue)
                for (lo, up), fn in self.edges.items() if up == path
                for outs, glue in self._lower_outputs.get(lo, ())]
     extra = [t for *_, outs, _ in entries for t in outs]
     n = len(xs)
     index = len(self.outputs[path])
-
-    def run(*xs_in):
-      flat_in = list(flat)
-      for i, t in zip(idx, xs_in):
-        flat_in[i] = t
-      args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat_in)
-      return call(*args_in, **kwargs_in)
 
     @tf.custom_gradient
     def layer_op(*inputs):

@@ -3,11 +3,12 @@
 Works for Keras 3 (``keras``, ``tf.keras`` on TF 2.16+) and tf-keras alike.
 """
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _compat, _errors
+from graphgrad.core._gradients import is_float
 
 
 def children(layer) -> List[Any]:
@@ -31,6 +32,23 @@ def tf_variable(v) -> Optional[tf.Variable]:
     return v
   inner = getattr(v, "value", None)  # Keras 3 wraps a tf.Variable
   return inner if isinstance(inner, tf.Variable) else None
+
+
+def float_inputs(call: Callable, args, kwargs
+                 ) -> Tuple[List[Any], Callable[..., Any]]:
+  """A layer call's floating-point inputs ``xs``, and ``run(*xs)``: the call
+  with those inputs replaced by ``xs`` (the rest as they were)."""
+  flat = tf.nest.flatten((args, kwargs))
+  idx = [i for i, a in enumerate(flat) if is_float(a)]
+
+  def run(*xs):
+    flat_in = list(flat)
+    for i, t in zip(idx, xs):
+      flat_in[i] = t
+    args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat_in)
+    return call(*args_in, **kwargs_in)
+
+  return [flat[i] for i in idx], run
 
 
 def layer_variables(layer) -> List[tf.Variable]:

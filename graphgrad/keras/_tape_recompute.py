@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 import tensorflow as tf
 
 from graphgrad.core._gradients import is_float
-from graphgrad.keras._layer_index import tf_variable
+from graphgrad.keras._layer_index import float_inputs, tf_variable
 from graphgrad.keras._tape_vjp import TapeVJP
 
 log = logging.getLogger("graphgrad")
@@ -142,18 +142,9 @@ class Recomputer:
     """
     if not self.takes(args, kwargs):
       return call(*args, **kwargs)
-    flat = tf.nest.flatten((args, kwargs))
-    idx = [i for i, a in enumerate(flat) if is_float(a)]
+    xs, run = float_inputs(call, args, kwargs)
     eager = tf.executing_eagerly()
-
-    def run(*xs):
-      flat_in = list(flat)
-      for i, t in zip(idx, xs):
-        flat_in[i] = t
-      args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat_in)
-      return call(*args_in, **kwargs_in)
-
-    rec = _LayerCall(path, [flat[i] for i in idx], run, backward=backward)
+    rec = _LayerCall(path, xs, run, backward=backward)
     rec.whole = eager
     if not eager:
       rec.state = [u for u in map(tf_variable, layer.non_trainable_variables)
