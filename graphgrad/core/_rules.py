@@ -263,10 +263,6 @@ class PlanRules:
     found = self.layers.get(layer)
     return found if found is not None else LayerRule(layer)
 
-  def of_mode(self, *modes: Mode) -> Dict[str, LayerRule]:
-    """The layers whose rule has one of ``modes``."""
-    return {n: r for n, r in self.layers.items() if r.mode in modes}
-
   @property
   def upstream(self) -> Dict[str, Transform]:
     """Layer -> its composed upstream transform, for layers that have one."""
