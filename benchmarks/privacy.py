@@ -6,7 +6,8 @@ inputs, batch 256). Variants, each in its own tf.Graph:
 
 * ``minimize``: ``opt.minimize(mean loss)``, no privacy;
 * ``privatize``: ``gg.GradientPlan(per-example loss).privatize(1.0, 1.1)
-  .apply_gradients(opt)`` (ghost norms, a second backward pass);
+  .apply_gradients(opt)`` (ghost norms, book-keeping sums: no second
+  backward pass);
 * ``clip_only``: the same with ``noise_multiplier=0``: the cost of the
   clipping alone, without drawing the noise;
 * ``vectorized``: per-example gradients with ``tf.vectorized_map`` over

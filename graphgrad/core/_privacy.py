@@ -1,4 +1,4 @@
-"""Differential privacy: the ``privatize`` declaration and its shared math.
+"""Differential privacy: the ``privatize`` declaration and DP-SGD, once.
 
 DP-SGD (Abadi et al. 2016) clips each example's whole gradient to L2 norm
 ``C``, sums, adds ``N(0, sigma^2 C^2 I)`` and divides by the batch size. The
@@ -6,16 +6,17 @@ per-example squared norms come from two tensors per parametric op, its input
 ``a`` and the gradient ``g`` at its output (ghost clipping: Goodfellow 2015,
 Lee & Kifer 2021, Li et al. 2022): :func:`dense_sq_norms`,
 :func:`embedding_sq_norms`, :func:`per_example_sq_norms`. Each executor finds
-those tensors (the TF1 op graph, the Keras layer calls) and calls these rules;
-:func:`clip_factors` turns the norms into the weights ``c_i`` of the second
-backward pass of ``sum_i c_i l_i``, and :class:`Noise` adds the noise.
+those tensors (the TF1 op graph, the Keras layer calls) as its :class:`Uses`;
+:func:`private_gradients` is the algorithm for both: one VJP to the uses,
+the norms, the clip factors :func:`clip_factors`, the clipped sums from the
+same tensors (:func:`clipped_sum`, book-keeping) and :class:`Noise`.
 """
 
 import dataclasses
 import logging
 import math
 import secrets
-from typing import Optional, Sequence
+from typing import Any, Hashable, List, Mapping, Optional, Protocol, Sequence
 
 import tensorflow as tf
 
@@ -24,11 +25,12 @@ from graphgrad._types import Gradient
 
 log = logging.getLogger("graphgrad")
 
-__all__ = ["Noise", "Privacy", "broadcast_per_example",
+__all__ = ["Noise", "Privacy", "Uses", "broadcast_per_example",
            "check_per_example_loss", "check_privacy", "clip_factors",
            "clipped_sum", "combined_sq_norms", "dense_sq_norms",
            "embedding_sq_norms", "gaussian", "norm_dtype", "patches",
-           "per_example_sq_norms", "refuse_declarations", "rows"]
+           "per_example_sq_norms", "private_gradients", "refuse_declarations",
+           "rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,6 +379,82 @@ def clip_factors(sq_norms: Sequence[tf.Tensor], l2_norm_clip: float,
     clip = tf.constant(l2_norm_clip, total.dtype)
     c = clip / tf.maximum(norms, clip)
     return tf.stop_gradient(tf.cast(c, dtype))
+
+
+# -- DP-SGD, written once for both executors -----------------------------------
+
+
+class Uses(Protocol):
+  """Where an executor's variables meet the examples.
+
+  The TF1 plan reads them from the op graph (the ops that consume each
+  variable), the Keras tape from the layer calls it recorded.
+  """
+
+  def outputs(self) -> List[tf.Tensor]:
+    """The tensors whose gradient the forms of the uses need."""
+
+  def forms(self, grads: Sequence[Gradient], batch
+            ) -> Mapping[Any, list]:
+    """``key(variable) -> forms`` of its uses (:func:`combined_sq_norms`),
+    from the gradient of ``sum_i l_i`` at each of :meth:`outputs`.
+
+    Raises:
+      NotConnectedError: when no variable has a use on the way to the loss.
+    """
+
+  def key(self, variable) -> Optional[Hashable]:
+    """The key of ``variable`` in :meth:`forms`, ``None`` for a source
+    that is not a variable."""
+
+  def refuse_outside(self, variable) -> None:
+    """Raises for ``variable``, which reaches the loss other than through
+    the uses :meth:`forms` knows."""
+
+
+def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
+                      uses: Uses, noise: "Noise") -> List[Gradient]:
+  """DP-SGD's gradient of each of ``variables``: ``(1/B)(sum_i
+  clip_C(grad_i) + noise)``, ``None`` for those the loss does not reach.
+
+  One call of the executor's VJP from ``sum_i l_i`` gives the gradient at
+  every use's output; the uses' boundary tensors give the per-example
+  squared norms over ``variables`` (the gradient that is released), the
+  clip factors ``c_i`` and, by book-keeping (Bu et al. 2023), each
+  variable's clipped sum ``sum_i c_i grad_i``, with no second backward
+  pass. A variable the loss reaches other than through a known use is
+  refused: its per-example gradient would be unknown.
+
+  Args:
+    vjp: the executor's VJP (:class:`graphgrad.core._vjp.VJP`).
+    loss: the per-example losses, shape ``[B]`` (checked by the caller).
+    variables: the variables (or sources) of the gradient.
+    uses: the executor's :class:`Uses`.
+    noise: the plan's :class:`Noise`.
+  """
+  with tf.name_scope("privatize"):
+    batch = tf.shape(loss)[0]
+    outputs = uses.outputs()
+    forms = uses.forms(
+        vjp.vjp([loss], [tf.ones_like(loss)], outputs) if outputs else [],
+        batch)
+    keys = [uses.key(v) for v in variables]
+    known = [(k, v) for k, v in zip(keys, variables) if k in forms]
+    missing = [v for k, v in zip(keys, variables) if k not in forms]
+    if missing:
+      for v, g in zip(missing, vjp.vjp([loss], [tf.ones_like(loss)],
+                                       missing)):
+        if g is not None:
+          uses.refuse_outside(v)
+    if not known:
+      return [None] * len(keys)
+    c = clip_factors(
+        [combined_sq_norms(forms[k], v.shape, batch, norm_dtype(v.dtype))
+         for k, v in known], noise.privacy.l2_norm_clip,
+        norm_dtype(loss.dtype))
+    sums = {k: clipped_sum(forms[k], c, v.shape, batch, v.dtype)
+            for k, v in known}
+    return noise.noised_mean([sums.get(k) for k in keys], batch)
 
 
 # -- the noise -----------------------------------------------------------------

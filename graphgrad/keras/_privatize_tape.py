@@ -9,8 +9,9 @@ tensors to the shared rules of :mod:`graphgrad.core._privacy`: ``Dense``
 ``Embedding`` (ids, gradient), ``LayerNormalization`` (normalized input
 times gradient). Another layer gets the exact per-example gradients of its
 own variables through its own call (``TapeVJP.per_example``), logged once.
-:meth:`Recorder.private_grads` then backpropagates ``sum_i c_i l_i`` and
-adds the noise.
+The recorder is the tape's :class:`~graphgrad.core._privacy.Uses`; the
+algorithm, norms, clip, book-keeping sums and noise, is
+:func:`graphgrad.core._privacy.private_gradients`, as for a GradientPlan.
 """
 
 import logging
@@ -44,16 +45,15 @@ def _kind(layer) -> str:
 
 
 class Recorder:
-  """The layer calls of one forward pass, and the private gradient.
+  """The layer calls of one forward pass: where the variables meet the
+  examples.
 
   Args:
     model: the Keras model.
-    privacy: the declaration.
-    noise: the plan's :class:`~graphgrad.core._privacy.Noise`.
   """
 
-  def __init__(self, model, privacy: _privacy.Privacy, noise):
-    self.model, self.privacy, self.noise = model, privacy, noise
+  def __init__(self, model):
+    self.model = model
     self.calls: List[Dict[str, Any]] = []
     self._patches = CallPatches()
 
@@ -94,47 +94,37 @@ class Recorder:
       return out
     return wrapped_call
 
-  # -- the private gradient ----------------------------------------------------
+  # -- the Uses of core._privacy.private_gradients ---------------------------
 
-  def private_grads(self, vjp: TapeVJP, target, sources: list,
-                    unconnected) -> list:
-    """``(1/B)(sum_i clip_C(grad l_i) + noise)`` for each of ``sources``,
-    by ``vjp``, the outer-tape VJP of the step."""
-    _privacy.check_per_example_loss(target, "KerasPlan.privatize")
-    with tf.name_scope("privatize"):
-      batch = tf.shape(target)[0]
-      outs = [c["out"] for c in self.calls]
-      dys = vjp.vjp([target], [tf.ones_like(target)], outs)
-      forms: Dict[Any, list] = {}
-      shapes: Dict[Any, Any] = {}
-      for c, dy in zip(self.calls, dys):
-        if dy is None:
-          continue
-        if isinstance(dy, tf.IndexedSlices):
-          dy = tf.convert_to_tensor(dy)
-        for var, form in _forms(c, dy, batch):
-          forms.setdefault(var.ref(), []).append(form)
-          shapes[var.ref()] = var.shape
-      parts = [_privacy.combined_sq_norms(
-          fs, shapes[ref], batch, _privacy.norm_dtype(ref.deref().dtype))
-               for ref, fs in forms.items()]
-      if not parts:
-        raise _errors.NotConnectedError(
-            "privatize: no layer with trainable variables ran under the tape "
-            "on the way to the loss; call the model inside `with "
-            "plan.tape() as tape:`.")
-      c = _privacy.clip_factors(parts, self.privacy.l2_norm_clip,
-                                target.dtype)
-      grads = vjp.vjp([target], [c], sources, unconnected=unconnected)
-      for s, g in zip(sources, grads):
-        v = tf_variable(s)
-        if g is not None and (v is None or v.ref() not in forms):
-          raise _errors.UnsupportedGraphError(
-              f"privatize: {getattr(s, 'name', s)} reaches the loss other "
-              f"than through the call of a layer that holds it, so its "
-              f"per-example gradient is unknown. Use it inside a Keras layer "
-              f"that owns it, or leave it out of `sources`.")
-      return self.noise.noised_mean(list(grads), batch)
+  def outputs(self) -> List[tf.Tensor]:
+    return [c["out"] for c in self.calls]
+
+  def forms(self, grads, batch) -> Dict[Any, list]:
+    forms: Dict[Any, list] = {}
+    for c, dy in zip(self.calls, grads):
+      if dy is None:
+        continue
+      if isinstance(dy, tf.IndexedSlices):
+        dy = tf.convert_to_tensor(dy)
+      for var, form in _forms(c, dy, batch):
+        forms.setdefault(var.ref(), []).append(form)
+    if not forms:
+      raise _errors.NotConnectedError(
+          "privatize: no layer with trainable variables ran under the tape "
+          "on the way to the loss; call the model inside `with "
+          "plan.tape() as tape:`.")
+    return forms
+
+  def key(self, variable):
+    v = tf_variable(variable)
+    return None if v is None else v.ref()
+
+  def refuse_outside(self, variable) -> None:
+    raise _errors.UnsupportedGraphError(
+        f"privatize: {getattr(variable, 'name', variable)} reaches the loss "
+        f"other than through the call of a layer that holds it, so its "
+        f"per-example gradient is unknown. Use it inside a Keras layer that "
+        f"owns it, or leave it out of `sources`.")
 
 
 # -- the boundary tensors of each layer type -----------------------------------

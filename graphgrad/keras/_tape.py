@@ -18,6 +18,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.core._gradients import add_dense
 from graphgrad.core._parameters import transform_parameters
+from graphgrad.core._privacy import check_per_example_loss, private_gradients
 from graphgrad.core._rules import ParameterRule, PlanRules
 from graphgrad.keras import _privatize_tape, _replicas, _tasks
 from graphgrad.keras._intercept import BackwardStep, Interceptor
@@ -75,8 +76,7 @@ class PlanTape:
     self._run = Interceptor(plan, labels)
     rules = plan.rules
     self._private = (None if rules.privacy is None else
-                     _privatize_tape.Recorder(plan.model, rules.privacy,
-                                              plan.noise))
+                     _privatize_tape.Recorder(plan.model))
     # Task gradients and privatize take extra backward passes over the same
     # recording.
     self._tape = tf.GradientTape(
@@ -163,6 +163,18 @@ class PlanTape:
       return self._planned(target, sources, output_gradients,
                            unconnected_gradients, task_losses)
 
+  def _private_grads(self, uses, target, sources: list, unconnected
+                     ) -> list:
+    """DP-SGD's gradients of ``sources`` (core._privacy), ``unconnected``
+    for those the loss does not reach."""
+    check_per_example_loss(target, "KerasPlan.privatize")
+    grads = private_gradients(self._vjp, target, sources, uses,
+                              self._plan.noise)
+    if unconnected == tf.UnconnectedGradients.ZERO:
+      grads = [tf.zeros_like(tf.convert_to_tensor(s)) if g is None else g
+               for g, s in zip(grads, sources)]
+    return grads
+
   def _scaled(self):
     """The context the plan's gradient is computed in (a loss scale's)."""
     return contextlib.nullcontext()
@@ -182,9 +194,10 @@ class PlanTape:
         grads = self._vjp.backprop(target, sources, output_gradients,
                                    unconnected_gradients)
       else:
-        grads = tf.nest.pack_sequence_as(sources, self._private.private_grads(
-            self._vjp, target, tf.nest.flatten(sources),
-            unconnected_gradients))
+        grads = tf.nest.pack_sequence_as(
+            sources, self._private_grads(self._private, target,
+                                         tf.nest.flatten(sources),
+                                         unconnected_gradients))
     self._last = step
     self._check_edges(step)
     # Each layer's own transforms, then those of several layers at once.

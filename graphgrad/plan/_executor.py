@@ -32,6 +32,7 @@ from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
+from graphgrad.core import _privacy
 from graphgrad.core._gradients import aggregate
 from graphgrad.core._parameters import transform_parameters
 from graphgrad.core._rules import EdgeRule, LayerRule, PlanRules, TaskRule
@@ -207,8 +208,11 @@ class _Executor:
       chosen = set() if params is None else self._combined(params)
       plain = not rules.rewrites_backward
       if rules.privacy is not None:
-        by_name = _privatize_graph.Private(
-            self.loss, self.var_list, rules.privacy, self.vjp).gradients()
+        uses = _privatize_graph.GraphUses(self.loss, self.var_list, self.vjp)
+        private = _privacy.private_gradients(
+            self.vjp, self.loss, self.var_list, uses,
+            _privacy.Noise(rules.privacy))
+        by_name = {v.op.name: g for v, g in zip(self.var_list, private)}
       elif plain:
         # The very call Optimizer.compute_gradients makes; unreached
         # variables get None from it. The parameter-space combination

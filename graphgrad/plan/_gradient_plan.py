@@ -335,8 +335,9 @@ class GradientPlan(TrainingMethods, OpOverriding):
     where ``clip_C`` scales each example's whole gradient (all the plan's
     variables together) to L2 norm at most ``C``. Each example's norm comes
     from each parametric op's input and the gradient at its output (ghost
-    clipping); the clipped sum from a second backward pass of
-    ``sum_i c_i l_i``. ``transform_gradients`` acts after the noise.
+    clipping), and the clipped sum from the same two tensors
+    (book-keeping), with no second backward pass; the algorithm is the
+    KerasPlan's. ``transform_gradients`` acts after the noise.
     docs/privacy.md gives the rule of each op type and what is refused.
 
     Args:

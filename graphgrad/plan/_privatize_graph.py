@@ -1,17 +1,16 @@
-"""DP-SGD on a ``tf.Graph``: per-example norms and sums from the op graph.
+"""DP-SGD on a ``tf.Graph``: where the plan's variables meet the examples.
 
-For each variable of the plan, :class:`Private` finds the ops that consume
-it on the way to the loss (through its read, ``Identity`` and ``Cast``) and
-the rule of each: a dense op (``MatMul``, ``BatchMatMulV2``, a two-operand
-``Einsum``, a ``MatMul`` on a sequence reshaped to 2-D), a convolution
-(``Conv2D``, unfolded with ``extract_patches``), an embedding lookup
-(``ResourceGather``, ``GatherV2``), a broadcast elementwise op (``BiasAdd``,
-``Add``, ``Mul``...). One call of the plan's VJP from ``sum_i l_i`` gives
-the gradient at those ops' outputs; the shared rules of
-:mod:`graphgrad.core._privacy` turn them into per-example squared norms. A
-variable whose uses have no rule gets the exact per-example gradient of those
-ops only (the VJP's ``per_example``), logged once. The clipped sums come
-from the same tensors (:meth:`Private.gradients`), then the noise.
+:class:`GraphUses` is the TF1 plan's :class:`~graphgrad.core._privacy.Uses`:
+for each variable, the ops that consume it on the way to the loss (through
+its read, ``Identity`` and ``Cast``) and the rule of each: a dense op
+(``MatMul``, ``BatchMatMulV2``, a two-operand ``Einsum``, a ``MatMul`` on a
+sequence reshaped to 2-D), a convolution (``Conv2D``, unfolded with
+``extract_patches``), an embedding lookup (``ResourceGather``,
+``GatherV2``), a broadcast elementwise op (``BiasAdd``, ``Add``, ``Mul``...).
+A variable whose uses have no rule gets the exact per-example gradient of
+those ops only (the VJP's ``per_example``), logged once. The algorithm,
+norms, clip, book-keeping sums and noise, is
+:func:`graphgrad.core._privacy.private_gradients`.
 """
 
 import logging
@@ -53,73 +52,62 @@ def check_reduce_fn(reduce_fn) -> None:
         "private training.")
 
 
-class Private:
-  """DP-SGD's gradients of a plan, from the boundary tensors alone.
+class GraphUses:
+  """Where the plan's variables meet the examples in a ``tf.Graph``.
 
-  One call of the plan's VJP from ``sum_i l_i`` gives the gradient at the
-  output of every op that uses a variable. From each use's boundary tensors
-  come the per-example squared norms, the clip factors ``c_i``, and then
-  (book-keeping, Bu et al. 2023) each variable's clipped sum
-  ``sum_i c_i grad_i``, with no second backward pass.
+  The :class:`~graphgrad.core._privacy.Uses` of a ``GradientPlan``: for
+  each variable, the ops on the loss path that consume it (through its
+  read, ``Identity`` and ``Cast``), and the form of each
+  (:func:`_form`), or the variable's exact per-example gradient through
+  those ops by the plan's VJP where one has none.
 
   Args:
     loss: the vector of per-example losses ``[B]``.
     var_list: the plan's variables.
-    privacy: the declaration.
     vjp: the plan's VJP (with its overrides; recomputing under
-      ``plan.recompute``).
+      ``plan.recompute``), for the exact fallback.
   """
 
   def __init__(self, loss: tf.Tensor, var_list: Sequence[tf.Variable],
-               privacy: _privacy.Privacy, vjp: GraphVJP):
-    self.loss, self.privacy = loss, privacy
-    self.var_list = list(var_list)
-    self._vjp = vjp
+               vjp: GraphVJP):
+    self.loss, self.var_list, self._vjp = loss, list(var_list), vjp
     self._on_path = {op.name for op in _graph_util.forward_ops(loss)}
-    self.batch = tf.shape(loss)[0]
-    self._noise = _privacy.Noise(privacy)
+    _refuse_batch_norm(self._on_path, loss.graph)
+    self._uses = {v.op.name: self._find(v) for v in self.var_list}
+    self._outputs = sorted({t for us in self._uses.values() for op, _ in us
+                            for t in op.outputs if t.dtype.is_floating},
+                           key=lambda t: t.name)
 
-  def gradients(self) -> Dict[str, Gradient]:
-    """Variable op name -> ``(1/B)(sum_i clip_C(grad_i) + noise)``."""
-    with tf.name_scope("privatize"):
-      forms = self._forms()
-      if not forms:
-        raise _errors.NotConnectedError(
-            f"privatize: no variable of the plan reaches the loss "
-            f"{self.loss.name}; variables: "
-            f"{', '.join(v.name for v in self.var_list)}.")
-      by_name = {v.op.name: v for v in self.var_list}
-      parts = [_privacy.combined_sq_norms(
-          fs, by_name[n].shape, self.batch,
-          _privacy.norm_dtype(by_name[n].dtype)) for n, fs in forms.items()]
-      c = _privacy.clip_factors(parts, self.privacy.l2_norm_clip,
-                                _privacy.norm_dtype(self.loss.dtype))
-      sums = {n: _privacy.clipped_sum(fs, c, by_name[n].shape, self.batch,
-                                      by_name[n].dtype)
-              for n, fs in forms.items()}
-      names = [v.op.name for v in self.var_list]
-      out = self._noise.noised_mean([sums.get(n) for n in names], self.batch)
-      return {n: g for n, g in zip(names, out) if g is not None}
+  def outputs(self) -> List[tf.Tensor]:
+    return list(self._outputs)
+
+  def forms(self, grads: Sequence[Gradient], batch) -> Dict[str, list]:
+    by_output = dict(zip(self._outputs, grads))
+    forms = {}
+    for v in self.var_list:
+      used = [(op, i) for op, i in self._uses[v.op.name]
+              if any(by_output.get(y) is not None for y in op.outputs)]
+      if used:
+        forms[v.op.name] = self._var_forms(v, used, by_output, batch)
+    if not forms:
+      raise _errors.NotConnectedError(
+          f"privatize: no variable of the plan reaches the loss "
+          f"{self.loss.name}; variables: "
+          f"{', '.join(v.name for v in self.var_list)}.")
+    return forms
+
+  def key(self, variable) -> str:
+    return variable.op.name
+
+  def refuse_outside(self, variable) -> None:
+    raise _errors.UnsupportedGraphError(
+        f"privatize: the variable {variable.name} reaches the loss "
+        f"{self.loss.name} other than through an op that consumes it on the "
+        f"loss path, so its per-example gradient is unknown.")
 
   # -- the boundary tensors ------------------------------------------------
 
-  def _forms(self) -> Dict[str, list]:
-    """Variable op name -> the forms of its uses (reached variables only)."""
-    _refuse_batch_norm(self._on_path, self.loss.graph)
-    uses = {v.op.name: self._uses(v) for v in self.var_list}
-    outputs = sorted({t for us in uses.values() for op, _ in us
-                      for t in op.outputs if t.dtype.is_floating},
-                     key=lambda t: t.name)
-    grads = dict(zip(outputs, self._vjp.vjp([self.loss], None, outputs)))
-    forms = {}
-    for v in self.var_list:
-      used = [(op, i) for op, i in uses[v.op.name]
-              if any(grads.get(y) is not None for y in op.outputs)]
-      if used:
-        forms[v.op.name] = self._var_forms(v, used, grads)
-    return forms
-
-  def _uses(self, var: tf.Variable) -> List[Use]:
+  def _find(self, var: tf.Variable) -> List[Use]:
     """The ops on the loss path that consume ``var`` (or its reads)."""
     found: List[Use] = []
     stack = [var.op.outputs[0]]
@@ -143,17 +131,18 @@ class Private:
           found += [(op, i) for i, x in enumerate(op.inputs) if x is t]
     return found
 
-  def _var_forms(self, var, uses: List[Use], grads) -> list:
+  def _var_forms(self, var, uses: List[Use], grads, batch) -> list:
     """The forms of ``var``'s uses, or its exact per-example gradients."""
     with tf.name_scope(var.op.name.replace(":", "_") + "_uses"):
       dtype = _privacy.norm_dtype(var.dtype)
-      forms = [_form(op, i, grads.get(op.outputs[0]), self.batch, dtype)
+      forms = [_form(op, i, grads.get(op.outputs[0]), batch, dtype)
                for op, i in uses]
       if all(f is not None for f in forms):
         return forms
-      return [("example", self._fallback(var, uses, grads, dtype))]
+      return [("example", self._fallback(var, uses, grads, batch, dtype))]
 
-  def _fallback(self, var, uses: List[Use], grads, dtype) -> tf.Tensor:
+  def _fallback(self, var, uses: List[Use], grads, batch, dtype
+                ) -> tf.Tensor:
     """``[B, *var.shape]``: exact per-example gradients of ``var`` through
     its uses only."""
     kinds = sorted({op.type for op, _ in uses})
@@ -181,7 +170,7 @@ class Private:
         gs.append(tf.convert_to_tensor(g))
     xs = list({id(x): x for op, i in uses for x in [op.inputs[i]]}.values())
     parts = [tf.cast(p, dtype) for p in
-             self._vjp.per_example(ys, gs, xs, self.batch) if p is not None]
+             self._vjp.per_example(ys, gs, xs, batch) if p is not None]
     return tf.reshape(tf.add_n(parts), [-1] + var.shape.as_list())
 
 

@@ -214,3 +214,51 @@ class plan_tape:
 
   def __exit__(self, *exc):
     return self.tape.__exit__(*exc)
+
+
+def test_the_clip_is_over_the_sources_asked_for(K):
+  """The released gradient is clipped over the given sources alone, as a
+  GradientPlan's over its var_list: the reference clips over the first
+  layer's variables only."""
+  model = K.Sequential([K.Input((5,)), K.layers.Dense(4, activation="tanh"),
+                        K.layers.Dense(2)])
+  x = normal(B, 5, seed=3)
+  sources = list(model.layers[0].trainable_variables)
+  per = []
+  for i in range(B):
+    with tf.GradientTape() as t:
+      loss = square_sum(model(x[i:i + 1]))[0]
+    per.append([g.numpy().astype(np.float64)
+                for g in t.gradient(loss, sources)])
+  norms = np.array([np.sqrt(sum(np.sum(g * g) for g in p)) for p in per])
+  clip = float(np.median(norms))
+  expected = [sum(min(1.0, clip / n) * p[j] for n, p in zip(norms, per)) / B
+              for j in range(len(sources))]
+  plan = gg.KerasPlan(model).privatize(clip, 0.0)
+  with plan.tape() as tape:
+    loss = square_sum(model(tf.constant(x)))
+  got = tape.gradient(loss, sources)
+  for g, e in zip(got, expected):
+    np.testing.assert_allclose(g.numpy(), e, rtol=1e-5, atol=1e-6)
+
+
+def test_a_variable_outside_every_layer_is_refused_and_unreached_is_none(K):
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(2)])
+  outside = tf.Variable(np.ones([2], np.float32))
+  unused = tf.Variable(np.ones([2], np.float32))
+  plan = gg.KerasPlan(model).privatize(1.0, 0.0)
+  x = tf.constant(normal(B, 3))
+  with plan.tape() as tape:
+    loss = square_sum(model(x) * outside)
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match="other than through the call of a layer"):
+    tape.gradient(loss, model.trainable_variables + [outside])
+  with plan.tape() as tape:
+    loss = square_sum(model(x))
+  grads = tape.gradient(loss, model.trainable_variables + [unused])
+  assert grads[-1] is None and all(g is not None for g in grads[:-1])
+  with plan.tape() as tape:
+    loss = square_sum(model(x))
+  zero = tape.gradient(loss, [unused],
+                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
+  np.testing.assert_array_equal(zero[0].numpy(), np.zeros(2))
