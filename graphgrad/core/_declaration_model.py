@@ -31,6 +31,7 @@ from typing import (
 )
 
 from graphgrad import _errors
+from graphgrad.methods._mtl_base import as_task_method
 from graphgrad.transforms._checks import compose, not_group
 from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import (
@@ -300,7 +301,7 @@ class Declarations:
   def add_tasks(self, layer, losses: Optional[Sequence[Any]],
                 method, validate: Validate = None) -> None:
     name = self._layer(layer, "layer")
-    _check_method(method)
+    method = as_task_method(method)
     if name in self.tasks:
       raise _errors.GraphGradError(
           f"combine_tasks: layer {name!r} already combines task gradients "
@@ -317,7 +318,7 @@ class Declarations:
     variable the plan differentiates. A plan has at most one.
     """
     names = self.resolve_layers(layers, "combine_tasks")
-    _check_method(method)
+    method = as_task_method(method)
     before = self.parameter_tasks
     if before is not None:
       raise _errors.GraphGradError(
@@ -540,14 +541,6 @@ class Declarations:
   def _per_tensor(fn, method: str) -> Transform:
     not_group(fn, method)
     return as_transform(fn)
-
-
-def _check_method(method) -> None:
-  if not callable(getattr(method, "combine", None)):
-    raise _errors.GraphGradError(
-        f"combine_tasks: `method` must be a task-combination method with "
-        f"a combine(grads) method, such as gg.mtl.pcgrad(); got "
-        f"{type(method).__name__} {method!r}.")
 
 
 def _chained(pairs) -> Dict[Any, Transform]:

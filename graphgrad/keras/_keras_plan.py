@@ -41,6 +41,7 @@ from graphgrad.keras._layer_index import (
 from graphgrad.keras._layer_override import LayerOverriding
 from graphgrad.keras._tape import PlanTape, PlanView
 from graphgrad.methods import _pcgrad
+from graphgrad.methods._replacement import as_replacement
 from graphgrad.transforms._context import Resources
 
 log = logging.getLogger("graphgrad")
@@ -244,9 +245,9 @@ class KerasPlan(tf.Module, LayerOverriding):
         not ``Dense``.
     """
     path = self._index.find(layer, "layer")
-    check = getattr(fn, "check", None)  # e.g. DFA's ambiguous error layer
+    # e.g. DFA's ambiguous error layer
     self._declarations.add_backward(path, fn, validate=(
-        (lambda: check(self._layers(), path)) if callable(check) else None))
+        lambda: as_replacement(fn).check(self._layers(), path)))
     return self
 
   def project_conflicts(self, layer: LayerRef, losses=None,

@@ -94,6 +94,53 @@ class TaskMethod:
     return f"{self.name}({self._args()})"
 
 
+class ForeignMethod(TaskMethod):
+  """A task-combination method of the user's own, as a :class:`TaskMethod`.
+
+  The protocol (docs/mtl_table.md) asks only for ``combine(grads)``, and
+  ``create_state(k, name=None)`` for a method that keeps state, which then
+  gets ``combine(grads, state=...)``. This reads those once, where the
+  method is declared, and gives it the typed attributes of every method:
+  stateful when it has ``create_state``, not homogeneous (nothing says
+  ``combine(S J) == S combine(J)``).
+  """
+
+  def __init__(self, method: Any, combine, create_state):
+    self.method, self._combine_fn, self._create = method, combine, create_state
+    self.name = type(method).__name__
+    self.stateful = create_state is not None
+
+  def create_state(self, k: int, name: str | None = None):
+    return None if self._create is None else self._create(k, name=name)
+
+  def combine(self, grads, state=None, name=None):
+    del name  # the method names its own ops
+    return (self._combine_fn(grads) if state is None
+            else self._combine_fn(grads, state=state))
+
+  def __repr__(self) -> str:
+    return repr(self.method)
+
+
+def as_task_method(method: Any, caller: str = "combine_tasks") -> TaskMethod:
+  """``method`` as a :class:`TaskMethod`: itself, or one of the user's own
+  wrapped in a :class:`ForeignMethod`.
+
+  Raises:
+    GraphGradError: for a value without a callable ``combine``.
+  """
+  if isinstance(method, TaskMethod):
+    return method
+  combine = getattr(method, "combine", None)
+  if not callable(combine):
+    raise _errors.GraphGradError(
+        f"{caller}: `method` must be a task-combination method with a "
+        f"combine(grads) method, such as gg.mtl.pcgrad(); got "
+        f"{type(method).__name__} {method!r}.")
+  create = getattr(method, "create_state", None)
+  return ForeignMethod(method, combine, create if callable(create) else None)
+
+
 class GramMethod(TaskMethod):
   """A method whose output is ``w^T J`` with weights ``w`` from ``G``."""
 

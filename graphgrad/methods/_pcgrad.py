@@ -168,17 +168,17 @@ def check_at(at, caller: str = "combine_tasks") -> str:
         f"layers' variables, as one vector, as PCGrad_tf.py does).")
   return at
 
-def task_state(method: Any, k: int, get_or_create: Callable, name: str):
+def task_state(method: TaskMethod, k: int, get_or_create: Callable,
+               name: str):
   """A stateful method's state for one (plan, layer), made on first use.
 
   ``get_or_create(make)`` is the plan's store for this layer (the TF1
   plan's ``Resources``, a KerasPlan's tracked variables); ``None`` for a
-  method without ``create_state`` or whose ``create_state`` gives ``None``.
+  stateless method or one whose ``create_state`` gives ``None``.
   """
-  create = getattr(method, "create_state", None)
-  if not callable(create):
+  if not method.stateful:
     return None
-  return get_or_create(lambda: create(k, name=name))
+  return get_or_create(lambda: method.create_state(k, name=name))
 
 
 def active_tasks(per_task: Sequence[Sequence[Gradient]]) -> int:

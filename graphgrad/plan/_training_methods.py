@@ -17,6 +17,7 @@ from graphgrad import _errors
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.methods import _pcgrad
+from graphgrad.methods._replacement import as_replacement
 from graphgrad.plan import _declaration_checks
 
 _P = TypeVar("_P", bound="TrainingMethods")
@@ -68,11 +69,10 @@ class TrainingMethods:
         alignment on a convolution), or the plan is built.
     """
     name = self._declarations.resolve(layer, "layer")
-    check = getattr(fn, "check", None)
-    then = (lambda: check(self.net, name)) if callable(check) else None
     self._declarations.add_backward(name, fn, validate=lambda: (
         _declaration_checks.check_declaration(
-            self.net, "replace_backward", name, then=then)))
+            self.net, "replace_backward", name,
+            then=lambda: as_replacement(fn).check(self.net, name))))
     return self
 
   def combine_tasks(self: _P, layers, losses: Sequence[tf.Tensor],

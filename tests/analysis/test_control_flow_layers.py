@@ -275,10 +275,10 @@ def test_combine_tasks_inside_a_v2_cond_names_the_cond(graph, caplog):
   assert not _warnings(caplog) and list(plan.declarations.tasks) == ["scale"]
 
 
-class _Refusing:
+class _Refusing(gg.backward.Replacement):
   """A backward replacement whose check refuses every layer."""
 
-  def __call__(self, ctx):
+  def backward(self, ctx):
     return [None for _ in ctx.inputs]
 
   def check(self, net, name):

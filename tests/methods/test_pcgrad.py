@@ -266,3 +266,36 @@ def test_combine_tasks_errors(graph, rng):
                      match=r"combine returned a tensor of shape \(1, 3\) "
                            r"float32 for task gradients of shape \(4, 3\)"):
     plan.compute_gradients()
+
+
+class _Momentum:
+  """A stateful method of one's own: the mean, smoothed across steps."""
+
+  def __init__(self):
+    self.made = []
+
+  def create_state(self, k, name=None):
+    self.made.append(k)
+    return tf.Module(name=name)
+
+  def combine(self, grads, state=None):
+    assert isinstance(state, tf.Module)
+    if not hasattr(state, "avg"):
+      state.avg = tf1.Variable(tf.zeros_like(grads[0]), trainable=False)
+    mean = tf.add_n(grads) / len(grads)
+    return state.avg.assign(0.5 * state.avg + 0.5 * mean)
+
+
+def test_a_stateful_method_of_ones_own_gets_its_state_once(graph, rng):
+  loss, losses, h, (ga, gb), base = _two_task_net(rng, (0.5, 2.0), 0.3)
+  method = _Momentum()
+  gv = gg.GradientPlan(loss).combine_tasks(
+      "trunk", losses, method).compute_gradients()
+  assert method.made == [2]
+  trunk = tf1.trainable_variables("trunk/")
+  # Step 1: avg = mean / 2; the unlisted term 0.3 passes unchanged.
+  ref = tf1.gradients(h, trunk, grad_ys=tf.constant((ga + gb) / 4 + 0.3))
+  got, ref = evaluate([[g for g, v in gv if v.op.name.startswith("trunk/")],
+                       ref])
+  for a, r in zip(got, ref):
+    np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5)

@@ -303,3 +303,24 @@ def test_a_loss_scale_must_match_the_build(graph):
                            r"with .* but `optimizer` is "
                            r"GradientDescentOptimizer"):
     scaled.apply_gradients(inner)
+
+
+class _Mean:
+  """A task-combination method of one's own, without gg.mtl's attributes."""
+
+  def combine(self, grads):
+    return tf.add_n(grads) / len(grads)
+
+
+def test_a_method_of_ones_own_is_refused_under_a_loss_scale_by_name(graph):
+  # Nothing says its combine scales with S: the policy refuses it, by the
+  # same message as Nash-MTL's, not with an AttributeError.
+  x, y, out, loss = _model()
+  la = tf.reduce_mean(tf.cast(out[:, 0], tf.float32))
+  lb = tf.reduce_mean(tf.cast(out[:, 1], tf.float32))
+  plan = gg.GradientPlan(la + lb).combine_tasks("l1", [la, lb], _Mean())
+  opt = MPLSO(tf1.train.GradientDescentOptimizer(LR), "dynamic")
+  with pytest.raises(gg.GraphGradError,
+                     match=r"loss_scale: .* combine_tasks\('l1', .*_Mean"
+                           r".*\(not homogeneous\)"):
+    plan.apply_gradients(opt)
