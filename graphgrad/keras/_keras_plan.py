@@ -326,7 +326,7 @@ class KerasPlan(tf.Module, LayerOverriding):
         plan, in parameter space) already combines task gradients, a listed
         built layer has no trainable variable, or a tape was opened.
     """
-    if _pcgrad.check_at(at) == "parameters":
+    if _pcgrad.check_at(at, layers) == "parameters":
       names = self._declarations.resolve_layers(layers, "combine_tasks")
 
       def validate():
@@ -343,12 +343,6 @@ class KerasPlan(tf.Module, LayerOverriding):
       self._declarations.add_parameter_tasks(names, None, method,
                                              validate=validate)
       return self
-    if isinstance(layers, (list, tuple)) or layers is None:
-      raise _errors.GraphGradError(
-          f"combine_tasks: with at='output' `layers` must be one layer, at "
-          f"whose outputs the task gradients are combined; got {layers!r}. "
-          f"Name one layer, or pass at='parameters' to combine the task "
-          f"gradients of several layers' variables.")
     self._declarations.add_tasks(layers, None, method)
     return self
 

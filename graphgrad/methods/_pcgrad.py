@@ -158,14 +158,21 @@ def pcgrad(shuffle: bool = False, seed: Optional[int] = None) -> PCGrad:
 LEVELS = ("output", "parameters")
 
 
-def check_at(at, caller: str = "combine_tasks") -> str:
-  """``at`` if it names a level of task combination; else raises."""
+def check_at(at, layers) -> str:
+  """``at`` if it names a level of task combination, and ``layers`` is one
+  layer for ``"output"``; else raises (``combine_tasks`` of both plans)."""
   if not isinstance(at, str) or at not in LEVELS:
     raise _errors.GraphGradError(
-        f"{caller}: `at` must be one of {', '.join(map(repr, LEVELS))}; got "
-        f"{at!r}. Pass at='output' (the default: the task gradients at the "
-        f"layer's outputs) or at='parameters' (the task gradients of the "
+        f"combine_tasks: `at` must be one of {', '.join(map(repr, LEVELS))}; "
+        f"got {at!r}. Pass at='output' (the default: the task gradients at "
+        f"the layer's outputs) or at='parameters' (the task gradients of the "
         f"layers' variables, as one vector, as PCGrad_tf.py does).")
+  if at == "output" and (isinstance(layers, (list, tuple)) or layers is None):
+    raise _errors.GraphGradError(
+        f"combine_tasks: with at='output' `layers` must be one layer, at "
+        f"whose outputs the task gradients are combined; got {layers!r}. "
+        f"Name one layer, or pass at='parameters' to combine the task "
+        f"gradients of several layers' variables.")
   return at
 
 def task_state(method: TaskMethod, k: int, get_or_create: Callable,

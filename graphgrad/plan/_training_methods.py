@@ -159,14 +159,8 @@ class TrainingMethods:
       ...     print(s.run(g).tolist())
       [0.5, 1.5]
     """
-    if _pcgrad.check_at(at) == "parameters":
+    if _pcgrad.check_at(at, layers) == "parameters":
       return self._parameter_tasks(layers, losses, method)
-    if isinstance(layers, (list, tuple)) or layers is None:
-      raise _errors.GraphGradError(
-          f"combine_tasks: with at='output' `layers` must be one layer, at "
-          f"whose outputs the task gradients are combined; got {layers!r}. "
-          f"Name one layer, or pass at='parameters' to combine the task "
-          f"gradients of several layers' variables.")
     return self._tasks(layers, losses, method, "combine_tasks")
 
   def _parameter_tasks(self: _P, layers, losses, method) -> _P:
