@@ -66,16 +66,3 @@ def check_var_list(loss: tf.Tensor, var_list: Optional[Sequence[tf.Variable]]
         "or list the variables to train.")
   return var_list
 
-
-def resolve_layer(net: LayerGraph, name, arg: str) -> str:
-  """The canonical name of layer ``name`` of ``net``.
-
-  Raises:
-    GraphGradError: if ``name`` is not a string.
-    NotConnectedError: if ``name`` is a scope whose variables the loss does
-      not depend on.
-    LayerNotFoundError: if there is no such layer; the message says when
-      ``name`` holds only non-trainable variables, or lies inside a layer
-      grouped by ``depth=``.
-  """
-  return net.lookup(name, arg)

@@ -224,12 +224,3 @@ def check_float_output(net: LayerGraph, name: str) -> None:
         f"rewrite. Use transform_gradients({name!r}, fn) for its "
         f"parameter gradients.")
 
-
-def passes_gradient(net: LayerGraph, name: str,
-                    method: str = "transform_upstream",
-                    upper: Optional[str] = None) -> bool:
-  """False when ``method`` on ``name`` can change nothing below the layer.
-
-  True for the bottom layer, below which nothing lies.
-  """
-  return no_gradient_reason(net, method, net[name].name, upper) is None

@@ -129,7 +129,8 @@ class GradientPlan(TrainingMethods, OpOverriding):
         gate_gradients=gate_gradients, aggregation_method=aggregation_method,
         colocate_gradients_with_ops=colocate_gradients_with_ops, name=name,
         reduce_fn=reduce_fn)
-    self._declarations = Declarations(self._resolve, owner="GradientPlan")
+    self._declarations = Declarations(
+        lambda layer, arg: self.net.lookup(layer, arg), owner="GradientPlan")
     self._loss_scale = None
     if loss_scale is not None:
       self._take_loss_scale(loss_scale, "gg.GradientPlan: `loss_scale`")
@@ -476,14 +477,18 @@ class GradientPlan(TrainingMethods, OpOverriding):
           f"no variable has a gradient from the loss {self._loss.name}; "
           f"variables: {', '.join(v.name for v in self._var_list)}. Check "
           f"that `var_list` holds variables the loss depends on.")
-    before = len(self._loss.graph.get_operations())
-    op = _optimizer.train_op(
-        optimizer, gv, self._loss.graph, global_step, name, update_ops,
-        advance_global_step=self.rules.reads_global_step)
+    graph = self._loss.graph
+    if global_step is None and self.rules.reads_global_step:
+      # A transform reads the global step: advance it, so that its schedule
+      # advances with training.
+      global_step = tf.compat.v1.train.get_global_step(graph)
+    before = len(graph.get_operations())
+    with graph.as_default(), tf.control_dependencies(update_ops):
+      op = _optimizer.apply(optimizer, gv, global_step, name)
     if not self._warned_adaptive:  # read from the update the optimizer built
       self._warned_adaptive = _advice.warn_if_scale_cancels(
-          self.rules, optimizer,
-          self._loss.graph.get_operations()[before:], [g for g, _ in gv])
+          self.rules, optimizer, graph.get_operations()[before:],
+          [g for g, _ in gv])
     return op
 
   def summaries(self, histograms: bool = False,
@@ -594,7 +599,8 @@ class GradientPlan(TrainingMethods, OpOverriding):
       LayerNotFoundError: if ``layer`` is unknown.
     """
     name = self._declarations.resolve(layer, "layer")
-    return _declaration_checks.passes_gradient(self.net, name, method, upper)
+    return _declaration_checks.no_gradient_reason(
+        self.net, method, name, upper) is None
 
   # -- pictures ------------------------------------------------------------
 
@@ -624,9 +630,6 @@ class GradientPlan(TrainingMethods, OpOverriding):
                       graphviz=graphviz)
 
   # -- helpers -------------------------------------------------------------
-
-  def _resolve(self, name, arg: str) -> str:
-    return _arguments.resolve_layer(self.net, name, arg)
 
   def __repr__(self):
     return (f"GradientPlan(loss={self._loss.name}, "

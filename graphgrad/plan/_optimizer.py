@@ -122,29 +122,6 @@ def _check_gradient_step(optimizer) -> None:
       f"(SyncReplicasOptimizer, gg.AfterAggregation) are accepted.")
 
 
-def train_op(optimizer, grads_and_vars: GradsAndVars, graph: tf.Graph,
-             global_step=None, name: Optional[str] = None, update_ops=None,
-             advance_global_step: bool = False) -> tf.Operation:
-  """One update op of ``grads_and_vars`` after ``update_ops``.
-
-  Args:
-    optimizer: as :func:`apply`.
-    grads_and_vars: the ``(gradient, variable)`` pairs to apply.
-    graph: the loss's tf.Graph.
-    global_step: the variable to increment, or ``None``.
-    name: name of the op.
-    update_ops: ops to run first; ``None`` for the tf.Graph's ``UPDATE_OPS``.
-    advance_global_step: with ``global_step=None``, increment the tf.Graph's
-      global step (a transform reads it, so its schedule advances).
-  """
-  update_ops = update_ops_of(graph, update_ops)
-  if global_step is None and advance_global_step:
-    global_step = tf.compat.v1.train.get_global_step(graph)
-  with graph.as_default():
-    with tf.control_dependencies(list(update_ops)):
-      return apply(optimizer, grads_and_vars, global_step, name)
-
-
 def update_ops_of(graph: tf.Graph, update_ops=None) -> List[tf.Operation]:
   """``update_ops`` as ops; ``None`` gives the tf.Graph's ``UPDATE_OPS``.
 
