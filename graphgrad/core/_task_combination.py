@@ -37,15 +37,11 @@ def output_deltas(vjp: VJP, target, losses: Sequence, outputs: Sequence,
     name: names the method's state.
   """
   per_task = vjp.task_vjps(target, list(losses), list(outputs))
-  state = _pcgrad.task_state(method, _pcgrad.active_tasks(per_task),
-                             state_of, f"{name}_state")
+  state = _state(method, per_task, state_of, f"{name}_state")
   combined = _pcgrad.combine_flat(method, per_task, outputs, state)
-  deltas: List[Optional[tf.Tensor]] = []
-  for t, c in enumerate(combined):
-    shares = [tf.convert_to_tensor(gs[t]) for gs in per_task
-              if gs[t] is not None]
-    deltas.append(None if c is None or not shares else c - tf.add_n(shares))
-  return deltas
+  # Where no task reaches an output, nothing is combined there.
+  return [None if c is None else d
+          for c, d in zip(combined, _without_tasks(combined, per_task))]
 
 
 def combined_parameters(vjp: VJP, target, losses: Sequence,
@@ -80,11 +76,40 @@ def combined_parameters(vjp: VJP, target, losses: Sequence,
       assert rest is not None  # the caller gives one of the two
       others = _reduced(reduce, rest(), variables)
     else:
-      others = _pcgrad.without_tasks(grads, per_task)
-    state = _pcgrad.task_state(method, _pcgrad.active_tasks(per_task),
-                               state_of, "combine_tasks_parameters_state")
-    return _pcgrad.combine_parameters(method, per_task, others, variables,
-                                      state)
+      others = _without_tasks(grads, per_task)
+    state = _state(method, per_task, state_of,
+                   "combine_tasks_parameters_state")
+    like = [tf.convert_to_tensor(v) for v in variables]
+    combined = _pcgrad.combine_flat(method, per_task, like, state)
+    # Dense where a task reaches a variable; the rest alone where none does.
+    return [r if c is None else c if r is None else tf.convert_to_tensor(r) + c
+            for r, c in zip(others, combined)]
+
+
+def _state(method: Any, per_task: Sequence[Sequence[Gradient]],
+           state_of: Callable, name: str):
+  """A stateful method's state for this plan and layer, made on first use
+  for the tasks that reach a tensor; ``None`` for a stateless method."""
+  if not method.stateful:
+    return None
+  k = sum(any(g is not None for g in gs) for gs in per_task)
+  return state_of(lambda: method.create_state(k, name=name))
+
+
+def _without_tasks(grads: Sequence[Gradient],
+                   per_task: Sequence[Sequence[Gradient]]) -> List[Gradient]:
+  """``G - sum_i g_i`` per tensor: the gradient less the tasks' shares."""
+  out: List[Gradient] = []
+  for t, g in enumerate(grads):
+    shares = [tf.convert_to_tensor(gs[t]) for gs in per_task
+              if gs[t] is not None]
+    if not shares:
+      out.append(g)
+    elif g is None:
+      out.append(-tf.add_n(shares))
+    else:
+      out.append(tf.convert_to_tensor(g) - tf.add_n(shares))
+  return out
 
 
 def _reduced(reduce: Optional[Callable], gs: Sequence[Gradient],

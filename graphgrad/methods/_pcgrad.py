@@ -15,7 +15,7 @@ Example:
   [0.5, 1.5]
 """
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import networkx as nx
 import tensorflow as tf
@@ -175,23 +175,6 @@ def check_at(at, layers) -> str:
         f"gradients of several layers' variables.")
   return at
 
-def task_state(method: TaskMethod, k: int, get_or_create: Callable,
-               name: str):
-  """A stateful method's state for one (plan, layer), made on first use.
-
-  ``get_or_create(make)`` is the plan's store for this layer (the TF1
-  plan's ``Resources``, a KerasPlan's tracked variables); ``None`` for a
-  stateless method or one whose ``create_state`` gives ``None``.
-  """
-  if not method.stateful:
-    return None
-  return get_or_create(lambda: method.create_state(k, name=name))
-
-
-def active_tasks(per_task: Sequence[Sequence[Gradient]]) -> int:
-  """How many tasks reach at least one of the layer's outputs."""
-  return sum(any(g is not None for g in gs) for gs in per_task)
-
 
 def combine_flat(method: Any, per_task: Sequence[Sequence[Gradient]],
                  like: Sequence[tf.Tensor], state=None) -> List[Gradient]:
@@ -230,49 +213,6 @@ def combine_flat(method: Any, per_task: Sequence[Sequence[Gradient]],
   parts = tf.split(out, tf.stack([tf.size(y) for y in like]))
   return [tf.reshape(p, tf.shape(y)) if r else None
           for p, y, r in zip(parts, like, reached)]
-
-
-def combine_parameters(method: Any, per_task: Sequence[Sequence[Gradient]],
-                       rest: Sequence[Gradient], variables: Sequence[Any],
-                       state=None) -> List[Gradient]:
-  """The parameter-space task combination of both executors.
-
-  Each variable gets ``rest + method.combine([g_1, ..., g_k])``, the task
-  gradients of all ``variables`` flattened into one vector each
-  (:func:`combine_flat`); ``rest`` is what the loss gives besides the tasks'
-  shares, ``G - sum_i g_i`` (:func:`without_tasks`).
-
-  Args:
-    method: a task-combination method.
-    per_task: one list of gradients per task, aligned with ``variables``.
-    rest: the rest of each variable's gradient (``None``: zero).
-    variables: the variables.
-    state: the method's state for this plan, or ``None``.
-
-  Returns:
-    One gradient per variable, dense where a task reaches it; ``rest[t]``
-    where none does.
-  """
-  like = [tf.convert_to_tensor(v) for v in variables]
-  combined = combine_flat(method, per_task, like, state)
-  return [r if c is None else c if r is None else tf.convert_to_tensor(r) + c
-          for r, c in zip(rest, combined)]
-
-
-def without_tasks(grads: Sequence[Gradient],
-                  per_task: Sequence[Sequence[Gradient]]) -> List[Gradient]:
-  """``G - sum_i g_i`` per variable: the gradient less the tasks' shares."""
-  out: List[Gradient] = []
-  for t, g in enumerate(grads):
-    shares = [tf.convert_to_tensor(gs[t]) for gs in per_task
-              if gs[t] is not None]
-    if not shares:
-      out.append(g)
-    elif g is None:
-      out.append(-tf.add_n(shares))
-    else:
-      out.append(tf.convert_to_tensor(g) - tf.add_n(shares))
-  return out
 
 
 def _concat(grads: Sequence[tf.Tensor]) -> tf.Tensor:
