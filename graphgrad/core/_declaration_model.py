@@ -21,6 +21,7 @@ from typing import (
   Callable,
   ClassVar,
   Dict,
+  Iterable,
   Iterator,
   List,
   Optional,
@@ -234,6 +235,17 @@ class Declarations:
     self._owner = owner
     self._items: List[Declaration] = []
     self._frozen = False
+
+  @classmethod
+  def read_only(cls, items: Iterable[Declaration]) -> "Declarations":
+    """``items`` to read through the accessors: a plan's ``Declarations``
+    itself, or any iterable of checked declarations (a tape's adds its loss
+    scale), frozen."""
+    if isinstance(items, Declarations):
+      return items
+    out = cls(resolve=lambda layer, arg: layer, owner="Declarations")
+    out._items, out._frozen = list(items), True
+    return out
 
   # -- declaring -----------------------------------------------------------
 
@@ -502,6 +514,18 @@ class Declarations:
     """The ``Privacy`` that ``privatize`` declared, or ``None``."""
     found = self.of_kind(PrivatizeDeclaration)
     return found[0].privacy if found else None
+
+  @property
+  def recompute(self) -> Optional[RecomputeDeclaration]:
+    """The ``recompute`` declaration, or ``None``."""
+    found = self.of_kind(RecomputeDeclaration)
+    return found[-1] if found else None
+
+  @property
+  def loss_scale(self) -> Any:
+    """What gives the loss scale the plan trains with, or ``None``."""
+    found = self.of_kind(LossScaleDeclaration)
+    return found[-1].scale if found else None
 
   def summary(self) -> str:
     """``upstream=[...], gradients=[...], ...``, for a plan's repr."""

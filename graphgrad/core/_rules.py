@@ -25,7 +25,6 @@ from typing import (
   Mapping,
   Optional,
   Protocol,
-  Sequence,
   Tuple,
 )
 
@@ -33,22 +32,19 @@ from graphgrad import _errors
 from graphgrad.core._declaration_model import (
   BackwardDeclaration,
   Declaration,
+  Declarations,
   EdgeDeclaration,
   GradientsDeclaration,
-  LossScaleDeclaration,
   OverrideDeclaration,
   ParameterTasksDeclaration,
-  PrivatizeDeclaration,
-  RecomputeDeclaration,
   TasksDeclaration,
   UpstreamDeclaration,
 )
 from graphgrad.core._gradients import straight_through
 from graphgrad.core._privacy import Privacy, refuse_declarations
 from graphgrad.methods._replacement import Replacement, as_replacement
-from graphgrad.transforms._checks import compose
 from graphgrad.transforms._group import GroupTransform
-from graphgrad.transforms._transforms import Transform, is_identity
+from graphgrad.transforms._transforms import Transform
 
 __all__ = ["EdgeRule", "LayerRule", "LossScaleRule", "Mode", "OpRule",
            "ParameterRule", "PlanRules", "RecomputeRule", "TaskRule",
@@ -343,12 +339,11 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
     >>> rules.rule("l3").mode, rules.rule("l1").mode
     (<Mode.TRANSFORMED: 'transformed'>, <Mode.PLAIN: 'plain'>)
   """
-  items = tuple(declarations)
+  d = Declarations.read_only(declarations)
   lazy = _Lazy(topology)
-  privacy = _only(items, PrivatizeDeclaration)
-  loss_scale = _only(items, LossScaleDeclaration)
+  privacy, loss_scale = d.privacy, d.loss_scale
   if privacy is not None:
-    refuse_declarations(items)
+    refuse_declarations(d)
     if loss_scale is not None:
       raise _errors.GraphGradError(
           "privatize: a loss scale would divide the noise by its loss "
@@ -356,35 +351,36 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
           "Train the private plan without a loss scale (float32 variables, "
           "the optimizer the loss-scale optimizer wraps).")
   if loss_scale is not None:
-    _check_loss_scale(items)
-  ops = tuple(_op_rule(d, lazy) for d in _of(items, OverrideDeclaration)
-              if d.op[0] != "layer")
+    _check_loss_scale(d)
+  ops = tuple(_op_rule(op, fn, lazy) for op, fn in d.overrides.items()
+              if op[0] != "layer")
   nonlinear = {n for o in ops if not o.linear for n in o.layers}
-  layers = _layer_rules(items, lazy, nonlinear)
-  recompute = _only(items, RecomputeDeclaration)
-  params = _only(items, ParameterTasksDeclaration)
+  layers = _layer_rules(d, lazy, nonlinear)
+  recompute, params = d.recompute, d.parameter_tasks
   return PlanRules(
       layers=layers,
-      edges=_edge_rules(items),
+      edges={k: EdgeRule(k[0], k[1], fn, fn.linear_factor)
+             for k, fn in d.edges.items()},
       ops=ops,
-      parameters=_parameter_rules(items),
+      parameters=tuple(
+          ParameterRule((layer,), fn) for layer, fns in d.gradients.items()
+          for fn in fns) + tuple(ParameterRule(group, fn, group=True)
+                                 for group, fn in d.gradient_groups),
       parameter_tasks=None if params is None else TaskRule(
           params.layers, params.losses, params.method, at="parameters"),
       recompute=None if recompute is None else RecomputeRule(recompute.keep),
-      privacy=None if privacy is None else privacy.privacy,
-      loss_scale=None if loss_scale is None else LossScaleRule(
-          loss_scale.scale),
+      privacy=privacy,
+      loss_scale=None if loss_scale is None else LossScaleRule(loss_scale),
       named=tuple(dict.fromkeys(
-          [n for d in items for n in (
-              (d.layer, d.upper) if isinstance(d, EdgeDeclaration)
-              else (d.layer,)) if n]
+          [n for x in d for n in (
+              (x.layer, x.upper) if isinstance(x, EdgeDeclaration)
+              else (x.layer,)) if n]
           + [n for n, r in layers.items() if r.read])),
       reads_global_step=any(
-          getattr(d, "fn", None) is not None
-          and isinstance(d.fn, (Transform, GroupTransform))
-          and d.fn.reads_global_step
-          for d in _of(items, UpstreamDeclaration, GradientsDeclaration,
-                       EdgeDeclaration)))
+          isinstance(x, (UpstreamDeclaration, GradientsDeclaration,
+                         EdgeDeclaration))
+          and isinstance(x.fn, (Transform, GroupTransform))
+          and x.fn.reads_global_step for x in d))
 
 
 class _Lazy:
@@ -405,46 +401,28 @@ class _Lazy:
     return self._got
 
 
-def _of(items, *kinds) -> List:
-  return [d for d in items if isinstance(d, kinds)]
-
-
-def _only(items, kind):
-  found = _of(items, kind)
-  return found[-1] if found else None
-
-
-def _composed(pairs) -> Dict[Any, Transform]:
-  grouped: Dict[Any, List[Transform]] = {}
-  for key, fn in pairs:
-    grouped.setdefault(key, []).append(fn)
-  return {k: compose(fns) for k, fns in grouped.items()}
-
-
-def _op_rule(d: OverrideDeclaration, lazy: _Lazy) -> OpRule:
-  match, key = d.op
-  return OpRule(match, key, d.fn, linear=d.fn is straight_through,
+def _op_rule(op: Tuple[str, str], fn: Callable, lazy: _Lazy) -> OpRule:
+  match, key = op
+  return OpRule(match, key, fn, linear=fn is straight_through,
                 layers=frozenset(lazy.get().layers_of_ops(match, key)))
 
 
-def _layer_rules(items, lazy: _Lazy, nonlinear) -> Dict[str, LayerRule]:
-  upstream = {k: fn for k, fn in _composed(
-      (d.layer, d.fn) for d in _of(items, UpstreamDeclaration)).items()
-      if not is_identity(fn)}
-  replaced = {d.layer: as_replacement(d.fn)
-              for d in _of(items, BackwardDeclaration)}
-  overridden = {d.op[1]: d.fn for d in _of(items, OverrideDeclaration)
-                if d.op[0] == "layer"}
-  tasks = {d.layer: TaskRule((d.layer,), d.losses, d.method)
-           for d in _of(items, TasksDeclaration)}
-  uppers = {d.upper for d in _of(items, EdgeDeclaration)}
+def _layer_rules(d: Declarations, lazy: _Lazy,
+                 nonlinear) -> Dict[str, LayerRule]:
+  upstream = d.upstream
+  replaced = {layer: as_replacement(fn) for layer, fn in d.backward.items()}
+  overridden = {key: fn for (match, key), fn in d.overrides.items()
+                if match == "layer"}
+  tasks = {layer: TaskRule((layer,), t.losses, t.method)
+           for layer, t in d.tasks.items()}
+  uppers = {upper for _, upper in d.edges}
   read: List[str] = []
   if replaced:
     view = lazy.get().replacement_view
     read = [c for layer, fn in replaced.items() for c in fn.cuts(view, layer)]
   names = list(dict.fromkeys(
-      [d.layer for d in items if d.layer
-       and isinstance(d, (UpstreamDeclaration, BackwardDeclaration,
+      [x.layer for x in d if x.layer
+       and isinstance(x, (UpstreamDeclaration, BackwardDeclaration,
                           TasksDeclaration, OverrideDeclaration))]
       + sorted(uppers) + read))
   out = {}
@@ -472,37 +450,19 @@ def _layer_rules(items, lazy: _Lazy, nonlinear) -> Dict[str, LayerRule]:
   return out
 
 
-def _edge_rules(items) -> Dict[Tuple[str, str], EdgeRule]:
-  return {k: EdgeRule(k[0], k[1], fn, fn.linear_factor)
-          for k, fn in _composed(((d.layer, d.upper), d.fn)
-                                 for d in _of(items, EdgeDeclaration)).items()}
-
-
-def _parameter_rules(items) -> Tuple[ParameterRule, ...]:
-  own: Dict[str, List[Any]] = {}
-  groups: List[ParameterRule] = []
-  for d in _of(items, GradientsDeclaration):
-    if d.group:
-      groups.append(ParameterRule(d.group, d.fn, group=True))
-    else:
-      own.setdefault(d.layer, []).append(d.fn)
-  return tuple(ParameterRule((layer,), fn) for layer, fns in own.items()
-               for fn in fns) + tuple(groups)
-
-
-def _check_loss_scale(items: Sequence[Declaration]) -> None:
+def _check_loss_scale(d: Declarations) -> None:
   """The one loss-scale policy: a declaration that computes gradients of its
   own (a task combination, a backward replacement) is refused unless it is
   homogeneous, ``f(S g) = S f(g)``, so that the loss-scaled gradients it
   receives give the loss-scaled result."""
-  bad = [f"combine_tasks({d.layer!r}, {d.method!r})"
-         for d in _of(items, TasksDeclaration) if not d.method.homogeneous]
-  bad += [f"combine_tasks(at='parameters', {d.method!r})"
-          for d in _of(items, ParameterTasksDeclaration)
-          if not d.method.homogeneous]
-  bad += [f"replace_backward({d.layer!r}, {d.fn!r})"
-          for d in _of(items, BackwardDeclaration)
-          if not as_replacement(d.fn).homogeneous]
+  bad = [f"combine_tasks({t.layer!r}, {t.method!r})"
+         for t in d.tasks.values() if not t.method.homogeneous]
+  bad += [f"combine_tasks(at='parameters', {t.method!r})"
+          for t in d.of_kind(ParameterTasksDeclaration)
+          if not t.method.homogeneous]
+  bad += [f"replace_backward({layer!r}, {fn!r})"
+          for layer, fn in d.backward.items()
+          if not as_replacement(fn).homogeneous]
   if bad:
     raise _errors.GraphGradError(
         f"loss_scale: a loss scale multiplies every gradient of the backward "
