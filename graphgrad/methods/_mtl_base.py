@@ -65,7 +65,9 @@ class TaskMethod:
         stateful method gets no ``state``.
     """
     with tf.name_scope(name or self.name):
-      mat, shape = stack(grads, self.name)
+      dense = dense_grads(grads, self.name)
+      mat = tf.stack([tf.reshape(g, [-1]) for g in dense])
+      shape = tf.shape(dense[0])
       if self.stateful:
         if state is None:
           raise _errors.GraphGradError(
@@ -194,12 +196,6 @@ def sum() -> TaskMethod:
     array([1., 3.], dtype=float32)
   """
   return _Sum()
-
-
-def stack(grads, method: str):
-  """``(J, shape)``: the ``k x n`` matrix of flattened gradients."""
-  dense = dense_grads(grads, method)
-  return tf.stack([tf.reshape(g, [-1]) for g in dense]), tf.shape(dense[0])
 
 
 def dense_grads(grads, method: str) -> list[tf.Tensor]:

@@ -350,25 +350,7 @@ def run_replacement(fn: Callable, context: Any, where: str) -> BackwardResult:
     raise
   except Exception as e:  # pylint: disable=broad-except
     raise _checks.raised_error(where, "replacement", fn, e) from e
-  return checked_result(fn, out, context.inputs, where)
-
-
-def checked_result(fn: Callable, out: Any, inputs: Sequence[tf.Tensor],
-                   where: str) -> BackwardResult:
-  """Checks a replacement's result ``out``: one gradient (or ``None``) like
-  each of ``inputs``, alone or in a :class:`BackwardResult`.
-
-  Example:
-    >>> x = tf.zeros([2, 3])
-    >>> checked_result("r", [tf.ones([2, 3])], [x], "here").input_grads[0].shape
-    TensorShape([2, 3])
-    >>> checked_result("r", tf.ones([2, 3]), [x], "here")
-    Traceback (most recent call last):
-    ...
-    graphgrad._errors.IncompatibleGradientError: here: 'r' returned one tensor,
-    not a list, for 1 input tensors (the input of shape (2, 3) float32). Return
-    one gradient (or None) per context.inputs tensor, in order.
-  """
+  inputs = context.inputs
   if isinstance(out, BackwardResult):
     grads, extra = out.input_grads, tuple(out.extra_grads_and_vars)
   else:
