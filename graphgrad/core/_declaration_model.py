@@ -251,10 +251,11 @@ class Declarations:
 
   def resolve(self, layer, arg: str = "layer") -> str:
     """The canonical name of ``layer``; refuses once frozen."""
-    return self._layer(layer, arg)
+    self._check_open()
+    return self._resolve(layer, arg)
 
   def add_upstream(self, layer, fn, validate: Validate = None) -> None:
-    name = self._layer(layer, "layer")
+    name = self.resolve(layer, "layer")
     fn = self._per_tensor(fn, "transform_upstream")
     self._add(UpstreamDeclaration(name, fn), validate)
 
@@ -266,10 +267,10 @@ class Declarations:
     if not isinstance(fn, GroupTransform):
       fn = as_transform(fn)
     if not isinstance(layer, (list, tuple)):
-      name = self._layer(layer, "layer")
+      name = self.resolve(layer, "layer")
       self._add(GradientsDeclaration(name, fn), validate)
       return
-    names = tuple(dict.fromkeys(self._layer(l, "layer") for l in layer))
+    names = tuple(dict.fromkeys(self.resolve(l, "layer") for l in layer))
     if not names:
       raise _errors.GraphGradError(
           f"transform_gradients: `layer` is an empty {type(layer).__name__}; "
@@ -280,7 +281,7 @@ class Declarations:
               (lambda: validate(names)) if validate is not None else None)
 
   def add_edge(self, lower, upper, fn, validate: Validate = None) -> None:
-    lo = self._layer(lower, "lower")
+    lo = self.resolve(lower, "lower")
     up = self._resolve(upper, "upper")
     if lo == up:
       raise _errors.GraphGradError(
@@ -290,7 +291,7 @@ class Declarations:
     self._add(EdgeDeclaration(lo, up, fn), validate)
 
   def add_backward(self, layer, fn, validate: Validate = None) -> None:
-    name = self._layer(layer, "layer")
+    name = self.resolve(layer, "layer")
     if not callable(fn) or isinstance(fn, (Transform, GroupTransform)):
       raise _errors.GraphGradError(
           f"replace_backward: `fn` must be a gg.backward replacement or a "
@@ -312,7 +313,7 @@ class Declarations:
 
   def add_tasks(self, layer, losses: Optional[Sequence[Any]],
                 method, validate: Validate = None) -> None:
-    name = self._layer(layer, "layer")
+    name = self.resolve(layer, "layer")
     method = as_task_method(method)
     if name in self.tasks:
       raise _errors.GraphGradError(
@@ -356,7 +357,7 @@ class Declarations:
           f"{caller}: `layers` must name at least one layer; got an empty "
           f"{type(layers).__name__}. Pass a layer name, a list of names, or "
           f"None for every layer.")
-    names = [self._layer(r, "layers") for r in refs]
+    names = [self.resolve(r, "layers") for r in refs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
       raise _errors.GraphGradError(
@@ -411,7 +412,7 @@ class Declarations:
             f"{caller}: `keep` must be a list of layers (names, paths or "
             f"layers) or None; got {type(keep).__name__} {keep!r}. Pass "
             f"keep=[{keep!r}] for one layer.")
-      keep = tuple(self._layer(k, "keep") for k in keep)
+      keep = tuple(self.resolve(k, "keep") for k in keep)
     if self.of_kind(RecomputeDeclaration):
       raise _errors.GraphGradError(
           f"{caller}: this {self._owner} already recomputes; declare "
@@ -549,10 +550,6 @@ class Declarations:
     if validate is not None:
       validate()
     self._items.append(declaration)
-
-  def _layer(self, layer, arg: str) -> str:
-    self._check_open()
-    return self._resolve(layer, arg)
 
   def _check_open(self) -> None:
     if self._frozen:

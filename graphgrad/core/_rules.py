@@ -15,6 +15,7 @@ declared too.
 
 import dataclasses
 import enum
+import functools
 from typing import (
   Any,
   Callable,
@@ -340,7 +341,16 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
     (<Mode.TRANSFORMED: 'transformed'>, <Mode.PLAIN: 'plain'>)
   """
   d = Declarations.read_only(declarations)
-  lazy = _Lazy(topology)
+
+  @functools.lru_cache(maxsize=None)
+  def layers() -> Topology:  # read on first use; a callable is called once
+    got = topology() if callable(topology) and not hasattr(
+        topology, "layers_of_ops") else topology
+    if got is None:
+      raise _errors.GraphGradError(
+          "compiling this plan needs its layers (an override or a backward "
+          "replacement is declared), but no topology was given.")
+    return got
   privacy, loss_scale = d.privacy, d.loss_scale
   if privacy is not None:
     refuse_declarations(d)
@@ -352,13 +362,14 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
           "the optimizer the loss-scale optimizer wraps).")
   if loss_scale is not None:
     _check_loss_scale(d)
-  ops = tuple(_op_rule(op, fn, lazy) for op, fn in d.overrides.items()
-              if op[0] != "layer")
+  ops = tuple(OpRule(match, key, fn, linear=fn is straight_through,
+                     layers=frozenset(layers().layers_of_ops(match, key)))
+              for (match, key), fn in d.overrides.items() if match != "layer")
   nonlinear = {n for o in ops if not o.linear for n in o.layers}
-  layers = _layer_rules(d, lazy, nonlinear)
+  rules = _layer_rules(d, layers, nonlinear)
   recompute, params = d.recompute, d.parameter_tasks
   return PlanRules(
-      layers=layers,
+      layers=rules,
       edges={k: EdgeRule(k[0], k[1], fn, fn.linear_factor)
              for k, fn in d.edges.items()},
       ops=ops,
@@ -375,7 +386,7 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
           [n for x in d for n in (
               (x.layer, x.upper) if isinstance(x, EdgeDeclaration)
               else (x.layer,)) if n]
-          + [n for n, r in layers.items() if r.read])),
+          + [n for n, r in rules.items() if r.read])),
       reads_global_step=any(
           isinstance(x, (UpstreamDeclaration, GradientsDeclaration,
                          EdgeDeclaration))
@@ -383,31 +394,7 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
           and x.fn.reads_global_step for x in d))
 
 
-class _Lazy:
-  """The topology, fetched on first use."""
-
-  def __init__(self, topology):
-    self._topology, self._got = topology, None
-
-  def get(self):
-    if self._got is None:
-      t = self._topology
-      self._got = t() if callable(t) and not hasattr(
-          t, "layers_of_ops") else t
-      if self._got is None:
-        raise _errors.GraphGradError(
-            "compiling this plan needs its layers (an override or a backward "
-            "replacement is declared), but no topology was given.")
-    return self._got
-
-
-def _op_rule(op: Tuple[str, str], fn: Callable, lazy: _Lazy) -> OpRule:
-  match, key = op
-  return OpRule(match, key, fn, linear=fn is straight_through,
-                layers=frozenset(lazy.get().layers_of_ops(match, key)))
-
-
-def _layer_rules(d: Declarations, lazy: _Lazy,
+def _layer_rules(d: Declarations, layers: Callable[[], Topology],
                  nonlinear) -> Dict[str, LayerRule]:
   upstream = d.upstream
   replaced = {layer: as_replacement(fn) for layer, fn in d.backward.items()}
@@ -418,7 +405,7 @@ def _layer_rules(d: Declarations, lazy: _Lazy,
   uppers = {upper for _, upper in d.edges}
   read: List[str] = []
   if replaced:
-    view = lazy.get().replacement_view
+    view = layers().replacement_view
     read = [c for layer, fn in replaced.items() for c in fn.cuts(view, layer)]
   names = list(dict.fromkeys(
       [x.layer for x in d if x.layer
