@@ -239,7 +239,7 @@ class Declarations:
   @classmethod
   def read_only(cls, items: Iterable[Declaration]) -> "Declarations":
     """``items`` to read through the accessors: a plan's ``Declarations``
-    itself, or any iterable of checked declarations (a tape's adds its loss
+    itself, or any iterable of checked declarations (a tape adds its loss
     scale), frozen."""
     if isinstance(items, Declarations):
       return items
