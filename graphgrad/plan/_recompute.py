@@ -242,14 +242,9 @@ class Split:
 
   def _region(self) -> Tuple[Set[tf.Operation], Set[tf.Operation]]:
     """(ops between xs and ys, the variable ops among xs)."""
-    behind: Set[tf.Operation] = set()
-    stack = [y.op for y in self.ys if y.name not in self.stop_names]
-    while stack:
-      op = stack.pop()
-      if op in behind:
-        continue
-      behind.add(op)
-      stack += [t.op for t in op.inputs if t.name not in self.stop_names]
+    behind = _graph_util.ops_behind(
+        [y.op for y in self.ys if y.name not in self.stop_names], -1,
+        lambda t: t.name not in self.stop_names)
     var_ops = {x.op for x in self.xs if _is_var(x)}
     seeds = [c for x in self.xs
              for t in (x.op.outputs if _is_var(x) else [x])
@@ -382,10 +377,8 @@ class Split:
 
   def _copy(self, ops, mapping, grads, j) -> None:
     """Copies ``ops`` (in order); the first ones wait for ``grads``."""
-    wait = []
-    for g in grads:
-      g = g.values if isinstance(g, tf.IndexedSlices) else g
-      wait.append(g.op)
+    wait = [(g.values if isinstance(g, tf.IndexedSlices) else g).op
+            for g in grads]
     inside = {op.name for op in ops}
     copies: Dict[str, tf.Operation] = {}
     with tf.name_scope(f"recompute_{j}"):
