@@ -14,6 +14,7 @@ such layers takes one call (``_spans``). With no cut at all the executor
 makes the single call ``Optimizer.minimize`` makes.
 """
 
+import functools
 from typing import Callable, Dict, List, Optional, Protocol, Sequence
 
 import tensorflow as tf
@@ -95,7 +96,8 @@ class _LayerSteps:
   def replace(self, grads, chain_rule):
     return self.segments.hooks.replace(
         self.rule, outputs=self.ys, upstream=grads, inputs=self.targets,
-        upstream_of=self.segments._upstream_of, chain_rule=chain_rule)
+        upstream_of=functools.partial(completed_upstream, self.segments._done),
+        chain_rule=chain_rule)
 
   def override(self, grads):
     raise AssertionError("a tf.Graph plan overrides ops, not layers")
@@ -241,9 +243,6 @@ class Segments:
   def _edge_rule(self, t: tf.Tensor, upper: str) -> Optional[EdgeRule]:
     lower = self.net.layer_of(t.op)
     return None if lower is None else self.rules.edges.get((lower, upper))
-
-  def _upstream_of(self, layer: str) -> List:
-    return completed_upstream(self._done, layer)
 
   def _run_edge(self, group: Group, bp: Backprop) -> None:
     """Hands an upper layer's edge gradient to each lower layer, rewritten."""

@@ -205,7 +205,10 @@ class _Executor:
     with self.loss.graph.as_default(), tf.name_scope(self.options.name), \
         _scaled.active(self.scale):
       params = rules.parameter_tasks
-      chosen = set() if params is None else self._combined(params)
+      # The variables a parameter-space combination takes.
+      chosen = set() if params is None else {
+          v.op.name for v in self.var_list if params.layers is None
+          or self.net.layer_of_variable(v) in params.layers}
       plain = not rules.rewrites_backward
       if rules.privacy is not None:
         uses = _privatize_graph.GraphUses(self.loss, self.var_list, self.vjp)
@@ -315,12 +318,6 @@ class _Executor:
               for g, d in zip(grads, deltas)]
 
   # -- parameter gradients ---------------------------------------------------
-
-  def _combined(self, declared: TaskRule) -> Set[str]:
-    """The op names of the variables a parameter-space combination takes."""
-    layers = declared.layers
-    return {v.op.name for v in self.var_list
-            if layers is None or self.net.layer_of_variable(v) in layers}
 
   def _combine_parameters(self, declared: TaskRule,
                           out: GradsAndVars, chosen: Set[str],

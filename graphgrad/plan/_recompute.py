@@ -112,28 +112,24 @@ def separators(net: LayerGraph) -> Tuple[List[Tuple[tf.Tensor, int]], int]:
   return found, len(act)
 
 
-def choose_tensors(net: LayerGraph) -> List[tf.Tensor]:
-  """About ``sqrt(n)`` of the :func:`separators`, for ``n`` layers, evenly
-  spread along the activations."""
-  candidates, total = separators(net)
-  k = max(1, int(round(math.sqrt(len(net.names)))) - 1)
-  chosen: Dict[str, tf.Tensor] = {}
-  for i in range(1, k + 1):
-    target = i * total / (k + 1)
-    free = [(t, p) for t, p in candidates if t.name not in chosen]
-    if not free:
-      break
-    t, _ = min(free, key=lambda c: abs(c[1] - target))
-    chosen[t.name] = t
-  return list(chosen.values())
-
-
 def kept_tensors(net: LayerGraph, keep: Optional[Sequence[str]]
                  ) -> List[tf.Tensor]:
   """The tensors the backward pass keeps: the outputs of the layers in
-  ``keep``, or with ``keep=None`` the tensors :func:`choose_tensors` picks."""
+  ``keep``, or with ``keep=None`` about ``sqrt(n)`` of the
+  :func:`separators`, for ``n`` layers, evenly spread along the
+  activations."""
   if keep is None:
-    kept = choose_tensors(net)
+    candidates, total = separators(net)
+    k = max(1, int(round(math.sqrt(len(net.names)))) - 1)
+    chosen: Dict[str, tf.Tensor] = {}
+    for i in range(1, k + 1):
+      target = i * total / (k + 1)
+      free = [(t, p) for t, p in candidates if t.name not in chosen]
+      if not free:
+        break
+      t, _ = min(free, key=lambda c: abs(c[1] - target))
+      chosen[t.name] = t
+    kept = list(chosen.values())
   else:
     kept = [t for n in keep for t in net[n].outputs
             if _graph_util.differentiable(t)]
