@@ -205,7 +205,7 @@ class Backprop:
       return self.vjp.gradients(ys, grads, xs, stops, hooks, allowed)
     if grads is None:
       grads = [tf.ones_like(y) for y in ys]
-    return self._recomputed(recompute.split(ys, xs, stops), list(grads),
+    return self._recomputed(Split(recompute, ys, xs, stops), list(grads),
                             hooks)
 
   def _recomputed(self, split: Split, grads: List,

@@ -292,8 +292,12 @@ class _Executor:
     """
     if not weighed:
       return self._apply(fn, grad, ctx, where)
-    self.trace.append(TraceRecord(ctx, grad, later=lambda: self._later(
-        fn, grad, ctx, where)))
+
+    def later():  # built after the plan, for a trace entry read later
+      with self.loss.graph.as_default(), tf.name_scope(self.options.name):
+        return _checks.checked(fn, grad, ctx, where)
+
+    self.trace.append(TraceRecord(ctx, grad, later=later))
     return grad
 
   def replace(self, rule: LayerRule, **kw) -> Sequence[Gradient]:
@@ -407,12 +411,6 @@ class _Executor:
     out = _checks.checked(fn, grad, ctx, where)
     self.trace.append(TraceRecord(ctx, grad, out))
     return out
-
-  def _later(self, fn: Transform, grad: Gradient, ctx: TransformContext,
-             where: str) -> Gradient:
-    """``fn(grad)`` built after the plan, for a trace entry read later."""
-    with self.loss.graph.as_default(), tf.name_scope(self.options.name):
-      return _checks.checked(fn, grad, ctx, where)
 
   def _context(self, layer: str, role: str, **kw) -> TransformContext:
     return TransformContext(layer=layer, role=role,

@@ -142,7 +142,7 @@ class Recompute:
   """``plan.recompute``: an option of the plan's VJP (``_backprop``).
 
   Each backward call ``(ys, xs)`` of a recomputing VJP is split at the kept
-  tensors (:meth:`split`); the VJP differentiates the pieces from the top
+  tensors (:class:`Split`); the VJP differentiates the pieces from the top
   down, each on a copy of its forward ops, and deposits what each gives
   into the backward pass's accumulators.
 
@@ -164,12 +164,6 @@ class Recompute:
     if self._index is None:
       self._index = {t.name: i for i, t in enumerate(self._kept())}
     return self._index
-
-  def split(self, ys: Sequence[tf.Tensor], xs: Sequence,
-            stops: Sequence[tf.Tensor]) -> "Split":
-    """The pieces of the call from ``ys`` to ``xs``, none flowing back
-    through ``stops``."""
-    return Split(self, ys, xs, stops)
 
 
 def _scalar(t: tf.Tensor) -> bool:
@@ -210,7 +204,8 @@ class Piece:
 
 
 class Split:
-  """One recomputing backward call, split at the kept tensors.
+  """One recomputing backward call from ``ys`` to ``xs``, none flowing back
+  through ``stops``, split at the kept tensors of ``option``.
 
   :meth:`pieces` gives the pieces from the top down and :meth:`call` the
   ``(ys, xs, stops)`` of each piece's VJP, on a copy of its forward ops;
