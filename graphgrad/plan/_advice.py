@@ -42,7 +42,8 @@ def is_adaptive(update_ops: Sequence[tf.Operation], grads) -> bool:
   ``tf.function`` or a v2 cond (a Keras optimizer, ``apply_if_finite``) is
   read from the function's body.
   """
-  tainted = {g.op for g in _tensors(grads)}
+  tainted = {(g.values if isinstance(g, tf.IndexedSlices) else g).op
+             for g in grads if g is not None}
   calls = []
   for op in update_ops:
     if any(a.func.name for a in op.node_def.attr.values()):
@@ -52,14 +53,6 @@ def is_adaptive(update_ops: Sequence[tf.Operation], grads) -> bool:
       if _normalizes(op.type):
         return True
   return _graph_util.calls_node(calls, _normalizes)
-
-
-def _tensors(grads):
-  for g in grads:
-    if isinstance(g, tf.IndexedSlices):
-      yield g.values
-    elif g is not None:
-      yield g
 
 
 def pure_scale(fns: Iterable[Transform]) -> Optional[float]:

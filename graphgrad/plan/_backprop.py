@@ -150,7 +150,7 @@ class Backprop:
     vjp: the plan's VJP.
     variables: variable op name -> differentiated variable.
     bound: whether each call's reachability walk may be bounded.
-    reduce: optional ``(var_names, grads) -> grads`` applied to the
+    reduce: optional ``(variables, grads) -> grads`` applied to the
       parameter gradients of each segment call.
   """
 
@@ -205,7 +205,7 @@ class Backprop:
       return self.vjp.gradients(ys, grads, xs, stops, hooks, allowed)
     if grads is None:
       grads = [tf.ones_like(y) for y in ys]
-    return self._recomputed(recompute.split(ys, xs, stops), list(grads),
+    return self._recomputed(Split(recompute, ys, xs, stops), list(grads),
                             hooks)
 
   def _recomputed(self, split: Split, grads: List,
@@ -259,19 +259,17 @@ class Backprop:
     if grad is not None:
       (self.acc if store is None else store)[t.name].append(grad)
 
-  def deposit(self, targets, var_names, results, store=None,
-              factor: Optional[float] = None, plain: Sequence[str] = ()):
-    """Adds one call's results; all but the ``plain`` variables weighted."""
+  def deposit(self, targets, var_names, results, store=None):
+    """Adds one call's results, the parameter gradients reduced."""
     n = len(targets)
     for t, g in zip(targets, results[:n]):
-      self.add(t, self.weigh(g, factor), store)
-    unweighted = set(plain)
-    found = [(name, g if name in unweighted else self.weigh(g, factor))
-             for name, g in zip(var_names, results[n:]) if g is not None]
+      self.add(t, g, store)
+    found = [(name, g) for name, g in zip(var_names, results[n:])
+             if g is not None]
     if self.reduce is not None and found:
-      found = list(zip([name for name, _ in found],
-                       self.reduce([name for name, _ in found],
-                                   [g for _, g in found])))
+      names = [name for name, _ in found]
+      found = list(zip(names, self.reduce([self.variables[m] for m in names],
+                                          [g for _, g in found])))
     for name, g in found:
       self.var_grads[name].append(g)
 

@@ -14,11 +14,12 @@ such layers takes one call (``_spans``). With no cut at all the executor
 makes the single call ``Optimizer.minimize`` makes.
 """
 
-import dataclasses
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Set
+import functools
+from typing import Callable, Dict, List, Optional, Protocol, Sequence
 
 import tensorflow as tf
 
+from graphgrad._types import Gradient
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._gradients import aggregate, completed_upstream, is_zero
 from graphgrad.core._layer_policy import layer_backward
@@ -29,41 +30,34 @@ from graphgrad.plan._cuts import CutPlan, Group, GroupKind, ancestors
 from graphgrad.plan._op_override import Substitutions
 from graphgrad.plan._spans import Spans
 
-__all__ = ["Hooks", "Rewrite", "Segments"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Rewrite:
-  """An upstream or edge transform as the engine calls it.
-
-  Attributes:
-    fn: ``(grad, tensor) -> grad``, the transform with the plan's checks.
-    observe: called as ``observe(grad, tensor)`` with each gradient that
-      a ``LINEAR`` rule weights instead of calling ``fn`` on (summaries).
-  """
-  fn: Callable
-  observe: Optional[Callable] = None
+__all__ = ["Hooks", "Segments"]
 
 
 class Hooks(Protocol):
-  """What the engine calls of the TF1 executor, per compiled rule."""
+  """What the engine asks of the TF1 executor, at a rule that has one."""
 
-  def upstream(self, rule: LayerRule) -> Rewrite:
-    """The layer's upstream transform."""
+  def upstream(self, rule: LayerRule, grad: Gradient, tensor: tf.Tensor,
+               weighed: bool = False) -> Gradient:
+    """The layer's upstream transform of ``grad`` at ``tensor``, with the
+    plan's checks and trace. With ``weighed`` the engine weights ``grad``
+    by the rule's factor instead, and this only records it (summaries)."""
 
-  def edge(self, rule: EdgeRule) -> Rewrite:
-    """The edge's transform."""
+  def edge(self, rule: EdgeRule, grad: Gradient, tensor: tf.Tensor,
+           weighed: bool = False) -> Gradient:
+    """The edge's transform, as :meth:`upstream`."""
 
-  def replacement(self, rule: LayerRule) -> Callable:
-    """The layer's backward replacement, called with keywords ``layer``,
-    ``outputs``, ``upstream`` (the gradients at ``outputs`` after the
-    upstream transform), ``inputs``, ``chain_rule`` (a function building
-    what the chain rule would give) and ``upstream_of`` (layer name -> the
-    complete gradients at that cut layer's outputs); it returns one
+  def replace(self, rule: LayerRule, *, outputs: List[tf.Tensor],
+              upstream: List, inputs: List[tf.Tensor],
+              upstream_of: Callable, chain_rule: Callable) -> Sequence:
+    """The layer's backward replacement: ``upstream`` is the gradients at
+    ``outputs`` after the upstream transform, ``chain_rule`` a function
+    building what the chain rule would give and ``upstream_of`` layer name
+    -> the complete gradients at that cut layer's outputs; it returns one
     gradient per input."""
 
-  def tasks(self, rule: LayerRule) -> Callable:
-    """``(grads, outputs) -> grads``: the layer's task combination."""
+  def combine(self, rule: LayerRule, grads: List,
+              outputs: List[tf.Tensor]) -> List:
+    """The layer's task combination of ``grads`` at ``outputs``."""
 
 
 class _LayerSteps:
@@ -87,23 +81,23 @@ class _LayerSteps:
     return self.bp.weigh(grad, factor)
 
   def arrived(self, grads):
-    name, s = self.rule.layer, self.segments
-    tasks = s.outputs_fn.get(name)
-    s._done[name] = tasks(grads, self.ys) if tasks is not None else grads
-    return s._done[name]
+    if self.rule.tasks is not None:
+      grads = self.segments.hooks.combine(self.rule, grads, self.ys)
+    self.segments._done[self.rule.layer] = grads
+    return grads
 
   def transform(self, grads):
-    rw = self.segments.upstream[self.rule.layer]
-    return [rw.fn(gy, y) for y, gy in zip(self.ys, grads)]
+    upstream = self.segments.hooks.upstream
+    return [upstream(self.rule, gy, y) for y, gy in zip(self.ys, grads)]
 
   def observe(self, grads):
     self.segments._observe(self.rule.layer, self.ys, grads)
 
   def replace(self, grads, chain_rule):
-    name = self.rule.layer
-    return self.segments.backward[name](
-        layer=name, outputs=self.ys, upstream=grads, inputs=self.targets,
-        upstream_of=self.segments._upstream_of, chain_rule=chain_rule)
+    return self.segments.hooks.replace(
+        self.rule, outputs=self.ys, upstream=grads, inputs=self.targets,
+        upstream_of=functools.partial(completed_upstream, self.segments._done),
+        chain_rule=chain_rule)
 
   def override(self, grads):
     raise AssertionError("a tf.Graph plan overrides ops, not layers")
@@ -117,12 +111,9 @@ class Segments:
     variables: the variables to differentiate.
     rules: the plan, compiled: each layer's mode and factor, the edges, the
       layers whose outputs a replacement reads.
-    hooks: the executor's transforms, replacements and task combinations,
-      asked once per rule that has one.
-    options: keyword arguments for ``tf.gradients``, of the VJP made
-      when ``vjp`` is not given.
+    hooks: the executor's transforms, replacements and task combinations.
     vjp: the plan's VJP (``_backprop.GraphVJP``), which every segment
-      calls; by default one with ``options`` and ``overrides``.
+      calls.
     overrides: the plan's overridden ops: their functions replace the
       registered ones in every segment call (see ``_hooks``). Glue with an
       op whose function is not known to be linear is never covered by a
@@ -133,51 +124,32 @@ class Segments:
   """
 
   def __init__(self, net: LayerGraph, variables, rules: PlanRules,
-               hooks: Hooks, options: dict,
-               vjp: Optional[GraphVJP] = None,
-               overrides: Optional[Substitutions] = None,
+               hooks: Hooks, vjp: GraphVJP, overrides: Substitutions,
                spans: bool = True):
     self.net = net
     self.rules = rules
-    self.overrides = overrides or Substitutions()
-    self.vjp = vjp or GraphVJP(options, self.overrides.fns)
+    self.hooks = hooks
+    self.vjp = vjp
     self.variables = {v.op.name: v for v in variables}
-    self.upstream = {n: hooks.upstream(r) for n, r in rules.layers.items()
-                     if r.upstream is not None}
-    self.edges = {k: hooks.edge(e) for k, e in rules.edges.items()}
-    self.options = options
-    self.backward = {n: hooks.replacement(r) for n, r in rules.layers.items()
-                     if r.mode is Mode.REPLACED}
-    self.outputs_fn = {n: hooks.tasks(r) for n, r in rules.layers.items()
-                       if r.tasks is not None}
-    self.edge_uppers = {n for n, r in rules.layers.items() if r.edge_upper}
+    edge_uppers = {n for n, r in rules.layers.items() if r.edge_upper}
     cut_layers = {n for n, r in rules.layers.items() if r.cut}
-    self._special = {n for n, r in rules.layers.items() if r.special}
+    special = {n for n, r in rules.layers.items() if r.special}
     # A layer whose only rewrite is linear also backpropagates the glue
     # that feeds it alone: one segment per layer, not one more per glue op.
     factors = {n: r.factor for n, r in rules.layers.items()
                if r.mode is Mode.LINEAR and r.factor is not None}
-    with_glue = [n for n in factors if n not in self._special]
-    self.cuts = CutPlan(net, self.variables, cut_layers, self.edge_uppers,
-                        with_glue, uncovered=self._nonlinear_overrides())
+    with_glue = [n for n in factors if n not in special]
+    nonlinear = {n for n in overrides.fns
+                 if n in net.op_graph and n not in overrides.linear}
+    self.cuts = CutPlan(net, self.variables, cut_layers, edge_uppers,
+                        with_glue, uncovered=nonlinear)
     # Each segment call walks only the ops behind its ys (see _reach).
     self._bound = _reach.can_bound(
         d["op"] for _, d in net.op_graph.nodes(data=True))
     self._done: Dict[str, List] = {}
-    self._spans = Spans(
-        net, self.cuts, self.variables, factors, self._special,
-        enabled=spans and _hooks.available(),
-        overridden=set(self.overrides.fns))
-
-  def _nonlinear_overrides(self) -> Set[str]:
-    """The overridden ops of the op graph whose function may not be linear."""
-    known = self.net.op_graph
-    return {n for n in self.overrides.fns
-            if n in known and n not in self.overrides.linear}
-
-  def schedule(self) -> List[Group]:
-    """Returns the cut groups in execution order, with their segments."""
-    return self.cuts.schedule()
+    self._spans = Spans(self.cuts, factors, special,
+                        enabled=spans and _hooks.available(),
+                        overridden=set(overrides.fns))
 
   def build(self, seed: tf.Tensor,
             reduce: Optional[Callable] = None) -> Dict[str, List]:
@@ -185,16 +157,15 @@ class Segments:
 
     Args:
       seed: the gradient of the loss.
-      reduce: optional ``(var_names, grads) -> grads``, applied to the
+      reduce: optional ``(variables, grads) -> grads``, applied to the
         parameter gradients each segment call produces, before they join
         the variables' contributions.
     """
     bp = Backprop(self.vjp, self.variables, self._bound, reduce)
     bp.acc[self.net.loss.name].append(seed)
-    self._done = {}
     run = {GroupKind.LAYER: self._run_layer, GroupKind.EDGE: self._run_edge,
            GroupKind.OP: self._run_op}
-    order = self.schedule()
+    order = self.cuts.schedule()
     spans = self._spans.find(order)
     covered = {g.key for span in spans.values() for g in span[1:]}
     for group in order:
@@ -225,10 +196,10 @@ class Segments:
 
   def _observe(self, name: str, ys: Sequence[tf.Tensor], g: List) -> None:
     self._done[name] = g
-    rw = self.upstream.get(name)
-    if rw is not None and rw.observe is not None:
+    rule = self.rules.rule(name)
+    if rule.upstream is not None:
       for y, gy in zip(ys, g):
-        rw.observe(gy, y)
+        self.hooks.upstream(rule, gy, y, weighed=True)
 
   # -- one method per kind of cut group --------------------------------------
 
@@ -247,7 +218,8 @@ class Segments:
     store = bp.edge_grads[name] if rule.edge_upper else None
     # A replacement answers for every input; a zero edge removes the rest.
     targets = (group.targets if rule.mode is Mode.REPLACED
-               else self._live_inputs(group, bp))
+               or not rule.edge_upper
+               else self._not_zeroed(group.targets, name, bp))
     steps = _LayerSteps(self, bp, rule, ys, targets, own, other,
                         group.targets)
     result = layer_backward(rule, bp.total(ys), steps)
@@ -256,13 +228,6 @@ class Segments:
       bp.drop(targets, other)
     else:
       bp.deposit(targets, [], result.inputs, store=store)
-
-  def _live_inputs(self, group: Group, bp: Backprop) -> List[tf.Tensor]:
-    """The layer's targets, less those whose edge is ``zero()``."""
-    name = group.key.name
-    if name not in self.edge_uppers:
-      return group.targets
-    return self._not_zeroed(group.targets, name, bp)
 
   def _not_zeroed(self, targets, upper: str, bp: Backprop) -> List[tf.Tensor]:
     """``targets`` but those whose edge into ``upper`` is ``zero()``."""
@@ -278,9 +243,6 @@ class Segments:
   def _edge_rule(self, t: tf.Tensor, upper: str) -> Optional[EdgeRule]:
     lower = self.net.layer_of(t.op)
     return None if lower is None else self.rules.edges.get((lower, upper))
-
-  def _upstream_of(self, layer: str) -> List:
-    return completed_upstream(self._done, layer)
 
   def _run_edge(self, group: Group, bp: Backprop) -> None:
     """Hands an upper layer's edge gradient to each lower layer, rewritten."""
@@ -300,9 +262,7 @@ class Segments:
     edge = self._edge_rule(t, upper)
     if edge is None or grad is None:
       return grad
-    rw = self.edges[edge.lower, edge.upper]
     if edge.factor is None:
-      return rw.fn(grad, t)
-    if rw.observe is not None:
-      rw.observe(grad, t)
+      return self.hooks.edge(edge, grad, t)
+    self.hooks.edge(edge, grad, t, weighed=True)
     return bp.weigh(grad, edge.factor)

@@ -45,7 +45,7 @@ from graphgrad.plan import (
   _replacement_graph,
 )
 from graphgrad.plan._backprop import GraphVJP
-from graphgrad.plan._engine import Rewrite, Segments
+from graphgrad.plan._engine import Segments
 from graphgrad.transforms import _checks, _scaled
 from graphgrad.transforms._context import Resources, TransformContext
 from graphgrad.transforms._transforms import Transform
@@ -205,7 +205,10 @@ class _Executor:
     with self.loss.graph.as_default(), tf.name_scope(self.options.name), \
         _scaled.active(self.scale):
       params = rules.parameter_tasks
-      chosen = set() if params is None else self._combined(params)
+      # The variables a parameter-space combination takes.
+      chosen = set() if params is None else {
+          v.op.name for v in self.var_list if params.layers is None
+          or self.net.layer_of_variable(v) in params.layers}
       plain = not rules.rewrites_backward
       if rules.privacy is not None:
         uses = _privatize_graph.GraphUses(self.loss, self.var_list, self.vjp)
@@ -254,83 +257,71 @@ class _Executor:
 
   def _segmented(self, reached) -> Dict[str, Gradient]:
     rules = self.rules
-    segments = Segments(
-        self.net, reached, rules, self, self.options.gradients_kwargs,
-        vjp=self.vjp, overrides=self.overrides,
-        spans=rules.recompute is None)
-    by_name = {v.op.name: v for v in reached}
-    reduce = None
-    if self.options.reduce_fn is not None:
-      reduce = lambda names, grads: self._reduce(  # noqa: E731
-          [by_name[n] for n in names], grads)
+    segments = Segments(self.net, reached, rules, self, self.vjp,
+                        self.overrides, spans=rules.recompute is None)
+    reduce = None if self.options.reduce_fn is None else self._reduce
     contributions = segments.build(self._seed(), reduce=reduce)
     return {v.op.name: aggregate(contributions.get(v.op.name, ()), like=v)
             for v in reached}
 
   # -- what the engine asks of each rule (_engine.Hooks) ----------------------
 
-  def upstream(self, rule: LayerRule) -> Rewrite:
-    layer, fn = rule.layer, rule.upstream
-    assert fn is not None  # asked only for a rule with a transform
+  def upstream(self, rule: LayerRule, grad: Gradient, tensor: tf.Tensor,
+               weighed: bool = False) -> Gradient:
+    assert rule.upstream is not None  # asked only for a rule with a transform
     return self._rewrite(
-        fn, lambda t: self._context(layer, "upstream", tensor=t),
-        lambda t: f"transform_upstream({layer!r}) on {t.name}")
+        rule.upstream, grad,
+        self._context(rule.layer, "upstream", tensor=tensor),
+        f"transform_upstream({rule.layer!r}) on {tensor.name}", weighed)
 
-  def edge(self, rule: EdgeRule) -> Rewrite:
+  def edge(self, rule: EdgeRule, grad: Gradient, tensor: tf.Tensor,
+           weighed: bool = False) -> Gradient:
     key = (rule.lower, rule.upper)
     return self._rewrite(
-        rule.transform,
-        lambda t: self._context(key[0], "edge", tensor=t, edge=key),
-        lambda t: f"transform_edge({key[0]!r}, {key[1]!r}) on {t.name}")
+        rule.transform, grad,
+        self._context(key[0], "edge", tensor=tensor, edge=key),
+        f"transform_edge({key[0]!r}, {key[1]!r}) on {tensor.name}", weighed)
 
-  def _rewrite(self, fn: Transform, context: Callable, where: Callable
-               ) -> Rewrite:
-    """``fn`` as the engine calls it, with the plan's checks and trace.
+  def _rewrite(self, fn: Transform, grad: Gradient, ctx: TransformContext,
+               where: str, weighed: bool) -> Gradient:
+    """``fn(grad)`` with the plan's checks and trace.
 
     Where the rule is linear the engine weights by its factor instead of
-    calling ``fn``; ``observe`` then records it in the trace, with an
+    calling ``fn`` (``weighed``); the trace then records it, with an
     ``after`` that calls ``fn`` only when read.
     """
-    def apply(g, t):
-      return self._apply(fn, g, context(t), where(t))
+    if not weighed:
+      return self._apply(fn, grad, ctx, where)
 
-    def observe(g, t):
-      ctx, at = context(t), where(t)
-      self.trace.append(TraceRecord(ctx, g, later=lambda: self._later(
-          fn, g, ctx, at)))
+    def later():  # built after the plan, for a trace entry read later
+      with self.loss.graph.as_default(), tf.name_scope(self.options.name):
+        return _checks.checked(fn, grad, ctx, where)
 
-    return Rewrite(apply, observe)
+    self.trace.append(TraceRecord(ctx, grad, later=later))
+    return grad
 
-  def replacement(self, rule: LayerRule) -> Callable:
+  def replace(self, rule: LayerRule, **kw) -> Sequence[Gradient]:
     assert rule.replacement is not None  # asked only for a REPLACED rule
-    return _replacement_graph.engine_hook(self.net, rule.layer,
-                                          rule.replacement, self.resources,
-                                          self.extra, self.vjp)
+    return _replacement_graph.replace_backward(
+        self.net, rule.layer, rule.replacement, self.resources, self.extra,
+        self.vjp, **kw)
 
-  def tasks(self, rule: LayerRule) -> Callable:
+  def combine(self, rule: LayerRule, grads: List,
+              outputs: List[tf.Tensor]) -> List:
     task = rule.tasks
     assert task is not None  # asked only for a rule with tasks
     name = f"combine_tasks_{task.layer}".replace("/", "_")
-
-    def run(grads, outputs):
-      # g - sum_i g_i + combine(g_1, ..., g_k) at each output
-      with tf.name_scope(name):
-        deltas = output_deltas(
-            self.vjp, self.loss, task.losses or (), outputs, task.method,
-            lambda make: self.resources.get_or_create(
-                task.layer, "combine_tasks/state", make), name)
-        return [g if g is None or d is None
-                else tf.convert_to_tensor(g) + d
-                for g, d in zip(grads, deltas)]
-    return run
+    # g - sum_i g_i + combine(g_1, ..., g_k) at each output
+    with tf.name_scope(name):
+      deltas = output_deltas(
+          self.vjp, self.loss, task.losses or (), outputs, task.method,
+          lambda make: self.resources.get_or_create(
+              task.layer, "combine_tasks/state", make), name)
+      return [g if g is None or d is None
+              else tf.convert_to_tensor(g) + d
+              for g, d in zip(grads, deltas)]
 
   # -- parameter gradients ---------------------------------------------------
-
-  def _combined(self, declared: TaskRule) -> Set[str]:
-    """The op names of the variables a parameter-space combination takes."""
-    layers = declared.layers
-    return {v.op.name for v in self.var_list
-            if layers is None or self.net.layer_of_variable(v) in layers}
 
   def _combine_parameters(self, declared: TaskRule,
                           out: GradsAndVars, chosen: Set[str],
@@ -420,12 +411,6 @@ class _Executor:
     out = _checks.checked(fn, grad, ctx, where)
     self.trace.append(TraceRecord(ctx, grad, out))
     return out
-
-  def _later(self, fn: Transform, grad: Gradient, ctx: TransformContext,
-             where: str) -> Gradient:
-    """``fn(grad)`` built after the plan, for a trace entry read later."""
-    with self.loss.graph.as_default(), tf.name_scope(self.options.name):
-      return _checks.checked(fn, grad, ctx, where)
 
   def _context(self, layer: str, role: str, **kw) -> TransformContext:
     return TransformContext(layer=layer, role=role,

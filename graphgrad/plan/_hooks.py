@@ -46,11 +46,6 @@ def available() -> bool:
   return _compat.usable("gradient_lookup")
 
 
-def registered(op: tf.Operation) -> Optional[Callable]:
-  """``op``'s own gradient function, or ``None`` (none, or not found)."""
-  return _compat.registered_gradient(op)
-
-
 def _wrap(fn: Callable, hook: Hook) -> Callable:
   def hooked_grad(op, *out_grads):
     for i, record in hook.read:

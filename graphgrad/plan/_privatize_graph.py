@@ -234,20 +234,14 @@ def _form(op: tf.Operation, index: int, g, batch, dtype):
     return None
   if t == "Conv2D" and index == 1:
     return _conv(op, g, batch, dtype)
-  if t == "ResourceGather" and index == 0 and op.get_attr("batch_dims") == 0:
-    ids = op.inputs[1]
-    return ("embedding", _ids(ids, batch), _rows(g, batch, dtype))
-  if (t == "GatherV2" and index == 0 and op.get_attr("batch_dims") == 0
-      and tf.get_static_value(op.inputs[2]) == 0):
-    ids = op.inputs[1]
-    return ("embedding", _ids(ids, batch), _rows(g, batch, dtype))
+  if (t in ("ResourceGather", "GatherV2") and index == 0
+      and op.get_attr("batch_dims") == 0
+      and (t == "ResourceGather" or tf.get_static_value(op.inputs[2]) == 0)):
+    ids = tf.reshape(tf.cast(op.inputs[1], tf.int64), [batch, -1])
+    return ("embedding", ids, _rows(g, batch, dtype))
   if t in _ELEMENTWISE:
     return _elementwise(op, index, g, batch, dtype)
   return None
-
-
-def _ids(ids, batch):
-  return tf.reshape(tf.cast(ids, tf.int64), [batch, -1])
 
 
 _EINSUM = re.compile(r"^([a-z.]*)([a-z]),([a-z])([a-z])->([a-z.]*)([a-z])$")

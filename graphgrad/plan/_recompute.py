@@ -112,28 +112,24 @@ def separators(net: LayerGraph) -> Tuple[List[Tuple[tf.Tensor, int]], int]:
   return found, len(act)
 
 
-def choose_tensors(net: LayerGraph) -> List[tf.Tensor]:
-  """About ``sqrt(n)`` of the :func:`separators`, for ``n`` layers, evenly
-  spread along the activations."""
-  candidates, total = separators(net)
-  k = max(1, int(round(math.sqrt(len(net.names)))) - 1)
-  chosen: Dict[str, tf.Tensor] = {}
-  for i in range(1, k + 1):
-    target = i * total / (k + 1)
-    free = [(t, p) for t, p in candidates if t.name not in chosen]
-    if not free:
-      break
-    t, _ = min(free, key=lambda c: abs(c[1] - target))
-    chosen[t.name] = t
-  return list(chosen.values())
-
-
 def kept_tensors(net: LayerGraph, keep: Optional[Sequence[str]]
                  ) -> List[tf.Tensor]:
   """The tensors the backward pass keeps: the outputs of the layers in
-  ``keep``, or with ``keep=None`` the tensors :func:`choose_tensors` picks."""
+  ``keep``, or with ``keep=None`` about ``sqrt(n)`` of the
+  :func:`separators`, for ``n`` layers, evenly spread along the
+  activations."""
   if keep is None:
-    kept = choose_tensors(net)
+    candidates, total = separators(net)
+    k = max(1, int(round(math.sqrt(len(net.names)))) - 1)
+    chosen: Dict[str, tf.Tensor] = {}
+    for i in range(1, k + 1):
+      target = i * total / (k + 1)
+      free = [(t, p) for t, p in candidates if t.name not in chosen]
+      if not free:
+        break
+      t, _ = min(free, key=lambda c: abs(c[1] - target))
+      chosen[t.name] = t
+    kept = list(chosen.values())
   else:
     kept = [t for n in keep for t in net[n].outputs
             if _graph_util.differentiable(t)]
@@ -146,7 +142,7 @@ class Recompute:
   """``plan.recompute``: an option of the plan's VJP (``_backprop``).
 
   Each backward call ``(ys, xs)`` of a recomputing VJP is split at the kept
-  tensors (:meth:`split`); the VJP differentiates the pieces from the top
+  tensors (:class:`Split`); the VJP differentiates the pieces from the top
   down, each on a copy of its forward ops, and deposits what each gives
   into the backward pass's accumulators.
 
@@ -168,12 +164,6 @@ class Recompute:
     if self._index is None:
       self._index = {t.name: i for i, t in enumerate(self._kept())}
     return self._index
-
-  def split(self, ys: Sequence[tf.Tensor], xs: Sequence,
-            stops: Sequence[tf.Tensor]) -> "Split":
-    """The pieces of the call from ``ys`` to ``xs``, none flowing back
-    through ``stops``."""
-    return Split(self, ys, xs, stops)
 
 
 def _scalar(t: tf.Tensor) -> bool:
@@ -214,7 +204,8 @@ class Piece:
 
 
 class Split:
-  """One recomputing backward call, split at the kept tensors.
+  """One recomputing backward call from ``ys`` to ``xs``, none flowing back
+  through ``stops``, split at the kept tensors of ``option``.
 
   :meth:`pieces` gives the pieces from the top down and :meth:`call` the
   ``(ys, xs, stops)`` of each piece's VJP, on a copy of its forward ops;
@@ -242,14 +233,9 @@ class Split:
 
   def _region(self) -> Tuple[Set[tf.Operation], Set[tf.Operation]]:
     """(ops between xs and ys, the variable ops among xs)."""
-    behind: Set[tf.Operation] = set()
-    stack = [y.op for y in self.ys if y.name not in self.stop_names]
-    while stack:
-      op = stack.pop()
-      if op in behind:
-        continue
-      behind.add(op)
-      stack += [t.op for t in op.inputs if t.name not in self.stop_names]
+    behind = _graph_util.ops_behind(
+        [y.op for y in self.ys if y.name not in self.stop_names], -1,
+        lambda t: t.name not in self.stop_names)
     var_ops = {x.op for x in self.xs if _is_var(x)}
     seeds = [c for x in self.xs
              for t in (x.op.outputs if _is_var(x) else [x])
@@ -382,10 +368,8 @@ class Split:
 
   def _copy(self, ops, mapping, grads, j) -> None:
     """Copies ``ops`` (in order); the first ones wait for ``grads``."""
-    wait = []
-    for g in grads:
-      g = g.values if isinstance(g, tf.IndexedSlices) else g
-      wait.append(g.op)
+    wait = [(g.values if isinstance(g, tf.IndexedSlices) else g).op
+            for g in grads]
     inside = {op.name for op in ops}
     copies: Dict[str, tf.Operation] = {}
     with tf.name_scope(f"recompute_{j}"):

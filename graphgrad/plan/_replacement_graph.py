@@ -1,6 +1,6 @@
 """The TF1 executor of backward replacements (``plan.replace_backward``).
 
-The segment engine calls :func:`engine_hook`'s function at a replaced layer;
+The segment engine calls :func:`replace_backward` at a replaced layer;
 it makes the :class:`~graphgrad.methods._replacement.BackwardContext` both
 plans share, whose executor is a :class:`GraphBackward`: its VJP is the
 plan's (``_backprop.GraphVJP``), its variables are kept in the plan's
@@ -22,7 +22,7 @@ from graphgrad.methods._replacement import (
 from graphgrad.plan._backprop import GraphVJP
 from graphgrad.transforms._context import Resources
 
-__all__ = ["GraphBackward", "engine_hook"]
+__all__ = ["GraphBackward", "replace_backward"]
 
 
 class GraphBackward:
@@ -57,23 +57,23 @@ class GraphBackward:
                        transpose_b=mm.get_attr("transpose_b"))
 
 
-def engine_hook(net: LayerGraph, name: str, fn: Callable,
-                resources: Resources,
-                extra: List[Tuple[Gradient, tf.Variable]],
-                vjp: GraphVJP) -> Callable:
-  """Wraps ``fn`` for the segment engine: its arguments in, checked
-  gradients out; the result's extra ``(gradient, variable)`` pairs go to
-  ``extra``. ``vjp`` is the plan's, the context's ``vjp``. An exception
-  ``fn`` raises becomes a ``GraphGradError`` naming the layer."""
-  def run(layer, outputs, upstream, inputs, upstream_of, chain_rule):
-    ctx = BackwardContext(
-        layer=net[layer], name=net[layer].name, net=net, inputs=tuple(inputs),
-        outputs=tuple(outputs), upstream=tuple(upstream),
-        upstream_of=upstream_of, chain_rule=chain_rule, resources=resources,
-        executor=GraphBackward(net, net[layer].name, resources, vjp,
-                               outputs))
-    with tf.name_scope(f"replace_backward_{ctx.name}".replace("/", "_")):
-      result = run_replacement(fn, ctx, f"replace_backward({name!r})")
-    extra.extend(result.extra_grads_and_vars)
-    return result.input_grads
-  return run
+def replace_backward(net: LayerGraph, name: str, fn: Callable,
+                     resources: Resources,
+                     extra: List[Tuple[Gradient, tf.Variable]], vjp: GraphVJP,
+                     *, outputs, upstream, inputs, upstream_of, chain_rule
+                     ) -> Sequence[Gradient]:
+  """Runs ``fn``, the replacement of layer ``name``, for the segment engine:
+  its arguments in, checked gradients out; the result's extra ``(gradient,
+  variable)`` pairs go to ``extra``. ``vjp`` is the plan's, the context's
+  ``vjp``. An exception ``fn`` raises becomes a ``GraphGradError`` naming
+  the layer."""
+  layer = net[name]
+  ctx = BackwardContext(
+      layer=layer, name=layer.name, net=net, inputs=tuple(inputs),
+      outputs=tuple(outputs), upstream=tuple(upstream),
+      upstream_of=upstream_of, chain_rule=chain_rule, resources=resources,
+      executor=GraphBackward(net, layer.name, resources, vjp, outputs))
+  with tf.name_scope(f"replace_backward_{ctx.name}".replace("/", "_")):
+    result = run_replacement(fn, ctx, f"replace_backward({name!r})")
+  extra.extend(result.extra_grads_and_vars)
+  return result.input_grads

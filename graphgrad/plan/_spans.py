@@ -16,7 +16,6 @@ from typing import AbstractSet, Callable, Dict, List, Set, Tuple
 import tensorflow as tf
 
 from graphgrad import _compat
-from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._gradients import is_one, is_zero
 from graphgrad.plan import _hooks
 from graphgrad.plan._cuts import CutPlan, Group, GroupKind, Key
@@ -28,9 +27,7 @@ class Spans:
   """Finds the spans of a schedule and the hooks of each.
 
   Args:
-    net: the analysed layer graph.
-    cuts: the plan's cuts and cut groups.
-    variables: variable op name -> differentiated variable.
+    cuts: the plan's cuts and cut groups, on its layer graph and variables.
     factors: layer -> the factor of its linear upstream rewrite.
     special: layers with any other declaration (an edge into them, a
       backward replacement, a task combination, a cut a replacement reads):
@@ -42,15 +39,12 @@ class Spans:
       wraps.
   """
 
-  def __init__(self, net: LayerGraph, cuts: CutPlan,
-               variables: Dict[str, tf.Variable], factors: Dict[str, float],
+  def __init__(self, cuts: CutPlan, factors: Dict[str, float],
                special: Set[str], enabled: bool = True,
                overridden: AbstractSet[str] = frozenset()):
     self.enabled = enabled
     self.overridden = overridden
-    self.net = net
     self.cuts = cuts
-    self.variables = variables
     self.factors = factors
     self.special = special
     self._entries: Dict[Key, List[Reader]] = {}
@@ -124,7 +118,7 @@ class Spans:
     if (group.key.kind is not GroupKind.LAYER or factor is None
         or is_zero(factor) or name in self.special):
       return False
-    if any(self.net.layer_of_variable(self.variables[n]) != name
+    if any(self.cuts.net.layer_of_variable(self.cuts.variables[n]) != name
            for n in group.variables):
       return False
     # The hooked ops: those reading the tensors below, and the producers of
@@ -135,13 +129,13 @@ class Spans:
     ops = [op for op, _ in self._entries_of(group)]
     ops += [t.op for t in group.sources]
     return all((op.name in self.overridden
-                or _hooks.registered(op) is not None)
+                or _compat.registered_gradient(op) is not None)
                and _compat.control_flow_context(op) is None for op in ops)
 
   def _entries_of(self, group: Group) -> List[Reader]:
     """(op, input index) where the layer's segment reads a tensor below."""
     if group.key not in self._entries:
-      known = self.net.op_graph
+      known = self.cuts.net.op_graph
       out = []
       for t in group.targets:
         for op in t.consumers():

@@ -57,12 +57,10 @@ def build(built: Sequence[Tuple[Gradient, tf.Variable]], net: LayerGraph,
       continue
     if ctx.role == "gradients":
       params_before[ctx.variable.op.name] = before
-    elif ctx.role == "upstream":
-      upstream[ctx.layer][0].append(before)
-      upstream[ctx.layer][1].append(after)
-    elif ctx.role == "edge":
-      edges[ctx.edge][0].append(before)
-      edges[ctx.edge][1].append(after)
+    elif ctx.role in ("upstream", "edge"):
+      pair = upstream[ctx.layer] if ctx.role == "upstream" else edges[ctx.edge]
+      pair[0].append(before)
+      pair[1].append(after)
 
   by_layer = collections.defaultdict(list)
   for g, v in built:
