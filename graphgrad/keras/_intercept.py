@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from graphgrad.core._gradients import completed_upstream, is_float
 from graphgrad.core._rules import Mode
-from graphgrad.keras import _methods, _tape_linear, _tape_recompute
+from graphgrad.keras import _tape_linear, _tape_recompute
 from graphgrad.keras._layer_index import (
   CallPatches,
   float_inputs,
@@ -114,10 +114,6 @@ class Interceptor:
     finally:
       self._step = before
 
-  def targets(self) -> List[str]:
-    """Every layer the plan names, and the layers its replacements read."""
-    return list(self.plan.rules.named)
-
   def _recomputed_layers(self) -> List[str]:
     """Top-level layers recomputed under ``plan.recompute``: those that
     hold no layer the plan rewrites or reads, and are either named by no
@@ -125,7 +121,7 @@ class Interceptor:
     if self.plan.rules.recompute is None:
       return []
     ends = {p for k in self.edges for p in k}
-    named = self.targets() + list(ends)
+    named = list(self.plan.rules.named) + list(ends)
     return [p for p in self.plan.layer_names if "/" not in p
             and not any(t.startswith(p + "/") for t in named)
             and (p not in named or (p in self.custom and p not in ends))]
@@ -134,7 +130,7 @@ class Interceptor:
 
   def patch(self) -> None:
     plan = self.plan
-    paths = list(dict.fromkeys(self.targets() + self.recomputed))
+    paths = list(dict.fromkeys([*plan.rules.named, *self.recomputed]))
     if self.edges:
       # Every layer may have to pause glue tapes; ancestors of an edge's
       # ends must not, or the edge's own glue would be hidden.
@@ -245,7 +241,7 @@ class Interceptor:
         step = self._step
         with tf.name_scope(self.plan.name):
           dx, dv = backward_of_call(self, step, path, index, inner, out,
-                                    xs_in, list(dys), list(variables or []))
+                                    list(dys), list(variables or []))
           if not step.plain:
             step.edges_run.update(k for k in self.edges if k[1] == path)
           return dx + edge_grads(self, step, entries, xs, dx), dv
@@ -265,7 +261,7 @@ class Interceptor:
       step = self._step
       with tf.name_scope(self.plan.name):
         return backward_of_call(self, step, path, index, vjp, outs,
-                                vjp.inputs, list(dys), list(variables))
+                                list(dys), list(variables))
 
     out = self._recomputer.call(path, layer, call, args, kwargs, backward)
     self.outputs[path].append(tf.nest.flatten(out))
@@ -280,14 +276,3 @@ class Interceptor:
     return TransformContext(layer=layer, role=role,
                             global_step=self.plan.step_tensor(),
                             resources=self.plan.resources, **kw)
-
-  def replace(self, step: BackwardStep, path, fn, inner, xs, outs, upstream,
-              chain_rule) -> list:
-    """Runs the replacement ``fn`` of one call, whose layer VJP is
-    ``inner``; its pairs go to ``step``."""
-    with tf.name_scope(f"replace_backward_{path}".replace("/", "_")):
-      grads, extra = _methods.run(fn, self.plan, path, inner, xs, outs,
-                                  upstream, step.upstream_of, chain_rule,
-                                  self.labels)
-    step.extra += extra
-    return grads
