@@ -345,9 +345,7 @@ class PlanTape:
       A list of ``(gradient, variable)`` pairs.
     """
     variables = list(self._plan.model.trainable_variables)
-    with self._scaled():
-      grads = self._planned(target, variables, None,
-                            tf.UnconnectedGradients.NONE, task_losses)
+    grads = self.gradient(target, variables, task_losses=task_losses)
     return list(zip(grads, variables)) + self.extra_grads_and_vars
 
   @property
@@ -492,7 +490,7 @@ class PlanTape:
     return deltas
 
   def _check_ran(self) -> None:
-    never = [p for p in self._run.targets() if not self._run.calls[p]]
+    never = [p for p in self._plan.rules.named if not self._run.calls[p]]
     if never:
       raise _errors.NotConnectedError(
           f"layer(s) {', '.join(map(repr, never))} never ran in the forward "
