@@ -145,11 +145,8 @@ class Interceptor:
     log.debug("graphgrad KerasPlan tape: intercepting %d layers of %s",
               len(paths), plan.model.name)
 
-  def unpatch(self) -> None:
-    self._patches.restore()
-
   def close(self) -> None:
-    self.unpatch()
+    self._patches.restore()
     for glue in self._glue:
       glue.__exit__(None, None, None)
 
@@ -172,6 +169,8 @@ class Interceptor:
           out = self._recomputer.call(path, layer, call, args, kwargs)
         else:
           out = call(*args, **kwargs)
+      if custom:
+        self.outputs[path].append(tf.nest.flatten(out))
       if lower:
         self._start_glue(path, out)
       return out
@@ -215,27 +214,31 @@ class Interceptor:
             if is_float(a) else a for a in tf.nest.flatten((args, kwargs))]
     args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat)
     if path in self.recomputed:
-      out = self._recomputer.call(path, layer, call, args_in, kwargs_in)
-    else:
-      out = call(*args_in, **kwargs_in)
-    self.outputs[path].append(tf.nest.flatten(out))
-    return out
+      return self._recomputer.call(path, layer, call, args_in, kwargs_in)
+    return call(*args_in, **kwargs_in)
 
   def _custom_call(self, path: str, layer, call, args, kwargs):
+    index = len(self.outputs[path])
     if path in self.recomputed and self._recomputer.takes(args, kwargs):
-      return self._recomputed_custom_call(path, layer, call, args, kwargs)
+      # Recomputed: its backward pass runs on the VJP the recomputer hands
+      # it (a recomputed layer is no edge's end).
+      def backward(vjp, outs, dys, variables):
+        step = self._step
+        with tf.name_scope(self.plan.name):
+          return backward_of_call(self, step, path, index, vjp, outs,
+                                  list(dys), list(variables))
+
+      return self._recomputer.call(path, layer, call, args, kwargs, backward)
     xs, run = float_inputs(call, args, kwargs)
     entries = [(lo, up, fn, outs, glue)
                for (lo, up), fn in self.edges.items() if up == path
                for outs, glue in self._lower_outputs.get(lo, ())]
     extra = [t for *_, outs, _ in entries for t in outs]
     n = len(xs)
-    index = len(self.outputs[path])
 
     @tf.custom_gradient
     def layer_op(*inputs):
-      xs_in = list(inputs[:n])
-      inner, out = TapeVJP.record(run, xs_in)
+      inner, out = TapeVJP.record(run, list(inputs[:n]))
 
       def grad(*dys, variables=None):
         step = self._step
@@ -248,24 +251,7 @@ class Interceptor:
 
       return out, grad
 
-    out = layer_op(*(xs + extra))
-    self.outputs[path].append(tf.nest.flatten(out))
-    return out
-
-  def _recomputed_custom_call(self, path: str, layer, call, args, kwargs):
-    """A rewritten call, recomputed: its backward pass runs on the VJP the
-    recomputer hands it (a recomputed layer is no edge's end)."""
-    index = len(self.outputs[path])
-
-    def backward(vjp, outs, dys, variables):
-      step = self._step
-      with tf.name_scope(self.plan.name):
-        return backward_of_call(self, step, path, index, vjp, outs,
-                                list(dys), list(variables))
-
-    out = self._recomputer.call(path, layer, call, args, kwargs, backward)
-    self.outputs[path].append(tf.nest.flatten(out))
-    return out
+    return layer_op(*(xs + extra))
 
   # -- what backward_of_call asks for --------------------------------------
 

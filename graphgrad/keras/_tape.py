@@ -217,7 +217,7 @@ class PlanTape:
     except BaseException:
       if self._private is not None:
         self._private.unpatch()
-      self._run.unpatch()
+      self._run.close()
       self._tape.__exit__(None, None, None)
       self._plan.exit_tape(self)
       raise
@@ -276,18 +276,6 @@ class PlanTape:
       return self._planned(target, sources, output_gradients,
                            unconnected_gradients, task_losses)
 
-  def _private_grads(self, uses, target, sources: list, unconnected
-                     ) -> list:
-    """DP-SGD's gradients of ``sources`` (core._privacy), ``unconnected``
-    for those the loss does not reach."""
-    check_per_example_loss(target, "KerasPlan.privatize")
-    grads = private_gradients(self._vjp, target, sources, uses,
-                              self._plan.noise)
-    if unconnected == tf.UnconnectedGradients.ZERO:
-      grads = [tf.zeros_like(tf.convert_to_tensor(s)) if g is None else g
-               for g, s in zip(grads, sources)]
-    return grads
-
   def _scaled(self):
     """The context the plan's gradient is computed in (a loss scale's)."""
     return contextlib.nullcontext()
@@ -304,11 +292,15 @@ class PlanTape:
       if self._private is None:
         grads = self._vjp.backprop(target, sources, output_gradients,
                                    unconnected_gradients)
-      else:
-        grads = tf.nest.pack_sequence_as(
-            sources, self._private_grads(self._private, target,
-                                         tf.nest.flatten(sources),
-                                         unconnected_gradients))
+      else:  # DP-SGD's gradients (core._privacy)
+        check_per_example_loss(target, "KerasPlan.privatize")
+        flat_s = tf.nest.flatten(sources)
+        flat_g = private_gradients(self._vjp, target, flat_s, self._private,
+                                   self._plan.noise)
+        if unconnected_gradients == tf.UnconnectedGradients.ZERO:
+          flat_g = [tf.zeros_like(tf.convert_to_tensor(s)) if g is None
+                    else g for g, s in zip(flat_g, flat_s)]
+        grads = tf.nest.pack_sequence_as(sources, flat_g)
     self._last = step
     self._check_edges(step)
     # Each layer's own transforms, then those of several layers at once.
@@ -345,7 +337,9 @@ class PlanTape:
       A list of ``(gradient, variable)`` pairs.
     """
     variables = list(self._plan.model.trainable_variables)
-    grads = self.gradient(target, variables, task_losses=task_losses)
+    with self._scaled():
+      grads = self._planned(target, variables, None,
+                            tf.UnconnectedGradients.NONE, task_losses)
     return list(zip(grads, variables)) + self.extra_grads_and_vars
 
   @property
