@@ -27,6 +27,7 @@ from graphgrad.core._gradients import (
 from graphgrad.core._layer_policy import layer_backward
 from graphgrad.core._rules import LayerRule, Mode
 from graphgrad.keras import _methods
+from graphgrad.methods import _replacement
 from graphgrad.transforms import _checks
 
 
@@ -93,15 +94,35 @@ class _CallSteps:
     pass  # the Keras tape keeps no trace
 
   def replace(self, grads, chain_rule):
-    """Runs the replacement of the call, whose pairs go to the step."""
-    path = self.rule.layer
+    """Runs the replacement on the call; its pairs go to the step.
+
+    The replacement gets a ``BackwardContext`` whose executor is a
+    ``_methods.TapeBackward`` and runs through ``gg.backward``'s
+    ``run_replacement``, as on the TF1 plan: an exception it raises names
+    the layer, and its result is checked (one gradient like each input,
+    alone or in a ``BackwardResult``).
+    """
+    path, plan, inner = self.rule.layer, self.run.plan, self.inner
+
+    def unrecorded_chain_rule():
+      with inner.paused():
+        return chain_rule()
+
     with tf.name_scope(f"replace_backward_{path}".replace("/", "_")):
-      grads, extra = _methods.run(
-          self.rule.replacement, self.run.plan, path, self.inner, self.xs,
-          self.outs, grads, self.step.upstream_of, chain_rule,
-          self.run.labels)
-    self.step.extra += extra
-    return grads
+      layer = plan.layer(path)
+      ctx = _replacement.BackwardContext(
+          layer=layer, name=path, net=plan.layers, inputs=tuple(self.xs),
+          outputs=tuple(self.outs), upstream=tuple(grads),
+          upstream_of=self.step.upstream_of,
+          chain_rule=unrecorded_chain_rule, resources=plan.resources,
+          executor=_methods.TapeBackward(inner, layer, path, self.xs,
+                                         plan.method_variables),
+          labels=self.run.labels)
+      with inner.recording():  # the replacement's ops, for context.vjp
+        result = _replacement.run_replacement(
+            self.rule.replacement, ctx, f"replace_backward({path!r})")
+    self.step.extra += list(result.extra_grads_and_vars)
+    return list(result.input_grads)
 
   def override(self, grads):
     """The gradients the override gives the call's inputs."""
