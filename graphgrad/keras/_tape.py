@@ -76,25 +76,22 @@ def losses_by_layer(rules: PlanRules, task_losses):
 
 
 # Strategies whose replicas do not all-reduce gradients in replica context
-# (ParameterServerStrategy applies each worker's own, TPUStrategy is untested).
-_REFUSED: Tuple[Tuple[str, Tuple[type, ...]], ...] = (
+# (ParameterServerStrategy applies each worker's own, TPUStrategy is
+# untested): (name, classes, why a plan refuses it).
+_REFUSED: Tuple[Tuple[str, Tuple[type, ...], str], ...] = (
     ("ParameterServerStrategy", (
         tf.distribute.experimental.ParameterServerStrategy,
-        tf.compat.v1.distribute.experimental.ParameterServerStrategy)),
+        tf.compat.v1.distribute.experimental.ParameterServerStrategy), (
+            "its workers apply their own gradients to the variables on the "
+            "parameter servers, each on its own, and never all-reduce them, "
+            "so a parameter transform could not see the global gradient")),
     ("TPUStrategy", (
         tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy,
-        tf.compat.v1.distribute.experimental.TPUStrategy)),
+        tf.compat.v1.distribute.experimental.TPUStrategy), (
+            "a plan's layer interception and all-reduce are not tested under "
+            "TPU replication, and graphgrad refuses to risk a wrong "
+            "gradient")),
 )
-
-_WHY = {
-    "ParameterServerStrategy": (
-        "its workers apply their own gradients to the variables on the "
-        "parameter servers, each on its own, and never all-reduce them, so "
-        "a parameter transform could not see the global gradient"),
-    "TPUStrategy": (
-        "a plan's layer interception and all-reduce are not tested under "
-        "TPU replication, and graphgrad refuses to risk a wrong gradient"),
-}
 
 
 def check_strategy(strategy) -> None:
@@ -107,11 +104,11 @@ def check_strategy(strategy) -> None:
     GraphGradError: for ``ParameterServerStrategy`` and ``TPUStrategy``,
       saying why and what to use instead.
   """
-  for name, classes in _REFUSED:
+  for name, classes, why in _REFUSED:
     if isinstance(strategy, classes):
       raise _errors.GraphGradError(
           f"KerasPlan does not support {name} (got "
-          f"{type(strategy).__name__}): {_WHY[name]}. Train the plan under "
+          f"{type(strategy).__name__}): {why}. Train the plan under "
           f"tf.distribute.MirroredStrategy or MultiWorkerMirroredStrategy, "
           f"where parameter transforms act on the all-reduced gradient, or "
           f"with tf.compat.v1 between-graph replication and a GradientPlan "
