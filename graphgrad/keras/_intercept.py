@@ -160,10 +160,11 @@ class Interceptor:
       pause = (bool(self.edges) and path not in self._no_pause
                and holds_variables(layer))
       with self._pausing(pause):
-        if path in self.light and _tape_linear.reads_only_own(
-            layer, call, args, kwargs, self.plan.own_variables(path)):
-          out = self._scaled_call(path, layer, call, args, kwargs)
-        elif custom:
+        light = path in self.light and _tape_linear.reads_only_own(
+            layer, call, args, kwargs, self.plan.own_variables(path))
+        if light:
+          args, kwargs = self._scaled_inputs(path, args, kwargs)
+        if custom and not light:
           out = self._custom_call(path, layer, call, args, kwargs)
         elif recomputed:
           out = self._recomputer.call(path, layer, call, args, kwargs)
@@ -206,16 +207,13 @@ class Interceptor:
     self._glue.append(glue)
     self._lower_outputs[path].append((outs, TapeVJP.outer(glue)))
 
-  def _scaled_call(self, path: str, layer, call, args, kwargs):
-    """The layer as it is (or recomputed), on inputs whose gradient the
-    factor weights."""
+  def _scaled_inputs(self, path: str, args, kwargs):
+    """``(args, kwargs)`` whose gradient the factor weights: the layer runs
+    as it is (or recomputed) on them."""
     factor = self.light[path]
     flat = [_tape_linear.scaled_input(a, factor, lambda: self._step.plain)
             if is_float(a) else a for a in tf.nest.flatten((args, kwargs))]
-    args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat)
-    if path in self.recomputed:
-      return self._recomputer.call(path, layer, call, args_in, kwargs_in)
-    return call(*args_in, **kwargs_in)
+    return tf.nest.pack_sequence_as((args, kwargs), flat)
 
   def _custom_call(self, path: str, layer, call, args, kwargs):
     index = len(self.outputs[path])
