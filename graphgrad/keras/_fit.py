@@ -34,13 +34,6 @@ _INSTALLED: "weakref.WeakValueDictionary[int, Attachment]" = (
     weakref.WeakValueDictionary())
 
 
-def attachment_of(model) -> Optional["Attachment"]:
-  """The attachment whose ``train_step`` the model's ``fit`` runs, or
-  ``None``."""
-  att = _INSTALLED.get(id(model))
-  return att if att is not None and att.installed else None
-
-
 def flavour(model) -> str:
   """``"keras3"`` or ``"tf_keras"``: which Keras the model's class is of."""
   if callable(getattr(model, "train_step", None)):
@@ -80,8 +73,8 @@ class Attachment:
 
   def install(self) -> None:
     model = self.model
-    other = attachment_of(model)
-    if other is not None:
+    other = _INSTALLED.get(id(model))
+    if other is not None and other.installed:
       raise _errors.GraphGradError(
           f"plan.attach(): the model {model.name} already has a plan "
           f"attached ({other.plan!r}); attaching a second would replace it "
