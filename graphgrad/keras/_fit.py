@@ -12,6 +12,7 @@ The plan's state (method variables, its own step) is saved with each
 the model's own methods; nothing of graphgrad is ever saved with the model.
 """
 
+import importlib
 import inspect
 import logging
 import os
@@ -31,13 +32,6 @@ _METHODS = ("train_step", "fit", "train_on_batch")
 # refused instead of silently replacing the first.
 _INSTALLED: "weakref.WeakValueDictionary[int, Attachment]" = (
     weakref.WeakValueDictionary())
-
-
-def attachment_of(model) -> Optional["Attachment"]:
-  """The attachment whose ``train_step`` the model's ``fit`` runs, or
-  ``None``."""
-  att = _INSTALLED.get(id(model))
-  return att if att is not None and att.installed else None
 
 
 def flavour(model) -> str:
@@ -79,8 +73,8 @@ class Attachment:
 
   def install(self) -> None:
     model = self.model
-    other = attachment_of(model)
-    if other is not None:
+    other = _INSTALLED.get(id(model))
+    if other is not None and other.installed:
       raise _errors.GraphGradError(
           f"plan.attach(): the model {model.name} already has a plan "
           f"attached ({other.plan!r}); attaching a second would replace it "
@@ -149,8 +143,8 @@ class Attachment:
     with model.distribute_strategy.scope():
       with self.tape(bx, by) as tape:
         y_pred = model(bx, training=True)
-        loss = _loss(self, bx, by, y_pred, bw)
-      tape.grads_and_vars(loss[1], task_losses=self._task_losses())
+        loss = self.losses(bx, by, y_pred, bw)
+      tape.grads_and_vars(loss[1], task_losses=self.task_losses())
       variables = list(plan.trainable_variables)
       if hasattr(optimizer, "build"):
         optimizer.build(variables)
@@ -164,24 +158,37 @@ class Attachment:
     return not hasattr(optimizer, "built") and len(
         self.plan.trainable_variables) > len(self.model.trainable_variables)
 
-  def _task_losses(self) -> Optional[List[Any]]:
+  def task_losses(self) -> Optional[List[Any]]:
+    """The task losses of this step, for ``tape.grads_and_vars``."""
     return list(self._recorded) if self.has_tasks else None
 
   def _with_state(self, callbacks):
     callbacks = list(callbacks or [])
     at = [i for i, c in enumerate(callbacks) if _is_backup(c)]
     if at:  # right after the backup, so that both save at the same points
-      callbacks.insert(at[0] + 1, PlanState(self, callbacks[at[0]]))
+      callbacks.insert(at[0] + 1, _plan_state(self, callbacks[at[0]]))
     return callbacks
 
   # -- per-output losses ---------------------------------------------------
 
-  def output_losses(self, y, y_pred, sample_weight):
-    """Keeps the compiled per-output losses of this step (the task losses)
-    and returns the compiled loss as their weighted sum; None without
-    tasks."""
+  def losses(self, x, y, y_pred, sample_weight):
+    """The model's own loss (its metrics and checks) and the loss to
+    differentiate: with tasks, the same sum spelled out over the task
+    losses, so that the plan sees each.
+
+    The task losses are the compiled per-output losses of this step, kept
+    for :meth:`task_losses`; the loss to differentiate is their weighted
+    sum.
+    """
+    model = self.model
+    if self.flavour == "keras3" and "training" in inspect.signature(
+        model.compute_loss).parameters:
+      loss = model.compute_loss(
+          x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+    else:
+      loss = model.compute_loss(x, y, y_pred, sample_weight)
     if not self.has_tasks:
-      return None
+      return loss, loss
     pairs = output_losses(self.model, y, y_pred, sample_weight,
                           self._loss_weights)
     self._recorded = [value for value, _ in pairs]
@@ -191,7 +198,7 @@ class Attachment:
           f"are the compiled per-output losses, but {len(self._recorded)} "
           f"output(s) have a loss. Compile a loss for each task output, "
           f"e.g. compile(loss=['mse', 'mse']) or a dict by output name.")
-    return compiled_total(self.model, pairs)
+    return loss, compiled_total(self.model, pairs)
 
 
 _MISSING = object()
@@ -225,27 +232,13 @@ def _first_batch(x, y, batch_size):
   return (head(x),) if y is None else (head(x), head(y))
 
 
+def _package(which: str):
+  """The Keras package of a flavour: ``keras`` or ``tf_keras``."""
+  return importlib.import_module("keras" if which == "keras3" else "tf_keras")
+
+
 def _unpack(which: str, data):
-  if which == "keras3":
-    import keras  # pylint: disable=g-import-not-at-top
-    return keras.utils.unpack_x_y_sample_weight(data)
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  return tf_keras.utils.unpack_x_y_sample_weight(data)
-
-
-def _loss(att: Attachment, x, y, y_pred, sample_weight):
-  """The model's own loss (its metrics and checks) and the loss to
-  differentiate: with tasks, the same sum spelled out over the task losses,
-  so that the plan sees each."""
-  model = att.model
-  if att.flavour == "keras3" and "training" in inspect.signature(
-      model.compute_loss).parameters:
-    loss = model.compute_loss(
-        x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-  else:
-    loss = model.compute_loss(x, y, y_pred, sample_weight)
-  total = att.output_losses(y, y_pred, sample_weight)
-  return loss, (loss if total is None else total)
+  return _package(which).utils.unpack_x_y_sample_weight(data)
 
 
 # Where a Keras optimizer computes gradients itself; the plan's step calls
@@ -325,13 +318,12 @@ def output_losses(model, y, y_pred, sample_weight,
     GraphGradError: a ``loss`` structure other than one loss per output,
       or a model whose ``compute_loss`` is its own.
   """
-  import keras  # pylint: disable=g-import-not-at-top
   which = flavour(model)
-  base = keras.Model if which == "keras3" else _tf_keras_model()
-  if type(model).compute_loss is not base.compute_loss:
+  package = _package(which)
+  if type(model).compute_loss is not package.Model.compute_loss:
     raise _refuse(model, "the model overrides compute_loss, whose task "
                   "losses graphgrad cannot see")
-  nest = keras.tree if which == "keras3" else tf.nest
+  nest = package.tree if which == "keras3" else tf.nest
   preds = nest.flatten(y_pred)
   n = len(preds)
   losses = _by_output(model, model.loss, n, "loss")
@@ -357,11 +349,6 @@ def output_losses(model, y, y_pred, sample_weight,
     fn = _resolved(which, model, loss)
     out.append((fn(target, pred, sample_weight=weight), factor))
   return out
-
-
-def _tf_keras_model():
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  return tf_keras.Model
 
 
 def compiled_total(model, pairs):
@@ -398,20 +385,17 @@ def compiled_total(model, pairs):
 
 def _resolved(which: str, model, loss):
   """A compiled loss as the Loss object Keras makes of it."""
+  if which == "keras3" and isinstance(loss, str) and loss.lower() in (
+      "crossentropy", "ce"):
+    raise _refuse(model, f"{loss!r} picks its loss from the data; name "
+                  f"the crossentropy, e.g. 'binary_crossentropy'")
+  losses = _package(which).losses
+  fn = losses.get(loss)
+  if isinstance(fn, losses.Loss):
+    return fn
   if which == "keras3":
-    import keras  # pylint: disable=g-import-not-at-top
-    if isinstance(loss, str) and loss.lower() in ("crossentropy", "ce"):
-      raise _refuse(model, f"{loss!r} picks its loss from the data; name "
-                    f"the crossentropy, e.g. 'binary_crossentropy'")
-    fn = keras.losses.get(loss)
-    if isinstance(fn, keras.losses.Loss):
-      return fn
     return _keras3_function_loss(fn, loss if isinstance(loss, str) else
                                  getattr(fn, "__name__", "loss"))
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  fn = tf_keras.losses.get(loss)
-  if isinstance(fn, tf_keras.losses.Loss):
-    return fn
   return _tf_keras_function_loss(fn)
 
 
@@ -477,7 +461,7 @@ def _keras3_step(att: Attachment, data):
       y_pred = model(x, training=True)
     else:
       y_pred = model(x)
-    loss, target = _loss(att, x, y, y_pred, sample_weight)
+    loss, target = att.losses(x, y, y_pred, sample_weight)
     tracker = _loss_tracker(model)
     if tracker is not None:
       tracker.update_state(
@@ -488,7 +472,7 @@ def _keras3_step(att: Attachment, data):
       target = model.optimizer.scale_loss(target)
   if model.trainable_weights:
     model.optimizer.apply_gradients(
-        tape.grads_and_vars(target, task_losses=att._task_losses()))  # pylint: disable=protected-access
+        tape.grads_and_vars(target, task_losses=att.task_losses()))
   else:
     log.warning("graphgrad KerasPlan on %s: the model has no trainable "
                 "weights.", model.name)
@@ -541,10 +525,10 @@ def _tf_keras_step(att: Attachment, data):
   scaling = hasattr(optimizer, "get_scaled_loss")
   with att.tape(x, y) as tape:
     y_pred = model(x, training=True)
-    loss, total = _loss(att, x, y, y_pred, sample_weight)
+    loss, total = att.losses(x, y, y_pred, sample_weight)
     target = optimizer.get_scaled_loss(total) if scaling else total
   _validated(model, y, loss)
-  pairs = tape.grads_and_vars(target, task_losses=att._task_losses())  # pylint: disable=protected-access
+  pairs = tape.grads_and_vars(target, task_losses=att.task_losses())
   if scaling:
     grads = optimizer.get_unscaled_gradients([g for g, _ in pairs])
     pairs = list(zip(grads, [v for _, v in pairs]))
@@ -559,22 +543,9 @@ def _is_backup(callback) -> bool:
       callback, "backup_dir")
 
 
-def _tracked(attached: "Attachment") -> Dict[str, Any]:
-  """What of the plan a backup saves: method variables and a step of its
-  own (``optimizer.iterations`` is saved with the optimizer already)."""
-  out: Dict[str, Any] = {"methods": attached.plan.method_variables}
-  step = attached.step_tensor()
-  if isinstance(step, tf.Variable):
-    out["step"] = step
-  return out
-
-
-def _callback_base(backup):
-  return type(backup).__mro__[1]
-
-
-class PlanState:
-  """Saves the plan's state beside a ``BackupAndRestore`` backup.
+def _plan_state(attached, backup):
+  """A callback that saves the plan's state beside a ``BackupAndRestore``
+  backup, of the backup's Keras.
 
   Made by the attached ``fit`` when its callbacks hold a
   ``BackupAndRestore``; runs after it, on its schedule: it restores at the
@@ -582,15 +553,13 @@ class PlanState:
   (and each ``save_freq`` batches) and deletes its files when training
   ends, as the backup does.
   """
-
-  def __new__(cls, attached, backup):
-    base = _callback_base(backup)
-    kind = type("PlanStateCallback", (_PlanStateMixin, base), {})
-    return kind(attached, backup)
+  base = type(backup).__mro__[1]
+  return type("PlanStateCallback", (_PlanStateMixin, base), {})(attached,
+                                                                backup)
 
 
 class _PlanStateMixin:
-  """The callback behind :class:`PlanState`, of the backup's Keras."""
+  """The callback behind :func:`_plan_state`, of the backup's Keras."""
 
   def __init__(self, attached, backup):
     super().__init__()
@@ -601,10 +570,13 @@ class _PlanStateMixin:
     self._status = None
 
   def _checkpoint(self):
-    return tf.train.Checkpoint(**_tracked(self._attached))
-
-  def _prefix(self):
-    return os.path.join(self._dir, "state")
+    """What of the plan a backup saves: method variables and a step of its
+    own (``optimizer.iterations`` is saved with the optimizer already)."""
+    tracked: Dict[str, Any] = {"methods": self._attached.plan.method_variables}
+    step = self._attached.step_tensor()
+    if isinstance(step, tf.Variable):
+      tracked["step"] = step
+    return tf.train.Checkpoint(**tracked)
 
   def on_train_begin(self, logs=None):
     latest = tf.train.latest_checkpoint(self._dir)
@@ -619,7 +591,7 @@ class _PlanStateMixin:
     if not tf.distribute.get_strategy().extended.should_checkpoint:
       return
     tf.io.gfile.makedirs(self._dir)
-    self._checkpoint().write(self._prefix())
+    self._checkpoint().write(os.path.join(self._dir, "state"))
     # What tf.train.latest_checkpoint reads; write() alone does not keep it.
     with open(os.path.join(self._dir, "checkpoint"), "w") as f:
       f.write('model_checkpoint_path: "state"\n')

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from graphgrad.core._gradients import completed_upstream, is_float
 from graphgrad.core._rules import Mode
-from graphgrad.keras import _methods, _tape_linear, _tape_recompute
+from graphgrad.keras import _tape_linear, _tape_recompute
 from graphgrad.keras._layer_index import (
   CallPatches,
   float_inputs,
@@ -114,10 +114,6 @@ class Interceptor:
     finally:
       self._step = before
 
-  def targets(self) -> List[str]:
-    """Every layer the plan names, and the layers its replacements read."""
-    return list(self.plan.rules.named)
-
   def _recomputed_layers(self) -> List[str]:
     """Top-level layers recomputed under ``plan.recompute``: those that
     hold no layer the plan rewrites or reads, and are either named by no
@@ -125,7 +121,7 @@ class Interceptor:
     if self.plan.rules.recompute is None:
       return []
     ends = {p for k in self.edges for p in k}
-    named = self.targets() + list(ends)
+    named = list(self.plan.rules.named) + list(ends)
     return [p for p in self.plan.layer_names if "/" not in p
             and not any(t.startswith(p + "/") for t in named)
             and (p not in named or (p in self.custom and p not in ends))]
@@ -134,7 +130,7 @@ class Interceptor:
 
   def patch(self) -> None:
     plan = self.plan
-    paths = list(dict.fromkeys(self.targets() + self.recomputed))
+    paths = list(dict.fromkeys([*plan.rules.named, *self.recomputed]))
     if self.edges:
       # Every layer may have to pause glue tapes; ancestors of an edge's
       # ends must not, or the edge's own glue would be hidden.
@@ -149,11 +145,8 @@ class Interceptor:
     log.debug("graphgrad KerasPlan tape: intercepting %d layers of %s",
               len(paths), plan.model.name)
 
-  def unpatch(self) -> None:
-    self._patches.restore()
-
   def close(self) -> None:
-    self.unpatch()
+    self._patches.restore()
     for glue in self._glue:
       glue.__exit__(None, None, None)
 
@@ -167,15 +160,18 @@ class Interceptor:
       pause = (bool(self.edges) and path not in self._no_pause
                and holds_variables(layer))
       with self._pausing(pause):
-        if path in self.light and _tape_linear.reads_only_own(
-            layer, call, args, kwargs, self.plan.own_variables(path)):
-          out = self._scaled_call(path, layer, call, args, kwargs)
-        elif custom:
+        light = path in self.light and _tape_linear.reads_only_own(
+            layer, call, args, kwargs, self.plan.own_variables(path))
+        if light:
+          args, kwargs = self._scaled_inputs(path, args, kwargs)
+        if custom and not light:
           out = self._custom_call(path, layer, call, args, kwargs)
         elif recomputed:
           out = self._recomputer.call(path, layer, call, args, kwargs)
         else:
           out = call(*args, **kwargs)
+      if custom:
+        self.outputs[path].append(tf.nest.flatten(out))
       if lower:
         self._start_glue(path, out)
       return out
@@ -211,65 +207,49 @@ class Interceptor:
     self._glue.append(glue)
     self._lower_outputs[path].append((outs, TapeVJP.outer(glue)))
 
-  def _scaled_call(self, path: str, layer, call, args, kwargs):
-    """The layer as it is (or recomputed), on inputs whose gradient the
-    factor weights."""
+  def _scaled_inputs(self, path: str, args, kwargs):
+    """``(args, kwargs)`` whose gradient the factor weights: the layer runs
+    as it is (or recomputed) on them."""
     factor = self.light[path]
     flat = [_tape_linear.scaled_input(a, factor, lambda: self._step.plain)
             if is_float(a) else a for a in tf.nest.flatten((args, kwargs))]
-    args_in, kwargs_in = tf.nest.pack_sequence_as((args, kwargs), flat)
-    if path in self.recomputed:
-      out = self._recomputer.call(path, layer, call, args_in, kwargs_in)
-    else:
-      out = call(*args_in, **kwargs_in)
-    self.outputs[path].append(tf.nest.flatten(out))
-    return out
+    return tf.nest.pack_sequence_as((args, kwargs), flat)
 
   def _custom_call(self, path: str, layer, call, args, kwargs):
+    index = len(self.outputs[path])
     if path in self.recomputed and self._recomputer.takes(args, kwargs):
-      return self._recomputed_custom_call(path, layer, call, args, kwargs)
+      # Recomputed: its backward pass runs on the VJP the recomputer hands
+      # it (a recomputed layer is no edge's end).
+      def backward(vjp, outs, dys, variables):
+        step = self._step
+        with tf.name_scope(self.plan.name):
+          return backward_of_call(self, step, path, index, vjp, outs,
+                                  list(dys), list(variables))
+
+      return self._recomputer.call(path, layer, call, args, kwargs, backward)
     xs, run = float_inputs(call, args, kwargs)
     entries = [(lo, up, fn, outs, glue)
                for (lo, up), fn in self.edges.items() if up == path
                for outs, glue in self._lower_outputs.get(lo, ())]
     extra = [t for *_, outs, _ in entries for t in outs]
     n = len(xs)
-    index = len(self.outputs[path])
 
     @tf.custom_gradient
     def layer_op(*inputs):
-      xs_in = list(inputs[:n])
-      inner, out = TapeVJP.record(run, xs_in)
+      inner, out = TapeVJP.record(run, list(inputs[:n]))
 
       def grad(*dys, variables=None):
         step = self._step
         with tf.name_scope(self.plan.name):
           dx, dv = backward_of_call(self, step, path, index, inner, out,
-                                    xs_in, list(dys), list(variables or []))
+                                    list(dys), list(variables or []))
           if not step.plain:
             step.edges_run.update(k for k in self.edges if k[1] == path)
           return dx + edge_grads(self, step, entries, xs, dx), dv
 
       return out, grad
 
-    out = layer_op(*(xs + extra))
-    self.outputs[path].append(tf.nest.flatten(out))
-    return out
-
-  def _recomputed_custom_call(self, path: str, layer, call, args, kwargs):
-    """A rewritten call, recomputed: its backward pass runs on the VJP the
-    recomputer hands it (a recomputed layer is no edge's end)."""
-    index = len(self.outputs[path])
-
-    def backward(vjp, outs, dys, variables):
-      step = self._step
-      with tf.name_scope(self.plan.name):
-        return backward_of_call(self, step, path, index, vjp, outs,
-                                vjp.inputs, list(dys), list(variables))
-
-    out = self._recomputer.call(path, layer, call, args, kwargs, backward)
-    self.outputs[path].append(tf.nest.flatten(out))
-    return out
+    return layer_op(*(xs + extra))
 
   # -- what backward_of_call asks for --------------------------------------
 
@@ -280,14 +260,3 @@ class Interceptor:
     return TransformContext(layer=layer, role=role,
                             global_step=self.plan.step_tensor(),
                             resources=self.plan.resources, **kw)
-
-  def replace(self, step: BackwardStep, path, fn, inner, xs, outs, upstream,
-              chain_rule) -> list:
-    """Runs the replacement ``fn`` of one call, whose layer VJP is
-    ``inner``; its pairs go to ``step``."""
-    with tf.name_scope(f"replace_backward_{path}".replace("/", "_")):
-      grads, extra = _methods.run(fn, self.plan, path, inner, xs, outs,
-                                  upstream, step.upstream_of, chain_rule,
-                                  self.labels)
-    step.extra += extra
-    return grads

@@ -11,11 +11,6 @@ from graphgrad import _compat, _errors
 from graphgrad.core._gradients import is_float
 
 
-def children(layer) -> List[Any]:
-  """The direct sublayers of a Keras 3 or tf-keras layer."""
-  return _compat.sublayers(layer)
-
-
 def is_keras_layer(obj) -> bool:
   """True for a Keras 3 or tf-keras layer or model."""
   return _compat.has_sublayers_api(obj)
@@ -56,12 +51,16 @@ def layer_variables(layer) -> List[tf.Variable]:
   return [u for u in map(tf_variable, layer.weights) if u is not None]
 
 
+def direct_variables(layer) -> List[tf.Variable]:
+  """The variables ``layer`` holds directly, not in sublayers."""
+  nested = {v.ref() for child in _compat.sublayers(layer)
+            for v in layer_variables(child)}
+  return [v for v in layer_variables(layer) if v.ref() not in nested]
+
+
 def holds_variables(layer) -> bool:
   """True when ``layer`` holds variables directly, not only in sublayers."""
-  own = {v.ref() for v in layer_variables(layer)}
-  for child in children(layer):
-    own -= {v.ref() for v in layer_variables(child)}
-  return bool(own)
+  return bool(direct_variables(layer))
 
 
 def check_parameters(index: "LayerIndex", path: str) -> None:
@@ -158,14 +157,15 @@ class LayerIndex:
   def __init__(self, model):
     self._layers: Dict[str, Any] = {}
     self._by_id: Dict[int, str] = {}
-    stack = [(c, c.name) for c in reversed(children(model))]
+    stack = [(c, c.name) for c in reversed(_compat.sublayers(model))]
     while stack:
       layer, path = stack.pop()
       if id(layer) in self._by_id:  # a layer shared by two parents
         continue
       self._by_id[id(layer)] = path
       self._layers[path] = layer
-      stack += [(c, f"{path}/{c.name}") for c in reversed(children(layer))]
+      stack += [(c, f"{path}/{c.name}")
+                for c in reversed(_compat.sublayers(layer))]
 
   @property
   def paths(self) -> Tuple[str, ...]:

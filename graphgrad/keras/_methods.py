@@ -1,13 +1,13 @@
 """The Keras tape's side of a backward replacement's context.
 
 A ``gg.backward`` replacement runs on a Keras layer call as on a
-``GradientPlan``: the tape makes a ``gg.backward.BackwardContext`` whose
-executor is a :class:`TapeBackward` (the VJP is the layer VJP of the call,
-whose tape records the replacement's own ops too; a dense layer is
-a ``Dense`` layer's kernel product; variables live in the plan's
-:class:`MethodVariables`, which ``tf.train.Checkpoint`` saves), and calls
-the replacement. A replacement's ``check`` and ``cuts`` see the model's
-layers as :class:`KerasLayers`.
+``GradientPlan``: the tape (``_tape_backward``) makes a
+``gg.backward.BackwardContext`` whose executor is a :class:`TapeBackward`
+(the VJP is the layer VJP of the call, whose tape records the replacement's
+own ops too; a dense layer is a ``Dense`` layer's kernel product; variables
+live in the plan's :class:`MethodVariables`, which ``tf.train.Checkpoint``
+saves), and calls the replacement. A replacement's ``check`` and ``cuts``
+see the model's layers as :class:`KerasLayers`.
 """
 
 from typing import Any, Callable, Dict, FrozenSet, List, Tuple
@@ -20,8 +20,6 @@ from graphgrad.core._gradients import dense
 from graphgrad.keras._layer_index import tf_variable
 from graphgrad.keras._tape_vjp import TapeVJP
 from graphgrad.methods import _replacement
-
-GradsAndVars = List[Tuple[Gradient, tf.Variable]]
 
 
 class MethodVariables(tf.Module):
@@ -142,7 +140,7 @@ class TapeBackward:
   """The Keras tape's side of one replacement's context.
 
   ``call_vjp`` is the layer VJP of the call; while the replacement runs,
-  its tape records again (see :func:`run`), so that :meth:`vjp`
+  its tape records again (``_tape_backward``), so that :meth:`vjp`
   differentiates what the replacement builds too.
 
   Args:
@@ -212,34 +210,3 @@ class TapeBackward:
 
 def _text(t) -> str:
   return t.name if tf.is_symbolic_tensor(t) else f"a tensor of shape {t.shape}"
-
-
-def run(fn, plan, path: str, call_vjp: TapeVJP, xs, outs, upstream,
-        upstream_of, chain_rule, labels) -> Tuple[List[Gradient],
-                                                  GradsAndVars]:
-  """Runs replacement ``fn`` on one call of layer ``path``.
-
-  The replacement gets a ``BackwardContext`` and runs through
-  ``gg.backward``'s ``run_replacement``, as on the TF1 plan: an exception
-  it raises names the layer, and its result is checked (one gradient like
-  each input, alone or in a ``BackwardResult``).
-
-  Returns:
-    ``(gradient per input, (gradient, variable) pairs of its variables)``.
-  """
-  layer = plan.layer(path)
-  executor = TapeBackward(call_vjp, layer, path, xs, plan.method_variables)
-
-  def unrecorded_chain_rule():
-    with call_vjp.paused():
-      return chain_rule()
-
-  ctx = _replacement.BackwardContext(
-      layer=layer, name=path, net=plan.layers, inputs=tuple(xs),
-      outputs=tuple(outs), upstream=tuple(upstream), upstream_of=upstream_of,
-      chain_rule=unrecorded_chain_rule, resources=plan.resources,
-      executor=executor, labels=labels)
-  with call_vjp.recording():  # the replacement's ops, for context.vjp
-    result = _replacement.run_replacement(fn, ctx,
-                                          f"replace_backward({path!r})")
-  return list(result.input_grads), list(result.extra_grads_and_vars)

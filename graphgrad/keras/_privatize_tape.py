@@ -15,15 +15,15 @@ algorithm, norms, clip, book-keeping sums and noise, is
 """
 
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import tensorflow as tf
 
-from graphgrad import _errors
+from graphgrad import _compat, _errors
 from graphgrad.core import _privacy
 from graphgrad.keras._layer_index import (
   CallPatches,
-  children,
+  direct_variables,
   holds_variables,
   tf_variable,
 )
@@ -69,7 +69,7 @@ class Recorder:
       if id(layer) in seen:
         continue
       seen.add(id(layer))
-      stack += children(layer)
+      stack += _compat.sublayers(layer)
       if _kind(layer) == "BatchNormalization" and layer.trainable:
         raise _errors.UnsupportedGraphError(
             f"privatize: the BatchNormalization layer {layer.name!r} "
@@ -143,18 +143,6 @@ def _forms(call: Dict[str, Any], dy, batch) -> Forms:
   return _fallback(call, dy, batch)
 
 
-def _own(layer) -> List[tf.Variable]:
-  own = {v.ref() for v in map(tf_variable, layer.trainable_weights)
-         if v is not None}
-  for child in children(layer):
-    own -= {v.ref() for v in map(tf_variable, child.weights) if v is not None}
-  return [r.deref() for r in own]
-
-
-def _var(weight) -> Optional[tf.Variable]:
-  return None if weight is None else tf_variable(weight)
-
-
 def _pre_activation_grad(layer, z_fn, dy):
   """The gradient at the pre-activation ``z`` from the one at the output."""
   act = getattr(layer, "activation", None)
@@ -164,24 +152,33 @@ def _pre_activation_grad(layer, z_fn, dy):
   return vjp.vjp([y], [tf.cast(dy, y.dtype)], vjp.inputs)[0]
 
 
-def _dense(layer, x, dy, batch):
-  if getattr(layer, "lora_enabled", False) or getattr(
-      layer, "quantization_mode", None):
-    return None
-  kernel, bias = _var(layer.kernel), _var(getattr(layer, "bias", None))
+def _kernel_forms(layer, x, dy, batch, product, x_rows):
+  """The forms of a layer ``activation(product(kernel) + bias)``: the
+  kernel's from ``x_rows(dtype)`` (the input's rows the product reads) and
+  the pre-activation gradient's, the bias' per example."""
+  kernel = tf_variable(layer.kernel)
+  bias = tf_variable(getattr(layer, "bias", None))
   dtype = _privacy.norm_dtype(kernel.dtype)
 
   def z():
-    out = tf.tensordot(x, tf.cast(kernel, x.dtype), axes=1)
+    out = product(tf.cast(kernel, x.dtype))
     return out if bias is None else out + tf.cast(bias, x.dtype)
 
   g = _pre_activation_grad(layer, z, dy)
-  out = [(kernel, ("dense", _privacy.rows(x, batch, dtype),
-                   _privacy.rows(g, batch, dtype)))]
+  out = [(kernel, ("dense", x_rows(dtype), _privacy.rows(g, batch, dtype)))]
   if bias is not None:
     out.append((bias, ("example", _privacy.broadcast_per_example(
         tf.cast(g, dtype), bias.shape, batch))))
   return out
+
+
+def _dense(layer, x, dy, batch):
+  if getattr(layer, "lora_enabled", False) or getattr(
+      layer, "quantization_mode", None):
+    return None
+  return _kernel_forms(layer, x, dy, batch,
+                       lambda k: tf.tensordot(x, k, axes=1),
+                       lambda dtype: _privacy.rows(x, batch, dtype))
 
 
 def _conv2d(layer, x, dy, batch):
@@ -189,32 +186,21 @@ def _conv2d(layer, x, dy, batch):
       or tuple(layer.dilation_rate) != (1, 1)
       or layer.padding not in ("same", "valid")):
     return None
-  kernel, bias = _var(layer.kernel), _var(getattr(layer, "bias", None))
-  dtype = _privacy.norm_dtype(kernel.dtype)
-  kh, kw, cin, _ = kernel.shape
+  kh, kw, cin, _ = tf_variable(layer.kernel).shape
   strides = [1, *layer.strides, 1]
   padding = layer.padding.upper()
-
-  def z():
-    out = tf.nn.conv2d(x, tf.cast(kernel, x.dtype), strides, padding)
-    return out if bias is None else out + tf.cast(bias, x.dtype)
-
-  g = _pre_activation_grad(layer, z, dy)
-  patches = _privacy.patches(x, kh, kw, strides, padding)
-  out = [(kernel, ("dense",
-                   _privacy.rows(patches, batch, dtype, kh * kw * cin),
-                   _privacy.rows(g, batch, dtype)))]
-  if bias is not None:
-    out.append((bias, ("example", _privacy.broadcast_per_example(
-        tf.cast(g, dtype), bias.shape, batch))))
-  return out
+  return _kernel_forms(
+      layer, x, dy, batch,
+      lambda k: tf.nn.conv2d(x, k, strides, padding),
+      lambda dtype: _privacy.rows(_privacy.patches(x, kh, kw, strides, padding),
+                                  batch, dtype, kh * kw * cin))
 
 
 def _embedding(layer, x, dy, batch):
   if getattr(layer, "lora_enabled", False) or getattr(
       layer, "quantization_mode", None):
     return None
-  table = _var(layer.embeddings)
+  table = tf_variable(layer.embeddings)
   dtype = _privacy.norm_dtype(table.dtype)
   ids = tf.reshape(tf.cast(x, tf.int64), [batch, -1])
   return [(table, ("embedding", ids, _privacy.rows(dy, batch, dtype)))]
@@ -228,7 +214,7 @@ def _layer_norm(layer, x, dy, batch):
   axes = sorted(a % rank for a in axes)
   if axes != list(range(rank - len(axes), rank)):
     return None  # the scale lines up with trailing axes only
-  gamma, beta = _var(layer.gamma), _var(layer.beta)
+  gamma, beta = tf_variable(layer.gamma), tf_variable(layer.beta)
   dtype = _privacy.norm_dtype((beta if gamma is None else gamma).dtype)
   xf, g = tf.cast(x, dtype), tf.cast(dy, dtype)
   mean, var = tf.nn.moments(xf, axes=axes, keepdims=True)
@@ -253,7 +239,9 @@ def _fallback(call: Dict[str, Any], dy, batch) -> Forms:
   """Exact per-example gradients of the layer's own variables."""
   layer, fn, args, kwargs = (call["layer"], call["call"], call["args"],
                              call["kwargs"])
-  variables = _own(layer)
+  trainable = {v.ref() for v in map(tf_variable, layer.trainable_weights)
+               if v is not None}
+  variables = [v for v in direct_variables(layer) if v.ref() in trainable]
   if not args or not isinstance(args[0], tf.Tensor):
     raise _errors.UnsupportedGraphError(
         f"privatize: layer {layer.name!r} ({type(layer).__name__}) has no "

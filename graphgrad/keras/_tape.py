@@ -4,29 +4,139 @@ The tape reads the plan only through the :class:`PlanView` the plan hands
 it (declarations, model, layers, their variables). While it records, an
 :class:`~graphgrad.keras._intercept.Interceptor` rewrites the named layers'
 backward passes; :meth:`PlanTape.gradient` then runs the backward pass,
-applies the parameter transforms, and collects the gradients of the
-variables the plan's training methods own.
+applies the task combinations (``core._task_combination``, with the task
+losses of ``tape.gradient(task_losses=...)``) and the parameter transforms
+(``core._parameters``; under ``tf.distribute`` a non-linear one sees the sum
+over the replicas), and collects the gradients of the variables the plan's
+training methods own.
 """
 
 import contextlib
 import dataclasses
+import functools
 import logging
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.core._gradients import add_dense
+from graphgrad.core._gradients import add_dense, dense, is_float
 from graphgrad.core._parameters import transform_parameters
 from graphgrad.core._privacy import check_per_example_loss, private_gradients
 from graphgrad.core._rules import ParameterRule, PlanRules
-from graphgrad.keras import _privatize_tape, _replicas, _tasks
+from graphgrad.core._task_combination import combined_parameters, output_deltas
+from graphgrad.keras import _privatize_tape
 from graphgrad.keras._intercept import BackwardStep, Interceptor
 from graphgrad.keras._layer_index import tf_variable
 from graphgrad.keras._tape_vjp import TapeVJP
 from graphgrad.transforms._transforms import is_identity
 
 log = logging.getLogger("graphgrad")
+
+# The key of the parameter-level task losses in a ``task_losses`` dict.
+PARAMETERS = "parameters"
+
+
+def losses_by_layer(rules: PlanRules, task_losses):
+  """``layer -> [task loss]`` for every task declaration, or raises.
+
+  With a combination in parameter space declared, its losses are under the
+  key :data:`PARAMETERS`.
+  """
+  parameters = rules.parameter_tasks is not None
+  tasks = list(rules.tasks) + ([PARAMETERS] if parameters else [])
+  if not tasks:
+    if task_losses is not None:
+      raise _errors.GraphGradError(
+          "tape.gradient: `task_losses` was given, but the plan declares no "
+          "task combination. Declare plan.project_conflicts(layer) or "
+          "plan.combine_tasks(layer, method) first, or drop task_losses.")
+    return {}
+  if task_losses is None:
+    raise _errors.GraphGradError(
+        f"tape.gradient: the plan combines task gradients at "
+        f"{', '.join(map(repr, sorted(tasks)))}, whose task losses only exist "
+        f"in the training step. Pass them: tape.gradient(loss, "
+        f"task_losses=[loss_a, loss_b]) (or a dict layer -> losses).")
+  out = {}
+  for layer in tasks:
+    losses = (task_losses.get(layer) if isinstance(task_losses, dict)
+              else task_losses)
+    if (losses is None or tf.is_tensor(losses)
+        or not isinstance(losses, (list, tuple)) or len(losses) < 2):
+      what = (f"layer {layer!r}" if layer != PARAMETERS or not parameters
+              else f"the combination at='parameters' (dict key "
+                   f"{PARAMETERS!r})")
+      raise _errors.GraphGradError(
+          f"tape.gradient: `task_losses` must be a list of at least two "
+          f"scalar task losses for {what}; got {losses!r}. Pass "
+          f"e.g. task_losses=[loss_a, loss_b].")
+    out[layer] = list(losses)
+  return out
+
+
+# Strategies whose replicas do not all-reduce gradients in replica context
+# (ParameterServerStrategy applies each worker's own, TPUStrategy is
+# untested): (name, classes, why a plan refuses it).
+_REFUSED: Tuple[Tuple[str, Tuple[type, ...], str], ...] = (
+    ("ParameterServerStrategy", (
+        tf.distribute.experimental.ParameterServerStrategy,
+        tf.compat.v1.distribute.experimental.ParameterServerStrategy), (
+            "its workers apply their own gradients to the variables on the "
+            "parameter servers, each on its own, and never all-reduce them, "
+            "so a parameter transform could not see the global gradient")),
+    ("TPUStrategy", (
+        tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy,
+        tf.compat.v1.distribute.experimental.TPUStrategy), (
+            "a plan's layer interception and all-reduce are not tested under "
+            "TPU replication, and graphgrad refuses to risk a wrong "
+            "gradient")),
+)
+
+
+def check_strategy(strategy) -> None:
+  """Refuses a strategy a plan does not support (see ``_REFUSED``).
+
+  Args:
+    strategy: a ``tf.distribute.Strategy``, e.g. the current one.
+
+  Raises:
+    GraphGradError: for ``ParameterServerStrategy`` and ``TPUStrategy``,
+      saying why and what to use instead.
+  """
+  for name, classes, why in _REFUSED:
+    if isinstance(strategy, classes):
+      raise _errors.GraphGradError(
+          f"KerasPlan does not support {name} (got "
+          f"{type(strategy).__name__}): {why}. Train the plan under "
+          f"tf.distribute.MirroredStrategy or MultiWorkerMirroredStrategy, "
+          f"where parameter transforms act on the all-reduced gradient, or "
+          f"with tf.compat.v1 between-graph replication and a GradientPlan "
+          f"(docs/distributed.md).")
+
+
+def replicas_in_sync() -> int:
+  """How many replicas the current step's gradients are summed over.
+
+  1 outside ``strategy.run`` (the default strategy, or cross-replica
+  context), else ``num_replicas_in_sync``.
+
+  Raises:
+    GraphGradError: under a strategy :func:`check_strategy` refuses.
+  """
+  check_strategy(tf.distribute.get_strategy())
+  ctx = tf.distribute.get_replica_context()
+  return 1 if ctx is None else int(ctx.num_replicas_in_sync)
+
+
+def needs_sum(fns: Sequence) -> bool:
+  """Whether transforms ``fns`` must see the sum over replicas.
+
+  A linear transform ``c * g`` gives the same sum whether it acts on each
+  replica's gradient or on their sum, so it acts per replica.
+  """
+  return any(fn.linear_factor is None for fn in fns)
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +214,7 @@ class PlanTape:
     except BaseException:
       if self._private is not None:
         self._private.unpatch()
-      self._run.unpatch()
+      self._run.close()
       self._tape.__exit__(None, None, None)
       self._plan.exit_tape(self)
       raise
@@ -163,18 +273,6 @@ class PlanTape:
       return self._planned(target, sources, output_gradients,
                            unconnected_gradients, task_losses)
 
-  def _private_grads(self, uses, target, sources: list, unconnected
-                     ) -> list:
-    """DP-SGD's gradients of ``sources`` (core._privacy), ``unconnected``
-    for those the loss does not reach."""
-    check_per_example_loss(target, "KerasPlan.privatize")
-    grads = private_gradients(self._vjp, target, sources, uses,
-                              self._plan.noise)
-    if unconnected == tf.UnconnectedGradients.ZERO:
-      grads = [tf.zeros_like(tf.convert_to_tensor(s)) if g is None else g
-               for g, s in zip(grads, sources)]
-    return grads
-
   def _scaled(self):
     """The context the plan's gradient is computed in (a loss scale's)."""
     return contextlib.nullcontext()
@@ -185,19 +283,21 @@ class PlanTape:
     plan = self._plan
     if sources is None:
       sources = list(plan.model.trainable_variables)
-    by_layer = _tasks.losses_by_layer(
-        plan.rules.tasks, task_losses,
-        parameters=plan.rules.parameter_tasks is not None)
+    by_layer = losses_by_layer(plan.rules, task_losses)
     step = BackwardStep(task_deltas=self._task_deltas(target, by_layer))
     with self._run.backward(step):
       if self._private is None:
         grads = self._vjp.backprop(target, sources, output_gradients,
                                    unconnected_gradients)
-      else:
-        grads = tf.nest.pack_sequence_as(
-            sources, self._private_grads(self._private, target,
-                                         tf.nest.flatten(sources),
-                                         unconnected_gradients))
+      else:  # DP-SGD's gradients (core._privacy)
+        check_per_example_loss(target, "KerasPlan.privatize")
+        flat_s = tf.nest.flatten(sources)
+        flat_g = private_gradients(self._vjp, target, flat_s, self._private,
+                                   self._plan.noise)
+        if unconnected_gradients == tf.UnconnectedGradients.ZERO:
+          flat_g = [tf.zeros_like(tf.convert_to_tensor(s)) if g is None
+                    else g for g, s in zip(flat_g, flat_s)]
+        grads = tf.nest.pack_sequence_as(sources, flat_g)
     self._last = step
     self._check_edges(step)
     # Each layer's own transforms, then those of several layers at once.
@@ -209,14 +309,10 @@ class PlanTape:
     flat_s = tf.nest.flatten(sources)
     flat_g = tf.nest.flatten(grads)
     if params is not None:
-      flat_g = self._parameter_tasks(params, target,
-                                     by_layer[_tasks.PARAMETERS], flat_s,
-                                     flat_g)
+      flat_g = self._parameter_tasks(params, target, by_layer[PARAMETERS],
+                                     flat_s, flat_g)
     self._methods_grads(step, flat_s, flat_g)
-    # Under tf.distribute: the transforms see the sum over replicas.
-    flat_g = _replicas.transform_parameters(
-        flat_s, flat_g, todo, self._transformed(todo), self._own_variables,
-        plan.name)
+    flat_g = self._transform_parameters(flat_s, flat_g, todo)
     return tf.nest.pack_sequence_as(grads, flat_g)
 
   def grads_and_vars(self, target, task_losses=None) -> List[Tuple[Any, Any]]:
@@ -265,32 +361,77 @@ class PlanTape:
       if v is not None and v.ref() in by_ref:
         flat_g[i] = add_dense(by_ref[v.ref()])
 
-  def _own_variables(self, path: str) -> List[tf.Variable]:
-    """The variables of the layer ``path``, nested layers' included."""
-    return list(self._plan.own_variables(path))
+  def _transform_parameters(self, flat_s, flat_g,
+                            todo: List[ParameterRule]) -> list:
+    """``flat_g`` after the parameter transforms ``todo``
+    (``core._parameters``), replica-aware.
 
-  def _transformed(self, todo: List[ParameterRule]) -> Callable:
-    """``(flat_sources, flat_grads) -> flat_grads`` after the parameter
-    transforms ``todo`` (``core._parameters``)."""
+    Inside ``strategy.run`` each replica backpropagates its own examples,
+    and the gradients a plan tape returns are that replica's
+    *contribution*: summed over the replicas, as every Keras optimizer does
+    in ``apply_gradients``, they give the plan's gradients for the global
+    batch. For a variable whose parameter transform is not linear (a clip,
+    a group transform, noise), the variable's gradient is first summed over
+    the replicas (``ReplicaContext.all_reduce``), the sum is transformed,
+    and the first replica contributes the result while the others
+    contribute zeros: the optimizer's own sum then gives exactly the
+    transformed global gradient, for any number of replicas, and random
+    transforms are drawn once. Every other gradient passes unreduced, for
+    the optimizer to sum as usual.
+
+    Raises:
+      GraphGradError: under a strategy :func:`check_strategy` refuses.
+    """
+    count = replicas_in_sync()
+    if not todo:
+      return flat_g
     refs: Dict[str, set] = {}
 
+    def own(path: str) -> set:
+      """The refs of the variables of the layer ``path``, nested layers'
+      included."""
+      if path not in refs:
+        refs[path] = {v.ref() for v in self._plan.own_variables(path)}
+      return refs[path]
+
     def layer_among(v, layers):
-      for path in layers:
-        if path not in refs:
-          refs[path] = {w.ref() for w in self._own_variables(path)}
-        if v.ref() in refs[path]:
-          return path
-      return None
+      return next((path for path in layers if v.ref() in own(path)), None)
 
-    def transform(flat_s, flat_g):
+    with tf.name_scope(self._plan.name):
+      summed: List[int] = []
+      if count > 1:
+        by_layers: dict = {}
+        for rule in todo:
+          by_layers.setdefault(rule.layers, []).append(rule.transform)
+        wait = set().union(*(own(path) for layers, fns in by_layers.items()
+                             if needs_sum(fns) for path in layers))
+        for i, s in enumerate(flat_s):
+          v = tf_variable(s)
+          if v is not None and v.ref() in wait and flat_g[i] is not None:
+            summed.append(i)
+      ctx = tf.distribute.get_replica_context()
+      if summed:
+        with tf.name_scope("all_reduce"):
+          total = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                                 [dense(flat_g[i]) for i in summed])
+        for i, g in zip(summed, total):
+          flat_g[i] = g
       pairs = [(g, tf_variable(s)) for s, g in zip(flat_s, flat_g)]
-      return transform_parameters(todo, pairs, layer_among, self._run.context)
-
-    return transform
+      flat_g = transform_parameters(todo, pairs, layer_among,
+                                    self._run.context)
+      for i in summed:
+        if flat_g[i] is not None:
+          g = dense(flat_g[i])
+          first = tf.equal(ctx.replica_id_in_sync_group, 0)
+          flat_g[i] = tf.where(first, g, tf.zeros_like(g))
+    return flat_g
 
   def _parameter_tasks(self, declared, target, losses, flat_s, flat_g):
-    """The task combination in parameter space, on the chosen sources:
-    the variables of its layers (every variable for ``layers=None``)."""
+    """``flat_g`` with the task combination in parameter space
+    (``core._task_combination.combined_parameters``) applied to the chosen
+    sources: the variables of its layers (every variable for
+    ``layers=None``). A stateful method's state is made once per plan in
+    its ``method_variables``."""
     if declared.layers is None:
       chosen = [i for i, x in enumerate(flat_s) if tf_variable(x) is not None]
     else:
@@ -298,26 +439,49 @@ class PlanTape:
               for v in self._plan.own_variables(p)}
       chosen = [i for i, x in enumerate(flat_s) if tf_variable(x) is not None
                 and tf_variable(x).ref() in mine]
+    out = list(flat_g)
+    if not chosen:
+      return out
+    state_of = functools.partial(self._plan.method_variables.state,
+                                 "combine_tasks/parameters")
     with self._run.backward(BackwardStep(plain=True)), tf.name_scope(
         self._plan.name):
-      return _tasks.parameter_grads(self._vjp, target, losses, flat_s,
-                                    flat_g, chosen, declared.method,
-                                    self._plan.method_variables)
+      new = combined_parameters(
+          self._vjp, target, losses, [flat_s[i] for i in chosen],
+          [flat_g[i] for i in chosen], declared.method, state_of)
+    for i, g in zip(chosen, new):
+      out[i] = g
+    return out
 
   def _task_deltas(self, target, by_layer) -> Dict[str, List[list]]:
-    """Task layer -> what its task combination adds, per call and output."""
-    tasks = self._plan.rules.tasks
+    """Task layer -> per call and output: ``combine(g_i) - sum_i g_i``, or
+    ``None`` (``core._task_combination.output_deltas`` over every call's
+    outputs at once). A stateful method's state is made once per plan and
+    layer in its ``method_variables``."""
     deltas: Dict[str, List[list]] = {}
     with self._run.backward(BackwardStep(plain=True)):
-      for path in tasks:
-        losses = by_layer[path]
-        deltas[path] = _tasks.task_deltas(
-            self._vjp, target, losses, self._run.outputs[path],
-            tasks[path].method, path, self._plan.method_variables)
+      for path, rule in self._plan.rules.tasks.items():
+        calls = self._run.outputs[path]
+        flat = [t for outs in calls for t in outs]
+        floats = [i for i, t in enumerate(flat) if is_float(t)]
+        name = f"combine_tasks_{path}".replace("/", "_")
+        state_of = functools.partial(self._plan.method_variables.state,
+                                     f"combine_tasks/{path}")
+        with tf.name_scope(name):
+          found = output_deltas(self._vjp, target, by_layer[path],
+                                [flat[i] for i in floats], rule.method,
+                                state_of, name)
+        delta: List[Any] = [None] * len(flat)
+        for i, d in zip(floats, found):
+          delta[i] = d
+        deltas[path], start = [], 0
+        for outs in calls:
+          deltas[path].append(delta[start:start + len(outs)])
+          start += len(outs)
     return deltas
 
   def _check_ran(self) -> None:
-    never = [p for p in self._run.targets() if not self._run.calls[p]]
+    never = [p for p in self._plan.rules.named if not self._run.calls[p]]
     if never:
       raise _errors.NotConnectedError(
           f"layer(s) {', '.join(map(repr, never))} never ran in the forward "

@@ -26,6 +26,8 @@ from graphgrad.core._gradients import (
 )
 from graphgrad.core._layer_policy import layer_backward
 from graphgrad.core._rules import LayerRule, Mode
+from graphgrad.keras import _methods
+from graphgrad.methods import _replacement
 from graphgrad.transforms import _checks
 
 
@@ -54,24 +56,15 @@ class LayerCall(NamedTuple):
   layer: Any
 
 
-def overridden(run, path: str, fn, xs, outs, g) -> list:
-  """The gradients ``fn`` gives the inputs of one call of layer ``path``."""
-  layer = run.plan.layer(path)
-  call = LayerCall(path, type(layer).__name__, tuple(xs), tuple(outs), layer)
-  return list(input_grads(call, fn, list(g)))
-
-
 class _CallSteps:
   """The steps of one rewritten layer call (``core._layer_policy.
   LayerSteps``): the layer VJP of the call (``_tape_vjp.TapeVJP``) is its
   VJP."""
 
-  def __init__(self, run, step, rule: LayerRule, inner, outs, xs,
-               variables, own):
+  def __init__(self, run, step, rule: LayerRule, inner, outs, own, other):
     self.run, self.step, self.rule = run, step, rule
-    self.inner, self.outs, self.xs = inner, outs, xs
-    self.own = [variables[i] for i in own]
-    self.other = [v for i, v in enumerate(variables) if i not in set(own)]
+    self.inner, self.outs, self.xs = inner, outs, inner.inputs
+    self.own, self.other = own, other
 
   def vjp(self, grads, inputs: bool, own: bool, other: bool):
     xs = list(self.xs) if inputs else []
@@ -101,16 +94,45 @@ class _CallSteps:
     pass  # the Keras tape keeps no trace
 
   def replace(self, grads, chain_rule):
-    path = self.rule.layer
-    return self.run.replace(self.step, path, self.rule.replacement,
-                            self.inner, self.xs, self.outs, grads, chain_rule)
+    """Runs the replacement on the call; its pairs go to the step.
+
+    The replacement gets a ``BackwardContext`` whose executor is a
+    ``_methods.TapeBackward`` and runs through ``gg.backward``'s
+    ``run_replacement``, as on the TF1 plan: an exception it raises names
+    the layer, and its result is checked (one gradient like each input,
+    alone or in a ``BackwardResult``).
+    """
+    path, plan, inner = self.rule.layer, self.run.plan, self.inner
+
+    def unrecorded_chain_rule():
+      with inner.paused():
+        return chain_rule()
+
+    with tf.name_scope(f"replace_backward_{path}".replace("/", "_")):
+      layer = plan.layer(path)
+      ctx = _replacement.BackwardContext(
+          layer=layer, name=path, net=plan.layers, inputs=tuple(self.xs),
+          outputs=tuple(self.outs), upstream=tuple(grads),
+          upstream_of=self.step.upstream_of,
+          chain_rule=unrecorded_chain_rule, resources=plan.resources,
+          executor=_methods.TapeBackward(inner, layer, path, self.xs,
+                                         plan.method_variables),
+          labels=self.run.labels)
+      with inner.recording():  # the replacement's ops, for context.vjp
+        result = _replacement.run_replacement(
+            self.rule.replacement, ctx, f"replace_backward({path!r})")
+    self.step.extra += list(result.extra_grads_and_vars)
+    return list(result.input_grads)
 
   def override(self, grads):
-    return overridden(self.run, self.rule.layer, self.rule.override, self.xs,
-                      self.outs, grads)
+    """The gradients the override gives the call's inputs."""
+    layer = self.run.plan.layer(self.rule.layer)
+    call = LayerCall(self.rule.layer, type(layer).__name__, tuple(self.xs),
+                     tuple(self.outs), layer)
+    return list(input_grads(call, self.rule.override, list(grads)))
 
 
-def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
+def backward_of_call(run, step, path: str, call: int, inner, out, dys,
                      variables):
   """Input and variable gradients of one call of a rewritten layer.
 
@@ -119,9 +141,9 @@ def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
     step: the :class:`~graphgrad.keras._intercept.BackwardStep` under way.
     path: the layer's path.
     call: which call of the layer this is (0 for the first).
-    inner: the call's layer VJP (``_tape_vjp.TapeVJP.record``).
+    inner: the call's layer VJP (``_tape_vjp.TapeVJP.record``), whose
+      ``inputs`` are the call's floating-point input tensors.
     out: what the call returned.
-    xs: the call's floating-point input tensors.
     dys: the gradients at ``out``'s tensors.
     variables: the variables the call read.
 
@@ -134,7 +156,7 @@ def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
            if is_float(o) and dy is not None]
   outs = [o for o, _ in pairs]
   g = [dy for _, dy in pairs]
-  n = len(xs)
+  n = len(inner.inputs)
   if not outs:
     return [None] * n, [None] * len(variables)
   plan = run.plan
@@ -146,14 +168,12 @@ def backward_of_call(run, step, path: str, call: int, inner, out, xs, dys,
   else:
     own_refs = {v.ref() for v in plan.own_variables(path)}
     own = [i for i, v in enumerate(variables) if v.ref() in own_refs]
-  result = layer_backward(
-      rule, g, _CallSteps(run, step, rule, inner, outs, xs, variables, own))
+  other = [i for i in range(len(variables)) if i not in set(own)]
+  result = layer_backward(rule, g, _CallSteps(
+      run, step, rule, inner, outs, [variables[i] for i in own],
+      [variables[i] for i in other]))
   dv: list = [None] * len(variables)
-  mine = set(own)
-  for i, grad in zip(own, result.own):
-    dv[i] = grad
-  for i, grad in zip([i for i in range(len(variables)) if i not in mine],
-                     result.other):
+  for i, grad in zip(own + other, result.own + result.other):
     dv[i] = grad
   dx = [None] * n if result.inputs is None else list(result.inputs)
   return dx, dv

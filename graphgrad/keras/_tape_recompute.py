@@ -144,21 +144,19 @@ class Recomputer:
       return call(*args, **kwargs)
     xs, run = float_inputs(call, args, kwargs)
     eager = tf.executing_eagerly()
-    rec = _LayerCall(path, xs, run, backward=backward)
-    rec.whole = eager
+    rec = _LayerCall(path, xs, run, whole=eager, backward=backward)
     if not eager:
       rec.state = [u for u in map(tf_variable, layer.non_trainable_variables)
                    if u is not None]
       rec.snapshot = [tf.identity(v.read_value()) for v in rec.state]
     index = len(self.calls)
     self.calls.append(rec)
-    n = len(rec.xs)
 
     @tf.custom_gradient
     def recomputed(*inputs):
       graph = None if eager else tf.compat.v1.get_default_graph()
       first = len(graph.get_operations()) if graph is not None else 0
-      rec.inner, out = TapeVJP.record(run, inputs[:n], gate=True)
+      rec.inner, out = TapeVJP.record(run, inputs, gate=True)
       rec.inner_outs = tf.nest.flatten(out)
       if graph is not None and _stateful(graph.get_operations()[first:]):
         rec.whole = True

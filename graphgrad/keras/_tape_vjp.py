@@ -165,21 +165,16 @@ class TapeVJP:
     ``output_gradients`` as the tape takes them (the plan's own gradient)."""
     return self.tape.gradient(target, sources, output_gradients, unconnected)
 
-  def task_weights(self, target, losses: Sequence) -> List[tf.Tensor]:
-    """``d target / d l_i`` for each task loss; raises for one that
-    ``target`` does not depend on."""
+  def task_vjps(self, target, losses: Sequence, xs: Sequence
+                ) -> List[List[Gradient]]:
+    """Per task loss ``l_i``: ``d target / d l_i * d l_i / d xs``; raises
+    for a task loss that ``target`` does not depend on."""
     weights = self.vjp([target], None, losses)
     for i, w in enumerate(weights):
       if w is None:
         raise _errors.NotConnectedError(
             f"tape.gradient: the loss does not depend on `task_losses[{i}]`. "
             f"List the task losses whose (weighted) sum is the loss.")
-    return weights
-
-  def task_vjps(self, target, losses: Sequence, xs: Sequence
-                ) -> List[List[Gradient]]:
-    """Per task loss ``l_i``: ``d target / d l_i * d l_i / d xs``."""
-    weights = self.task_weights(target, losses)
     return [self.vjp([l], [w], xs) for l, w in zip(losses, weights)]
 
   def per_example(self, ys: Sequence, grads: Sequence, xs: Sequence,

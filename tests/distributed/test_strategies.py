@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from graphgrad.keras import _replicas
+from graphgrad.keras import _tape
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "strategy_worker.py")
@@ -164,19 +164,19 @@ def test_refused_strategies(cls, name):
   with pytest.raises(gg.GraphGradError,
                      match=f"KerasPlan does not support {name} .*"
                            f"MirroredStrategy or MultiWorkerMirroredStrategy"):
-    _replicas.check_strategy(_Uninitialized(cls).instance)
+    _tape.check_strategy(_Uninitialized(cls).instance)
 
 
 def test_supported_strategies_pass_the_check():
-  _replicas.check_strategy(tf.distribute.get_strategy())
-  _replicas.check_strategy(tf.distribute.OneDeviceStrategy("/cpu:0"))
-  assert _replicas.replicas_in_sync() == 1
+  _tape.check_strategy(tf.distribute.get_strategy())
+  _tape.check_strategy(tf.distribute.OneDeviceStrategy("/cpu:0"))
+  assert _tape.replicas_in_sync() == 1
 
 
 def test_only_nonlinear_parameter_transforms_wait_for_the_sum():
   t = gg.transforms
-  assert not _replicas.needs_sum([t.scale(0.5), t.reverse(1.0)])
-  assert not _replicas.needs_sum([t.chain(t.scale(2.0), t.zero())])
-  assert _replicas.needs_sum([t.clip_by_norm(1.0)])
-  assert _replicas.needs_sum([t.scale(0.5), t.clip_by_global_norm(1.0)])
-  assert _replicas.needs_sum([t.add_noise(0.1, seed=0)])
+  assert not _tape.needs_sum([t.scale(0.5), t.reverse(1.0)])
+  assert not _tape.needs_sum([t.chain(t.scale(2.0), t.zero())])
+  assert _tape.needs_sum([t.clip_by_norm(1.0)])
+  assert _tape.needs_sum([t.scale(0.5), t.clip_by_global_norm(1.0)])
+  assert _tape.needs_sum([t.add_noise(0.1, seed=0)])
