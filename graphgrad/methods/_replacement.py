@@ -171,7 +171,8 @@ class BackwardContext:
     Args:
       ys: tensors of the layer (``outputs``) or built by the replacement.
       xs: tensors or variables to differentiate for.
-      grad_ys: one gradient per ``ys`` tensor; ``None`` for ones.
+      grad_ys: one gradient per ``ys`` tensor (an entry ``None``: nothing
+        flows from that tensor); ``None`` for ones.
       stop: tensors no gradient flows back through, as ``tf.gradients``'
         ``stop_gradients``. On a ``KerasPlan`` these can be only the
         context's ``inputs`` and ``dense().pre``: its tape recorded nothing
@@ -183,9 +184,11 @@ class BackwardContext:
     Raises:
       GraphGradError: on a ``KerasPlan``, for another ``stop`` tensor.
     """
-    return list(self.executor.vjp(list(ys), list(xs),
-                                  None if grad_ys is None else list(grad_ys),
-                                  list(stop)))
+    ys = list(ys)
+    if grad_ys is not None:  # the same on every executor
+      pairs = [(y, g) for y, g in zip(ys, grad_ys) if g is not None]
+      ys, grad_ys = [y for y, _ in pairs], [g for _, g in pairs]
+    return list(self.executor.vjp(ys, list(xs), grad_ys, list(stop)))
 
   def variable(self, key: str, init: Callable[[], tf.Tensor],
                trainable: bool = False, name: str = "B") -> tf.Variable:

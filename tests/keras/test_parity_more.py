@@ -460,3 +460,29 @@ def test_loss_scale_an_override_fn_sees_the_scaled_gradient(run):
                       scaled_loss=True)
   assert _changed(want, unscaled)
   _close(want, on_scaled, "override sees S * g", rtol=1e-6, atol=1e-7)
+
+
+# -- context.vjp: a None entry of grad_ys sends nothing, on both plans ---------
+
+
+def _none_entry_vjp(ctx):
+  """A user's replacement: the chain rule through ``context.vjp``, with a
+  second ``ys`` entry whose ``grad_ys`` entry is ``None``."""
+  y = ctx.outputs[0]
+  return ctx.vjp([y, 3.0 * y], ctx.inputs, [ctx.upstream[0], None],
+                 stop=ctx.inputs)
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_a_none_grad_ys_entry_sends_nothing_on_both_plans(run):
+  _, _, model, traced, x, labels = _setup(run, "chain")
+  weights = keras_cases.layer_weights(model)
+
+  def declare(p, d):
+    return p.replace_backward(d.s["mid"], _none_entry_vjp)
+
+  want, _ = _tf1("chain", weights, x, labels, declare)
+  got, _ = _tf2("chain", model, x, labels, declare, traced)
+  _close(got, want, "None entry")
+  # Only the other entry flows: the chain rule, tf.gradients' own.
+  _close(want, _plain("chain", weights, x, labels), "None entry (TF1)")
