@@ -13,7 +13,7 @@ override returns instead. A ``LINEAR`` rule ``c * g`` takes one VJP of
 """
 
 import dataclasses
-from typing import Callable, List, Optional, Protocol, Tuple
+from typing import Callable, List, Optional, Protocol, Tuple, cast
 
 from graphgrad.core._gradients import is_zero
 from graphgrad.core._rules import LayerRule, Mode
@@ -49,6 +49,12 @@ class LayerSteps(Protocol):
     """The backward replacement's gradients for the inputs;
     ``chain_rule()`` gives what a VJP of ``grads`` sends to them."""
 
+
+class OverrideSteps(LayerSteps, Protocol):
+  """The steps of an executor that overrides a layer's whole call (the
+  Keras tape). A tf.Graph plan overrides ops, in its VJP, and compiles no
+  layer to ``OVERRIDDEN``, so its steps need not override."""
+
   def override(self, grads: List) -> List:
     """The override's gradients for the inputs."""
 
@@ -79,7 +85,8 @@ def layer_backward(rule: LayerRule, grads: List,
   Args:
     rule: the layer's compiled rule.
     grads: the gradient at each output, summed over all consumers.
-    steps: the executor's steps at this layer.
+    steps: the executor's steps at this layer (:class:`OverrideSteps`
+      for a rule ``OVERRIDDEN``).
 
   Returns:
     The layer's :class:`LayerGrads`.
@@ -105,7 +112,7 @@ def layer_backward(rule: LayerRule, grads: List,
     return LayerGrads(g, dx, own, other)
   other = steps.vjp(below, False, False, True)[2]
   if mode is Mode.OVERRIDDEN:
-    dx = steps.override(below)
+    dx = cast(OverrideSteps, steps).override(below)
   else:
     dx = steps.replace(below, lambda: steps.vjp(below, True, False, False)[0])
   return LayerGrads(g, dx, own, other)

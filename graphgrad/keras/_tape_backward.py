@@ -58,7 +58,7 @@ class LayerCall(NamedTuple):
 
 class _CallSteps:
   """The steps of one rewritten layer call (``core._layer_policy.
-  LayerSteps``): the layer VJP of the call (``_tape_vjp.TapeVJP``) is its
+  OverrideSteps``): the layer VJP of the call (``_tape_vjp.TapeVJP``) is its
   VJP."""
 
   def __init__(self, run, step, rule: LayerRule, inner, outs, own, other):

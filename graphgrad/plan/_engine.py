@@ -99,9 +99,6 @@ class _LayerSteps:
         upstream_of=functools.partial(completed_upstream, self.segments._done),
         chain_rule=chain_rule)
 
-  def override(self, grads):
-    raise AssertionError("a tf.Graph plan overrides ops, not layers")
-
 
 class Segments:
   """Plans and builds the segmented backward pass of one gradient plan.
