@@ -53,11 +53,6 @@ def is_ref_dtype(dtype: tf.DType) -> bool:
   return dtype.base_dtype != dtype
 
 
-def is_float(t: tf.Tensor) -> bool:
-  """True for a floating-point or complex data tensor."""
-  return (t.dtype.is_floating or t.dtype.is_complex) and not is_handle(t)
-
-
 def is_variable_op(op: tf.Operation) -> bool:
   """True for the op that holds a variable (resource handle or ref)."""
   return op.type in _VARIABLE_OPS

@@ -64,7 +64,7 @@ def _path_through(net, name: str) -> bool:
   layer = net[name]
   members = {op.name for op in layer.ops}
   produced = {t.op.name for t in layer.outputs}
-  stack = [c for t in layer.inputs if _graph_util.is_float(t)
+  stack = [c for t in layer.inputs if _graph_util.differentiable(t)
            for c in net.op_graph.successors(t.op.name) if c in members]
   # tf.compat.v1 loops: NextIteration -> Merge, outside op_graph
   back: Dict[str, List[str]] = {}
@@ -107,7 +107,7 @@ def no_gradient_reason(net, method: str, name: str,
     return ("it has no input: it holds only its variables' reads (its "
             "computation is glue), so no gradient passes through it")
   if method == "replace_backward":
-    if below and not any(_graph_util.is_float(t) for t in layer.inputs):
+    if below and not any(_graph_util.differentiable(t) for t in layer.inputs):
       return "it has no floating-point input to send a gradient to"
     return None
   if not below or _path_through(net, name):
