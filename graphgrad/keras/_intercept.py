@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from graphgrad.core._gradients import completed_upstream, is_float
+from graphgrad.core._gradients import is_float
 from graphgrad.core._rules import Mode
 from graphgrad.keras import _tape_linear, _tape_recompute
 from graphgrad.keras._layer_index import (
@@ -49,7 +49,7 @@ class BackwardStep:
     plain: task gradients are being computed: plain backpropagation.
     task_deltas: layer -> per call, per output ``combine(g_i) - sum_i g_i``.
     done: the gradients at the rewritten layers' outputs, filled from the
-      loss down (what ``upstream_of`` reads).
+      loss down (what ``context.upstream_of`` reads).
     extra: ``(grad, var)`` pairs of the methods' own variables.
     edges_run: edges whose upper layer was backpropagated.
     edges_fed: edges along which a gradient reached the lower layer.
@@ -69,10 +69,6 @@ class BackwardStep:
     return [dy if d is None else (d if dy is None else
                                   tf.convert_to_tensor(dy) + d)
             for dy, d in zip(dys, deltas[call])]
-
-  def upstream_of(self, path: str) -> list:
-    """The complete gradient at a rewritten layer's outputs above this one."""
-    return completed_upstream(self.done, path)
 
 
 class Interceptor:

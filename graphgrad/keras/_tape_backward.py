@@ -13,12 +13,14 @@ edge transform.
 """
 
 import collections
+import functools
 from typing import Any, List, NamedTuple, Tuple
 
 import tensorflow as tf
 
 from graphgrad.core._gradients import (
   add_dense,
+  completed_upstream,
   dense,
   input_grads,
   is_float,
@@ -113,7 +115,7 @@ class _CallSteps:
       ctx = _replacement.BackwardContext(
           layer=layer, name=path, net=plan.layers, inputs=tuple(self.xs),
           outputs=tuple(self.outs), upstream=tuple(grads),
-          upstream_of=self.step.upstream_of,
+          upstream_of=functools.partial(completed_upstream, self.step.done),
           chain_rule=unrecorded_chain_rule, resources=plan.resources,
           executor=_methods.TapeBackward(inner, layer, path, self.xs,
                                          plan.method_variables),
