@@ -24,14 +24,9 @@ from graphgrad.analysis import _graph_util
 _LOOP_OPS = frozenset({"NextIteration", "RefNextIteration"})
 
 
-def available() -> bool:
-  """True when this TensorFlow's walk passes its self-test."""
-  return _compat.usable("reached_walk")
-
-
 def can_bound(forward_ops: Iterable[tf.Operation]) -> bool:
   """True when creation order is a topological order of ``forward_ops``."""
-  if not available():
+  if not _compat.usable("reached_walk"):  # the walk's self-test failed
     return False
   for op in forward_ops:
     if op.type in _LOOP_OPS:

@@ -38,7 +38,7 @@ def _plan(loss):
 
 def _build(bound, monkeypatch):
   monkeypatch.setattr(_reach, "can_bound",
-                      (lambda ops: _reach.available()) if bound
+                      (lambda ops: _compat.usable("reached_walk")) if bound
                       else (lambda ops: False))
   with tf.Graph().as_default() as g:
     x, loss = _residual_net()
@@ -50,7 +50,7 @@ def _build(bound, monkeypatch):
 
 
 def test_bounded_walk_builds_the_same_ops_and_numbers(monkeypatch):
-  assert _reach.available()
+  assert _compat.usable("reached_walk")
   values_b, nodes_b = _build(True, monkeypatch)
   values_u, nodes_u = _build(False, monkeypatch)
   assert nodes_b == nodes_u  # same ops, names, inputs and order
@@ -116,7 +116,7 @@ def test_bounded_walk_is_exact_through_a_functional_while_loop(monkeypatch):
   results = []
   for bound in (True, False):
     monkeypatch.setattr(_reach, "can_bound",
-                        (lambda ops: _reach.available()) if bound
+                        (lambda ops: _compat.usable("reached_walk")) if bound
                         else (lambda ops: False))
     with tf.Graph().as_default() as g:
       x, loss = _loop_net()
