@@ -461,14 +461,11 @@ def feedback_matrix_value(seed: Optional[int], name: str, layer: str, shape,
       dtype=dtype)
 
 
-def static_features(t: tf.Tensor, what: str, fix: str = (
-    "Give the input a static shape (tf.ensure_shape or set_shape in a "
-    "tf.Graph; keras.Input(shape=...) for a Keras model).")) -> int:
+def static_features(t: tf.Tensor, what: str) -> int:
   """The number of features per example of ``t``: its non-batch dims' size.
 
   Raises:
-    UnsupportedGraphError: if a non-batch dimension is unknown; ``fix``
-      ends the message.
+    UnsupportedGraphError: if a non-batch dimension is unknown.
   """
   dims = t.shape.as_list()[1:] if t.shape.rank else None
   if dims is None or not dims or any(d is None for d in dims):
@@ -476,5 +473,7 @@ def static_features(t: tf.Tensor, what: str, fix: str = (
     raise _errors.UnsupportedGraphError(
         f"{what}: {'the tensor ' + name if name else 'a tensor'} has shape "
         f"{t.shape}; a fixed random projection needs a batch dimension "
-        f"followed by known dimensions. {fix}")
+        f"followed by known dimensions. Give the input a static shape "
+        f"(tf.ensure_shape or set_shape in a tf.Graph; keras.Input(shape=...) "
+        f"for a Keras model).")
   return int(np.prod(dims))
