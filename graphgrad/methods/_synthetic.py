@@ -82,6 +82,12 @@ class SyntheticGradients(Replacement):
           f"Declare gg.backward.synthetic() without labels and pass them "
           f"each step: `with plan.tape(labels=y_onehot) as tape:`.")
 
+  def initial_values(self, layer: str, index: int, sizes: Sequence[int],
+                     dtype=tf.float32) -> List[tf.Tensor]:
+    """The initial values of the module at ``layer``'s input ``index``, as
+    every executor makes them (see :func:`module_values`)."""
+    return module_values(self.seed, layer, index, sizes, dtype)
+
   def modules(self, plan) -> Dict[str, SyntheticModule]:
     """Input tensor name -> its :class:`SyntheticModule`, in one built plan.
 
@@ -118,8 +124,7 @@ class SyntheticGradients(Replacement):
 
     def value(k):
       if not values:
-        values.extend(module_values(self.seed, context.name, i, sizes,
-                                    x.dtype))
+        values.extend(self.initial_values(context.name, i, sizes, x.dtype))
       return values[k]
     variables = [context.variable(
         f"synthetic/{i}/{'kernel' if k % 2 == 0 else 'bias'}_{k // 2}",

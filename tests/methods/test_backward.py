@@ -378,7 +378,7 @@ def test_feedback_alignment_on_tf_layers_dense(graph):
 
 def test_one_synthetic_value_gives_each_plan_and_layer_its_own_module():
   sg = B.synthetic(hidden=(3,), seed=0)
-  eager = B.module_values(0, "l3", 0, [4, 3, 4])  # as a TF2 executor makes them
+  eager = sg.initial_values("l3", 0, [4, 3, 4])  # as a TF2 executor makes them
   with tf.Graph().as_default():
     loss, _, (h1, h2) = _mlp(3)
     one = gg.GradientPlan(loss).replace_backward("l3", sg).replace_backward(
