@@ -32,7 +32,6 @@ from graphgrad.core._privacy import Noise
 from graphgrad.core._rules import PlanRules, compile_rules
 from graphgrad.keras import _fit, _loss_scale, _methods
 from graphgrad.keras._layer_index import (
-  LayerIndex,
   check_group_parameters,
   check_parameters,
   is_keras_layer,
@@ -101,7 +100,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     super().__init__(name=name)
     self._model = model
     self._global_step = global_step
-    self._index = LayerIndex(model)
+    self._index = _methods.KerasLayers(model)
     self._declarations = Declarations(self._index.find, owner="KerasPlan")
     self._methods = _methods.MethodVariables()
     self._resources = Resources(modules=[self._methods])
@@ -209,7 +208,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
       check_parameters(self._index, layers)
 
   def _check_backward(self, name: str, fn) -> None:
-    as_replacement(fn).check(self._layers(), name)  # e.g. DFA's error layer
+    as_replacement(fn).check(self._index, name)  # e.g. DFA's error layer
 
   def _check_parameter_tasks(self, names: Optional[Tuple[str, ...]]) -> None:
     # An unbuilt layer is not checked: its variables do not exist yet.
@@ -288,7 +287,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     extra: List[Declaration] = (
         [] if _loss_scale.scale_of(loss_scale) is None
         else [LossScaleDeclaration("", loss_scale)])
-    rules = compile_rules(list(self._declarations) + extra, self._layers())
+    rules = compile_rules(list(self._declarations) + extra, self._index)
     if (rules.recompute is not None and tf.executing_eagerly()
         and not self._eager_recompute_logged):
       self._eager_recompute_logged = True
@@ -296,11 +295,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
                "traced step (tf.function, fit, strategy.run); this eager "
                "step keeps every activation, with the same gradients.",
                self._model.name)
-    if loss_scale is not None:
-      return _loss_scale.ScaledTape(self._view(rules), persistent,
-                                    watch_accessed_variables, labels,
-                                    loss_scale)
-    if not self._unscaled_warned:
+    if loss_scale is None and not self._unscaled_warned:
       self._unscaled_warned = _loss_scale.warn_unscaled(self.model, rules)
     return PlanTape(self._view(rules), persistent, watch_accessed_variables,
                     labels)
@@ -417,13 +412,13 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
   def rules(self) -> PlanRules:
     """The plan's declarations, compiled (``graphgrad.core._rules``): what
     its tapes execute, without a loss scale."""
-    return compile_rules(self._declarations, self._layers())
+    return compile_rules(self._declarations, self._index)
 
   def _view(self, rules: PlanRules) -> PlanView:
     return PlanView(
         rules=rules, model=self._model, name=self.name,
         resources=self._resources, method_variables=self._methods,
-        layers=self._layers(),
+        layers=self._index,
         layer_names=tuple(self._index.paths), layer=self.layer,
         own_variables=lambda path: layer_variables(self._index[path]),
         step_tensor=self._step_tensor,
@@ -446,9 +441,6 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
 
   def _exit_tape(self, tape: PlanTape) -> None:
     self._open_tape = None if self._open_tape is tape else self._open_tape
-
-  def _layers(self) -> _methods.KerasLayers:
-    return _methods.KerasLayers(self._model, self._index)
 
   def __repr__(self):
     return (f"KerasPlan(model={self._model.name}, "
