@@ -36,7 +36,6 @@ from graphgrad.plan import (
   _loss_scale_optimizer,
   _optimizer,
   _picture,
-  _privatize_graph,
   _summaries,
 )
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
@@ -245,8 +244,11 @@ class GradientPlan(TrainingMethods, OpOverriding):
       check_graph_mode(caller, self._loss)
       self._declarations.freeze()
       rules = self.rules
-      if rules.privacy is not None:
-        _privatize_graph.check_reduce_fn(self._options.reduce_fn)
+      if rules.privacy is not None and self._options.reduce_fn is not None:
+        raise _errors.GraphGradError(
+            "privatize: `reduce_fn` would add one noise draw per replica "
+            "instead of one per global batch. Make a GradientPlan without "
+            "reduce_fn for private training.")
       self._built = _executor.build(
           self._loss, lambda: self.net, self._var_list, rules,
           dataclasses.replace(self._options, after=tuple(after)),
