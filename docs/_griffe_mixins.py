@@ -1,12 +1,14 @@
 """A griffe extension: a plan's mixin methods return the plan, on the page.
 
 Some declaring methods of ``GradientPlan`` and ``KerasPlan`` live in mixins
-(``OpOverriding``, ``TrainingMethods``, ``LayerOverriding``), typed
-``def m(self: _P, ...) -> _P`` so that a chain of declarations keeps the
-plan's type. The API reference lists them among the plan's members, and
-their return type reads as the one class of the package that inherits the
-mixin (``GradientPlan``, linked), not as ``_P``.
+(``Declaring``, shared by both, ``OpOverriding``, ``TrainingMethods``,
+``LayerOverriding``), typed ``def m(self: _P, ...) -> _P`` so that a chain
+of declarations keeps the plan's type. The API reference lists them among
+the plan's members, and their return type reads as the plan that inherits
+the mixin (``GradientPlan``, linked), not as ``_P``.
 """
+
+import copy
 
 import griffe
 
@@ -15,18 +17,21 @@ class MixinSelfTypes(griffe.Extension):
   """``-> _P``, the type of ``self``, reads as the class using the mixin."""
 
   def on_package(self, *, pkg, **kwargs):  # pylint: disable=unused-argument
-    users = {}
-    for cls in _classes(pkg):
-      for base in cls.resolved_bases:
-        users.setdefault(base.path, (base, []))[1].append(cls)
-    for base, classes in users.values():
-      if len(classes) != 1:  # a mixin of several classes keeps its type
+    classes = list(_classes(pkg))
+    bases = {base.path for cls in classes for base in cls.resolved_bases}
+    for cls in classes:
+      if cls.path in bases:  # a mixin, or a base of another class
         continue
-      (cls,) = classes
-      for member in base.members.values():
-        if not member.is_alias and member.is_function and _returns_self(
-            member):
-          member.returns = griffe.ExprName(cls.name, parent=cls.parent)
+      for name, alias in cls.inherited_members.items():
+        member = alias.final_target
+        if member.is_function and _returns_self(member):
+          # The class's own copy, so that each plan reads its own type.
+          own = copy.copy(member)
+          own.returns = griffe.ExprName(cls.name, parent=cls.parent)
+          if member.docstring is not None:  # whose Returns reads the type
+            own.docstring = copy.copy(member.docstring)
+            own.docstring.parent = own
+          cls.set_member(name, own)
 
 
 def _returns_self(func) -> bool:

@@ -263,12 +263,14 @@ class Declarations:
                     validate: Optional[Callable[..., Any]] = None) -> None:
     """``layer``: a layer, or a list of layers whose parameters ``fn`` sees
     together (a group transform over all of them), after each layer's own
-    transforms; ``validate`` then takes the list of names."""
+    transforms; ``validate`` takes the layer's name, or the tuple of the
+    names of a list."""
     if not isinstance(fn, GroupTransform):
       fn = as_transform(fn)
     if not isinstance(layer, (list, tuple)):
       name = self.resolve(layer, "layer")
-      self._add(GradientsDeclaration(name, fn), validate)
+      self._add(GradientsDeclaration(name, fn),
+                (lambda: validate(name)) if validate is not None else None)
       return
     names = tuple(dict.fromkeys(self.resolve(l, "layer") for l in layer))
     if not names:
@@ -444,6 +446,11 @@ class Declarations:
   @property
   def frozen(self) -> bool:
     return self._frozen
+
+  @property
+  def owner(self) -> str:
+    """The plan's class name, for messages."""
+    return self._owner
 
   # -- reading -------------------------------------------------------------
 

@@ -4,7 +4,8 @@ TF2 code has no graph to analyse before it runs: a Keras model's layer
 outputs exist only while the model is called. A :class:`KerasPlan` therefore
 finds layers by their Keras name in the model's layer tree, holds its
 declarations in the shared ``Declarations`` of ``graphgrad.core``
-(checked as ``GradientPlan``'s are), and executes them while the forward
+(declared and checked as ``GradientPlan``'s are, through the same
+``core._declaring`` methods), and executes them while the forward
 pass runs under :meth:`KerasPlan.tape` (see ``_tape`` and ``_intercept``).
 The model's code is not changed, and everything is restored when the tape
 closes.
@@ -15,7 +16,7 @@ inside ``tf.function``.
 """
 
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -25,12 +26,12 @@ from graphgrad.core._declaration_model import (
   Declarations,
   LossScaleDeclaration,
 )
+from graphgrad.core._declaring import Declaring, LayerRef
 from graphgrad.core._inert import bottom_layer_advice
-from graphgrad.core._privacy import Noise, check_privacy
+from graphgrad.core._privacy import Noise
 from graphgrad.core._rules import PlanRules, compile_rules
 from graphgrad.keras import _fit, _loss_scale, _methods
 from graphgrad.keras._layer_index import (
-  LayerIndex,
   check_group_parameters,
   check_parameters,
   is_keras_layer,
@@ -46,10 +47,7 @@ from graphgrad.transforms._context import Resources
 
 log = logging.getLogger("graphgrad")
 
-LayerRef = Union[str, Any]  # a Keras layer name or path, or the layer itself
-
-
-class KerasPlan(tf.Module, LayerOverriding):
+class KerasPlan(tf.Module, Declaring, LayerOverriding):
   """Rewrites gradients at the layer boundaries of a Keras model.
 
   The declarations are those of :class:`GradientPlan`, with a layer being
@@ -102,7 +100,7 @@ class KerasPlan(tf.Module, LayerOverriding):
     super().__init__(name=name)
     self._model = model
     self._global_step = global_step
-    self._index = LayerIndex(model)
+    self._index = _methods.KerasLayers(model)
     self._declarations = Declarations(self._index.find, owner="KerasPlan")
     self._methods = _methods.MethodVariables()
     self._resources = Resources(modules=[self._methods])
@@ -116,139 +114,6 @@ class KerasPlan(tf.Module, LayerOverriding):
     self._eager_recompute_logged = False
 
   # -- declaring -----------------------------------------------------------
-
-  def transform_upstream(self, layer: LayerRef, fn) -> "KerasPlan":
-    """Rewrites the gradient that ``layer`` passes to everything below it.
-
-    With ``g`` the gradient at ``layer``'s outputs (summed over all
-    consumers), the layer's own variables get their gradients from ``g``;
-    its inputs, and everything below them, get what backpropagating
-    ``fn(g)`` through the layer gives. Paths that bypass the layer (skips,
-    regularizers, second heads) are unchanged. Transforms on several layers
-    compose top-down; several on one layer chain in declaration order.
-
-    Args:
-      layer: a Keras layer name (or ``"outer/inner"`` path, or the layer).
-      fn: a transform or a callable ``g -> g`` keeping shape and dtype.
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      LayerNotFoundError: if ``layer`` is not in the model.
-      GraphGradError: if ``fn`` is not callable or is a group transform, or
-        a tape was opened.
-
-    On the bottom layer of a ``Sequential`` or functional model (no layer
-    with trainable variables before it) it changes nothing, and warns once.
-    """
-    self._declarations.add_upstream(layer, fn)
-    path = self._index.find(layer, "layer")
-    bottom, above = nothing_below(self._model, path)
-    if bottom and path not in self._warned_bottom:
-      self._warned_bottom.add(path)
-      log.warning("%s", bottom_layer_advice(path, above))
-    return self
-
-  def transform_gradients(self, layer: Union[LayerRef, Sequence[LayerRef]],
-                          fn) -> "KerasPlan":
-    """Rewrites each of ``layer``'s own parameter gradients.
-
-    With a list of layers, ``fn`` sees their parameter gradients together,
-    after each layer's own ``transform_gradients``: a
-    ``clip_by_global_norm(1.0)`` over every variable, after a layer-wise
-    scale, is ``transform_gradients(plan.layer_names, clip)``.
-
-    Args:
-      layer: a Keras layer name (or ``"outer/inner"`` path, or the layer),
-        or a list of them (every layer: :attr:`layer_names`).
-      fn: a transform or a callable ``g -> g`` keeping shape and dtype,
-        applied to each gradient (summed over all paths); or a
-        ``gg.transforms.GroupTransform`` (``clip_by_global_norm``,
-        ``trust_ratio``), applied to the layer's ``(grad, var)`` list at
-        once. The layer's variables among ``tape.gradient``'s sources form
-        the group.
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      LayerNotFoundError: if ``layer`` is not in the model.
-      GraphGradError: if ``fn`` is not callable, a tape was opened, or the
-        layer is built and holds no trainable variable (all non-trainable,
-        or none at all).
-    """
-    if isinstance(layer, (list, tuple)):
-      self._declarations.add_gradients(
-          [self._index.find(l, "layer") for l in layer], fn,
-          validate=lambda paths: check_group_parameters(self._index, paths))
-      return self
-    path = self._index.find(layer, "layer")
-    self._declarations.add_gradients(path, fn, validate=lambda: (
-        check_parameters(self._index, path)))
-    return self
-
-  def transform_edge(self, lower: LayerRef, upper: LayerRef, fn) -> "KerasPlan":
-    """Rewrites only the gradient ``upper`` sends directly into ``lower``.
-
-    The order along one path is: ``upper``'s upstream transform, then the
-    edge transform, then the sum at ``lower``'s outputs, then ``lower``'s
-    upstream transform.
-
-    Args:
-      lower: the layer nearer the input.
-      upper: the layer nearer the loss, fed by ``lower``'s outputs through
-        ops and layers without variables.
-      fn: a transform or a callable ``g -> g`` keeping shape and dtype.
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      LayerNotFoundError: if either name is not in the model.
-      GraphGradError: if both name one layer, ``fn`` is not callable or a
-        tape was opened. When ``upper``'s backward finds no gradient into
-        ``lower``'s outputs, ``tape.gradient`` raises ``NotConnectedError``.
-    """
-    self._declarations.add_edge(lower, upper, fn)
-    return self
-
-  def replace_backward(self, layer: LayerRef, fn) -> "KerasPlan":
-    """Computes what ``layer`` sends to its inputs with ``fn``, not W^T.
-
-    ``layer``'s own parameters still get their gradients from the true
-    upstream gradient at its outputs; everything below the layer receives,
-    at each floating-point input of its ``call``, what ``fn`` returns (plus,
-    unchanged, contributions that bypass the layer). An upstream transform
-    on the same layer is applied first. ``gg.backward.feedback_alignment``
-    (on ``Dense`` layers), ``direct_feedback_alignment`` and ``synthetic``
-    give, for the same ``seed``, the feedback matrices and initial modules
-    of ``GradientPlan``; ``synthetic`` takes its labels from
-    ``plan.tape(labels=y)``. A user-written ``fn`` maps a
-    ``gg.backward.BackwardContext`` to one gradient per ``context.inputs``
-    tensor; its ``check`` and ``cuts``, if any, see the model's layers.
-
-    Args:
-      layer: a Keras layer name (or ``"outer/inner"`` path, or the layer).
-      fn: a ``gg.backward`` replacement or a callable as above.
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      LayerNotFoundError: if ``layer`` (or DFA's ``error_layer``) is not in
-        the model.
-      GraphGradError: if ``fn`` is not callable, the layer already has a
-        replacement, ``synthetic`` was given ``labels``, DFA's error layer
-        is ambiguous, or a tape was opened.
-      UnsupportedGraphError: feedback alignment on a built layer that is
-        not ``Dense``.
-    """
-    path = self._index.find(layer, "layer")
-    # e.g. DFA's ambiguous error layer
-    self._declarations.add_backward(path, fn, validate=(
-        lambda: as_replacement(fn).check(self._layers(), path)))
-    return self
 
   def project_conflicts(self, layer: LayerRef, losses=None,
                         shuffle: bool = False,
@@ -326,80 +191,52 @@ class KerasPlan(tf.Module, LayerOverriding):
         plan, in parameter space) already combines task gradients, a listed
         built layer has no trainable variable, or a tape was opened.
     """
-    if _pcgrad.check_at(at, layers) == "parameters":
-      names = self._declarations.resolve_layers(layers, "combine_tasks")
+    return self._combine(layers, None, method, at)
 
-      def validate():
-        # An unbuilt layer is not checked: its variables do not exist yet.
-        empty = [n for n in names or ()
-                 if getattr(self._index[n], "built", False)
-                 and not self._index[n].trainable_weights]
-        if empty:
-          raise _errors.GraphGradError(
-              f"combine_tasks(at='parameters'): layer(s) "
-              f"{', '.join(map(repr, empty))} hold no trainable variable, so "
-              f"there is nothing to combine there. Name layers with "
-              f"trainable variables.")
-      self._declarations.add_parameter_tasks(names, None, method,
-                                             validate=validate)
-      return self
-    self._declarations.add_tasks(layers, None, method)
-    return self
+  # -- checks of the declarations (core._declaring's hooks) ---------------
 
-  def recompute(self, keep: Optional[Sequence[LayerRef]] = None
-                ) -> "KerasPlan":
-    """Recomputes layer calls in the backward pass instead of keeping them.
+  def _check_upstream(self, name: str) -> None:
+    bottom, above = nothing_below(self._model, name)
+    if bottom and name not in self._warned_bottom:
+      self._warned_bottom.add(name)
+      log.warning("%s", bottom_layer_advice(name, above))
 
-    Every call of a top-level layer of the model (one the model calls
-    directly, a residual unit or a ``Dense``) is recomputed, unless it holds
-    a layer the plan names, ends an edge or is only read by a replacement:
-    the backward pass keeps the outputs of the calls in ``keep`` (and what
-    other code reads), and replays the calls in between, block by block,
-    when the gradient reaches them. A layer the plan rewrites is recomputed
-    with its declarations, applied on the replay. Gradients equal
-    the plan's without recompute. Batch-norm statistics are updated once
-    per step, by the forward pass; a dropout mask is the forward's (Keras 3
-    replays it from the same seed; a tf-keras ``Dropout`` keeps its
-    activations). Memory is saved in a traced step (``tf.function``,
-    ``fit``, ``strategy.run``); an eager step keeps every activation, with
-    the same gradients. See docs/saving-memory.md.
+  def _check_gradients(self, layers: Union[str, Tuple[str, ...]]) -> None:
+    if isinstance(layers, tuple):
+      check_group_parameters(self._index, layers)
+    else:
+      check_parameters(self._index, layers)
 
-    Args:
-      keep: top-level layers (names, paths or the layers) whose outputs are
-        kept; ``None`` picks about ``sqrt(n)`` of the ``n`` calls by their
-        activation bytes, each a call no skip connection jumps over.
+  def _check_backward(self, name: str, fn) -> None:
+    as_replacement(fn).check(self._index, name)  # e.g. DFA's error layer
 
-    Returns:
-      The plan, for chaining.
+  def _check_parameter_tasks(self, names: Optional[Tuple[str, ...]]) -> None:
+    # An unbuilt layer is not checked: its variables do not exist yet.
+    empty = [n for n in names or ()
+             if getattr(self._index[n], "built", False)
+             and not self._index[n].trainable_weights]
+    if empty:
+      raise _errors.GraphGradError(
+          f"combine_tasks(at='parameters'): layer(s) "
+          f"{', '.join(map(repr, empty))} hold no trainable variable, so "
+          f"there is nothing to combine there. Name layers with "
+          f"trainable variables.")
 
-    Raises:
-      LayerNotFoundError: if a layer in ``keep`` is not in the model.
-      GraphGradError: if ``keep`` is not a list of layers, names a nested
-        layer, or a tape was opened.
-
-    Example:
-      >>> import tensorflow as tf, graphgrad as gg
-      >>> model = tf.keras.Sequential(
-      ...     [tf.keras.layers.Dense(4, activation="relu", name=f"d{i}")
-      ...      for i in range(4)])
-      >>> plan = gg.KerasPlan(model).recompute(keep=["d1"])
-      >>> @tf.function
-      ... def step(x):
-      ...   with plan.tape() as tape:
-      ...     loss = tf.reduce_sum(model(x))
-      ...   return tape.gradient(loss)
-      >>> len(step(tf.ones([2, 3])))
-      8
-    """
-    if self._declarations.frozen:
+  def _check_first(self, method: str, caller: str) -> None:
+    if method == "recompute" and self._declarations.frozen:
       raise _errors.GraphGradError(
           "recompute: a tape of this plan was already opened, which fixes "
           "the plan. Declare recompute before the first step, or make a new "
           "KerasPlan.")
-    self._declarations.add_recompute(keep, "recompute", self._top_level)
-    return self
+    private = self._declarations.privacy is not None
+    if method == "privatize" and (
+        private or self._declarations.frozen or self._attached is not None):
+      raise _errors.GraphGradError(
+          f"{caller}: the plan is already "
+          f"{'private' if private else 'in use'}; declare "
+          f"privatize once, before the first plan.tape() or attach().")
 
-  def _top_level(self, keep: Optional[Sequence[str]]) -> None:
+  def _check_recompute(self, keep: Optional[Tuple[str, ...]]) -> None:
     """Refuses a nested layer in ``recompute(keep=...)``."""
     if keep is not None:
       nested = [k for k in keep if "/" in k]
@@ -411,6 +248,10 @@ class KerasPlan(tf.Module, LayerOverriding):
             f"are recomputed whole; got the nested {', '.join(nested)}. "
             f"Keep the layer that holds it instead: one of "
             f"{', '.join(tops)}.")
+
+  def _privatized(self, privacy) -> None:
+    with tf.name_scope(self.name):
+      self._noise = Noise(privacy)
 
   # -- running -------------------------------------------------------------
 
@@ -446,7 +287,7 @@ class KerasPlan(tf.Module, LayerOverriding):
     extra: List[Declaration] = (
         [] if _loss_scale.scale_of(loss_scale) is None
         else [LossScaleDeclaration("", loss_scale)])
-    rules = compile_rules(list(self._declarations) + extra, self._layers())
+    rules = compile_rules(list(self._declarations) + extra, self._index)
     if (rules.recompute is not None and tf.executing_eagerly()
         and not self._eager_recompute_logged):
       self._eager_recompute_logged = True
@@ -454,68 +295,10 @@ class KerasPlan(tf.Module, LayerOverriding):
                "traced step (tf.function, fit, strategy.run); this eager "
                "step keeps every activation, with the same gradients.",
                self._model.name)
-    if loss_scale is not None:
-      return _loss_scale.ScaledTape(self._view(rules), persistent,
-                                    watch_accessed_variables, labels,
-                                    loss_scale)
-    if not self._unscaled_warned:
+    if loss_scale is None and not self._unscaled_warned:
       self._unscaled_warned = _loss_scale.warn_unscaled(self.model, rules)
     return PlanTape(self._view(rules), persistent, watch_accessed_variables,
                     labels)
-
-  def privatize(self, l2_norm_clip: float, noise_multiplier: float,
-                seed: Optional[int] = None) -> "KerasPlan":
-    """Trains with DP-SGD: per-example clipping and Gaussian noise.
-
-    As :meth:`GradientPlan.privatize`: the loss given to
-    ``tape.gradient`` must be the vector of per-example losses ``[B]``, and
-    each gradient becomes its share of
-    ``(1/B) (sum_i clip_C(grad l_i) + N(0, sigma^2 C^2 I))``, the clip
-    taken over all the sources together. Norms come from each ``Dense``,
-    ``Conv2D``, ``Embedding`` and ``LayerNormalization`` call's input and
-    output gradient; another layer holding variables gets exact
-    per-example gradients through its own call (logged once). See
-    docs/privacy.md.
-
-    Args:
-      l2_norm_clip: ``C``.
-      noise_multiplier: ``sigma``; 0 clips without noise.
-      seed: the noise's seed, for tests only (see
-        :meth:`GradientPlan.privatize`).
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      GraphGradError: for a bad argument, a second ``privatize``, or after
-        a tape was opened; when a tape opens, for declarations that act
-        before the clip or a ``loss_scale``; in ``tape.gradient``, for a
-        loss that is not a vector.
-      UnsupportedGraphError: in the tape, for a trainable
-        ``BatchNormalization``, or a variable used outside its layer.
-
-    Example:
-      >>> import tensorflow as tf, graphgrad as gg
-      >>> model = tf.keras.Sequential([tf.keras.layers.Dense(
-      ...     1, use_bias=False, kernel_initializer="ones")])
-      >>> plan = gg.KerasPlan(model).privatize(1.0, 0.0)
-      >>> with plan.tape() as tape:
-      ...   loss = tf.reduce_sum(model(tf.constant([[1.0], [10.0]])), axis=1)
-      >>> [g.numpy().tolist() for g in tape.gradient(loss)]
-      [[[1.0]]]
-    """
-    caller = "KerasPlan.privatize"
-    privacy = check_privacy(l2_norm_clip, noise_multiplier, seed, caller)
-    private = self._declarations.privacy is not None
-    if private or self._declarations.frozen or self._attached is not None:
-      raise _errors.GraphGradError(
-          f"{caller}: the plan is already "
-          f"{'private' if private else 'in use'}; declare "
-          f"privatize once, before the first plan.tape() or attach().")
-    self._declarations.add_privatize(privacy, caller)
-    with tf.name_scope(self.name):
-      self._noise = Noise(privacy)
-    return self
 
   def attach(self, labels=None) -> "KerasPlan":
     """Makes the model's ``fit``, ``train_on_batch`` and ``evaluate`` use
@@ -629,13 +412,13 @@ class KerasPlan(tf.Module, LayerOverriding):
   def rules(self) -> PlanRules:
     """The plan's declarations, compiled (``graphgrad.core._rules``): what
     its tapes execute, without a loss scale."""
-    return compile_rules(self._declarations, self._layers())
+    return compile_rules(self._declarations, self._index)
 
   def _view(self, rules: PlanRules) -> PlanView:
     return PlanView(
         rules=rules, model=self._model, name=self.name,
         resources=self._resources, method_variables=self._methods,
-        layers=self._layers(),
+        layers=self._index,
         layer_names=tuple(self._index.paths), layer=self.layer,
         own_variables=lambda path: layer_variables(self._index[path]),
         step_tensor=self._step_tensor,
@@ -658,9 +441,6 @@ class KerasPlan(tf.Module, LayerOverriding):
 
   def _exit_tape(self, tape: PlanTape) -> None:
     self._open_tape = None if self._open_tape is tape else self._open_tape
-
-  def _layers(self) -> _methods.KerasLayers:
-    return _methods.KerasLayers(self._model, self._index)
 
   def __repr__(self):
     return (f"KerasPlan(model={self._model.name}, "

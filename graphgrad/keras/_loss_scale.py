@@ -2,24 +2,23 @@
 
 A loss-scale optimizer (Keras 3's or tf-keras') backpropagates ``S * loss``
 and unscales the gradients itself, skipping the step when they are not
-finite. :class:`ScaledTape` computes the plan's gradients of the scaled
-loss with ``S`` active (``graphgrad.transforms._scaled``): every non-linear
-transform sees ``g / S`` in float32, and the gradients it returns are
-scaled as a plain tape's are, so the optimizer's unscaling and finiteness
-check are unchanged. :func:`warn_unscaled` warns once when a float16 model
+finite. A plan tape whose rules hold a loss scale computes the plan's
+gradients of the scaled loss with ``S`` (:func:`scale_of`) active
+(``graphgrad.transforms._scaled``): every non-linear transform sees
+``g / S`` in float32, and the gradients it returns are scaled as a plain
+tape's are, so the optimizer's unscaling and finiteness check are
+unchanged. :func:`warn_unscaled` warns once when a float16 model
 runs a non-linear plan in a custom loop without a loss scale.
 """
 
 import logging
-from typing import Any, Optional
+from typing import Optional
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core._rules import PlanRules
 from graphgrad.keras._layer_index import tf_variable
-from graphgrad.keras._tape import PlanTape
-from graphgrad.transforms import _scaled
 
 log = logging.getLogger("graphgrad")
 
@@ -67,25 +66,6 @@ def _scalar(value) -> tf.Tensor:
         f"plan.tape: `loss_scale` must be a scalar; got a tensor of shape "
         f"{t.shape}. Pass the optimizer, or its scalar loss scale.")
   return tf.cast(t, tf.float32)
-
-
-class ScaledTape(PlanTape):
-  """A plan tape whose gradients are those of a loss scaled by ``S``.
-
-  Made by ``plan.tape(loss_scale=...)``. The target given to
-  :meth:`gradient` is the scaled loss (``optimizer.scale_loss(loss)`` in
-  Keras 3, ``optimizer.get_scaled_loss(loss)`` in tf-keras); the scale is
-  read when the gradients are computed.
-  """
-
-  def __init__(self, plan, persistent: bool, watch_accessed_variables: bool,
-               labels=None, loss_scale: Any = None):
-    super().__init__(plan, persistent, watch_accessed_variables, labels)
-    self._loss_scale = loss_scale
-
-  def _scaled(self):
-    """As :meth:`PlanTape.gradient`, each transform seeing ``g / S``."""
-    return _scaled.active(scale_of(self._loss_scale))
 
 
 def float16_model(model) -> bool:

@@ -10,14 +10,14 @@ saves), and calls the replacement. A replacement's ``check`` and ``cuts``
 see the model's layers as :class:`KerasLayers`.
 """
 
-from typing import Any, Callable, Dict, FrozenSet, List, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.core._gradients import dense
-from graphgrad.keras._layer_index import tf_variable
+from graphgrad.keras._layer_index import LayerIndex, tf_variable
 from graphgrad.keras._tape_vjp import TapeVJP
 from graphgrad.methods import _replacement
 
@@ -74,29 +74,17 @@ def dense_parts(layer, path: str, who: str):
   return kernel, bias, layer.activation
 
 
-class KerasLayers:
+class KerasLayers(LayerIndex):
   """A Keras model's layers, as a replacement's ``check`` and ``cuts`` (and
-  ``context.net``) see them in a ``KerasPlan``.
+  ``context.net``) see them in a ``KerasPlan``: the plan's index of them.
 
   Args:
     model: the model.
-    index: the plan's ``LayerIndex`` of it.
   """
 
-  def __init__(self, model, index):
-    self.model, self._index = model, index
-
-  def __getitem__(self, path: str):
-    """The Keras layer at ``path``."""
-    return self._index[path]
-
-  @property
-  def paths(self) -> Tuple[str, ...]:
-    return self._index.paths
-
-  def find(self, layer, arg: str) -> str:
-    """The path of ``layer``; raises LayerNotFoundError naming ``arg``."""
-    return self._index.find(layer, arg)
+  def __init__(self, model):
+    super().__init__(model)
+    self.model = model
 
   def layers_of_ops(self, match: str, key: str) -> FrozenSet[str]:
     """The layers an override matches: a KerasPlan overrides the call of

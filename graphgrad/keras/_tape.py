@@ -25,10 +25,11 @@ from graphgrad.core._parameters import transform_parameters
 from graphgrad.core._privacy import check_per_example_loss, private_gradients
 from graphgrad.core._rules import ParameterRule, PlanRules
 from graphgrad.core._task_combination import combined_parameters, output_deltas
-from graphgrad.keras import _privatize_tape
+from graphgrad.keras import _loss_scale, _privatize_tape
 from graphgrad.keras._intercept import BackwardStep, Interceptor
 from graphgrad.keras._layer_index import tf_variable
 from graphgrad.keras._tape_vjp import TapeVJP
+from graphgrad.transforms import _scaled
 from graphgrad.transforms._transforms import is_identity
 
 log = logging.getLogger("graphgrad")
@@ -274,8 +275,15 @@ class PlanTape:
                            unconnected_gradients, task_losses)
 
   def _scaled(self):
-    """The context the plan's gradient is computed in (a loss scale's)."""
-    return contextlib.nullcontext()
+    """The context the plan's gradient is computed in. With a loss scale
+    (``plan.tape(loss_scale=...)``) the target is the scaled loss
+    (``optimizer.scale_loss(loss)`` in Keras 3,
+    ``optimizer.get_scaled_loss(loss)`` in tf-keras) and each transform sees
+    ``g / S``, the scale read when the gradients are computed."""
+    scale = self._plan.rules.loss_scale
+    if scale is None:
+      return contextlib.nullcontext()
+    return _scaled.active(_loss_scale.scale_of(scale.scale))
 
   def _planned(self, target, sources, output_gradients, unconnected_gradients,
                task_losses):

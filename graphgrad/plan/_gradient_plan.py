@@ -1,10 +1,12 @@
 """GradientPlan: declarative gradient rewrites, built as one backward pass.
 
-Each declaring method checks what only a ``tf.Graph`` plan can check (the
-layer has a floating-point output, the layer-graph edge exists; the rest in
-:mod:`graphgrad.plan._declaration_checks`) and records the declaration in the
-plan's :class:`~graphgrad.core._declaration_model.Declarations`. The
-training methods' declarations come from the mixin ``TrainingMethods``
+The declaring methods, shared with KerasPlan (``core._declaring``), record
+each declaration in the plan's
+:class:`~graphgrad.core._declaration_model.Declarations`; the plan's hooks
+check what only a ``tf.Graph`` plan can check (the layer has a
+floating-point output, the layer-graph edge exists; the rest in
+:mod:`graphgrad.plan._declaration_checks`). The training methods'
+declarations come from the mixin ``TrainingMethods``
 (``_training_methods``), the op overrides from ``OpOverriding``
 (``_op_override``). :meth:`~GradientPlan.compute_gradients` builds them once
 with :func:`graphgrad.plan._executor.build`; the train op, the summaries and
@@ -13,7 +15,7 @@ the picture are made from that result.
 
 import dataclasses
 import logging
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -24,7 +26,7 @@ from graphgrad.analysis._analyze import analyze
 from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
-from graphgrad.core._privacy import check_per_example_loss, check_privacy
+from graphgrad.core._privacy import check_per_example_loss
 from graphgrad.core._rules import PlanRules, compile_rules
 from graphgrad.plan import (
   _advice,
@@ -34,7 +36,6 @@ from graphgrad.plan import (
   _loss_scale_optimizer,
   _optimizer,
   _picture,
-  _privatize_graph,
   _summaries,
 )
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
@@ -199,186 +200,22 @@ class GradientPlan(TrainingMethods, OpOverriding):
     """True once :meth:`compute_gradients` has built the plan."""
     return self._built is not None
 
-  # -- declaring -----------------------------------------------------------
+  # -- checks of the declarations (core._declaring's hooks) ---------------
 
-  def transform_upstream(self, layer: str, fn) -> "GradientPlan":
-    """Rewrites the gradient that ``layer`` passes to everything below it.
+  def _check_upstream(self, name: str) -> None:
+    _declaration_checks.check_declaration(
+        self.net, "transform_upstream", name,
+        then=lambda: _declaration_checks.check_float_output(self.net, name))
 
-    A layer no gradient can pass through (no path from its inputs to its
-    outputs, or all glue) *warns once* (``graphgrad`` logger) rather than
-    raising, so one transform on every layer keeps working; the bottom
-    layer is quiet.
+  def _check_edge(self, lower: str, upper: str) -> None:
+    # Raises with the real neighbours when the layer graph has no edge.
+    _declaration_checks.check_declaration(
+        self.net, "transform_edge", lower, upper,
+        then=lambda: self.net.boundary(lower, upper))
 
-    Args:
-      layer: layer name.
-      fn: a transform or a callable ``g -> g`` keeping shape and dtype.
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      LayerNotFoundError: if ``layer`` is unknown (or all non-trainable).
-      NotConnectedError: if the layer's variables do not reach the loss.
-      UnsupportedGraphError: if the layer is applied inside a v2 ``tf.cond``
-        or ``tf.while_loop`` with other layers (the message names the op).
-      GraphGradError: if ``fn`` is not callable, the plan is built, or the
-        layer has no output tensor to rewrite.
-    """
-    name = self._declarations.resolve(layer, "layer")
-    self._declarations.add_upstream(
-        name, fn, validate=lambda: _declaration_checks.check_declaration(
-            self.net, "transform_upstream", name,
-            then=lambda: _declaration_checks.check_float_output(
-                self.net, name)))
-    return self
-
-  def transform_gradients(self, layer: Union[str, Sequence[str]],
-                          fn) -> "GradientPlan":
-    """Rewrites each of ``layer``'s own parameter gradients.
-
-    With a list of layers, ``fn`` sees their parameter gradients together,
-    after each layer's own ``transform_gradients``: BERT's
-    ``clip_by_global_norm(1.0)`` over every variable, after a layer-wise
-    scale, is ``transform_gradients(plan.layer_names, clip)``.
-
-    Args:
-      layer: layer name, or a list of layer names (every layer:
-        :attr:`layer_names`).
-      fn: a transform or a callable ``g -> g`` keeping shape and dtype,
-        applied to each gradient; or a ``gg.transforms.GroupTransform``
-        (``clip_by_global_norm``, ``trust_ratio``), applied to the layer's
-        (or the listed layers') ``(grad, var)`` list at once.
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      LayerNotFoundError: if ``layer`` is unknown.
-      NotConnectedError: if the layer's variables do not reach the loss.
-      GraphGradError: if ``fn`` is not callable, ``layer`` is an empty
-        list, or the plan is built.
-    """
-    self._declarations.add_gradients(layer, fn)
-    return self
-
-  def transform_edge(self, lower: str, upper: str, fn) -> "GradientPlan":
-    """Rewrites only the gradient ``upper`` sends directly into ``lower``.
-
-    Args:
-      lower: the layer nearer the input.
-      upper: the layer nearer the loss; ``net.graph`` must have the edge
-        ``lower -> upper``.
-      fn: a transform or a callable ``g -> g`` keeping shape and dtype.
-
-    Returns:
-      The plan, for chaining.
-
-    An edge whose boundary depends on no trainable variable warns once.
-
-    Raises:
-      LayerNotFoundError: if either name is unknown.
-      UnsupportedGraphError: as :meth:`transform_upstream`, for ``lower``.
-      GraphGradError: if there is no such edge (the message lists the real
-        neighbours), ``fn`` is not callable, or the plan is built.
-    """
-    lo = self._declarations.resolve(lower, "lower")
-    up = self._declarations.resolve(upper, "upper")
-    self._declarations.add_edge(
-        lo, up, fn,
-        # Raises with the real neighbours when the layer graph has no edge.
-        validate=lambda: _declaration_checks.check_declaration(
-            self.net, "transform_edge", lo, up,
-            then=lambda: self.net.boundary(lo, up)))
-    return self
-
-  def recompute(self, keep: Optional[Sequence[str]] = None
-                ) -> "GradientPlan":
-    """Recomputes forward ops in the backward pass instead of keeping them.
-
-    The backward pass keeps the outputs of the layers in ``keep``, plus the
-    tensors the loss and the plan's declarations read (cut tensors, task
-    losses). Every other forward op between two kept tensors is recomputed,
-    segment by segment, just before its backward, and the copy is
-    differentiated; gradients equal the plan's without recompute. Random
-    ops are not recomputed: their forward values are reused. Variable
-    reads, stateful ops, loops, conds and overridden ops are never
-    recomputed; a segment holding a stateful op, a loop or an overridden
-    op keeps its activations.
-
-    Args:
-      keep: layer names whose outputs are kept; ``None`` picks about
-        ``sqrt(n)`` of the ``n`` layers, each one an articulation point of
-        the layer graph (a layer that no skip connection jumps over).
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      LayerNotFoundError: if a name in ``keep`` is unknown.
-      GraphGradError: if ``keep`` is not a sequence of names, or the plan is
-        built.
-      UnsupportedGraphError: when the plan is built, for a random op whose
-        value depends on the parameters (it can neither be reused nor
-        recomputed).
-    """
-    self._declarations.add_recompute(keep, "recompute")
-    return self
-
-  def privatize(self, l2_norm_clip: float, noise_multiplier: float,
-                seed: Optional[int] = None) -> "GradientPlan":
-    """Trains with DP-SGD: per-example clipping and Gaussian noise.
-
-    The plan's loss must be the vector of per-example losses ``l``, shape
-    ``[B]``. The gradient of each variable becomes its share of
-
-        (1/B) (sum_i clip_C(grad l_i) + N(0, sigma^2 C^2 I)),
-
-    where ``clip_C`` scales each example's whole gradient (all the plan's
-    variables together) to L2 norm at most ``C``. Each example's norm comes
-    from each parametric op's input and the gradient at its output (ghost
-    clipping), and the clipped sum from the same two tensors
-    (book-keeping), with no second backward pass; the algorithm is the
-    KerasPlan's. ``transform_gradients`` acts after the noise.
-    docs/privacy.md gives the rule of each op type and what is refused.
-
-    Args:
-      l2_norm_clip: ``C``.
-      noise_multiplier: ``sigma``; 0 clips without noise.
-      seed: the noise's seed, for tests only: leave it ``None`` so that the
-        noise is drawn from a key the operating system makes unpredictable.
-        Either way a step counter makes every step's noise new.
-
-    Returns:
-      The plan, for chaining.
-
-    Raises:
-      GraphGradError: if the loss is not a vector, for a bad argument, a
-        second ``privatize``, a built plan; when built, for declarations
-        that mix examples before the clip or rewrite the backward pass
-        (``combine_tasks``, ``transform_upstream``, ``transform_edge``,
-        ``replace_backward``, ``override_gradient``), a loss-scale
-        optimizer, or ``reduce_fn``.
-      UnsupportedGraphError: when built, for batch normalization in
-        training mode, a variable read inside a ``tf.while_loop``, or a
-        variable reaching the loss other than per example.
-
-    Example:
-      >>> import numpy as np, tensorflow as tf, graphgrad as gg
-      >>> with tf.Graph().as_default():
-      ...   x = tf.constant([[1.0], [10.0]])
-      ...   w = tf.compat.v1.get_variable("w", initializer=[[1.0]])
-      ...   plan = gg.GradientPlan(tf.reduce_sum(x @ w, axis=1))
-      ...   (g, _), = plan.privatize(1.0, 0.0).compute_gradients()
-      ...   with tf.compat.v1.Session() as s:
-      ...     s.run(tf.compat.v1.global_variables_initializer())
-      ...     print(s.run(g).tolist())  # (min(1, 1) + min(10, 1)) / 2
-      [[1.0]]
-    """
-    caller = "GradientPlan.privatize"
-    privacy = check_privacy(l2_norm_clip, noise_multiplier, seed, caller)
-    check_per_example_loss(self._loss, caller)
-    self._declarations.add_privatize(privacy, caller)
-    return self
+  def _check_first(self, method: str, caller: str) -> None:
+    if method == "privatize":
+      check_per_example_loss(self._loss, caller)
 
   # -- building and training ----------------------------------------------
 
@@ -407,8 +244,11 @@ class GradientPlan(TrainingMethods, OpOverriding):
       check_graph_mode(caller, self._loss)
       self._declarations.freeze()
       rules = self.rules
-      if rules.privacy is not None:
-        _privatize_graph.check_reduce_fn(self._options.reduce_fn)
+      if rules.privacy is not None and self._options.reduce_fn is not None:
+        raise _errors.GraphGradError(
+            "privatize: `reduce_fn` would add one noise draw per replica "
+            "instead of one per global batch. Make a GradientPlan without "
+            "reduce_fn for private training.")
       self._built = _executor.build(
           self._loss, lambda: self.net, self._var_list, rules,
           dataclasses.replace(self._options, after=tuple(after)),

@@ -39,19 +39,6 @@ _warned: set = set()
 Use = Tuple[tf.Operation, int]
 
 
-def check_reduce_fn(reduce_fn) -> None:
-  """Refuses ``reduce_fn`` with ``privatize``, with the reason.
-
-  Raises:
-    GraphGradError: for a ``reduce_fn``.
-  """
-  if reduce_fn is not None:
-    raise _errors.GraphGradError(
-        "privatize: `reduce_fn` would add one noise draw per replica instead "
-        "of one per global batch. Make a GradientPlan without reduce_fn for "
-        "private training.")
-
-
 class GraphUses:
   """Where the plan's variables meet the examples in a ``tf.Graph``.
 

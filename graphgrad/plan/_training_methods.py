@@ -1,12 +1,12 @@
 """GradientPlan's training methods: backward replacements, task combinations.
 
 :class:`TrainingMethods` declares, at a layer of a ``tf.Graph`` plan, what
-the methods of ``gg.backward`` (``replace_backward``: feedback alignment,
-synthetic gradients) and of ``gg.mtl`` (``combine_tasks``,
-``project_conflicts``) do. Each checks what only a ``tf.Graph`` plan can
-check (the replacement can handle the layer, the task losses, the layers
-that hold the plan's variables) and records the declaration in the plan's
-``Declarations``; the executor builds them with every other declaration.
+the methods of ``gg.mtl`` (``combine_tasks``, ``project_conflicts``) do, and
+checks what only a ``tf.Graph`` plan can check of them and of
+``replace_backward`` (``gg.backward``: feedback alignment, synthetic
+gradients), which ``core._declaring`` declares for both plans: the
+replacement can handle the layer, the task losses, the layers that hold the
+plan's variables. The executor builds them with every other declaration.
 """
 
 from typing import TYPE_CHECKING, Optional, Sequence, Tuple, TypeVar
@@ -16,6 +16,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
+from graphgrad.core._declaring import Declaring
 from graphgrad.methods import _pcgrad
 from graphgrad.methods._replacement import as_replacement
 from graphgrad.plan import _declaration_checks
@@ -23,8 +24,9 @@ from graphgrad.plan import _declaration_checks
 _P = TypeVar("_P", bound="TrainingMethods")
 
 
-class TrainingMethods:
-  """``replace_backward``, ``combine_tasks`` and ``project_conflicts``.
+class TrainingMethods(Declaring):
+  """``combine_tasks`` and ``project_conflicts``, and GradientPlan's checks
+  of the declarations of :class:`~graphgrad.core._declaring.Declaring`.
 
   A mixin of GradientPlan, which sets ``_declarations`` and ``_var_list``
   and has ``net``.
@@ -37,43 +39,6 @@ class TrainingMethods:
 
     @property
     def net(self) -> LayerGraph: ...
-
-  def replace_backward(self: _P, layer: str, fn) -> _P:
-    """Computes what ``layer`` sends to its inputs with ``fn``, not W^T.
-
-    ``layer``'s own parameters still get their gradients from the true
-    upstream gradient at its outputs; everything below the layer receives,
-    at each of the layer's input tensors, what ``fn`` returns (plus,
-    unchanged, contributions that bypass the layer). An upstream transform
-    on the same layer is applied first: ``fn`` sees the transformed
-    gradient. See ``gg.backward`` for feedback alignment, direct feedback
-    alignment and synthetic gradients.
-
-    Args:
-      layer: layer name.
-      fn: a ``gg.backward`` replacement, or a callable mapping a
-        ``gg.backward.BackwardContext`` to one gradient per
-        ``context.inputs`` tensor.
-
-    Returns:
-      The plan, for chaining.
-
-    A layer with nowhere to send the result (no input, or no float input
-    above other layers) warns once, as :meth:`transform_upstream` does.
-
-    Raises:
-      LayerNotFoundError: if ``layer`` is unknown.
-      UnsupportedGraphError: as :meth:`transform_upstream`.
-      GraphGradError: if ``fn`` is not callable, the layer already has a
-        replacement, the replacement cannot handle the layer (e.g. feedback
-        alignment on a convolution), or the plan is built.
-    """
-    name = self._declarations.resolve(layer, "layer")
-    self._declarations.add_backward(name, fn, validate=lambda: (
-        _declaration_checks.check_declaration(
-            self.net, "replace_backward", name,
-            then=lambda: as_replacement(fn).check(self.net, name))))
-    return self
 
   def combine_tasks(self: _P, layers, losses: Sequence[tf.Tensor],
                     method, at: str = "output") -> _P:
@@ -159,26 +124,7 @@ class TrainingMethods:
       ...     print(s.run(g).tolist())
       [0.5, 1.5]
     """
-    if _pcgrad.check_at(at, layers) == "parameters":
-      return self._parameter_tasks(layers, losses, method)
-    return self._tasks(layers, losses, method, "combine_tasks")
-
-  def _parameter_tasks(self: _P, layers, losses, method) -> _P:
-    names = self._declarations.resolve_layers(layers, "combine_tasks")
-    losses = _pcgrad.check_losses(self.net, "", losses, "combine_tasks")
-
-    def validate():
-      held = {self.net.layer_of_variable(v) for v in self._var_list}
-      empty = [n for n in names or () if n not in held]
-      if empty:
-        raise _errors.GraphGradError(
-            f"combine_tasks(at='parameters'): layer(s) "
-            f"{', '.join(map(repr, empty))} hold no variable this plan "
-            f"differentiates (its var_list), so there is nothing to combine "
-            f"there. Name layers with trainable variables.")
-    self._declarations.add_parameter_tasks(names, losses, method,
-                                           validate=validate)
-    return self
+    return self._combine(layers, losses, method, at)
 
   def project_conflicts(self: _P, layer: str,
                         losses: Sequence[tf.Tensor], shuffle: bool = False,
@@ -218,11 +164,25 @@ class TrainingMethods:
     return self._tasks(layer, losses, _pcgrad.pcgrad(shuffle, seed),
                        "project_conflicts")
 
-  def _tasks(self: _P, layer, losses, method, caller: str) -> _P:
-    name = self._declarations.resolve(layer, "layer")
-    losses = _pcgrad.check_losses(self.net, name, losses, caller)
-    self._declarations.add_tasks(
-        name, losses, method,
-        validate=lambda: _declaration_checks.check_declaration(
-            self.net, caller, name))
-    return self
+  # -- GradientPlan's own checks ------------------------------------------
+
+  def _check_backward(self, name: str, fn) -> None:
+    _declaration_checks.check_declaration(
+        self.net, "replace_backward", name,
+        then=lambda: as_replacement(fn).check(self.net, name))
+
+  def _task_losses(self, name: str, losses, caller: str):
+    return _pcgrad.check_losses(self.net, name, losses, caller)
+
+  def _check_tasks(self, name: str, caller: str) -> None:
+    _declaration_checks.check_declaration(self.net, caller, name)
+
+  def _check_parameter_tasks(self, names: Optional[Tuple[str, ...]]) -> None:
+    held = {self.net.layer_of_variable(v) for v in self._var_list}
+    empty = [n for n in names or () if n not in held]
+    if empty:
+      raise _errors.GraphGradError(
+          f"combine_tasks(at='parameters'): layer(s) "
+          f"{', '.join(map(repr, empty))} hold no variable this plan "
+          f"differentiates (its var_list), so there is nothing to combine "
+          f"there. Name layers with trainable variables.")
