@@ -11,7 +11,6 @@ over the replicas), and collects the gradients of the variables the plan's
 training methods own.
 """
 
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -279,11 +278,11 @@ class PlanTape:
     (``plan.tape(loss_scale=...)``) the target is the scaled loss
     (``optimizer.scale_loss(loss)`` in Keras 3,
     ``optimizer.get_scaled_loss(loss)`` in tf-keras) and each transform sees
-    ``g / S``, the scale read when the gradients are computed."""
+    ``g / S``, the scale read when the gradients are computed. Without
+    one, no scale is active, whatever the thread had."""
     scale = self._plan.rules.loss_scale
-    if scale is None:
-      return contextlib.nullcontext()
-    return _scaled.active(_loss_scale.scale_of(scale.scale))
+    return _scaled.active(
+        None if scale is None else _loss_scale.scale_of(scale.scale))
 
   def _planned(self, target, sources, output_gradients, unconnected_gradients,
                task_losses):
