@@ -161,10 +161,8 @@ class TapeBackward:
             f"those instead.")
     if not ys or not xs:
       return [None] * len(xs)
-    # As for tf.gradients' grad_ys, an entry None is ones.
-    grads = None if grad_ys is None else [
-        tf.ones_like(y) if g is None else dense(g)
-        for y, g in zip(ys, grad_ys)]
+    # BackwardContext.vjp has dropped the ys whose grad_ys entry is None.
+    grads = None if grad_ys is None else [dense(g) for g in grad_ys]
     with self.call_vjp.paused():
       return self.call_vjp.vjp(ys, grads, xs)
 
