@@ -261,7 +261,8 @@ class Declaring:
     return self
 
   def privatize(self: _P, l2_norm_clip: float, noise_multiplier: float,
-                seed: Optional[int] = None) -> _P:
+                seed: Optional[int] = None,
+                expected_batch_size: Optional[float] = None) -> _P:
     """Trains with DP-SGD: per-example clipping and Gaussian noise.
 
     The plan's loss (on a KerasPlan, the loss given to ``tape.gradient``)
@@ -269,6 +270,13 @@ class Declaring:
     gradient of each variable becomes its share of
 
         (1/B) (sum_i clip_C(grad l_i) + N(0, sigma^2 C^2 I)),
+
+    with ``B`` the global batch size: ``expected_batch_size`` when given,
+    else the realized size, summed over the replicas inside
+    ``strategy.run``, where the first replica alone adds the noise (one
+    draw per global batch). Under Poisson sampling, which the accounting
+    of ``gg.dp`` assumes, pass ``expected_batch_size``: the realized size
+    depends on the data.
 
     where ``clip_C`` scales each example's whole gradient (all the plan's
     variables together; on a KerasPlan, all the sources) to L2 norm at most
@@ -288,6 +296,9 @@ class Declaring:
       seed: the noise's seed, for tests only: leave it ``None`` so that the
         noise is drawn from a key the operating system makes unpredictable.
         Either way a step counter makes every step's noise new.
+      expected_batch_size: the divisor ``B`` under Poisson sampling (the
+        sampling rate times the dataset size); ``None`` divides by the
+        realized global batch size.
 
     Returns:
       The plan, for chaining.
@@ -328,7 +339,8 @@ class Declaring:
       [[[1.0]]]
     """
     caller = f"{self._declarations.owner}.privatize"
-    privacy = check_privacy(l2_norm_clip, noise_multiplier, seed, caller)
+    privacy = check_privacy(l2_norm_clip, noise_multiplier, seed, caller,
+                            expected_batch_size)
     self._check_first("privatize", caller)
     self._declarations.add_privatize(privacy, caller)
     self._privatized(privacy)

@@ -43,19 +43,24 @@ class Privacy:
       ``sigma * C`` before the division by the batch size.
     seed: the noise's seed, or ``None`` for a key drawn from the operating
       system's entropy when the noise is built (the seed is for tests).
+    expected_batch_size: the divisor of the noised sum when given (the
+      expected batch size of Poisson sampling); ``None`` divides by the
+      realized global batch size.
   """
   l2_norm_clip: float
   noise_multiplier: float
   seed: Optional[int] = None
+  expected_batch_size: Optional[float] = None
 
 
-def check_privacy(l2_norm_clip, noise_multiplier, seed, caller: str
-                  ) -> Privacy:
+def check_privacy(l2_norm_clip, noise_multiplier, seed, caller: str,
+                  expected_batch_size=None) -> Privacy:
   """The checked :class:`Privacy` of a ``privatize`` call.
 
   Raises:
     GraphGradError: for a clip that is not a positive finite number, a
-      negative noise multiplier, or a seed that is not an int.
+      negative noise multiplier, a seed that is not an int, or an expected
+      batch size that is not a positive finite number.
   """
   def number(x):
     return isinstance(x, (int, float)) and not isinstance(x, bool)
@@ -77,7 +82,17 @@ def check_privacy(l2_norm_clip, noise_multiplier, seed, caller: str
         f"{caller}: `seed` must be an int or None; got "
         f"{type(seed).__name__} {seed!r}. Leave it None outside tests: a "
         f"known seed makes the noise predictable.")
-  return Privacy(float(l2_norm_clip), float(noise_multiplier), seed)
+  if expected_batch_size is not None and (
+      not number(expected_batch_size)
+      or not 0 < expected_batch_size < float("inf")):
+    raise _errors.GraphGradError(
+        f"{caller}: `expected_batch_size` must be a positive finite number "
+        f"or None; got {expected_batch_size!r}. Under Poisson sampling pass "
+        f"the sampling rate times the dataset size, e.g. "
+        f"expected_batch_size=256 (gg.dp.poisson_batches gives it).")
+  return Privacy(float(l2_norm_clip), float(noise_multiplier), seed,
+                 None if expected_batch_size is None
+                 else float(expected_batch_size))
 
 
 def check_per_example_loss(loss, caller: str) -> None:
@@ -448,13 +463,37 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
           uses.refuse_outside(v)
     if not known:
       return [None] * len(keys)
+    divisor, first = _global_batch(batch, noise.privacy.expected_batch_size)
     c = clip_factors(
         [combined_sq_norms(forms[k], v.shape, batch, norm_dtype(v.dtype))
          for k, v in known], noise.privacy.l2_norm_clip,
         norm_dtype(loss.dtype))
     sums = {k: clipped_sum(forms[k], c, v.shape, batch, v.dtype)
             for k, v in known}
-    return noise.noised_mean([sums.get(k) for k in keys], batch)
+    return noise.noised_mean([sums.get(k) for k in keys], divisor,
+                             where=first)
+
+
+def _global_batch(batch, expected: Optional[float]):
+  """The divisor of the noised sum, and where the noise is added.
+
+  On one device: ``expected`` or the batch size, and everywhere. Inside
+  ``strategy.run`` with ``N`` replicas, whose clipped sums the optimizer
+  adds up: ``expected`` or the sum of the replicas' batch sizes (one
+  all-reduce), and only on the first replica, so that the global batch gets
+  one noise draw: neither ``sqrt(N)`` times too much noise nor ``N`` times
+  too little.
+  """
+  ctx = tf.distribute.get_replica_context()
+  replicas = 1 if ctx is None else ctx.num_replicas_in_sync
+  if replicas == 1:
+    return (batch if expected is None else expected), None
+  if expected is None:
+    divisor = ctx.all_reduce(tf.distribute.ReduceOp.SUM, batch)
+  else:
+    divisor = expected
+  first = tf.equal(ctx.replica_id_in_sync_group, 0)
+  return divisor, first
 
 
 # -- the noise -----------------------------------------------------------------
@@ -501,14 +540,19 @@ class Noise:
     self.privacy = privacy
     self.key = (privacy.seed if privacy.seed is not None
                 else secrets.randbits(62))
-    self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
+    # Under a tf.distribute strategy the first replica's count is kept.
+    self.counter = tf.Variable(
+        0, dtype=tf.int64, trainable=False, name=name,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
-  def noised_mean(self, grads: Sequence[Gradient], batch_size: tf.Tensor,
-                  name: Optional[str] = None) -> list:
+  def noised_mean(self, grads: Sequence[Gradient], batch_size,
+                  name: Optional[str] = None, where=None) -> list:
     """``(g + N(0, sigma^2 C^2 I)) / B`` for each gradient (``None`` kept).
 
     An ``IndexedSlices`` gradient becomes dense: the noise covers every
-    row. With ``noise_multiplier == 0`` no noise op is built.
+    row. With ``noise_multiplier == 0`` no noise op is built. ``where`` (a
+    boolean scalar tensor, or ``None`` for always) says whether this
+    replica adds the noise.
     """
     with tf.name_scope(name or "noised_mean"):
       sigma = self.privacy.noise_multiplier * self.privacy.l2_norm_clip
@@ -527,6 +571,8 @@ class Noise:
         if step is not None:
           seed = tf.stack([tf.constant(self.key + j, tf.int64), step])
           noise = gaussian(tf.shape(g), seed, norm_dtype(g.dtype)) * sigma
+          if where is not None:
+            noise = noise * tf.cast(where, noise.dtype)
           g = g + tf.cast(noise, g.dtype)
         out.append(g / b)
       return out

@@ -296,12 +296,21 @@ class GradientPlan(TrainingMethods, OpOverriding):
         graph; eagerly, inside a ``tf.function`` or for a finalized
         tf.Graph; if no variable has a gradient; for a loss-scale
         optimizer with task combinations or backward replacements, or one
-        that is not the ``loss_scale`` of a plan already built.
+        that is not the ``loss_scale`` of a plan already built; for a
+        ``SyncReplicasOptimizer`` with ``privatize``.
     """
     check_graph_mode("GradientPlan.apply_gradients", self._loss)
     _optimizer.check_optimizer(optimizer)
     update_ops = _optimizer.update_ops_of(self._loss.graph, update_ops)
     self._check_loss_scale(optimizer)
+    if (self._declarations.privacy is not None
+        and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer)):
+      raise _errors.GraphGradError(
+          "privatize: SyncReplicasOptimizer averages the replicas' noised "
+          "gradients, so the global batch would get one noise draw per "
+          "replica, each divided by the number of replicas: too little "
+          "noise for the epsilon gg.dp reports. Train the private plan "
+          "without SyncReplicasOptimizer.")
     if self._built is not None and update_ops:
       log.info("graphgrad plan on %s: the backward pass was built before "
                "apply_gradients (by compute_gradients, summaries or a "

@@ -8,7 +8,9 @@ logical devices and the cluster must be set before TensorFlow runs an op:
                                            CASES: "transforms" (parameter
                                            clips, model.fit) or "rewrites"
                                            (linear and upstream rewrites,
-                                           plan.recompute with batch norm);
+                                           plan.recompute with batch norm)
+                                           or "private" (privatize: the
+                                           summed gradients and the noise);
                                            each pair runs in turn in this one
                                            process and writes its own OUT
   strategy_worker.py multiworker OUT TASK WORKERS
@@ -257,6 +259,56 @@ def recompute_case(gg, K, strategy, local):
           "moving_mean_moved": float(np.max(np.abs(moving)))}
 
 
+PRIVATE_CLIP = 0.5
+PRIVATE_SIGMA = 1.0
+PRIVATE_DRAWS = 20
+
+
+def private_case(gg, K, strategy, local):
+  """DP-SGD under ``strategy``: the summed replica gradients, noise-free,
+  against one device with the global batch; and the noise's std over
+  ``PRIVATE_DRAWS`` noised steps, against ``sigma C / B_global``."""
+  xs, ys = data()
+
+  def grads_fn(plan, model):
+    def fn(x, y):
+      with plan.tape() as tape:
+        loss = tf.reduce_sum(tf.square(model(x) - y), axis=-1)
+      return tape.gradient(loss)
+    return fn
+
+  def summed(sigma):
+    with strategy.scope():
+      model = make_model(K)
+      plan = gg.KerasPlan(model).privatize(PRIVATE_CLIP, sigma, seed=5)
+    fn = grads_fn(plan, model)
+
+    @tf.function
+    def step(x, y):
+      per_replica = strategy.run(fn, args=(x, y))
+      return [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None)
+              for g in per_replica]
+
+    x, y = local(xs[0]), local(ys[0])
+    return [[np.asarray(g) for g in step(x, y)]
+            for _ in range(1 if sigma == 0 else PRIVATE_DRAWS)]
+
+  clean = summed(0.0)[0]
+  model = make_model(K)
+  plan = gg.KerasPlan(model).privatize(PRIVATE_CLIP, 0.0)
+  ref = [np.asarray(g) for g in grads_fn(plan, model)(
+      tf.constant(xs[0]), tf.constant(ys[0]))]
+  noise = np.concatenate([np.concatenate([(g - c).ravel()
+                                          for g, c in zip(draw, clean)])
+                          for draw in summed(PRIVATE_SIGMA)])
+  return {"flavour": K.__name__,
+          "diff": max(float(np.max(np.abs(a - b)))
+                      for a, b in zip(clean, ref)),
+          "size": max(float(np.max(np.abs(r))) for r in ref),
+          "noise_std": float(noise.std()),
+          "expected_std": PRIVATE_SIGMA * PRIVATE_CLIP / GLOBAL_BATCH}
+
+
 def flavours():
   import keras  # pylint: disable=g-import-not-at-top
   cases = [(keras, "keras3")]
@@ -272,6 +324,12 @@ def run_cases(gg, mode, cases, strategy, local, replicas, out):
     runs = [(keras, "keras3", g) for g in ("scale", "value", "norm")]
   else:
     runs = [(K, kind, g) for K, kind in flavours() for g in ("clip", "global")]
+  if cases == "private":
+    with open(out, "w", encoding="utf-8") as f:
+      json.dump({"replicas": replicas, "private": [
+          private_case(gg, K, strategy, local) for K, kind in flavours()
+          if kind != "legacy"]}, f)
+    return
   results = [compare(gg, K, kind, group, strategy, local, replicas)
              for K, kind, group in runs]
   fits, recomputes = [], []
@@ -316,7 +374,8 @@ def main():
   if mode == "mirrored":
     pairs = list(zip(sys.argv[2::2], sys.argv[3::2]))
   else:
-    pairs = [(sys.argv[2], "transforms")]
+    pairs = [(sys.argv[2], "transforms"), (sys.argv[2] + ".private",
+                                            "private")]
   for out, cases in pairs:
     run_cases(gg, mode, cases, strategy, local, replicas, out)
 

@@ -67,7 +67,7 @@ def mirrored(tmp_path_factory):
   """Both MirroredStrategy case sets, run by one worker process (one
   TensorFlow start-up): {"rewrites": results, "transforms": results}."""
   directory = tmp_path_factory.mktemp("mirrored")
-  cases = ("rewrites", "transforms")
+  cases = ("rewrites", "transforms", "private")
   args = [a for c in cases for a in (str(directory / f"{c}.json"), c)]
   proc = subprocess.run([sys.executable, WORKER, "mirrored", *args],
                         env=_env(), capture_output=True, text=True,
@@ -108,6 +108,28 @@ def test_mirrored_two_replicas_equal_one_device(mirrored):
   print("  model.fit:", max(f["diff"] for f in results["fit"]))
 
 
+def _check_private(results) -> float:
+  """DP-SGD across replicas: with no noise, the sum of the replicas'
+  gradients is one device's with the global batch; the noise's std is
+  sigma C / B_global within 5% (one draw per global batch: sqrt(2) times
+  more for one draw per replica, half as much with each replica's share
+  halved)."""
+  assert {r["flavour"].split(".")[0] for r in results["private"]} >= {
+      "keras"}
+  for r in results["private"]:
+    assert r["size"] > 1000 * TOLERANCE, r
+    assert r["diff"] < TOLERANCE, r
+    assert abs(r["noise_std"] / r["expected_std"] - 1) < 0.05, r
+  return max(r["diff"] for r in results["private"])
+
+
+@pytest.mark.slow
+def test_mirrored_privatize_adds_one_noise_draw_per_global_batch(mirrored):
+  results = mirrored["private"]
+  assert results["replicas"] == 2
+  print("MirroredStrategy x2, privatize:", _check_private(results))
+
+
 @pytest.mark.slow
 def test_multi_worker_two_processes_equal_one_device(tmp_path):
   workers = [f"127.0.0.1:{p}" for p in gg.cluster.free_ports(2)]
@@ -137,6 +159,10 @@ def test_multi_worker_two_processes_equal_one_device(tmp_path):
   # Both workers hold the same (mirrored) weights.
   for a, b in zip(first["results"], second["results"]):
     assert a["weights"] == b["weights"]
+  for o in outs:
+    private = json.loads(o.with_name(o.name + ".private").read_text())
+    assert private["replicas"] == 2
+    print("  privatize:", _check_private(private))
 
 
 class _Uninitialized:

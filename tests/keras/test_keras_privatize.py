@@ -262,3 +262,13 @@ def test_a_variable_outside_every_layer_is_refused_and_unreached_is_none(K):
   zero = tape.gradient(loss, [unused],
                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
   np.testing.assert_array_equal(zero[0].numpy(), np.zeros(2))
+
+
+def test_expected_batch_size_divides_the_sum(K):
+  model = K.Sequential([K.Input((5,)), K.layers.Dense(3, activation="tanh"),
+                        K.layers.Dense(2)])
+  x = normal(B, 5, seed=4)
+  expected, _ = reference(model, square_sum, x, 0.3)
+  got = private(model, square_sum, x, 0.3, expected_batch_size=10.0)
+  for g, e in zip(got, expected):
+    np.testing.assert_allclose(g, e * B / 10.0, rtol=1e-5, atol=1e-6)

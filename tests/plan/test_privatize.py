@@ -38,8 +38,10 @@ def reference(loss, variables, feed, clip):
   return [t / B for t in total], np.array(norms)
 
 
-def private(loss, feed, clip, noise=0.0, seed=None, **kw):
-  plan = gg.GradientPlan(loss, **kw).privatize(clip, noise, seed=seed)
+def private(loss, feed, clip, noise=0.0, seed=None, expected_batch_size=None,
+            **kw):
+  plan = gg.GradientPlan(loss, **kw).privatize(
+      clip, noise, seed=seed, expected_batch_size=expected_batch_size)
   gv = plan.compute_gradients()
   with tf1.Session() as s:
     s.run(tf1.global_variables_initializer())
@@ -175,6 +177,10 @@ def test_scalar_loss_is_refused(graph):
      "`noise_multiplier` must be"),
     (dict(l2_norm_clip=1.0, noise_multiplier=1.0, seed="a"),
      "`seed` must be an int"),
+    (dict(l2_norm_clip=1.0, noise_multiplier=1.0, expected_batch_size=0),
+     "`expected_batch_size` must be a positive finite number"),
+    (dict(l2_norm_clip=1.0, noise_multiplier=1.0, expected_batch_size="8"),
+     "`expected_batch_size` must be a positive finite number"),
 ])
 def test_bad_arguments_are_refused(graph, kwargs, match):
   w = tf1.get_variable("w", initializer=[1.0, 2.0])
@@ -240,6 +246,23 @@ def test_noise_std_is_sigma_c_over_b(graph):
     np.testing.assert_allclose(noise.std(), sigma * clip / B, rtol=0.05)
     assert abs(noise.mean()) < 0.05 * sigma * clip / B
   assert not np.allclose(first, second)  # never the same draw twice
+
+
+def test_expected_batch_size_divides_the_sum_and_the_noise(graph):
+  # Poisson sampling: the divisor is the expected size, never the realized
+  # one (here 6 examples, expected 4).
+  x = tf.constant(normal(B, 256))
+  w = tf1.get_variable("w", initializer=np.zeros((256, 256), np.float32))
+  loss = tf.reduce_sum(tf.matmul(x, w), axis=1)
+  clip, sigma, expected = 2.0, 1.5, 4.0
+  clean, _ = private(loss, None, clip, expected_batch_size=expected)
+  ref, _ = reference(loss, [w], None, clip)
+  np.testing.assert_allclose(clean[0], ref[0] * B / expected, rtol=1e-5,
+                             atol=1e-6)
+  noised, _ = private(loss, None, clip, noise=sigma,
+                      expected_batch_size=expected)
+  np.testing.assert_allclose((noised[0] - clean[0]).std(),
+                             sigma * clip / expected, rtol=0.05)
 
 
 def test_seed_makes_the_noise_repeatable_across_graphs():
@@ -334,3 +357,14 @@ def test_recompute_composes(graph):
     got = s.run(got)
   for g, e in zip(got, expected):
     np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_sync_replicas_optimizer_is_refused(graph):
+  w = tf1.get_variable("w", initializer=np.ones((4, 3), np.float32))
+  loss = tf.reduce_sum(tf.matmul(tf.ones([2, 4]), w), axis=1)
+  plan = gg.GradientPlan(loss).privatize(1.0, 1.0)
+  opt = tf1.train.SyncReplicasOptimizer(
+      tf1.train.GradientDescentOptimizer(0.1), replicas_to_aggregate=2)
+  with pytest.raises(gg.GraphGradError,
+                     match="privatize: SyncReplicasOptimizer averages"):
+    plan.apply_gradients(opt)
