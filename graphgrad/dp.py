@@ -4,8 +4,10 @@
 :func:`noise_multiplier` the noise for a target epsilon, from
 ``dp-accounting`` (``pip install graphgrad[dp]``), RDP or PLD.
 :func:`epsilon_callback` reports it during Keras ``fit``, :class:`EpsilonHook`
-in a Session loop. The bound assumes Poisson sampling; fixed-size shuffled
-batches can have a larger true epsilon (docs/privacy.md).
+in a Session loop. The bound assumes Poisson sampling, which
+:class:`PoissonSampling` makes for a ``tf.data`` pipeline and accounts for;
+fixed-size shuffled batches can have a larger true epsilon
+(docs/privacy.md).
 
 Example:
   >>> import graphgrad as gg
@@ -15,6 +17,7 @@ Example:
 
 import logging
 import math
+import secrets
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -23,7 +26,8 @@ from graphgrad import _errors
 
 log = logging.getLogger("graphgrad")
 
-__all__ = ["EpsilonHook", "epsilon", "epsilon_callback", "noise_multiplier"]
+__all__ = ["EpsilonHook", "PoissonSampling", "epsilon", "epsilon_callback",
+           "noise_multiplier"]
 
 _ACCOUNTANTS = ("rdp", "pld")
 
@@ -169,6 +173,117 @@ def noise_multiplier(target_epsilon: float, batch_size: int,
       lambda: _accountant(accountant), lambda s: _event(s, q, n),
       float(target_epsilon), float(delta),
       dpa.LowerEndpointAndGuess(0.0, 1.0)))
+
+
+class PoissonSampling:
+  """Poisson-sampled batches, and the epsilon of exactly that sampling.
+
+  Each batch takes every example independently with probability ``q =
+  expected_batch_size / dataset_size``, the sampling the accounting of
+  :func:`epsilon` assumes (Abadi et al. 2016; Opacus'
+  ``UniformWithReplacementSampler``). A batch's size is random, possibly
+  0, so the plan must divide by the expected size: pass
+  ``expected_batch_size=sampling.expected_batch_size`` to
+  ``plan.privatize``. An epoch is ``ceil(1 / q)`` batches.
+
+  Batch ``t`` is drawn from a stateless generator keyed by ``(key, t)``; the
+  key is 62 bits from the operating system's entropy unless ``seed`` is
+  given (for tests: a known seed makes the batches predictable).
+
+  Args:
+    dataset_size: the number of training examples ``N``.
+    expected_batch_size: ``q N``, an int from 1 to ``N``.
+    seed: for tests only; ``None`` draws the key from ``secrets``.
+
+  Raises:
+    GraphGradError: for a bad argument.
+
+  Example:
+    >>> import numpy as np, graphgrad as gg
+    >>> sampling = gg.dp.PoissonSampling(1000, 100, seed=0)
+    >>> sampling.sampling_rate, sampling.steps_per_epoch
+    (0.1, 10)
+    >>> x = np.arange(1000.0, dtype=np.float32)
+    >>> sizes = [int(b.shape[0]) for b in sampling.batches(x, epochs=2)]
+    >>> len(sizes), 60 < min(sizes) and max(sizes) < 140
+    (20, True)
+  """
+
+  def __init__(self, dataset_size: int, expected_batch_size: int,
+               seed: Optional[int] = None):
+    _check(expected_batch_size, dataset_size, 0.5, "rdp",
+           "gg.dp.PoissonSampling")
+    if seed is not None and (not isinstance(seed, int)
+                             or isinstance(seed, bool)):
+      raise _errors.GraphGradError(
+          f"gg.dp.PoissonSampling: `seed` must be an int or None; got "
+          f"{seed!r}. Leave it None outside tests.")
+    self.dataset_size = dataset_size
+    self.expected_batch_size = expected_batch_size
+    self._key = secrets.randbits(62) if seed is None else seed
+
+  @property
+  def sampling_rate(self) -> float:
+    """``q``, each example's probability of joining a batch."""
+    return self.expected_batch_size / self.dataset_size
+
+  @property
+  def steps_per_epoch(self) -> int:
+    """``ceil(N / expected_batch_size)``: batches per epoch."""
+    return int(math.ceil(self.dataset_size / self.expected_batch_size))
+
+  def batches(self, data, epochs: Optional[float] = None) -> tf.data.Dataset:
+    """A ``tf.data.Dataset`` of Poisson-sampled batches of ``data``.
+
+    Args:
+      data: what ``tf.data.Dataset.from_tensor_slices`` takes: a tensor,
+        an array, or a nested structure of them, each with ``N`` rows.
+      epochs: how many epochs of batches (``ceil(epochs N / B)``, as
+        :func:`epsilon` counts steps); ``None`` for an endless dataset.
+
+    Returns:
+      The batches, each the rows of ``data`` an independent draw kept.
+
+    Raises:
+      GraphGradError: if ``data``'s leading sizes are not ``N``, or for a
+        bad ``epochs``.
+    """
+    caller = "gg.dp.PoissonSampling.batches"
+    flat = [tf.convert_to_tensor(t) for t in tf.nest.flatten(data)]
+    rows = {int(t.shape[0]) if t.shape.rank else None for t in flat}
+    if rows != {self.dataset_size}:
+      raise _errors.GraphGradError(
+          f"{caller}: every tensor of `data` must have dataset_size "
+          f"({self.dataset_size}) rows; got leading sizes "
+          f"{sorted(map(str, rows))}. Pass the whole training set, one row "
+          f"per example.")
+    counter = (tf.data.Dataset.counter() if epochs is None
+               else tf.data.Dataset.range(_steps(
+                   epochs, None, self.expected_batch_size, self.dataset_size,
+                   caller)))
+    tensors = tf.nest.pack_sequence_as(data, flat)
+    n, q, key = self.dataset_size, self.sampling_rate, self._key
+
+    def batch(t):
+      u = tf.random.stateless_uniform(
+          [n], tf.stack([tf.constant(key, tf.int64), t]), dtype=tf.float64)
+      keep = tf.reshape(tf.where(u < q), [-1])
+      return tf.nest.map_structure(lambda x: tf.gather(x, keep), tensors)
+
+    return counter.map(batch)
+
+  def epsilon(self, noise_multiplier: float, epochs: Optional[float] = None,
+              delta: float = 1e-5, *, accountant: str = "rdp",
+              steps: Optional[int] = None) -> float:
+    """:func:`epsilon` of this sampling's rate, after ``epochs`` (or
+    ``steps``) of its batches."""
+    return epsilon(noise_multiplier, self.expected_batch_size,
+                   self.dataset_size, epochs, delta, accountant=accountant,
+                   steps=steps)
+
+  def __repr__(self) -> str:
+    return (f"PoissonSampling(dataset_size={self.dataset_size}, "
+            f"expected_batch_size={self.expected_batch_size})")
 
 
 class _Reporter:

@@ -119,3 +119,97 @@ def test_session_hook_needs_a_global_step():
     hook = gg.dp.EpsilonHook(1.0, 4, 400)
     with pytest.raises(gg.GraphGradError, match="no global step"):
       hook.begin()
+
+
+# -- Poisson sampling ----------------------------------------------------------
+
+
+def test_poisson_batches_sample_each_example_independently_with_rate_q():
+  n, b, steps = 400, 40, 600
+  sampling = gg.dp.PoissonSampling(n, b, seed=11)
+  assert sampling.sampling_rate == 0.1 and sampling.steps_per_epoch == 10
+  x = np.arange(n, dtype=np.int64)
+  y = x * 3  # labels stay with their examples
+  counts = np.zeros(n)
+  sizes = []
+  for bx, by in sampling.batches((x, y), epochs=steps / 10):
+    bx, by = bx.numpy(), by.numpy()
+    np.testing.assert_array_equal(by, bx * 3)
+    assert len(set(bx)) == len(bx)  # without replacement within a batch
+    counts[bx] += 1
+    sizes.append(len(bx))
+  q = b / n
+  assert len(sizes) == steps
+  # A batch's size is Binomial(n, q): mean n q, variance n q (1 - q).
+  assert abs(np.mean(sizes) - n * q) < 4 * np.sqrt(n * q * (1 - q) / steps)
+  assert abs(np.var(sizes) / (n * q * (1 - q)) - 1) < 0.2
+  # Each example joins Binomial(steps, q) batches, independently of the rest.
+  assert abs(counts.mean() - steps * q) < 4 * np.sqrt(steps * q / n)
+  assert abs(counts.var() / (steps * q * (1 - q)) - 1) < 0.25
+
+
+def test_poisson_batches_differ_by_key_and_repeat_by_seed():
+  x = np.arange(100, dtype=np.float32)
+
+  def first(sampling):
+    return [b.numpy().tolist() for b in sampling.batches(x).take(3)]
+
+  assert first(gg.dp.PoissonSampling(100, 10, seed=1)) == first(
+      gg.dp.PoissonSampling(100, 10, seed=1))
+  assert first(gg.dp.PoissonSampling(100, 10)) != first(
+      gg.dp.PoissonSampling(100, 10))
+  assert len(first(gg.dp.PoissonSampling(100, 10, seed=1))) == 3  # endless
+
+
+def test_poisson_sampling_epsilon_is_dp_accounting_of_its_rate():
+  sampling = gg.dp.PoissonSampling(60000, 256)
+  acc = dpa.rdp.RdpAccountant()
+  acc.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(
+      256 / 60000, dpa.GaussianDpEvent(1.1)), 469))  # ceil(2 * 60000 / 256)
+  assert sampling.epsilon(1.1, epochs=2) == pytest.approx(
+      acc.get_epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(dataset_size=10, expected_batch_size=20), "`batch_size` must be"),
+    (dict(dataset_size=0, expected_batch_size=1), "`dataset_size` must be"),
+    (dict(dataset_size=10, expected_batch_size=2, seed="1"),
+     "`seed` must be an int"),
+])
+def test_poisson_sampling_refuses_bad_arguments(kwargs, match):
+  with pytest.raises(gg.GraphGradError, match=match):
+    gg.dp.PoissonSampling(**kwargs)
+  with pytest.raises(gg.GraphGradError, match="must have dataset_size"):
+    gg.dp.PoissonSampling(10, 2).batches(np.zeros([9, 2]))
+
+
+def test_private_training_on_poisson_batches_divides_by_the_expected_size():
+  # Clipped sums over a Poisson batch, the empty one included, divided by
+  # the expected batch size: numpy per-example reference.
+  rng = np.random.default_rng(0)
+  n, b, clip = 50, 5, 0.5
+  x = rng.normal(size=(n, 3)).astype(np.float32)
+  w0 = rng.normal(size=(3, 1)).astype(np.float32)
+  K = tf.keras
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(
+      1, use_bias=False, kernel_initializer=K.initializers.Constant(w0))])
+  sampling = gg.dp.PoissonSampling(n, b, seed=2)
+  plan = gg.KerasPlan(model).privatize(
+      clip, 0.0, expected_batch_size=sampling.expected_batch_size)
+  for batch in sampling.batches(x, epochs=3):
+    with plan.tape() as tape:
+      loss = tf.reduce_sum(tf.square(model(batch)), axis=1)
+    (g,) = tape.gradient(loss)
+    xb = batch.numpy()
+    per = [2 * (r @ w0) * r for r in xb]  # d (r w)^2 / dw
+    ref = sum((p * min(1.0, clip / np.linalg.norm(p)) for p in per),
+              np.zeros(3)) / b
+    np.testing.assert_allclose(tf.convert_to_tensor(g).numpy().ravel(), ref,
+                               rtol=1e-5, atol=1e-7)
+  assert len(list(sampling.batches(x, epochs=3))) == 30
+  # An empty batch (probability 0.9^50 here) gives the noise alone: zero.
+  with plan.tape() as tape:
+    loss = tf.reduce_sum(tf.square(model(tf.zeros([0, 3]))), axis=1)
+  (g,) = tape.gradient(loss)
+  np.testing.assert_array_equal(tf.convert_to_tensor(g).numpy(),
+                                np.zeros((3, 1)))

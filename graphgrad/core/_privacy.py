@@ -89,7 +89,7 @@ def check_privacy(l2_norm_clip, noise_multiplier, seed, caller: str,
         f"{caller}: `expected_batch_size` must be a positive finite number "
         f"or None; got {expected_batch_size!r}. Under Poisson sampling pass "
         f"the sampling rate times the dataset size, e.g. "
-        f"expected_batch_size=256 (gg.dp.poisson_batches gives it).")
+        f"expected_batch_size=256 (gg.dp.PoissonSampling gives it).")
   return Privacy(float(l2_norm_clip), float(noise_multiplier), seed,
                  None if expected_batch_size is None
                  else float(expected_batch_size))
