@@ -307,7 +307,9 @@ def epsilon_callback(noise_multiplier: float, batch_size: int,
                      accountant: str = "rdp", keras: Any = None):
   """A Keras callback that reports epsilon after each epoch of ``fit``.
 
-  It counts the training batches and, at the end of each epoch, writes
+  It counts the training steps (the optimizer's ``iterations``, which
+  ``steps_per_execution`` does not hide; the batches where the model has
+  no optimizer) and, at the end of each epoch, writes
   ``logs["epsilon"]`` (so ``History`` holds it) and logs it on the
   ``graphgrad`` logger; ``callback.epsilon`` holds the last value.
 
@@ -338,11 +340,26 @@ def epsilon_callback(noise_multiplier: float, batch_size: int,
       super().__init__()
       self.steps = 0
       self.epsilon = 0.0
+      self._base = None
+
+    def _iterations(self):
+      """The optimizer's step count: with ``steps_per_execution`` fit calls
+      the batch hooks once per execution, not once per step."""
+      it = getattr(getattr(self.model, "optimizer", None), "iterations",
+                   None)
+      return None if it is None else int(tf.convert_to_tensor(it))
+
+    def on_train_begin(self, logs=None):
+      it = self._iterations()
+      self._base = None if it is None else self.steps - it
 
     def on_train_batch_end(self, batch, logs=None):
-      self.steps += 1
+      if self._base is None:
+        self.steps += 1
 
     def on_epoch_end(self, epoch, logs=None):
+      if self._base is not None:
+        self.steps = self._base + self._iterations()
       self.epsilon = report(self.steps)
       if logs is not None:
         logs["epsilon"] = self.epsilon

@@ -130,7 +130,8 @@ class Attachment:
     """Makes the methods' variables before the optimizer is built."""
     plan, model = self.plan, self.model
     check_gradient_step(getattr(model, "optimizer", None))
-    if self.has_tasks:  # eagerly: the config serializes the optimizer
+    if self.has_tasks or plan.rules.privacy is not None:
+      # eagerly: the config serializes the optimizer
       self._loss_weights = model.get_compile_config().get("loss_weights")
     optimizer = getattr(model, "optimizer", None)
     if (not plan.rules.replacements or optimizer is None
@@ -187,6 +188,11 @@ class Attachment:
           x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
     else:
       loss = model.compute_loss(x, y, y_pred, sample_weight)
+    if self.plan.rules.privacy is not None:
+      if self._loss_weights is _MISSING:
+        self._loss_weights = None
+      return loss, per_example_loss(model, y, y_pred, sample_weight,
+                                    self._loss_weights)
     if not self.has_tasks:
       return loss, loss
     pairs = output_losses(self.model, y, y_pred, sample_weight,
@@ -306,13 +312,13 @@ def _by_output(model, value, n: int, what: str) -> list:
 
 
 def output_losses(model, y, y_pred, sample_weight,
-                  loss_weights=None) -> List[Any]:
+                  loss_weights=None, reduce: bool = True) -> List[Any]:
   """Each model output's compiled loss and its loss weight (or None).
 
   Resolved from the public ``model.loss`` (compile's ``loss`` argument) and
   ``loss_weights`` (``model.get_compile_config()["loss_weights"]``, read
   eagerly) as Keras resolves them, with each output's targets and sample
-  weights.
+  weights; with ``reduce=False``, each loss unreduced.
 
   Raises:
     GraphGradError: a ``loss`` structure other than one loss per output,
@@ -346,9 +352,69 @@ def output_losses(model, y, y_pred, sample_weight,
                                                 weights, factors):
     if loss is None or target is None:
       continue
-    fn = _resolved(which, model, loss)
+    fn = _resolved(which, model, loss, reduce)
     out.append((fn(target, pred, sample_weight=weight), factor))
   return out
+
+
+def per_example_loss(model, y, y_pred, sample_weight, loss_weights=None):
+  """The compiled loss of each example, ``[B]``, for a private plan.
+
+  Each output's compiled loss unreduced (the same Loss objects as
+  :func:`output_losses`, with reduction ``None``), times its sample weights,
+  averaged over its non-batch axes (as the compiled mean averages them),
+  weighted by ``loss_weights`` and summed over outputs: the compiled loss is
+  the mean of this vector over the batch.
+
+  Raises:
+    GraphGradError: for a model with ``add_loss`` terms (a weight penalty
+      is not per example), or as :func:`output_losses`.
+  """
+  if model.losses:
+    raise _refuse(model, "the model adds losses (add_loss, a kernel "
+                  "regularizer), which are not per example, so privatize "
+                  "cannot clip them; apply weight decay in the optimizer "
+                  "(e.g. AdamW) or with plan.transform_gradients")
+  total = None
+  for value, factor in output_losses(model, y, y_pred, sample_weight,
+                                     loss_weights, reduce=False):
+    rank = value.shape.rank
+    if rank is None or rank < 1:
+      raise _refuse(model, f"a compiled loss gave shape {value.shape}, not "
+                    f"one value per example")
+    if rank > 1:
+      value = tf.reduce_mean(value, axis=list(range(1, rank)))
+    if factor is not None:
+      value = value * tf.cast(factor, value.dtype)
+    total = value if total is None else total + tf.cast(value, total.dtype)
+  if total is None:
+    raise _refuse(model, "no output has a compiled loss")
+  return total
+
+
+def _unreduced(fn):
+  """A compiled loss's Loss object as a function ``(y_true, y_pred,
+  sample_weight)`` of one value per example (and per non-batch position):
+  its ``call``, the sample weights broadcast over the trailing axes. Keras
+  3 first converts both to the loss's dtype, as its ``Loss.__call__`` does.
+  """
+  dtype = getattr(fn, "dtype", None)
+
+  def values(y_true, y_pred, sample_weight=None):
+    if isinstance(dtype, str):  # Keras 3
+      y_true = tf.cast(y_true, dtype)
+      y_pred = tf.cast(y_pred, dtype)
+    out = fn.call(y_true, y_pred)
+    if sample_weight is None:
+      return out
+    w = tf.cast(sample_weight, out.dtype)
+    if w.shape.rank is not None and out.shape.rank is not None:
+      w = tf.reshape(w, tf.concat(
+          [tf.shape(w), tf.ones([max(out.shape.rank - w.shape.rank, 0)],
+                                tf.int32)], 0))
+    return out * w
+
+  return values
 
 
 def compiled_total(model, pairs):
@@ -383,8 +449,9 @@ def compiled_total(model, pairs):
   return tf.add_n(values)
 
 
-def _resolved(which: str, model, loss):
-  """A compiled loss as the Loss object Keras makes of it."""
+def _resolved(which: str, model, loss, reduce: bool = True):
+  """A compiled loss as the Loss object Keras makes of it (unreduced when
+  not ``reduce``)."""
   if which == "keras3" and isinstance(loss, str) and loss.lower() in (
       "crossentropy", "ce"):
     raise _refuse(model, f"{loss!r} picks its loss from the data; name "
@@ -392,11 +459,12 @@ def _resolved(which: str, model, loss):
   losses = _package(which).losses
   fn = losses.get(loss)
   if isinstance(fn, losses.Loss):
-    return fn
+    return fn if reduce else _unreduced(fn)
   if which == "keras3":
-    return _keras3_function_loss(fn, loss if isinstance(loss, str) else
-                                 getattr(fn, "__name__", "loss"))
-  return _tf_keras_function_loss(fn)
+    fn = _keras3_function_loss(fn, loss if isinstance(loss, str) else
+                               getattr(fn, "__name__", "loss"))
+    return fn if reduce else _unreduced(fn)
+  return _tf_keras_function_loss(fn, reduce)
 
 
 def _keras3_function_loss(fn, name: str):
@@ -423,10 +491,10 @@ def _same_rank(a, b):
   return a, b
 
 
-def _tf_keras_function_loss(fn):
+def _tf_keras_function_loss(fn, reduce: bool = True):
   """tf-keras' wrapper of a loss function, with its mean over the batch
   spelled out: tf-keras refuses that reduction in a replica context unless
-  the loss comes from compile()."""
+  the loss comes from compile(). Unreduced when not ``reduce``."""
   import tf_keras  # pylint: disable=g-import-not-at-top
 
   class PerExample(tf_keras.losses.Loss):
@@ -440,6 +508,8 @@ def _tf_keras_function_loss(fn):
       return fn(y_true, y_pred)
 
   per_example = PerExample(reduction=tf_keras.losses.Reduction.NONE)
+  if not reduce:
+    return _unreduced(per_example)
 
   def loss(y_true, y_pred, sample_weight=None):
     values = per_example(y_true, y_pred, sample_weight=sample_weight)

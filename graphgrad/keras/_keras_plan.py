@@ -310,8 +310,12 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     ``project_conflicts`` or ``combine_tasks`` takes its task losses from
     the compiled per-output losses (one per task output). With
     ``BackupAndRestore``, the plan's method variables and step are backed
-    up and restored with the model. Only this model instance changes; see
-    docs/training-at-scale.md.
+    up and restored with the model. A private plan (``privatize``)
+    differentiates the compiled loss of each example: each output's
+    compiled loss unreduced, times its sample and loss weights, averaged
+    over its non-batch axes and summed over outputs; the model's loss
+    metric stays the compiled mean. Only this model instance changes; see
+    docs/training-at-scale.md and docs/privacy.md.
 
     Args:
       labels: for ``synthetic`` modules conditioned on labels (cDNI): a
@@ -323,16 +327,9 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     Raises:
       GraphGradError: if the plan is already attached, another plan is
         attached to the model (detach it first), or the model is not a
-        Keras 3 or tf-keras ``Model``; for a private plan.
+        Keras 3 or tf-keras ``Model``; in ``fit``, for a private plan whose
+        model adds losses (``add_loss``, regularizers: not per example).
     """
-    if self._declarations.privacy is not None:
-      raise _errors.GraphGradError(
-          "plan.attach(): a private plan (privatize) needs the vector of "
-          "per-example losses, and model.fit reduces its compiled loss over "
-          "the batch. Train with a loop: `with plan.tape() as tape: loss = "
-          "loss_fn(y, model(x))` (unreduced), then "
-          "optimizer.apply_gradients(zip(tape.gradient(loss), "
-          "model.trainable_variables)).")
     if self.attached:
       raise _errors.GraphGradError(
           f"plan.attach(): this plan is already attached to "

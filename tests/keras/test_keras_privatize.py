@@ -151,9 +151,6 @@ def test_declarations_before_the_clip_are_refused(K):
     plan.tape()
   with pytest.raises(gg.GraphGradError, match="already private"):
     plan.privatize(1.0, 1.0)
-  with pytest.raises(gg.GraphGradError,
-                     match=r"attach\(\): a private plan .* per-example"):
-    gg.KerasPlan(model).privatize(1.0, 1.0).attach()
   used = gg.KerasPlan(model)
   used.tape()
   with pytest.raises(gg.GraphGradError, match="already in use"):
@@ -272,3 +269,71 @@ def test_expected_batch_size_divides_the_sum(K):
   got = private(model, square_sum, x, 0.3, expected_batch_size=10.0)
   for g, e in zip(got, expected):
     np.testing.assert_allclose(g, e * B / 10.0, rtol=1e-5, atol=1e-6)
+
+
+# -- model.fit -----------------------------------------------------------------
+
+
+def _fit_reference(weights, x, y, w, clip, lr, batch):
+  """SGD on (1/B) sum_i clip_C(grad l_i), one GradientTape per example:
+  l_i = w_i * mean over outputs of (pred - y)^2, a tanh layer then a
+  linear one."""
+  weights = [v.astype(np.float64) for v in weights]
+  for start in range(0, len(x), batch):
+    total = [np.zeros_like(v) for v in weights]
+    for i in range(start, start + batch):
+      vs = [tf.Variable(v) for v in weights]
+      with tf.GradientTape() as t:
+        h = tf.tanh(x[i:i + 1].astype(np.float64) @ vs[0] + vs[1])
+        pred = h @ vs[2] + vs[3]
+        loss = w[i] * tf.reduce_mean(tf.square(pred - y[i:i + 1]))
+      grads = [g.numpy() for g in t.gradient(loss, vs)]
+      norm = np.sqrt(sum(np.sum(g * g) for g in grads))
+      c = min(1.0, clip / norm)
+      total = [a + c * g for a, g in zip(total, grads)]
+    weights = [v - lr * a / batch for v, a in zip(weights, total)]
+  return weights
+
+
+@pytest.mark.parametrize("steps_per_execution, jit_compile",
+                         [(1, False), (2, False), (1, True)])
+def test_fit_equals_the_per_example_clipping_reference(
+    K, steps_per_execution, jit_compile, caplog):
+  n, batch, clip, lr = 12, 4, 0.4, 0.5
+  x, y = normal(n, 3, seed=1), normal(n, 2, seed=2)
+  w = np.linspace(0.5, 1.5, n).astype(np.float32)  # sample weights
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(5, activation="tanh"),
+                        K.layers.Dense(2)])
+  start = [v.numpy() for v in model.trainable_variables]
+  model.compile(optimizer=K.optimizers.SGD(lr), loss="mse",
+                metrics=["mae"], steps_per_execution=steps_per_execution,
+                jit_compile=jit_compile)
+  gg.KerasPlan(model).privatize(clip, 0.0).attach()
+  callback = gg.dp.epsilon_callback(1.0, batch, n, keras=_keras_of(K))
+  with caplog.at_level(logging.INFO, logger="graphgrad"):
+    history = model.fit(x, y, sample_weight=w, batch_size=batch, epochs=1,
+                        shuffle=False, verbose=0, callbacks=[callback])
+  expected = _fit_reference(start, x, y, w, clip, lr, batch)
+  for v, e in zip(model.trainable_variables, expected):
+    np.testing.assert_allclose(v.numpy(), e, rtol=1e-5, atol=1e-6)
+  assert {"loss", "mae", "epsilon"} <= set(history.history)
+  assert history.history["epsilon"][0] == pytest.approx(
+      gg.dp.epsilon(1.0, batch, n, steps=n // batch))
+
+
+def test_fit_refuses_losses_that_are_not_per_example(K):
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(
+      2, kernel_regularizer=K.regularizers.l2(0.1))])
+  model.compile(optimizer=K.optimizers.SGD(0.1), loss="mse")
+  gg.KerasPlan(model).privatize(1.0, 0.0).attach()
+  with pytest.raises(gg.GraphGradError, match="adds losses .* not per "
+                     "example"):
+    model.fit(normal(4, 3), normal(4, 2), batch_size=4, verbose=0)
+
+
+def _keras_of(K):
+  """The module whose callbacks a flavour's fit takes."""
+  if K.__name__.startswith("keras"):
+    import keras  # pylint: disable=g-import-not-at-top
+    return keras
+  return K
