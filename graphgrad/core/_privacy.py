@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
+from graphgrad.analysis import _example_axis
 
 log = logging.getLogger("graphgrad")
 
@@ -438,7 +439,9 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
   clip factors ``c_i`` and, by book-keeping (Bu et al. 2023), each
   variable's clipped sum ``sum_i c_i grad_i``, with no second backward
   pass. A variable the loss reaches other than through a known use is
-  refused: its per-example gradient would be unknown.
+  refused: its per-example gradient would be unknown. A graph loss (a
+  ``tf.Graph``, or traced in a ``tf.function``) is first checked for ops
+  that mix examples (:mod:`graphgrad.analysis._example_axis`).
 
   Args:
     vjp: the executor's VJP (:class:`graphgrad.core._vjp.VJP`).
@@ -447,6 +450,8 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
     uses: the executor's :class:`Uses`.
     noise: the plan's :class:`Noise`.
   """
+  if not tf.executing_eagerly():
+    _example_axis.refuse_mixing(loss)
   with tf.name_scope("privatize"):
     batch = tf.shape(loss)[0]
     outputs = uses.outputs()

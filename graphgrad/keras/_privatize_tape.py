@@ -15,11 +15,13 @@ algorithm, norms, clip, book-keeping sums and noise, is
 """
 
 import logging
+import weakref
 from typing import Any, Dict, List, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _compat, _errors
+from graphgrad.analysis import _example_axis
 from graphgrad.core import _privacy
 from graphgrad.keras._layer_index import (
   CallPatches,
@@ -32,6 +34,8 @@ from graphgrad.keras._tape_vjp import TapeVJP
 log = logging.getLogger("graphgrad")
 
 _warned: set = set()
+# Models whose ops were checked for mixing examples (eager steps).
+_TRACED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 # (variable, (kind, ...)) of each variable a layer call uses.
 Forms = List[Tuple[tf.Variable, tuple]]
@@ -93,6 +97,39 @@ class Recorder:
                                kwargs=kwargs, out=out))
       return out
     return wrapped_call
+
+  # -- ops that mix examples, in an eager step ------------------------------
+
+  def refuse_mixing(self) -> None:
+    """Traces the model once on its input signature and refuses an op that
+    mixes examples on the way to its outputs.
+
+    A traced step's loss is checked whole by ``private_gradients``; an
+    eager one has no graph, so the model (not the loss function) is traced
+    here, once per model. A model without known inputs (subclassed, never
+    called on ``keras.Input``) is logged once and not checked.
+    """
+    model = self.model
+    if model in _TRACED:
+      return
+    _TRACED[model] = True
+    inputs = getattr(model, "inputs", None)
+    try:
+      specs = [tf.TensorSpec(x.shape, x.dtype) for x in inputs or ()]
+    except (AttributeError, TypeError, ValueError):
+      specs = []
+    if not specs:
+      log.warning("privatize: %r has no known inputs (a subclassed model?), "
+                  "so its ops are not checked for mixing examples in an "
+                  "eager step; run the step in a tf.function to check the "
+                  "whole loss.", getattr(model, "name", model))
+      return
+    call = tf.function(lambda *xs: model(xs[0] if len(xs) == 1 else list(xs),
+                                         training=True))
+    graph = call.get_concrete_function(*specs).graph
+    for out in graph.outputs:
+      if out.dtype.is_floating and out.shape.rank:
+        _example_axis.refuse_mixing(out)
 
   # -- the Uses of core._privacy.private_gradients ---------------------------
 

@@ -298,6 +298,8 @@ class PlanTape:
                                    unconnected_gradients)
       else:  # DP-SGD's gradients (core._privacy)
         check_per_example_loss(target, "KerasPlan.privatize")
+        if tf.executing_eagerly():  # traced, the whole loss is checked
+          self._private.refuse_mixing()
         flat_s = tf.nest.flatten(sources)
         flat_g = private_gradients(self._vjp, target, flat_s, self._private,
                                    self._plan.noise)

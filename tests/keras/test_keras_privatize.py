@@ -337,3 +337,26 @@ def _keras_of(K):
     import keras  # pylint: disable=g-import-not-at-top
     return keras
   return K
+
+
+@pytest.mark.parametrize("function", [False, True])
+def test_a_layer_that_centers_over_the_batch_is_refused(K, function):
+  class Center(K.layers.Layer):
+    def call(self, x):
+      return x - tf.reduce_mean(x, axis=0)
+
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(4), Center(),
+                        K.layers.Dense(1)])
+  plan = gg.KerasPlan(model).privatize(1.0, 0.0)
+
+  def step(x):
+    with plan.tape() as tape:
+      loss = square_sum(model(x))
+    return tape.gradient(loss)
+
+  if function:
+    step = tf.function(step)
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match=r"privatize: the Mean op .*reads values of "
+                           r"several examples"):
+    step(tf.constant(normal(B, 3)))

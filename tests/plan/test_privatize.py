@@ -368,3 +368,64 @@ def test_sync_replicas_optimizer_is_refused(graph):
   with pytest.raises(gg.GraphGradError,
                      match="privatize: SyncReplicasOptimizer averages"):
     plan.apply_gradients(opt)
+
+
+
+# -- ops that mix examples ---------------------------------------------------
+
+
+def _mlp_hidden():
+  x = tf.constant(normal(B, 4))
+  w = tf1.get_variable("w", initializer=normal(4, 5, seed=1))
+  return tf.tanh(x @ w)
+
+
+def _per_example(h):
+  return tf.reduce_sum(tf.square(h), axis=1)
+
+
+@pytest.mark.parametrize("mix, op", [
+    (lambda h: tf.nn.batch_normalization(
+        h, *tf.nn.moments(h, axes=[0]), None, None, 1e-3),
+     "(Mean|SquaredDifference)"),
+    (lambda h: h - tf.reduce_mean(h, axis=0), "Mean"),
+    (lambda h: tf.nn.softmax(h, axis=0), "Softmax"),
+    (lambda h: h / tf.reduce_max(h), "Max"),
+    (lambda h: tf.matmul(h, tf.matmul(h, h, transpose_a=True)), "MatMul"),
+    (lambda h: tf.transpose(tf.nn.softmax(tf.transpose(h))), "Softmax"),
+    (lambda h: h - h[:1], "StridedSlice"),
+    (lambda h: tf.concat([h[1:], h[:1]], axis=0), "ConcatV2"),
+])
+def test_ops_that_mix_examples_are_refused_by_name(graph, mix, op):
+  loss = _per_example(mix(_mlp_hidden()))
+  plan = gg.GradientPlan(loss).privatize(1.0, 0.0)
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match=rf"privatize: the {op} op .*\(LayerNormalization"):
+    plan.compute_gradients()
+
+
+def test_a_sort_or_top_k_of_the_losses_is_refused(graph):
+  loss = _per_example(_mlp_hidden())
+  plan = gg.GradientPlan(tf.sort(loss)).privatize(1.0, 0.0)
+  with pytest.raises(gg.UnsupportedGraphError, match=r"the TopKV2 op"):
+    plan.compute_gradients()
+
+
+@pytest.mark.parametrize("per_example", [
+    lambda h: tf.nn.batch_normalization(
+        h, *tf.nn.moments(h, axes=[1], keepdims=True), None, None, 1e-3),
+    lambda h: h - tf.reduce_mean(h, axis=-1, keepdims=True),
+    lambda h: tf.nn.softmax(h, axis=-1),
+    lambda h: h / tf.reduce_max(h, axis=1, keepdims=True),
+    lambda h: tf.reshape(tf.transpose(tf.reshape(h, [-1, 5, 1]),
+                                      [0, 2, 1]), [-1, 5]),
+])
+def test_per_example_reductions_over_other_axes_pass(graph, per_example):
+  loss = _per_example(per_example(_mlp_hidden()))
+  variables = tf1.trainable_variables()
+  expected, norms = reference(loss, variables, None, 1.0)
+  clip = float(np.median(norms))
+  expected, _ = reference(loss, variables, None, clip)
+  got, _ = private(loss, None, clip)
+  for g, e in zip(got, expected):
+    np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
