@@ -488,6 +488,18 @@ def _slice(w: _Walk, op, out, k):
   return None
 
 
+def _one_hot(w: _Walk, op, out, k):
+  indices = op.inputs[0]
+  axis = op.get_attr("axis")
+  axis = out.shape.rank - 1 if axis == -1 else axis
+  if k == axis:
+    return _unknown(w, op, out, k)
+  w.demand(indices, k if k < axis else k - 1, op)
+  for x in op.inputs[1:]:
+    w.demand(x, SHARED, op)
+  return None
+
+
 def _fill(w: _Walk, op, out, k):
   w.demand(op.inputs[1], SHARED, op)
   return None
@@ -532,6 +544,7 @@ _RULES = {
     "StridedSlice": _strided_slice,
     "Slice": _slice,
     "Fill": _fill,
+    "OneHot": _one_hot,
     "SoftmaxCrossEntropyWithLogits": _rows,
     "SparseSoftmaxCrossEntropyWithLogits": _rows,
 }

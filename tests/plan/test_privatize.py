@@ -419,6 +419,7 @@ def test_a_sort_or_top_k_of_the_losses_is_refused(graph):
     lambda h: h / tf.reduce_max(h, axis=1, keepdims=True),
     lambda h: tf.reshape(tf.transpose(tf.reshape(h, [-1, 5, 1]),
                                       [0, 2, 1]), [-1, 5]),
+    lambda h: h * tf.one_hot(tf.argmax(h, axis=1), 5),
 ])
 def test_per_example_reductions_over_other_axes_pass(graph, per_example):
   loss = _per_example(per_example(_mlp_hidden()))
