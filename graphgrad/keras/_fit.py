@@ -189,8 +189,6 @@ class Attachment:
     else:
       loss = model.compute_loss(x, y, y_pred, sample_weight)
     if self.plan.rules.privacy is not None:
-      if self._loss_weights is _MISSING:
-        self._loss_weights = None
       return loss, per_example_loss(model, y, y_pred, sample_weight,
                                     self._loss_weights)
     if not self.has_tasks:

@@ -112,7 +112,6 @@ class Recorder:
     model = self.model
     if model in _TRACED:
       return
-    _TRACED[model] = True
     inputs = getattr(model, "inputs", None)
     try:
       specs = [tf.TensorSpec(x.shape, x.dtype) for x in inputs or ()]
@@ -123,6 +122,7 @@ class Recorder:
                   "so its ops are not checked for mixing examples in an "
                   "eager step; run the step in a tf.function to check the "
                   "whole loss.", getattr(model, "name", model))
+      _TRACED[model] = True
       return
     call = tf.function(lambda *xs: model(xs[0] if len(xs) == 1 else list(xs),
                                          training=True))
@@ -130,6 +130,7 @@ class Recorder:
     for out in graph.outputs:
       if out.dtype.is_floating and out.shape.rank:
         _example_axis.refuse_mixing(out)
+    _TRACED[model] = True  # checked: a refused model is checked again
 
   # -- the Uses of core._privacy.private_gradients ---------------------------
 
