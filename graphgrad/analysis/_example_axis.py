@@ -431,8 +431,9 @@ def _batch_norm(w: _Walk, op, out, k):
       w.demand(x, 0 if x.shape.rank == 1 else k, op)
     return None
   if op.get_attr("is_training"):
-    return ("normalizes each example with the mean and variance of the "
-            "whole batch (batch normalization in training mode)")
+    return ("is batch normalization in training mode: it normalizes each "
+            "example with the mean and variance of the whole batch (batch "
+            "norm in inference mode keeps examples apart)")
   w.demand(op.inputs[0], k, op)
   for x in op.inputs[1:]:
     w.demand(x, SHARED, op)

@@ -31,7 +31,6 @@ _PASS = ("Identity", "Cast", "ReadVariableOp")
 _LOOPS = ("While", "StatelessWhile", "Enter", "If", "StatelessIf",
           "PartitionedCall", "StatefulPartitionedCall")
 _ELEMENTWISE = ("BiasAdd", "Add", "AddV2", "Sub", "Mul")
-_BATCH_NORM = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 _warned: set = set()
 
 # One use of a variable: the consuming op and the index of the input that
@@ -59,7 +58,6 @@ class GraphUses:
                vjp: GraphVJP):
     self.loss, self.var_list, self._vjp = loss, list(var_list), vjp
     self._on_path = {op.name for op in _graph_util.forward_ops(loss)}
-    _refuse_batch_norm(self._on_path, loss.graph)
     self._uses = {v.op.name: self._find(v) for v in self.var_list}
     self._outputs = sorted({t for us in self._uses.values() for op, _ in us
                             for t in op.outputs if t.dtype.is_floating},
@@ -159,19 +157,6 @@ class GraphUses:
     parts = [tf.cast(p, dtype) for p in
              self._vjp.per_example(ys, gs, xs, batch) if p is not None]
     return tf.reshape(tf.add_n(parts), [-1] + var.shape.as_list())
-
-
-def _refuse_batch_norm(on_path, graph: tf.Graph) -> None:
-  for name in on_path:
-    op = graph.get_operation_by_name(name)
-    if op.type in _BATCH_NORM and op.get_attr("is_training"):
-      raise _errors.UnsupportedGraphError(
-          f"privatize: the batch normalization {op.name} normalizes each "
-          f"example with the statistics of the whole batch, so one example "
-          f"changes every other example's gradient and clipping each one "
-          f"bounds nothing. Use a per-example normalization "
-          f"(LayerNormalization, GroupNormalization) or batch norm in "
-          f"inference mode.")
 
 
 # -- the rules: (kind, a, g) per use -------------------------------------------
