@@ -395,6 +395,12 @@ def _per_example(h):
     (lambda h: tf.transpose(tf.nn.softmax(tf.transpose(h))), "Softmax"),
     (lambda h: h - h[:1], "StridedSlice"),
     (lambda h: tf.concat([h[1:], h[:1]], axis=0), "ConcatV2"),
+    (lambda h: tf.reshape(tf.stack([h, h], axis=0), [-1, 5]), "Pack"),
+    (lambda h: tf.split(h, 2, axis=0)[0], "Split"),
+    (lambda h: tf.tile(h, [2, 1]), "Tile"),
+    (lambda h: tf.slice(h, [1, 0], [-1, -1]), "Slice"),
+    (lambda h: h * tf.reduce_sum(
+        h, axis=tf1.placeholder_with_default(1, []), keepdims=True), "Sum"),
 ])
 def test_ops_that_mix_examples_are_refused_by_name(graph, mix, op):
   loss = _per_example(mix(_mlp_hidden()))
