@@ -12,7 +12,9 @@ optimizer, so its transforms see the aggregated gradient::
   train_op = plan.apply_gradients(sync, global_step=global_step)
 
 Only parameter gradients exist after aggregation: upstream and edge
-gradients belong to one replica's backward pass.
+gradients belong to one replica's backward pass. A private plan
+(``privatize``) applied with such a ``SyncReplicasOptimizer`` adds its noise
+here, once per applied step, before these transforms.
 """
 
 from typing import Dict, List
@@ -21,7 +23,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.analysis._layer_graph import LayerGraph
-from graphgrad.plan import _optimizer
+from graphgrad.plan import _optimizer, _sync_privacy
 from graphgrad.transforms._checks import checked as _checked
 from graphgrad.transforms._checks import compose as _compose
 from graphgrad.transforms._context import Resources
@@ -38,6 +40,11 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
   Wrapped by an aggregating optimizer (``SyncReplicasOptimizer``), its
   transforms run once, on the chief's aggregated gradients, instead of once
   per replica. Used alone, it behaves like ``plan.transform_gradients``.
+  Under a ``SyncReplicasOptimizer`` applying a private plan
+  (``plan.privatize``), it first adds the plan's noise to the aggregated
+  clipped sums and divides by the global batch
+  (:mod:`graphgrad.plan._sync_privacy`): its transforms act after the
+  noise.
 
   Args:
     optimizer: the ``tf.compat.v1.train.Optimizer`` that applies the
@@ -101,9 +108,13 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
     return self._opt.compute_gradients(*args, **kwargs)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-    """Rewrites the gradients of transformed layers, then applies all."""
+    """Adds a private plan's noise (under ``SyncReplicasOptimizer``),
+    rewrites the gradients of transformed layers, then applies all."""
     out = []
     with tf.name_scope(self.get_name()):
+      sync = _sync_privacy.take()
+      if sync is not None:
+        grads_and_vars = sync.noised(grads_and_vars)
       for g, v in grads_and_vars:
         layer = self._net.layer_of_variable(v)
         fns = self._transforms.get(layer)
