@@ -11,10 +11,8 @@ optimizer, so its transforms see the aggregated gradient::
   sync = tf.compat.v1.train.SyncReplicasOptimizer(inner, 2)
   train_op = plan.apply_gradients(sync, global_step=global_step)
 
-Only parameter gradients exist after aggregation: upstream and edge
-gradients belong to one replica's backward pass. A private plan
-(``privatize``) applied with such a ``SyncReplicasOptimizer`` adds its noise
-here, once per applied step, before these transforms.
+Only parameter gradients exist after aggregation. A private plan adds its
+noise here, once per step, before these transforms (``_sync_privacy``).
 """
 
 from typing import Dict, List
