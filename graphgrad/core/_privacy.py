@@ -545,8 +545,10 @@ def _across_replicas(reduction: Reduction, variables, sums, batch,
   (``dp_replica_stats``). From ``R(1)`` the reduction is a sum (``N``) or a
   mean (``1``), checked at run time; the global sum is ``R(S) / alpha``
   and ``B`` is ``R(b) / alpha`` unless expected. Every replica receives the
-  same reduced words, so all derive one key from their bits and draw the
-  same noise: one draw per global batch. A declared seed is the key.
+  same reduced words, fresh each step, so all take their bits as the
+  noise's seed pair (in place of the key and the step counter, which may
+  differ between replicas) and draw the same noise: one draw per global
+  batch. A declared seed is the key, with the step counter.
   """
   privacy, n = noise.privacy, reduction.replicas
   keyed = privacy.noise_multiplier > 0 and privacy.seed is None
@@ -577,9 +579,8 @@ def _across_replicas(reduction: Reduction, variables, sums, batch,
     if divisor is None:
       divisor = tf.round(reduced[0] * inverse)
     key = None
-    if keyed:  # the bits of the reduced words, two int64s, xor-ed
-      key = tf.bitwise.bitwise_xor(*tf.unstack(tf.bitcast(
-          tf.reshape(reduced[2:], [2, 2]), tf.int64)))
+    if keyed:  # the bits of the reduced words as two int64s
+      key = tf.bitcast(tf.reshape(reduced[2:], [2, 2]), tf.int64)
   return total, divisor, key
 
 
@@ -639,8 +640,8 @@ class Noise:
     An ``IndexedSlices`` gradient becomes dense: the noise covers every
     row. With ``noise_multiplier == 0`` no noise op is built. ``where`` (a
     boolean scalar tensor, or ``None`` for always) says whether this
-    replica adds the noise. ``key`` (an int64 scalar tensor) replaces the
-    key (:func:`_across_replicas`).
+    replica adds the noise. ``key``, an int64 pair tensor, replaces the
+    key and the step counter (:func:`_across_replicas`).
     """
     with tf.name_scope(name or "noised_mean"):
       sigma = self.privacy.noise_multiplier * self.privacy.l2_norm_clip
@@ -657,8 +658,8 @@ class Noise:
               g.values, g.indices, tf.cast(g.dense_shape[0], tf.int32))
         b = tf.cast(batch_size, g.dtype)
         if step is not None:
-          seed = tf.stack([tf.constant(self.key + j, tf.int64) if key is None
-                           else key + j, step])
+          seed = (tf.stack([tf.constant(self.key + j, tf.int64), step])
+                  if key is None else key + tf.constant([j, 0], tf.int64))
           noise = gaussian(tf.shape(g), seed, norm_dtype(g.dtype)) * sigma
           if where is not None:
             noise = noise * tf.cast(where, noise.dtype)

@@ -87,9 +87,9 @@ class GradientPlan(TrainingMethods, OpOverriding):
       read, so a reducer that names, shapes or casts by the variable works.
       From the reduced ``1.0`` the plan tells a sum (``replicas``) from a
       mean (``1``), checked when run, and recovers the global clipped sum
-      and batch size; every replica then draws the same noise from one key
-      (the seed, else the bits of the reduced words, which an all-reduce
-      gives every replica alike), so the global batch gets one noise draw.
+      and batch size; every replica then draws the same noise, seeded by
+      the bits of the reduced words (which an all-reduce gives every
+      replica alike) or by ``seed``, so the global batch gets one draw.
     replicas: the number of replicas ``reduce_fn`` reduces over (Horovod:
       ``hvd.size()``), a positive int; needed by ``privatize`` with a
       ``reduce_fn``, since a mean cannot be told from a sum by its results
