@@ -40,7 +40,7 @@ __all__ = ["Noise", "Privacy", "Reduction", "Uses", "broadcast_per_example",
            "clipped_sum", "combined_sq_norms", "dense_sq_norms",
            "embedding_sq_norms", "gaussian", "norm_dtype", "patches",
            "per_example_sq_norms", "private_gradients", "refuse_declarations",
-           "rows"]
+           "rows", "unscaled_forms"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -453,7 +453,8 @@ class Reduction:
 
 def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
                       uses: Uses, noise: "Noise",
-                      reduction: Optional[Reduction] = None
+                      reduction: Optional[Reduction] = None,
+                      scale=None, seed=None
                       ) -> List[Gradient]:
   """DP-SGD's gradient of each of ``variables``: ``(1/B)(sum_i
   clip_C(grad_i) + noise)``, ``None`` for those the loss does not reach.
@@ -476,6 +477,15 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
     noise: the plan's :class:`Noise`.
     reduction: the cross-replica reduction of the clipped sums, or
       ``None`` (:func:`_across_replicas`).
+    scale: the loss scale ``S`` the backward pass carries (mixed precision),
+      or ``None``. The boundary gradients are then ``S`` times the true
+      ones: :func:`unscaled_forms` divides them by ``S`` in float32 before
+      the norms and sums, and the result is ``S`` times DP-SGD's gradient,
+      as a loss-scaled backward pass gives it, for the loss-scale
+      optimizer to unscale once. A non-finite backward pass (an overflow)
+      makes every result NaN, so that the optimizer skips the step.
+    seed: what ``loss`` is backpropagated with; ``None`` for ones (a loss
+      already scaled by ``S``), ``S`` where ``loss`` is not.
   """
   if not tf.executing_eagerly():
     _example_axis.refuse_mixing(loss)
@@ -483,8 +493,11 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
     batch = tf.shape(loss)[0]
     outputs = uses.outputs()
     forms = uses.forms(
-        vjp.vjp([loss], [tf.ones_like(loss)], outputs) if outputs else [],
+        vjp.vjp([loss], [tf.ones_like(loss) if seed is None else seed],
+                outputs) if outputs else [],
         batch)
+    if scale is not None:
+      forms = {k: unscaled_forms(f, scale) for k, f in forms.items()}
     keys = [uses.key(v) for v in variables]
     known = [(k, v) for k, v in zip(keys, variables) if k in forms]
     missing = [v for k, v in zip(keys, variables) if k not in forms]
@@ -495,10 +508,14 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
           uses.refuse_outside(v)
     if not known:
       return [None] * len(keys)
-    c = clip_factors(
-        [combined_sq_norms(forms[k], v.shape, batch, norm_dtype(v.dtype))
-         for k, v in known], noise.privacy.l2_norm_clip,
-        norm_dtype(loss.dtype))
+    sq_norms = [combined_sq_norms(forms[k], v.shape, batch,
+                                  norm_dtype(v.dtype)) for k, v in known]
+    c = clip_factors(sq_norms, noise.privacy.l2_norm_clip,
+                     norm_dtype(loss.dtype))
+    if scale is not None:  # an overflow: no clip factor may hide it (0 * inf)
+      finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(n))
+                              for n in sq_norms])
+      c = tf.where(finite, c, tf.constant(float("nan"), c.dtype))
     sums = {k: clipped_sum(forms[k], c, v.shape, batch, v.dtype)
             for k, v in known}
     if reduction is not None:
@@ -506,10 +523,45 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
           reduction, [v for _, v in known], [sums[k] for k, _ in known],
           batch, noise)
       sums = dict(zip([k for k, _ in known], reduced))
-      return noise.noised_mean([sums.get(k) for k in keys], divisor, key=key)
-    divisor, first = _global_batch(batch, noise.privacy.expected_batch_size)
-    return noise.noised_mean([sums.get(k) for k in keys], divisor,
-                             where=first)
+      out = noise.noised_mean([sums.get(k) for k in keys], divisor, key=key)
+    else:
+      divisor, first = _global_batch(batch,
+                                     noise.privacy.expected_batch_size)
+      out = noise.noised_mean([sums.get(k) for k in keys], divisor,
+                              where=first)
+    if scale is None:
+      return out
+    return [None if g is None else g * tf.cast(scale, g.dtype) for g in out]
+
+
+def unscaled_forms(forms: Sequence[tuple], scale) -> list:
+  """``forms`` with each gradient divided by the loss scale ``S``.
+
+  The division is in float32 (float64 for float64 gradients), never in
+  float16: the norms and clipped sums then see the true per-example
+  gradients. A dense use's input is cast alike, for the sum's matmul.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> f = unscaled_forms([("example", tf.constant([[512.0]], tf.float16))],
+    ...                    tf.constant(256.0))
+    >>> f[0][1].dtype.name, float(f[0][1][0, 0])
+    ('float32', 2.0)
+  """
+  def unscale(x):
+    dtype = norm_dtype(x.dtype)
+    return tf.cast(x, dtype) / tf.cast(scale, dtype)
+
+  out: List[tuple] = []
+  for f in forms:
+    if f[0] == "dense":
+      g = unscale(f[2])
+      out.append(("dense", tf.cast(f[1], g.dtype), g))
+    elif f[0] == "embedding":
+      out.append(("embedding", f[1], unscale(f[2])))
+    else:
+      out.append((f[0], unscale(f[1])))
+  return out
 
 
 def _global_batch(batch, expected: Optional[float]):

@@ -330,13 +330,6 @@ def test_batch_norm_in_training_mode_is_refused(graph):
     plan.compute_gradients()
 
 
-def test_loss_scale_is_refused(graph):
-  x = tf.constant(normal(B, 4))
-  loss = tf.reduce_sum(dense(x, 2, "l1"), axis=1)
-  opt = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(
-      tf1.train.GradientDescentOptimizer(0.1), "dynamic")
-  with pytest.raises(gg.GraphGradError, match="divide the noise by its loss"):
-    gg.GradientPlan(loss).privatize(1.0, 1.0).apply_gradients(opt)
 
 
 def test_recompute_composes(graph):
