@@ -90,6 +90,18 @@ def _table(text: str):
   return {m.group(1): (float(m.group(2)), float(m.group(3))) for m in rows}
 
 
+def test_the_readme_quotes_notebook_08():
+  nb = nbformat.read(PRIVACY, as_version=4)
+  rows = _table("".join(o.get("text", "") for c in nb.cells
+                        if c.cell_type == "code" for o in c.outputs))
+  private = ", ".join(f"{rows[t][1]:.0%}" for t in ("1", "2", "4"))
+  with open(ROOT / "README.md", encoding="utf-8") as f:
+    readme = " ".join(f.read().split())
+  assert (f"reaches {private} and {rows['8'][1]:.0%} test accuracy at epsilon "
+          f"1, 2, 4 and 8") in readme
+  assert f"against {rows['none'][1]:.0%} without privacy" in readme
+
+
 def test_notebook_08_shows_a_picture():
   nb = nbformat.read(PRIVACY, as_version=4)
   assert any("image/png" in out.get("data", {})
