@@ -42,7 +42,10 @@ def _dp_accounting():
   return dp_accounting
 
 
-def _check(batch_size, dataset_size, delta, accountant, caller) -> None:
+def _check(batch_size, dataset_size, delta, accountant, caller,
+           name: str = "batch_size") -> None:
+  """Refuses a bad argument; ``name`` is what the caller calls the batch
+  size (``expected_batch_size`` for :class:`PoissonSampling`)."""
   if not isinstance(dataset_size, int) or dataset_size < 1:
     raise _errors.GraphGradError(
         f"{caller}: `dataset_size` must be a positive int, the number of "
@@ -50,7 +53,7 @@ def _check(batch_size, dataset_size, delta, accountant, caller) -> None:
   if (not isinstance(batch_size, int) or not 1 <= batch_size
       <= dataset_size):
     raise _errors.GraphGradError(
-        f"{caller}: `batch_size` must be an int from 1 to dataset_size "
+        f"{caller}: `{name}` must be an int from 1 to dataset_size "
         f"({dataset_size}), the expected batch of Poisson sampling; got "
         f"{batch_size!r}.")
   if not isinstance(delta, (int, float)) or not 0 < delta < 1:
@@ -212,7 +215,7 @@ class PoissonSampling:
   def __init__(self, dataset_size: int, expected_batch_size: int,
                seed: Optional[int] = None):
     _check(expected_batch_size, dataset_size, 0.5, "rdp",
-           "gg.dp.PoissonSampling")
+           "gg.dp.PoissonSampling", name="expected_batch_size")
     if seed is not None and (not isinstance(seed, int)
                              or isinstance(seed, bool)):
       raise _errors.GraphGradError(

@@ -71,6 +71,7 @@ SAME_WORKER = {
         "tests/test_notebooks.py::test_notebook_runs_top_to_bottom[",
         "tests/test_notebook_tf2.py::test_notebook_04_executes[",
         "tests/test_notebook_tf2.py::test_notebook_06_executes[",
+        "tests/test_notebook_tf2.py::test_notebook_08_executes",
         "tests/distributed/test_strategies.py::"
         "test_multi_worker_two_processes_equal_one_device",
     ),
@@ -92,6 +93,7 @@ SECONDS = {
     "tests/test_notebooks.py::test_notebook_runs_top_to_bottom": 154,
     "tests/test_notebook_tf2.py::test_notebook_06_executes": 35,
     "tests/test_notebook_tf2.py::test_notebook_04_executes": 20,
+    "tests/test_notebook_tf2.py::test_notebook_08_executes": 50,
     "tests/distributed/test_strategies.py::"
     "test_multi_worker_two_processes_equal_one_device": 38,
     "tests/distributed/test_keras_fit_faults.py": 55,

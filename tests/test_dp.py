@@ -171,7 +171,12 @@ def test_poisson_sampling_epsilon_is_dp_accounting_of_its_rate():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(dataset_size=10, expected_batch_size=20), "`batch_size` must be"),
+    # the argument by the name it was passed under, not epsilon's batch_size
+    (dict(dataset_size=10, expected_batch_size=20),
+     r"PoissonSampling: `expected_batch_size` must be an int from 1 to "
+     r"dataset_size \(10\), .*got 20\."),
+    (dict(dataset_size=10, expected_batch_size=2.5),
+     r"`expected_batch_size` must be an int .*got 2\.5\."),
     (dict(dataset_size=0, expected_batch_size=1), "`dataset_size` must be"),
     (dict(dataset_size=10, expected_batch_size=2, seed="1"),
      "`seed` must be an int"),

@@ -12,10 +12,10 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# Notebooks 04 and 06 (TF2, Keras 3) have their own tests:
+# Notebooks 04, 06 and 08 (TF2, Keras 3) have their own tests:
 # test_notebook_tf2.py.
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb")
-                   if not p.name.startswith(("04_", "06_")))
+                   if not p.name.startswith(("04_", "06_", "08_")))
 PRIVATE = re.compile(r"\b(gg|graphgrad|demo)\._(?!_)"
                      r"|from graphgrad\._|import graphgrad\._")
 
@@ -29,7 +29,7 @@ def test_the_notebooks_exist():
       "01_seed_walkthrough.ipynb", "02_gradient_reversal.ipynb",
       "03_inspect_a_legacy_graph.ipynb", "04_tf2_migration.ipynb",
       "05_legacy_surgery.ipynb", "06_training_at_scale.ipynb",
-      "07_saving_memory.ipynb"]
+      "07_saving_memory.ipynb", "08_private_training.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -274,9 +274,10 @@ class Declaring:
     with ``B`` the global batch size: ``expected_batch_size`` when given,
     else the realized size, summed over the replicas inside
     ``strategy.run``, where the first replica alone adds the noise (one
-    draw per global batch). Under Poisson sampling, which the accounting
-    of ``gg.dp`` assumes, pass ``expected_batch_size``: the realized size
-    depends on the data.
+    draw per global batch), or over a GradientPlan's ``reduce_fn``, which
+    reduces the clipped sums before every replica adds the same noise.
+    Under Poisson sampling, which the accounting of ``gg.dp`` assumes, pass
+    ``expected_batch_size``: the realized size depends on the data.
 
     where ``clip_C`` scales each example's whole gradient (all the plan's
     variables together; on a KerasPlan, all the sources) to L2 norm at most
@@ -306,13 +307,14 @@ class Declaring:
     Raises:
       GraphGradError: for a bad argument, a second ``privatize``, a built
         plan (on a KerasPlan, after a tape was opened). On a GradientPlan:
-        if the loss is not a vector; when built, for declarations that mix
-        examples before the clip or rewrite the backward pass
-        (``combine_tasks``, ``transform_upstream``, ``transform_edge``,
-        ``replace_backward``, ``override_gradient``), a loss-scale
-        optimizer, or ``reduce_fn``. On a KerasPlan: when a tape opens, for
-        declarations that act before the clip or a ``loss_scale``; in
-        ``tape.gradient``, for a loss that is not a vector.
+        if the loss is not a vector, or for a ``reduce_fn`` without
+        ``replicas``; when built, for declarations that mix examples
+        before the clip or rewrite the backward pass (``combine_tasks``,
+        ``transform_upstream``, ``transform_edge``, ``replace_backward``,
+        ``override_gradient``), or a loss-scale optimizer. On a KerasPlan:
+        when a tape opens, for declarations that act before the clip or a
+        ``loss_scale``; in ``tape.gradient``, for a loss that is not a
+        vector.
       UnsupportedGraphError: on a GradientPlan, when built, for batch
         normalization in training mode, a variable read inside a
         ``tf.while_loop``, or a variable reaching the loss other than per

@@ -16,7 +16,16 @@ import dataclasses
 import logging
 import math
 import secrets
-from typing import Any, Hashable, List, Mapping, Optional, Protocol, Sequence
+from typing import (
+  Any,
+  Callable,
+  Hashable,
+  List,
+  Mapping,
+  Optional,
+  Protocol,
+  Sequence,
+)
 
 import tensorflow as tf
 
@@ -26,12 +35,12 @@ from graphgrad.analysis import _example_axis
 
 log = logging.getLogger("graphgrad")
 
-__all__ = ["Noise", "Privacy", "Uses", "broadcast_per_example",
+__all__ = ["Noise", "Privacy", "Reduction", "Uses", "broadcast_per_example",
            "check_per_example_loss", "check_privacy", "clip_factors",
            "clipped_sum", "combined_sq_norms", "dense_sq_norms",
            "embedding_sq_norms", "gaussian", "norm_dtype", "patches",
            "per_example_sq_norms", "private_gradients", "refuse_declarations",
-           "rows"]
+           "rows", "unscaled_forms"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -428,8 +437,25 @@ class Uses(Protocol):
     the uses :meth:`forms` knows."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+  """A linear cross-replica reduction in the TF1 plan (its ``reduce_fn``).
+
+  Attributes:
+    reduce: ``(variables, tensors) -> reduced tensors``, in order; on every
+      replica it returns ``alpha * sum_k x_k`` over the replicas ``k``,
+      with ``alpha`` 1 (a sum) or ``1 / replicas`` (a mean).
+    replicas: the number of replicas it reduces over.
+  """
+  reduce: Callable[[Sequence, Sequence[tf.Tensor]], Sequence[Gradient]]
+  replicas: int
+
+
 def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
-                      uses: Uses, noise: "Noise") -> List[Gradient]:
+                      uses: Uses, noise: "Noise",
+                      reduction: Optional[Reduction] = None,
+                      scale=None, seed=None
+                      ) -> List[Gradient]:
   """DP-SGD's gradient of each of ``variables``: ``(1/B)(sum_i
   clip_C(grad_i) + noise)``, ``None`` for those the loss does not reach.
 
@@ -449,6 +475,17 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
     variables: the variables (or sources) of the gradient.
     uses: the executor's :class:`Uses`.
     noise: the plan's :class:`Noise`.
+    reduction: the cross-replica reduction of the clipped sums, or
+      ``None`` (:func:`_across_replicas`).
+    scale: the loss scale ``S`` the backward pass carries (mixed precision),
+      or ``None``. The boundary gradients are then ``S`` times the true
+      ones: :func:`unscaled_forms` divides them by ``S`` in float32 before
+      the norms and sums, and the result is ``S`` times DP-SGD's gradient,
+      as a loss-scaled backward pass gives it, for the loss-scale
+      optimizer to unscale once. A non-finite backward pass (an overflow)
+      makes every result NaN, so that the optimizer skips the step.
+    seed: what ``loss`` is backpropagated with; ``None`` for ones (a loss
+      already scaled by ``S``), ``S`` where ``loss`` is not.
   """
   if not tf.executing_eagerly():
     _example_axis.refuse_mixing(loss)
@@ -456,8 +493,11 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
     batch = tf.shape(loss)[0]
     outputs = uses.outputs()
     forms = uses.forms(
-        vjp.vjp([loss], [tf.ones_like(loss)], outputs) if outputs else [],
+        vjp.vjp([loss], [tf.ones_like(loss) if seed is None else seed],
+                outputs) if outputs else [],
         batch)
+    if scale is not None:
+      forms = {k: unscaled_forms(f, scale) for k, f in forms.items()}
     keys = [uses.key(v) for v in variables]
     known = [(k, v) for k, v in zip(keys, variables) if k in forms]
     missing = [v for k, v in zip(keys, variables) if k not in forms]
@@ -468,15 +508,60 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
           uses.refuse_outside(v)
     if not known:
       return [None] * len(keys)
-    divisor, first = _global_batch(batch, noise.privacy.expected_batch_size)
-    c = clip_factors(
-        [combined_sq_norms(forms[k], v.shape, batch, norm_dtype(v.dtype))
-         for k, v in known], noise.privacy.l2_norm_clip,
-        norm_dtype(loss.dtype))
+    sq_norms = [combined_sq_norms(forms[k], v.shape, batch,
+                                  norm_dtype(v.dtype)) for k, v in known]
+    c = clip_factors(sq_norms, noise.privacy.l2_norm_clip,
+                     norm_dtype(loss.dtype))
+    if scale is not None:  # an overflow: no clip factor may hide it (0 * inf)
+      finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(n))
+                              for n in sq_norms])
+      c = tf.where(finite, c, tf.constant(float("nan"), c.dtype))
     sums = {k: clipped_sum(forms[k], c, v.shape, batch, v.dtype)
             for k, v in known}
-    return noise.noised_mean([sums.get(k) for k in keys], divisor,
-                             where=first)
+    if reduction is not None:
+      reduced, divisor, key = _across_replicas(
+          reduction, [v for _, v in known], [sums[k] for k, _ in known],
+          batch, noise)
+      sums = dict(zip([k for k, _ in known], reduced))
+      out = noise.noised_mean([sums.get(k) for k in keys], divisor, key=key)
+    else:
+      divisor, first = _global_batch(batch,
+                                     noise.privacy.expected_batch_size)
+      out = noise.noised_mean([sums.get(k) for k in keys], divisor,
+                              where=first)
+    if scale is None:
+      return out
+    return [None if g is None else g * tf.cast(scale, g.dtype) for g in out]
+
+
+def unscaled_forms(forms: Sequence[tuple], scale) -> list:
+  """``forms`` with each gradient divided by the loss scale ``S``.
+
+  The division is in float32 (float64 for float64 gradients), never in
+  float16: the norms and clipped sums then see the true per-example
+  gradients. A dense use's input is cast alike, for the sum's matmul.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> f = unscaled_forms([("example", tf.constant([[512.0]], tf.float16))],
+    ...                    tf.constant(256.0))
+    >>> f[0][1].dtype.name, float(f[0][1][0, 0])
+    ('float32', 2.0)
+  """
+  def unscale(x):
+    dtype = norm_dtype(x.dtype)
+    return tf.cast(x, dtype) / tf.cast(scale, dtype)
+
+  out: List[tuple] = []
+  for f in forms:
+    if f[0] == "dense":
+      g = unscale(f[2])
+      out.append(("dense", tf.cast(f[1], g.dtype), g))
+    elif f[0] == "embedding":
+      out.append(("embedding", f[1], unscale(f[2])))
+    else:
+      out.append((f[0], unscale(f[1])))
+  return out
 
 
 def _global_batch(batch, expected: Optional[float]):
@@ -499,6 +584,56 @@ def _global_batch(batch, expected: Optional[float]):
     divisor = expected
   first = tf.equal(ctx.replica_id_in_sync_group, 0)
   return divisor, first
+
+
+def _across_replicas(reduction: Reduction, variables, sums, batch,
+                     noise: "Noise"):
+  """The global clipped sums, the divisor and the noise's key under a
+  ``reduce_fn``: ``(sums, divisor, key)``.
+
+  One call of the reduction takes the replica's clipped sums ``S_k`` and a
+  float32 vector ``[b_k, 1, u_1 .. u_4]`` (batch size, one, random words),
+  paired with a variable of its shape that is never read
+  (``dp_replica_stats``). From ``R(1)`` the reduction is a sum (``N``) or a
+  mean (``1``), checked at run time; the global sum is ``R(S) / alpha``
+  and ``B`` is ``R(b) / alpha`` unless expected. Every replica receives the
+  same reduced words, fresh each step, so all take their bits as the
+  noise's seed pair (in place of the key and the step counter, which may
+  differ between replicas) and draw the same noise: one draw per global
+  batch. A declared seed is the key, with the step counter.
+  """
+  privacy, n = noise.privacy, reduction.replicas
+  keyed = privacy.noise_multiplier > 0 and privacy.seed is None
+  with tf.name_scope("across_replicas"):
+    stats = tf.concat(
+        [tf.cast(tf.stack([batch, 1]), tf.float32)]
+        + ([tf.random.uniform([4], seed=secrets.randbits(31))]
+           if keyed else []), axis=0)
+    tag = tf.compat.v1.Variable(
+        tf.zeros(stats.shape, tf.float32), trainable=False,
+        name="dp_replica_stats",
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+    out = list(reduction.reduce(list(variables) + [tag], list(sums) + [stats]))
+    reduced = tf.convert_to_tensor(out[-1])
+    one = reduced[1]
+    is_sum = tf.abs(one - n) <= 1e-3 * n
+    is_mean = tf.abs(one - 1.0) <= 1e-3
+    check = tf.debugging.Assert(tf.logical_or(is_sum, is_mean), [
+        f"privatize: reduce_fn is neither a sum nor a mean over "
+        f"replicas={n}: it reduced 1.0 to", one, f"(expected {n} for a sum, "
+        f"1 for a mean). Pass the number of replicas it reduces over as "
+        f"`replicas` (Horovod: hvd.size()), and a linear reduction."])
+    with tf.control_dependencies([check]):
+      inverse = tf.where(is_sum, 1.0, float(n))  # 1 / alpha
+    total = [t * tf.cast(inverse, t.dtype)
+             for t in map(tf.convert_to_tensor, out[:-1])]
+    divisor = privacy.expected_batch_size
+    if divisor is None:
+      divisor = tf.round(reduced[0] * inverse)
+    key = None
+    if keyed:  # the bits of the reduced words as two int64s
+      key = tf.bitcast(tf.reshape(reduced[2:], [2, 2]), tf.int64)
+  return total, divisor, key
 
 
 # -- the noise -----------------------------------------------------------------
@@ -551,13 +686,14 @@ class Noise:
         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
   def noised_mean(self, grads: Sequence[Gradient], batch_size,
-                  name: Optional[str] = None, where=None) -> list:
+                  name: Optional[str] = None, where=None, key=None) -> list:
     """``(g + N(0, sigma^2 C^2 I)) / B`` for each gradient (``None`` kept).
 
     An ``IndexedSlices`` gradient becomes dense: the noise covers every
     row. With ``noise_multiplier == 0`` no noise op is built. ``where`` (a
     boolean scalar tensor, or ``None`` for always) says whether this
-    replica adds the noise.
+    replica adds the noise. ``key``, an int64 pair tensor, replaces the
+    key and the step counter (:func:`_across_replicas`).
     """
     with tf.name_scope(name or "noised_mean"):
       sigma = self.privacy.noise_multiplier * self.privacy.l2_norm_clip
@@ -574,7 +710,8 @@ class Noise:
               g.values, g.indices, tf.cast(g.dense_shape[0], tf.int32))
         b = tf.cast(batch_size, g.dtype)
         if step is not None:
-          seed = tf.stack([tf.constant(self.key + j, tf.int64), step])
+          seed = (tf.stack([tf.constant(self.key + j, tf.int64), step])
+                  if key is None else key + tf.constant([j, 0], tf.int64))
           noise = gaussian(tf.shape(g), seed, norm_dtype(g.dtype)) * sigma
           if where is not None:
             noise = noise * tf.cast(where, noise.dtype)

@@ -323,10 +323,9 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
 
   Raises:
     GraphGradError: for declarations that cannot be combined: ``privatize``
-      with a declaration that acts before the clip or with a loss scale; a
-      loss scale with a task combination or replacement that is not
-      homogeneous (docs/concepts.md, "Loss scaling and privatize: one
-      policy").
+      with a declaration that acts before the clip; a loss scale with a
+      task combination or replacement that is not homogeneous
+      (docs/concepts.md, "Loss scaling and privatize: one policy").
 
   Example:
     >>> import graphgrad as gg
@@ -354,12 +353,6 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
   privacy, loss_scale = d.privacy, d.loss_scale
   if privacy is not None:
     refuse_declarations(d)
-    if loss_scale is not None:
-      raise _errors.GraphGradError(
-          "privatize: a loss scale would divide the noise by its loss "
-          "scale. "
-          "Train the private plan without a loss scale (float32 variables, "
-          "the optimizer the loss-scale optimizer wraps).")
   if loss_scale is not None:
     _check_loss_scale(d)
   ops = tuple(OpRule(match, key, fn, linear=fn is straight_through,

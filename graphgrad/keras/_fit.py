@@ -285,38 +285,40 @@ def check_gradient_step(optimizer) -> None:
       f"plan.combine_tasks(layers, gg.mtl.pcgrad(), at=\"parameters\").")
 
 
-def _refuse(model, reason: str):
+def _refuse(model, reason: str, head: str):
   return _errors.GraphGradError(
-      f"model.fit with combine_tasks/project_conflicts: compile(loss=...) of "
-      f"{model.name} must give one loss per model output (a list or tuple "
-      f"in output order, a dict by output name, or one loss for all); "
+      f"model.fit with {head}: compile(loss=...) of {model.name} must give "
+      f"one loss per model output (a list or tuple in output order, a dict "
+      f"by output name, or one loss for all); "
       f"received loss={model.loss!r}: {reason}. Compile one loss (a name, "
       f"a function or a Loss object) per output, or None for an output "
       f"without a loss.")
 
 
-def _by_output(model, value, n: int, what: str) -> list:
+def _by_output(model, value, n: int, what: str, head: str) -> list:
   """``value`` (one per output, a dict by output name, or one for all) as a
   list in output order."""
   names = list(getattr(model, "output_names", None) or [])
   if isinstance(value, dict):
     if not names or set(value) - set(names):
       raise _refuse(model, f"{what} keys {sorted(value)} are not the "
-                    f"output names {names}")
+                    f"output names {names}", head)
     return [value.get(name) for name in names]
   if isinstance(value, (list, tuple)):
     return list(value)
   return [value] * n
 
 
-def output_losses(model, y, y_pred, sample_weight,
-                  loss_weights=None, reduce: bool = True) -> List[Any]:
+def output_losses(model, y, y_pred, sample_weight, loss_weights=None,
+                  reduce: bool = True,
+                  head: str = "combine_tasks/project_conflicts") -> List[Any]:
   """Each model output's compiled loss and its loss weight (or None).
 
   Resolved from the public ``model.loss`` (compile's ``loss`` argument) and
   ``loss_weights`` (``model.get_compile_config()["loss_weights"]``, read
   eagerly) as Keras resolves them, with each output's targets and sample
-  weights; with ``reduce=False``, each loss unreduced.
+  weights; with ``reduce=False``, each loss unreduced. ``head`` names the
+  declaration that needs them in a refusal.
 
   Raises:
     GraphGradError: a ``loss`` structure other than one loss per output,
@@ -325,32 +327,32 @@ def output_losses(model, y, y_pred, sample_weight,
   which = flavour(model)
   package = _package(which)
   if type(model).compute_loss is not package.Model.compute_loss:
-    raise _refuse(model, "the model overrides compute_loss, whose task "
-                  "losses graphgrad cannot see")
+    raise _refuse(model, "the model overrides compute_loss, whose "
+                  "per-output losses graphgrad cannot see", head)
   nest = package.tree if which == "keras3" else tf.nest
   preds = nest.flatten(y_pred)
   n = len(preds)
-  losses = _by_output(model, model.loss, n, "loss")
+  losses = _by_output(model, model.loss, n, "loss", head)
   if len(losses) != n:
-    raise _refuse(model, f"{len(losses)} losses for {n} outputs")
+    raise _refuse(model, f"{len(losses)} losses for {n} outputs", head)
   if any(isinstance(l, (list, tuple, dict)) for l in losses):
     raise _refuse(model, "a nested structure, an output's loss is itself a "
-                  "list or dict")
-  targets = (_by_output(model, y, n, "y") if isinstance(y, dict)
+                  "list or dict", head)
+  targets = (_by_output(model, y, n, "y", head) if isinstance(y, dict)
              else nest.flatten(y))
   if len(targets) != n:
-    raise _refuse(model, f"{len(targets)} targets for {n} outputs")
-  weights = (_by_output(model, sample_weight, n, "sample_weight")
+    raise _refuse(model, f"{len(targets)} targets for {n} outputs", head)
+  weights = (_by_output(model, sample_weight, n, "sample_weight", head)
              if isinstance(sample_weight, (dict, list, tuple))
              else [sample_weight] * n)
   factors = ([None] * n if loss_weights is None
-             else _by_output(model, loss_weights, n, "loss_weights"))
+             else _by_output(model, loss_weights, n, "loss_weights", head))
   out = []
   for loss, target, pred, weight, factor in zip(losses, targets, preds,
                                                 weights, factors):
     if loss is None or target is None:
       continue
-    fn = _resolved(which, model, loss, reduce)
+    fn = _resolved(which, model, loss, reduce, head)
     out.append((fn(target, pred, sample_weight=weight), factor))
   return out
 
@@ -366,28 +368,44 @@ def per_example_loss(model, y, y_pred, sample_weight, loss_weights=None):
 
   Raises:
     GraphGradError: for a model with ``add_loss`` terms (a weight penalty
-      is not per example), or as :func:`output_losses`.
+      is not per example), a compiled loss that reduces over the batch, no
+      output with both a loss and targets, or as :func:`output_losses`.
   """
   if model.losses:
-    raise _refuse(model, "the model adds losses (add_loss, a kernel "
-                  "regularizer), which are not per example, so privatize "
-                  "cannot clip them; apply weight decay in the optimizer "
-                  "(e.g. AdamW) or with plan.transform_gradients")
+    raise _not_per_example(model, "the model adds losses (add_loss, a "
+                           "kernel regularizer), which are not per example",
+                           "Apply weight decay in the optimizer (e.g. AdamW) "
+                           "or with plan.transform_gradients.")
   total = None
   for value, factor in output_losses(model, y, y_pred, sample_weight,
-                                     loss_weights, reduce=False):
+                                     loss_weights, False, "privatize"):
     rank = value.shape.rank
     if rank is None or rank < 1:
-      raise _refuse(model, f"a compiled loss gave shape {value.shape}, not "
-                    f"one value per example")
+      raise _not_per_example(
+          model, f"a compiled loss gave shape {value.shape}, not one value "
+          f"per example", "Compile a loss that keeps the batch axis: a "
+          "built-in one such as 'mse', a Loss object, or a function that "
+          "reduces over the last axes only (axis=-1), not over the batch.")
     if rank > 1:
       value = tf.reduce_mean(value, axis=list(range(1, rank)))
     if factor is not None:
       value = value * tf.cast(factor, value.dtype)
     total = value if total is None else total + tf.cast(value, total.dtype)
   if total is None:
-    raise _refuse(model, "no output has a compiled loss")
+    got = ("no targets" if y is None else f"targets for {sorted(y)}"
+           if isinstance(y, dict) else "targets")
+    raise _not_per_example(
+        model, f"no output has both a compiled loss and targets (fit got "
+        f"{got})", "Pass fit() the targets (y, or (x, y) batches of a "
+        "dataset) of each output with a loss.")
   return total
+
+
+def _not_per_example(model, reason: str, fix: str):
+  return _errors.GraphGradError(
+      f"model.fit with privatize on {model.name}: privatize clips each "
+      f"example's gradient, so it needs one loss per example from "
+      f"compile(loss={model.loss!r}); {reason}. {fix}")
 
 
 def _unreduced(fn):
@@ -447,13 +465,13 @@ def compiled_total(model, pairs):
   return tf.add_n(values)
 
 
-def _resolved(which: str, model, loss, reduce: bool = True):
+def _resolved(which: str, model, loss, reduce: bool, head: str):
   """A compiled loss as the Loss object Keras makes of it (unreduced when
   not ``reduce``)."""
   if which == "keras3" and isinstance(loss, str) and loss.lower() in (
       "crossentropy", "ce"):
     raise _refuse(model, f"{loss!r} picks its loss from the data; name "
-                  f"the crossentropy, e.g. 'binary_crossentropy'")
+                  f"the crossentropy, e.g. 'binary_crossentropy'", head)
   losses = _package(which).losses
   fn = losses.get(loss)
   if isinstance(fn, losses.Loss):

@@ -92,11 +92,18 @@ class Recorder:
   def _wrapper(self, layer, call):
     def wrapped_call(*args, **kwargs):
       out = call(*args, **kwargs)
-      if holds_variables(layer) and layer.trainable_weights:
-        self.calls.append(dict(layer=layer, call=call, args=args,
-                               kwargs=kwargs, out=out))
+      # Which layers hold variables is read after the forward pass
+      # (_holding): inside a call, Keras 3's autocast scope of a
+      # mixed_float16 layer reads each variable as a float16 tensor.
+      self.calls.append(dict(layer=layer, call=call, args=args,
+                             kwargs=kwargs, out=out))
       return out
     return wrapped_call
+
+  def _holding(self) -> List[Dict[str, Any]]:
+    """The recorded calls of layers that hold trainable variables."""
+    return [c for c in self.calls
+            if holds_variables(c["layer"]) and c["layer"].trainable_weights]
 
   # -- ops that mix examples, in an eager step ------------------------------
 
@@ -135,11 +142,11 @@ class Recorder:
   # -- the Uses of core._privacy.private_gradients ---------------------------
 
   def outputs(self) -> List[tf.Tensor]:
-    return [c["out"] for c in self.calls]
+    return [c["out"] for c in self._holding()]
 
   def forms(self, grads, batch) -> Dict[Any, list]:
     forms: Dict[Any, list] = {}
-    for c, dy in zip(self.calls, grads):
+    for c, dy in zip(self._holding(), grads):
       if dy is None:
         continue
       if isinstance(dy, tf.IndexedSlices):

@@ -301,8 +301,10 @@ class PlanTape:
         if tf.executing_eagerly():  # traced, the whole loss is checked
           self._private.refuse_mixing()
         flat_s = tf.nest.flatten(sources)
+        # The target is the scaled loss under a loss scale: S times
+        # DP-SGD's gradient, for the optimizer to unscale.
         flat_g = private_gradients(self._vjp, target, flat_s, self._private,
-                                   self._plan.noise)
+                                   self._plan.noise, scale=_scaled.current())
         if unconnected_gradients == tf.UnconnectedGradients.ZERO:
           flat_g = [tf.zeros_like(tf.convert_to_tensor(s)) if g is None
                     else g for g, s in zip(flat_g, flat_s)]

@@ -28,14 +28,28 @@ def check_net(loss: tf.Tensor, net: Optional[LayerGraph]) -> None:
         f"this loss.")
 
 
-def check_options(gate_gradients: int, reduce_fn: Optional[Callable]) -> None:
-  """Refuses an unknown gate or a ``reduce_fn`` that is not callable."""
+def check_options(gate_gradients: int, reduce_fn: Optional[Callable],
+                  replicas: Optional[int] = None) -> None:
+  """Refuses an unknown gate, a ``reduce_fn`` that is not callable, and a
+  ``replicas`` that is not a positive int or comes without ``reduce_fn``."""
   if reduce_fn is not None and not callable(reduce_fn):
     raise _errors.GraphGradError(
         f"`reduce_fn` must be a callable mapping a list of (gradient, "
         f"variable) pairs to the list of reduced gradients; got "
         f"{type(reduce_fn).__name__}. Pass e.g. "
         f"`lambda gv: [hvd.allreduce(g) for g, _ in gv]`, or None.")
+  if replicas is not None and (not isinstance(replicas, int)
+                               or isinstance(replicas, bool) or replicas < 1):
+    raise _errors.GraphGradError(
+        f"`replicas` must be a positive int, the number of replicas "
+        f"`reduce_fn` reduces over; got {type(replicas).__name__} "
+        f"{replicas!r}. Pass e.g. replicas=hvd.size(), or None.")
+  if replicas is not None and reduce_fn is None:
+    raise _errors.GraphGradError(
+        f"`replicas` counts the replicas that `reduce_fn` reduces over; got "
+        f"replicas={replicas} without a reduce_fn. Pass the reduction too, "
+        f"e.g. reduce_fn=lambda gv: [hvd.allreduce(g) for g, _ in gv], or "
+        f"leave replicas None.")
   if gate_gradients not in (GATE_NONE, GATE_OP, GATE_GRAPH):
     raise _errors.GraphGradError(
         f"`gate_gradients` must be GATE_NONE (0), GATE_OP (1) or GATE_GRAPH "

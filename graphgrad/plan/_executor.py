@@ -96,6 +96,8 @@ class Options:
     colocate_gradients_with_ops: passed to ``tf.gradients``.
     name: name scope of the ops the plan adds.
     reduce_fn: the cross-replica reduction, or ``None``.
+    replicas: the number of replicas ``reduce_fn`` reduces over, or
+      ``None``; read by ``privatize`` only.
     after: ops the backward pass waits for (batch-norm updates): the
       loss's gradient, its seed, is built after them, so no gradient is
       alive while they run (tf-slim's ``create_train_op`` barrier).
@@ -105,6 +107,7 @@ class Options:
   colocate_gradients_with_ops: bool = False
   name: str = "graphgrad"
   reduce_fn: Optional[Callable] = None
+  replicas: Optional[int] = None
   after: Tuple[tf.Operation, ...] = ()
 
   @property
@@ -137,7 +140,8 @@ def build(loss: tf.Tensor, net: Callable[[], LayerGraph],
       transforms see gradients divided by ``S``, and the parameter
       gradients are divided by ``S`` (see ``_loss_scale_optimizer``).
       Under ``privacy`` the gradients come from ``_privatize_graph``,
-      noised before the parameter transforms.
+      noised before the parameter transforms; with ``reduce_fn`` the
+      clipped sums are reduced first and the noise drawn once after.
     options: how to differentiate.
     resources: the plan's store of what its transforms create.
 
@@ -212,9 +216,11 @@ class _Executor:
       plain = not rules.rewrites_backward
       if rules.privacy is not None:
         uses = _privatize_graph.GraphUses(self.loss, self.var_list, self.vjp)
+        # Under a loss scale: S times DP-SGD's gradient, unscaled below.
         private = _privacy.private_gradients(
             self.vjp, self.loss, self.var_list, uses,
-            _privacy.Noise(rules.privacy))
+            _privacy.Noise(rules.privacy), self._reduction(),
+            scale=self.scale, seed=self._scaled_seed())
         by_name = {v.op.name: g for v, g in zip(self.var_list, private)}
       elif plain:
         # The very call Optimizer.compute_gradients makes; unreached
@@ -377,6 +383,13 @@ class _Executor:
                        self._reduce([v for v, _ in found],
                                     [g for _, g in found])))
     return {v.op.name: g for v, g in found}
+
+  def _reduction(self) -> Optional[_privacy.Reduction]:
+    """``reduce_fn`` for ``privatize``'s clipped sums, or ``None``."""
+    if self.options.reduce_fn is None:
+      return None
+    assert self.options.replicas is not None  # GradientPlan refuses None
+    return _privacy.Reduction(self._reduce, self.options.replicas)
 
   def _reduce(self, variables, grads) -> List[Gradient]:
     """Calls reduce_fn on one segment's parameter gradients and checks it."""

@@ -80,7 +80,21 @@ class GradientPlan(TrainingMethods, OpOverriding):
       gradients are reduced before ``transform_gradients``, so those
       transforms see the global gradient. Upstream and edge gradients are
       never reduced: they belong to this replica's own examples, and upstream
-      transforms act on them per replica.
+      transforms act on them per replica. Under ``privatize`` each replica
+      clips its own examples, and one more pair in the same call carries a
+      float32 vector of its batch size, ``1.0`` and random words for the
+      noise's key; its variable is ``dp_replica_stats``, a non-trainable
+      local variable of that vector's shape made for the pairing and never
+      read, so a reducer that names, shapes or casts by the variable works.
+      From the reduced ``1.0`` the plan tells a sum (``replicas``) from a
+      mean (``1``), checked when run, and recovers the global clipped sum
+      and batch size; every replica then draws the same noise, seeded by
+      the bits of the reduced words (which an all-reduce gives every
+      replica alike) or by ``seed``, so the global batch gets one draw.
+    replicas: the number of replicas ``reduce_fn`` reduces over (Horovod:
+      ``hvd.size()``), a positive int; needed by ``privatize`` with a
+      ``reduce_fn``, since a mean cannot be told from a sum by its results
+      alone, and refused without a ``reduce_fn``.
     loss_scale: a ``tf.compat.v1.mixed_precision.
       MixedPrecisionLossScaleOptimizer`` to train with, or ``None``. The
       plan then builds what its ``minimize()`` builds: it backpropagates the
@@ -98,7 +112,8 @@ class GradientPlan(TrainingMethods, OpOverriding):
 
   Raises:
     GraphGradError: on a malformed argument (a ``loss_scale`` that is not
-      a ``MixedPrecisionLossScaleOptimizer``); eagerly or inside a
+      a ``MixedPrecisionLossScaleOptimizer``, a ``replicas`` that is not a
+      positive int or comes without ``reduce_fn``); eagerly or inside a
       ``tf.function`` (use ``gg.KerasPlan``); for a finalized ``tf.Graph``.
 
   Example:
@@ -120,17 +135,18 @@ class GradientPlan(TrainingMethods, OpOverriding):
                aggregation_method=None,
                colocate_gradients_with_ops: bool = False,
                name: str = "graphgrad",
-               reduce_fn=None, loss_scale=None):
+               reduce_fn=None, loss_scale=None,
+               replicas: Optional[int] = None):
     check_graph_mode("gg.GradientPlan", loss)
     _arguments.check_net(loss, net)
-    _arguments.check_options(gate_gradients, reduce_fn)
+    _arguments.check_options(gate_gradients, reduce_fn, replicas)
     self._loss = loss
     self._net = net
     self._var_list = tuple(_arguments.check_var_list(loss, var_list))
     self._options = _executor.Options(
         gate_gradients=gate_gradients, aggregation_method=aggregation_method,
         colocate_gradients_with_ops=colocate_gradients_with_ops, name=name,
-        reduce_fn=reduce_fn)
+        reduce_fn=reduce_fn, replicas=replicas)
     self._declarations = Declarations(
         lambda layer, arg: self.net.lookup(layer, arg), owner="GradientPlan")
     self._loss_scale = None
@@ -219,6 +235,13 @@ class GradientPlan(TrainingMethods, OpOverriding):
   def _check_first(self, method: str, caller: str) -> None:
     if method == "privatize":
       check_per_example_loss(self._loss, caller)
+      if self._options.reduce_fn is not None and self._options.replicas is None:
+        raise _errors.GraphGradError(
+            f"{caller}: with `reduce_fn` the plan needs `replicas`, the "
+            f"number of replicas reduce_fn reduces over, to tell a mean "
+            f"from a sum and to recover the global batch; got "
+            f"replicas=None. Make the plan with gg.GradientPlan(loss, "
+            f"reduce_fn=..., replicas=hvd.size()).")
 
   # -- building and training ----------------------------------------------
 
@@ -247,11 +270,6 @@ class GradientPlan(TrainingMethods, OpOverriding):
       check_graph_mode(caller, self._loss)
       self._declarations.freeze()
       rules = self.rules
-      if rules.privacy is not None and self._options.reduce_fn is not None:
-        raise _errors.GraphGradError(
-            "privatize: `reduce_fn` would add one noise draw per replica "
-            "instead of one per global batch. Make a GradientPlan without "
-            "reduce_fn for private training.")
       if self._sync is not None:  # each worker's clipped sum, no noise
         rules = dataclasses.replace(rules, privacy=self._sync.worker)
       self._built = _executor.build(
@@ -313,9 +331,9 @@ class GradientPlan(TrainingMethods, OpOverriding):
         are then already in the tf.Graph), the plan was already built (by
         :meth:`compute_gradients`, summaries or a report), it declares
         ``transform_gradients`` (declare them on the ``AfterAggregation``),
-        or the batch size is not static and no ``expected_batch_size`` was
-        declared; a private plan built for a ``SyncReplicasOptimizer``
-        refuses any other optimizer.
+        the batch size is not static and no ``expected_batch_size`` was
+        declared, or the plan has a ``reduce_fn``; a private plan built
+        for a ``SyncReplicasOptimizer`` refuses any other optimizer.
     """
     check_graph_mode("GradientPlan.apply_gradients", self._loss)
     _optimizer.check_optimizer(optimizer)
@@ -419,7 +437,7 @@ class GradientPlan(TrainingMethods, OpOverriding):
     if sync:
       self._sync = _sync_privacy.check(
           privacy, self._loss, self._built is not None,
-          len(self.rules.parameters))
+          len(self.rules.parameters), self._options.reduce_fn is not None)
     elif self._sync is not None:
       raise _errors.GraphGradError(
           f"apply_gradients: this private plan was built for a "

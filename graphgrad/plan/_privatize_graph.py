@@ -246,11 +246,10 @@ def _elementwise(op, index, g, batch, dtype):
   """The per-example gradient of a variable broadcast into ``op``."""
   if op.type == "BiasAdd" and op.get_attr("data_format") != b"NHWC":
     return None
-  p = g
+  p = tf.cast(g, dtype)  # a loss-scaled float16 product could overflow
   if op.type == "Mul":
-    p = g * op.inputs[1 - index]
+    p = p * tf.cast(op.inputs[1 - index], dtype)
   elif op.type == "Sub" and index == 1:
-    p = -g
-  out = _privacy.broadcast_per_example(tf.cast(p, dtype),
-                                       op.inputs[index].shape, batch)
+    p = -p
+  out = _privacy.broadcast_per_example(p, op.inputs[index].shape, batch)
   return None if out is None else ("example", out)

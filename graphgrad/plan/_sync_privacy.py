@@ -94,7 +94,7 @@ def _replicas(g, v) -> int:
 
 
 def check(privacy: Privacy, loss: tf.Tensor, built: bool,
-          transforms: int) -> SyncPrivacy:
+          transforms: int, reduces: bool = False) -> SyncPrivacy:
   """The :class:`SyncPrivacy` of a private plan applied by a
   ``SyncReplicasOptimizer``.
 
@@ -103,13 +103,22 @@ def check(privacy: Privacy, loss: tf.Tensor, built: bool,
     loss: the plan's per-example loss.
     built: the plan was already built for one device.
     transforms: how many parameter transforms the plan declares.
+    reduces: the plan has a ``reduce_fn``.
 
   Raises:
-    GraphGradError: for a plan already built with its noise on each
+    GraphGradError: for a plan with a ``reduce_fn`` (a second
+      aggregation), a plan already built with its noise on each
       worker, parameter transforms (they would act on each worker's sum
       before the noise), or a batch without a static size and no
       ``expected_batch_size``.
   """
+  if reduces:
+    raise _errors.GraphGradError(
+        "privatize: the plan has a `reduce_fn` and `optimizer` is a "
+        "SyncReplicasOptimizer: the gradients would be aggregated twice, "
+        "and its noise drawn for the wrong batch. Use one of them: "
+        "gg.GradientPlan(loss) under SyncReplicasOptimizer, or reduce_fn "
+        "with a plain optimizer.")
   if built:
     raise _errors.GraphGradError(
         "privatize: compute_gradients() (or summaries(), a report) already "

@@ -197,15 +197,17 @@ def test_privatize_refuses_what_acts_before_the_clip(declare, kind):
     compile_rules(d, _Topology())
 
 
-def test_privatize_keeps_parameter_transforms_and_refuses_a_loss_scale():
+def test_privatize_keeps_parameter_transforms_and_a_loss_scale():
   d = _declared()
   d.add_privatize(Privacy(1.0, 0.5, seed=3), "privatize")
   d.add_gradients("l1", T.scale(0.5))
   rules = compile_rules(d)
   assert rules.privacy == Privacy(1.0, 0.5, seed=3)
-  with pytest.raises(gg.GraphGradError,
-                     match="divide the noise by its loss scale"):
-    compile_rules(list(d) + [LossScaleDeclaration("", 128.0)])
+  assert [r.transform for r in rules.parameters] == [
+      d.gradients["l1"][0]]
+  scaled = compile_rules(list(d) + [LossScaleDeclaration("", 128.0)])
+  assert scaled.privacy == rules.privacy
+  assert scaled.loss_scale.scale == 128.0
 
 
 def test_one_loss_scale_policy():

@@ -10,7 +10,8 @@ logical devices and the cluster must be set before TensorFlow runs an op:
                                            (linear and upstream rewrites,
                                            plan.recompute with batch norm)
                                            or "private" (privatize: the
-                                           summed gradients and the noise);
+                                           summed gradients and the noise,
+                                           in a loop and in model.fit);
                                            each pair runs in turn in this one
                                            process and writes its own OUT
   strategy_worker.py multiworker OUT TASK WORKERS
@@ -309,6 +310,72 @@ def private_case(gg, K, strategy, local):
           "expected_std": PRIVATE_SIGMA * PRIVATE_CLIP / GLOBAL_BATCH}
 
 
+def clipped_mean(weights, x, y, w, clip):
+  """numpy, by hand: ``(1/B) sum_i clip_C(grad l_i)`` for make_model's
+  network, ``l_i = w_i * mean_j (pred_ij - y_ij)^2`` (the compiled MSE with
+  sample weights), each example's gradient over all variables together."""
+  w1, b1, w2, b2, w3, b3 = [v.astype(np.float64) for v in weights]
+  x, y, w = (a.astype(np.float64) for a in (x, y, w))
+  h1 = np.tanh(x @ w1 + b1)
+  h2 = np.tanh(h1 @ w2 + b2)
+  d3 = w[:, None] * 2 * (h2 @ w3 + b3 - y) / y.shape[1]
+  d2 = (d3 @ w3.T) * (1 - h2 ** 2)
+  d1 = (d2 @ w2.T) * (1 - h1 ** 2)
+  per = [np.einsum("bi,bj->bij", x, d1), d1, np.einsum("bi,bj->bij", h1, d2),
+         d2, np.einsum("bi,bj->bij", h2, d3), d3]
+  norms = np.sqrt(sum(np.sum(g.reshape(len(x), -1) ** 2, axis=1)
+                      for g in per))
+  c = np.minimum(1.0, clip / norms)
+  return [np.tensordot(c, g, axes=1) / len(x) for g in per]
+
+
+def private_fit_case(gg, K, strategy):
+  """``model.fit`` with a private plan attached, under ``strategy``: with
+  no noise, STEPS SGD steps on the global batches equal the numpy
+  per-example reference on one device; with noise, each step's update less
+  the reference's clean update at the same weights, over PRIVATE_DRAWS
+  steps, has std ``sigma C / B_global`` (one draw per global batch)."""
+  xs, ys = data()
+  x, y = xs.reshape(-1, 4), ys.reshape(-1, 3)
+  w = np.linspace(0.5, 1.5, len(x)).astype(np.float32)  # sample weights
+
+  def fit(sigma, x, y, w, record=None):
+    with strategy.scope():
+      model = make_model(K)
+      model.compile(optimizer=K.optimizers.SGD(LR), loss="mse")
+    gg.KerasPlan(model).privatize(PRIVATE_CLIP, sigma, seed=5).attach()
+    callbacks = [] if record is None else [K.callbacks.LambdaCallback(
+        on_train_batch_end=lambda b, logs: record.append(model.get_weights()))]
+    model.fit(x, y, sample_weight=w, batch_size=GLOBAL_BATCH, shuffle=False,
+              epochs=1, verbose=0, callbacks=callbacks)
+    return [np.asarray(v) for v in model.get_weights()]
+
+  got = fit(0.0, x, y, w)
+  ref = initial_weights()
+  for i in range(STEPS):
+    at = slice(i * GLOBAL_BATCH, (i + 1) * GLOBAL_BATCH)
+    ref = [v - LR * g for v, g in zip(
+        ref, clipped_mean(ref, x[at], y[at], w[at], PRIVATE_CLIP))]
+
+  weights = [initial_weights()]
+  tile = lambda a: np.concatenate([a[:GLOBAL_BATCH]] * PRIVATE_DRAWS)  # noqa
+  fit(PRIVATE_SIGMA, tile(x), tile(y), tile(w), record=weights)
+  draws = []
+  for before, after in zip(weights, weights[1:]):
+    clean = clipped_mean(before, x[:GLOBAL_BATCH], y[:GLOBAL_BATCH],
+                         w[:GLOBAL_BATCH], PRIVATE_CLIP)
+    draws.append(np.concatenate([((b - a) / LR - g).ravel() for b, a, g in
+                                 zip(before, after, clean)]))
+  noise = np.concatenate(draws)
+  return {"flavour": K.__name__, "fit": True, "draws": len(draws),
+          "diff": max(float(np.max(np.abs(a - b))) for a, b in zip(got, ref)),
+          "size": min(float(np.max(np.abs(a - b)))
+                      for a, b in zip(ref, initial_weights())),
+          "noise_std": float(noise.std()),
+          "noise_corr": float(np.corrcoef(draws[0], draws[1])[0, 1]),
+          "expected_std": PRIVATE_SIGMA * PRIVATE_CLIP / GLOBAL_BATCH}
+
+
 def flavours():
   import keras  # pylint: disable=g-import-not-at-top
   cases = [(keras, "keras3")]
@@ -328,7 +395,9 @@ def run_cases(gg, mode, cases, strategy, local, replicas, out):
     with open(out, "w", encoding="utf-8") as f:
       json.dump({"replicas": replicas, "private": [
           private_case(gg, K, strategy, local) for K, kind in flavours()
-          if kind != "legacy"]}, f)
+          if kind != "legacy"], "fit": [
+              private_fit_case(gg, K, strategy) for K, kind in flavours()
+              if mode == "mirrored" and kind != "legacy"]}, f)
     return
   results = [compare(gg, K, kind, group, strategy, local, replicas)
              for K, kind, group in runs]

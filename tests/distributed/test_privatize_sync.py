@@ -208,6 +208,14 @@ def test_refusals(graph):
                      match=r"the plan's transform_gradients would act on "
                      r"each worker's clipped sum.*gg\.AfterAggregation"):
     plan.apply_gradients(_sync(plan), global_step=step)
+  plan = gg.GradientPlan(_loss(tf.constant(_normal(4, 16))), name="reduce",
+                         reduce_fn=lambda gv: [g for g, _ in gv], replicas=2)
+  plan.privatize(1.0, 1.0)
+  with pytest.raises(gg.GraphGradError,
+                     match=r"the plan has a `reduce_fn` and `optimizer` is a "
+                     r"SyncReplicasOptimizer: the gradients would be "
+                     r"aggregated twice"):
+    plan.apply_gradients(_sync(plan), global_step=step)
 
 
 def test_a_plan_built_for_sync_refuses_another_optimizer(graph):

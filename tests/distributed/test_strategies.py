@@ -109,25 +109,34 @@ def test_mirrored_two_replicas_equal_one_device(mirrored):
 
 
 def _check_private(results) -> float:
-  """DP-SGD across replicas: with no noise, the sum of the replicas'
-  gradients is one device's with the global batch; the noise's std is
+  """DP-SGD across replicas, in a loop and in ``model.fit`` (the "fit"
+  results): with no noise, the sum of the replicas' gradients is one
+  device's with the global batch; the noise's std is
   sigma C / B_global within 5% (one draw per global batch: sqrt(2) times
   more for one draw per replica, half as much with each replica's share
   halved)."""
   assert {r["flavour"].split(".")[0] for r in results["private"]} >= {
       "keras"}
-  for r in results["private"]:
+  for r in results["private"] + results["fit"]:
     assert r["size"] > 1000 * TOLERANCE, r
     assert r["diff"] < TOLERANCE, r
     assert abs(r["noise_std"] / r["expected_std"] - 1) < 0.05, r
-  return max(r["diff"] for r in results["private"])
+  for r in results["fit"]:
+    # a new draw at each step, not the first one again
+    assert r["draws"] > 1 and abs(r["noise_corr"]) < 0.5, r
+  return max(r["diff"] for r in results["private"] + results["fit"])
 
 
 @pytest.mark.slow
 def test_mirrored_privatize_adds_one_noise_draw_per_global_batch(mirrored):
   results = mirrored["private"]
   assert results["replicas"] == 2
-  print("MirroredStrategy x2, privatize:", _check_private(results))
+  # model.fit with the private plan attached, on both Keras flavours: the
+  # weights after STEPS steps (no noise) and the noise in each update.
+  assert {r["flavour"].split(".")[0] for r in results["fit"]} == {
+      "keras", "tf_keras"}
+  print("MirroredStrategy x2, privatize (and model.fit):",
+        _check_private(results))
 
 
 @pytest.mark.slow

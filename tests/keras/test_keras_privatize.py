@@ -361,3 +361,77 @@ def test_a_layer_that_centers_over_the_batch_is_refused(K, function):
                        match=r"privatize: the Mean op .*reads values of "
                              r"several examples"):
       step(tf.constant(normal(B, 3)))
+
+
+def _mean_over_batch(y_true, y_pred):
+  return tf.reduce_mean(tf.square(y_true - y_pred))
+
+
+def _mean_per_example(y_true, y_pred):
+  return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1)
+
+
+def test_fit_refuses_a_compiled_loss_reduced_over_the_batch(K):
+  n, clip, lr = 4, 0.4, 0.5
+  x, y = normal(n, 3, seed=1), normal(n, 2, seed=2)
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(5, activation="tanh"),
+                        K.layers.Dense(2)])
+  start = [v.numpy() for v in model.trainable_variables]
+  model.compile(optimizer=K.optimizers.SGD(lr), loss=_mean_over_batch)
+  gg.KerasPlan(model).privatize(clip, 0.0).attach()
+  with pytest.raises(gg.GraphGradError,
+                     match=r"model.fit with privatize on .*: privatize clips "
+                           r"each example's gradient.*compile\(loss=<function "
+                           r"_mean_over_batch.*\); a compiled loss gave shape "
+                           r"\(\), not one value per example\. Compile a loss "
+                           r"that keeps the batch axis"):
+    model.fit(x, y, batch_size=n, verbose=0)
+  # The fix the message gives: the same loss, reduced over axis -1 only.
+  model.compile(optimizer=K.optimizers.SGD(lr), loss=_mean_per_example)
+  model.fit(x, y, batch_size=n, shuffle=False, verbose=0)
+  expected = _fit_reference(start, x, y, np.ones(n), clip, lr, n)
+  for v, e in zip(model.trainable_variables, expected):
+    np.testing.assert_allclose(v.numpy(), e, rtol=1e-5, atol=1e-6)
+
+
+def test_fit_refuses_when_no_output_has_a_loss_and_targets(K):
+  x, y = normal(4, 3), normal(4, 2, seed=1)
+  inputs = K.Input((3,))
+  model = K.Model(inputs, {"a": K.layers.Dense(2, name="a")(inputs),
+                           "b": K.layers.Dense(2, name="b")(inputs)})
+  model.compile(optimizer=K.optimizers.SGD(0.1), loss={"a": "mse"})
+  gg.KerasPlan(model).privatize(1.0, 0.0).attach()
+  with pytest.raises(gg.GraphGradError,
+                     match=r"model.fit with privatize on .*; no output has "
+                           r"both a compiled loss and targets \(fit got "
+                           r"targets for \['b'\]\)\. Pass fit\(\) the "
+                           r"targets"):
+    model.fit(x, {"b": y}, batch_size=4, verbose=0)
+
+
+def test_fit_without_targets_is_refused_by_privatize_or_keras(K):
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(2)])
+  model.compile(optimizer=K.optimizers.SGD(0.1), loss="mse")
+  gg.KerasPlan(model).privatize(1.0, 0.0).attach()
+  if K.__name__.startswith("tf_keras"):  # its compiled loss skips no y
+    with pytest.raises(gg.GraphGradError,
+                       match=r"no output has both a compiled loss and "
+                             r"targets \(fit got no targets\)"):
+      model.fit(normal(4, 3), batch_size=4, verbose=0)
+  else:  # Keras 3's compute_loss refuses y=None before the plan's loss
+    with pytest.raises(ValueError, match="None values not supported"):
+      model.fit(normal(4, 3), batch_size=4, verbose=0)
+
+
+def test_fit_names_privatize_when_the_loss_structure_is_refused(K):
+  inputs = K.Input((3,))
+  model = K.Model(inputs, [K.layers.Dense(2)(inputs),
+                           K.layers.Dense(2)(inputs)])
+  model.compile(optimizer=K.optimizers.SGD(0.1), loss=[["mse"], "mse"])
+  gg.KerasPlan(model).privatize(1.0, 0.0).attach()
+  with pytest.raises(gg.GraphGradError,
+                     match=r"model.fit with privatize: compile\(loss=\.\.\.\) "
+                           r"of .* must give one loss per model output.*a "
+                           r"nested structure"):
+    model.fit(normal(4, 3), [normal(4, 2), normal(4, 2)], batch_size=4,
+              verbose=0)

@@ -330,16 +330,6 @@ def test_batch_norm_in_training_mode_is_refused(graph):
     plan.compute_gradients()
 
 
-def test_reduce_fn_and_loss_scale_are_refused(graph):
-  x = tf.constant(normal(B, 4))
-  loss = tf.reduce_sum(dense(x, 2, "l1"), axis=1)
-  plan = gg.GradientPlan(loss, reduce_fn=lambda gv: [g for g, _ in gv])
-  with pytest.raises(gg.GraphGradError, match="one noise draw per replica"):
-    plan.privatize(1.0, 1.0).compute_gradients()
-  opt = tf1.mixed_precision.MixedPrecisionLossScaleOptimizer(
-      tf1.train.GradientDescentOptimizer(0.1), "dynamic")
-  with pytest.raises(gg.GraphGradError, match="divide the noise by its loss"):
-    gg.GradientPlan(loss).privatize(1.0, 1.0).apply_gradients(opt)
 
 
 def test_recompute_composes(graph):
