@@ -11,8 +11,8 @@ optimizer, so its transforms see the aggregated gradient::
   sync = tf.compat.v1.train.SyncReplicasOptimizer(inner, 2)
   train_op = plan.apply_gradients(sync, global_step=global_step)
 
-Only parameter gradients exist after aggregation: upstream and edge
-gradients belong to one replica's backward pass.
+Only parameter gradients exist after aggregation. A private plan adds its
+noise here, once per step, before these transforms (``_sync_privacy``).
 """
 
 from typing import Dict, List
@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.analysis._layer_graph import LayerGraph
-from graphgrad.plan import _optimizer
+from graphgrad.plan import _optimizer, _sync_privacy
 from graphgrad.transforms._checks import checked as _checked
 from graphgrad.transforms._checks import compose as _compose
 from graphgrad.transforms._context import Resources
@@ -38,6 +38,11 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
   Wrapped by an aggregating optimizer (``SyncReplicasOptimizer``), its
   transforms run once, on the chief's aggregated gradients, instead of once
   per replica. Used alone, it behaves like ``plan.transform_gradients``.
+  Under a ``SyncReplicasOptimizer`` applying a private plan
+  (``plan.privatize``), it first adds the plan's noise to the aggregated
+  clipped sums and divides by the global batch
+  (:mod:`graphgrad.plan._sync_privacy`): its transforms act after the
+  noise.
 
   Args:
     optimizer: the ``tf.compat.v1.train.Optimizer`` that applies the
@@ -101,9 +106,13 @@ class AfterAggregation(tf.compat.v1.train.Optimizer):
     return self._opt.compute_gradients(*args, **kwargs)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-    """Rewrites the gradients of transformed layers, then applies all."""
+    """Adds a private plan's noise (under ``SyncReplicasOptimizer``),
+    rewrites the gradients of transformed layers, then applies all."""
     out = []
     with tf.name_scope(self.get_name()):
+      sync = _sync_privacy.take()
+      if sync is not None:
+        grads_and_vars = sync.noised(grads_and_vars)
       for g, v in grads_and_vars:
         layer = self._net.layer_of_variable(v)
         fns = self._transforms.get(layer)

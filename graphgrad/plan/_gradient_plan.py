@@ -37,6 +37,7 @@ from graphgrad.plan import (
   _optimizer,
   _picture,
   _summaries,
+  _sync_privacy,
 )
 from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
 from graphgrad.plan._op_override import OpOverriding
@@ -155,6 +156,8 @@ class GradientPlan(TrainingMethods, OpOverriding):
     self._built: Optional[_executor.Built] = None
     self._rules: Optional[PlanRules] = None
     self._warned_adaptive = False
+    # Set when a SyncReplicasOptimizer applies a private plan.
+    self._sync: Optional[_sync_privacy.SyncPrivacy] = None
 
   # -- read-only accessors -------------------------------------------------
 
@@ -267,6 +270,8 @@ class GradientPlan(TrainingMethods, OpOverriding):
       check_graph_mode(caller, self._loss)
       self._declarations.freeze()
       rules = self.rules
+      if self._sync is not None:  # each worker's clipped sum, no noise
+        rules = dataclasses.replace(rules, privacy=self._sync.worker)
       self._built = _executor.build(
           self._loss, lambda: self.net, self._var_list, rules,
           dataclasses.replace(self._options, after=tuple(after)),
@@ -291,7 +296,12 @@ class GradientPlan(TrainingMethods, OpOverriding):
         with an ``apply_gradients(grads_and_vars, global_step, name)``.
         A ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``
         must be the plan's ``loss_scale``; a plan not yet built takes it as
-        such (see the class docstring).
+        such (see the class docstring). A private plan applied with a
+        ``SyncReplicasOptimizer`` wrapping a ``gg.AfterAggregation`` is
+        built so that each worker pushes its clipped sum, without noise
+        (what :meth:`compute_gradients` then returns), and that
+        ``AfterAggregation`` adds one noise draw per applied step on the
+        chief and divides by the global batch (docs/privacy.md).
       global_step: optional variable to increment once per step. When it is
         ``None`` and a transform of the plan reads the tf.Graph's global step
         (annealed ``add_noise(eta=...)``), that global step is incremented,
@@ -314,21 +324,22 @@ class GradientPlan(TrainingMethods, OpOverriding):
         graph; eagerly, inside a ``tf.function`` or for a finalized
         tf.Graph; if no variable has a gradient; for a loss-scale
         optimizer with task combinations or backward replacements, or one
-        that is not the ``loss_scale`` of a plan already built; for a
-        ``SyncReplicasOptimizer`` with ``privatize``.
+        that is not the ``loss_scale`` of a plan already built. For a
+        private plan (``privatize``) and a ``SyncReplicasOptimizer``: if
+        the optimizer it wraps is not a ``gg.AfterAggregation`` (which adds
+        the noise once, on the chief, after aggregation; the train op's ops
+        are then already in the tf.Graph), the plan was already built (by
+        :meth:`compute_gradients`, summaries or a report), it declares
+        ``transform_gradients`` (declare them on the ``AfterAggregation``),
+        the batch size is not static and no ``expected_batch_size`` was
+        declared, or the plan has a ``reduce_fn``; a private plan built
+        for a ``SyncReplicasOptimizer`` refuses any other optimizer.
     """
     check_graph_mode("GradientPlan.apply_gradients", self._loss)
     _optimizer.check_optimizer(optimizer)
     update_ops = _optimizer.update_ops_of(self._loss.graph, update_ops)
     self._check_loss_scale(optimizer)
-    if (self._declarations.privacy is not None
-        and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer)):
-      raise _errors.GraphGradError(
-          "privatize: SyncReplicasOptimizer averages the replicas' noised "
-          "gradients, so the global batch would get one noise draw per "
-          "replica, each divided by the number of replicas: too little "
-          "noise for the epsilon gg.dp reports. Train the private plan "
-          "without SyncReplicasOptimizer.")
+    self._check_sync(optimizer)
     if self._built is not None and update_ops:
       log.info("graphgrad plan on %s: the backward pass was built before "
                "apply_gradients (by compute_gradients, summaries or a "
@@ -351,7 +362,13 @@ class GradientPlan(TrainingMethods, OpOverriding):
       global_step = tf.compat.v1.train.get_global_step(graph)
     before = len(graph.get_operations())
     with graph.as_default(), tf.control_dependencies(update_ops):
-      op = _optimizer.apply(optimizer, gv, global_step, name)
+      if self._sync is None:
+        op = _optimizer.apply(optimizer, gv, global_step, name)
+      else:
+        with _sync_privacy.pending(self._sync) as taken:
+          op = _optimizer.apply(optimizer, gv, global_step, name)
+        if not taken():
+          _sync_privacy.refuse_missing()
     if not self._warned_adaptive:  # read from the update the optimizer built
       self._warned_adaptive = _advice.warn_if_scale_cancels(
           self.rules, optimizer, graph.get_operations()[before:],
@@ -408,6 +425,26 @@ class GradientPlan(TrainingMethods, OpOverriding):
     return _summaries.build(
         self.compute_gradients(), self.net, self.trace, self._loss.graph,
         histograms=histograms, name=name or self._options.name)
+
+  def _check_sync(self, optimizer) -> None:
+    """Makes sure a private plan's build is the one ``optimizer`` needs:
+    each worker's clipped sum under a ``SyncReplicasOptimizer``, the noised
+    mean otherwise."""
+    privacy = self._declarations.privacy
+    sync = isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer)
+    if privacy is None or (sync and self._sync is not None):
+      return
+    if sync:
+      self._sync = _sync_privacy.check(
+          privacy, self._loss, self._built is not None,
+          len(self.rules.parameters), self._options.reduce_fn is not None)
+    elif self._sync is not None:
+      raise _errors.GraphGradError(
+          f"apply_gradients: this private plan was built for a "
+          f"SyncReplicasOptimizer: its gradients are each worker's clipped "
+          f"sum, without noise, and only that optimizer's gg.AfterAggregation"
+          f" adds the noise; `optimizer` is {type(optimizer).__name__}. Make "
+          f"another plan to apply with it.")
 
   # -- loss scaling ----------------------------------------------------------
 

@@ -349,15 +349,22 @@ def test_recompute_composes(graph):
     np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
 
 
-def test_sync_replicas_optimizer_is_refused(graph):
+def test_sync_replicas_optimizer_without_after_aggregation_is_refused(graph):
+  """Under SyncReplicasOptimizer the noise is added after the aggregation,
+  by the gg.AfterAggregation it wraps (tests/distributed/
+  test_privatize_sync.py); a plain optimizer there would add none."""
   w = tf1.get_variable("w", initializer=np.ones((4, 3), np.float32))
   loss = tf.reduce_sum(tf.matmul(tf.ones([2, 4]), w), axis=1)
   plan = gg.GradientPlan(loss).privatize(1.0, 1.0)
   opt = tf1.train.SyncReplicasOptimizer(
       tf1.train.GradientDescentOptimizer(0.1), replicas_to_aggregate=2)
-  with pytest.raises(gg.GraphGradError,
-                     match="privatize: SyncReplicasOptimizer averages"):
-    plan.apply_gradients(opt)
+  with pytest.raises(
+      gg.GraphGradError,
+      match=r"privatize: the optimizer that `optimizer` \(a "
+      r"SyncReplicasOptimizer\) wraps is not a gg.AfterAggregation, so "
+      r"nothing adds the plan's noise.*SyncReplicasOptimizer\("
+      r"gg.AfterAggregation\("):
+    plan.apply_gradients(opt, global_step=tf1.train.get_or_create_global_step())
 
 
 
