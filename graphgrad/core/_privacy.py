@@ -27,6 +27,7 @@ from typing import (
   Sequence,
 )
 
+import numpy as np
 import tensorflow as tf
 
 from graphgrad import _errors
@@ -37,7 +38,7 @@ log = logging.getLogger("graphgrad")
 
 __all__ = ["Noise", "Privacy", "Reduction", "Uses", "broadcast_per_example",
            "check_per_example_loss", "check_privacy", "clip_factors",
-           "clipped_sum", "combined_sq_norms", "dense_sq_norms",
+           "clipped_sum", "combined_sq_norms", "conv_form", "dense_sq_norms",
            "embedding_sq_norms", "gaussian", "norm_dtype", "patches",
            "per_example_sq_norms", "private_gradients", "refuse_declarations",
            "rows", "unscaled_forms"]
@@ -185,35 +186,63 @@ def patches(x: tf.Tensor, kh: int, kw: int, strides, padding: str
 
   The depth is ordered as a ``[kh, kw, C, out]`` kernel reshaped to
   ``[kh*kw*C, out]``, so that the convolution is a dense op on them. With
-  stride 1 and static spatial sizes they are ``kh*kw`` slices of the padded
-  input, which on a CPU is several times faster than
-  ``tf.image.extract_patches`` (and strided slices are slower than it).
+  static spatial sizes they are one gather of the padded input's pixels
+  (several times faster on a CPU than ``tf.image.extract_patches``, and
+  than slices), or, for a patch of at most 16 values, a convolution with a
+  one-hot kernel (each value is ``1 * x`` plus zeros: exact).
 
   Example:
     >>> import tensorflow as tf
-    >>> x = tf.reshape(tf.range(16.0), [1, 4, 4, 1])
-    >>> p = patches(x, 3, 3, [1, 1, 1, 1], "SAME")
-    >>> ref = tf.image.extract_patches(x, [1, 3, 3, 1], [1, 1, 1, 1],
+    >>> x = tf.reshape(tf.range(32.0), [1, 4, 4, 2])
+    >>> ref = tf.image.extract_patches(x, [1, 3, 3, 1], [1, 2, 2, 1],
     ...                                [1, 1, 1, 1], "SAME")
-    >>> bool(tf.reduce_all(p == ref))
+    >>> bool(tf.reduce_all(patches(x, 3, 3, [1, 2, 2, 1], "SAME") == ref))
     True
   """
-  h, w = x.shape[1], x.shape[2]
+  h, w, c = x.shape[1], x.shape[2], x.shape[3]
   sh, sw = strides[1], strides[2]
-  if h is None or w is None or sh != 1 or sw != 1:
+  if h is None or w is None or c is None:
     return tf.image.extract_patches(x, [1, kh, kw, 1], strides, [1, 1, 1, 1],
                                     padding)
+  if kh * kw * c <= 16:
+    eye = np.eye(kh * kw * c, dtype=x.dtype.as_numpy_dtype)
+    return tf.nn.conv2d(x, eye.reshape(kh, kw, c, kh * kw * c),
+                        [1, sh, sw, 1], padding)
   if padding == "SAME":
     ho, wo = -(-h // sh), -(-w // sw)
     ph = max((ho - 1) * sh + kh - h, 0)
     pw = max((wo - 1) * sw + kw - w, 0)
     x = tf.pad(x, [[0, 0], [ph // 2, ph - ph // 2], [pw // 2, pw - pw // 2],
                    [0, 0]])
+    h, w = h + ph, w + pw
   else:
     ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
-  cuts = [x[:, i:i + ho, j:j + wo, :]
-          for i in range(kh) for j in range(kw)]
-  return cuts[0] if len(cuts) == 1 else tf.concat(cuts, axis=-1)
+  rows = np.arange(ho)[:, None, None, None] * sh + np.arange(kh)[:, None]
+  cols = np.arange(wo)[:, None, None] * sw + np.arange(kw)
+  pixels = (rows * w + cols).reshape(-1).astype(np.int32)  # [ho,wo,kh,kw]
+  out = tf.gather(tf.reshape(x, [-1, h * w, c]), pixels, axis=1)
+  return tf.reshape(out, [-1, ho, wo, kh * kw * c])
+
+
+def conv_form(x: tf.Tensor, g: tf.Tensor, kernel_shape, strides,
+              padding: str) -> tuple:
+  """The form of a 2-D convolution's kernel use (NHWC, no dilation).
+
+  ``x`` is the convolution's input, ``g`` the gradient at its output. The
+  norms unfold ``x`` into :func:`patches` (a dense op on them); the clipped
+  sum is one ``Conv2DBackpropFilter`` of ``x`` and ``c * g``, with no
+  patches.
+  """
+  return ("conv", x, g, (tuple(int(d) for d in kernel_shape),
+                         tuple(int(s) for s in strides), padding))
+
+
+def _conv_rows(form, batch, dtype):
+  """A conv form as the dense form of its patches."""
+  _, x, g, (shape, strides, padding) = form
+  kh, kw, cin = shape[:3]
+  a = rows(patches(x, kh, kw, strides, padding), batch, dtype, kh * kw * cin)
+  return ("dense", a, rows(g, batch, dtype))
 
 
 def broadcast_per_example(p: tf.Tensor, var_shape, batch
@@ -249,12 +278,15 @@ def combined_sq_norms(forms, var_shape, batch, dtype) -> tf.Tensor:
   """``[B]`` squared norms of one variable's per-example gradients.
 
   ``forms`` are the variable's uses, each ``("dense", a, g)``,
-  ``("embedding", ids, g)`` or ``("example", per_example)``. A variable
-  used several times (a shared layer, an unrolled loop) has the sum of its
-  uses' gradients per example: uses of one kind are concatenated along
-  ``T`` (the ghost norm then holds the cross terms); uses of several kinds
-  are each made into per-example gradients ``[B, *var_shape]`` and summed.
+  ``("embedding", ids, g)``, ``("example", per_example)`` or a
+  :func:`conv_form` (a dense form of its patches here). A variable used
+  several times (a shared layer, an unrolled loop) has the sum of its uses'
+  gradients per example: uses of one kind are concatenated along ``T`` (the
+  ghost norm then holds the cross terms); uses of several kinds are each
+  made into per-example gradients ``[B, *var_shape]`` and summed.
   """
+  forms = [_conv_rows(f, batch, dtype) if f[0] == "conv" else f
+           for f in forms]
   kinds = {f[0] for f in forms}
   if kinds == {"dense"}:
     return dense_sq_norms(tf.concat([f[1] for f in forms], axis=1),
@@ -353,7 +385,8 @@ def clipped_sum(forms, c: tf.Tensor, var_shape, batch, dtype,
   per-example gradient, so it comes from the boundary tensors the norms were
   taken from, without a second backward pass: a dense use gives
   ``A^T (c * G)`` over all rows, an embedding the rows ``c_i g_it`` summed
-  at their ids, a per-example gradient ``sum_i c_i P_i``.
+  at their ids, a per-example gradient ``sum_i c_i P_i``, a convolution
+  the filter gradient of its input and ``c * G``.
 
   Example:
     >>> import tensorflow as tf
@@ -372,6 +405,8 @@ def clipped_sum(forms, c: tf.Tensor, var_shape, batch, dtype,
         flat = tf.matmul(tf.reshape(a, [-1, a.shape[-1]]),
                          tf.reshape(cg, [-1, g.shape[-1]]), transpose_a=True)
         parts.append(tf.reshape(flat, shape))
+      elif f[0] == "conv":
+        parts.append(_conv_clipped_sum(f, c, shape))
       elif f[0] == "embedding":
         ids, g = f[1], f[2]
         cg = g * tf.cast(c, g.dtype)[:, None, None]
@@ -382,6 +417,21 @@ def clipped_sum(forms, c: tf.Tensor, var_shape, batch, dtype,
         p = tf.cast(f[1], tf.cast(c, f[1].dtype).dtype)
         parts.append(tf.tensordot(tf.cast(c, p.dtype), p, axes=1))
     return tf.cast(tf.add_n(parts), dtype)
+
+
+def _conv_clipped_sum(form, c: tf.Tensor, shape) -> tf.Tensor:
+  """``sum_i c_i grad_i`` of a conv form: ``c`` scales the smaller of the
+  input and the output gradient, then one filter gradient."""
+  _, x, g, (_, strides, padding) = form
+  dtype = c.dtype
+  x, g = tf.cast(x, dtype), tf.cast(g, dtype)
+  nx, ng = x.shape[1:].num_elements(), g.shape[1:].num_elements()
+  if nx is not None and ng is not None and nx < ng:
+    x = x * c[:, None, None, None]
+  else:
+    g = g * c[:, None, None, None]
+  return tf.compat.v1.nn.conv2d_backprop_filter(
+      x, shape.as_list(), g, list(strides), padding)
 
 
 def clip_factors(sq_norms: Sequence[tf.Tensor], l2_norm_clip: float,

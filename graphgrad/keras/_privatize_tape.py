@@ -5,7 +5,7 @@ that holds trainable variables itself and keeps each call's input and
 output. After the forward pass, one backward pass of ``sum_i l_i`` gives the
 gradient at every recorded output; each layer type supplies its boundary
 tensors to the shared rules of :mod:`graphgrad.core._privacy`: ``Dense``
-(input, pre-activation gradient), ``Conv2D`` (unfolded patches),
+(input, pre-activation gradient), ``Conv2D`` (:func:`~graphgrad.core._privacy.conv_form`),
 ``Embedding`` (ids, gradient), ``LayerNormalization`` (normalized input
 times gradient). Another layer gets the exact per-example gradients of its
 own variables through its own call (``TapeVJP.per_example``), logged once.
@@ -197,10 +197,10 @@ def _pre_activation_grad(layer, z_fn, dy):
   return vjp.vjp([y], [tf.cast(dy, y.dtype)], vjp.inputs)[0]
 
 
-def _kernel_forms(layer, x, dy, batch, product, x_rows):
+def _kernel_forms(layer, x, dy, batch, product, kernel_form):
   """The forms of a layer ``activation(product(kernel) + bias)``: the
-  kernel's from ``x_rows(dtype)`` (the input's rows the product reads) and
-  the pre-activation gradient's, the bias' per example."""
+  kernel's ``kernel_form(g, dtype)`` from the pre-activation gradient
+  ``g``, the bias' per example."""
   kernel = tf_variable(layer.kernel)
   bias = tf_variable(getattr(layer, "bias", None))
   dtype = _privacy.norm_dtype(kernel.dtype)
@@ -210,7 +210,7 @@ def _kernel_forms(layer, x, dy, batch, product, x_rows):
     return out if bias is None else out + tf.cast(bias, x.dtype)
 
   g = _pre_activation_grad(layer, z, dy)
-  out = [(kernel, ("dense", x_rows(dtype), _privacy.rows(g, batch, dtype)))]
+  out = [(kernel, kernel_form(g, dtype))]
   if bias is not None:
     out.append((bias, ("example", _privacy.broadcast_per_example(
         tf.cast(g, dtype), bias.shape, batch))))
@@ -223,7 +223,8 @@ def _dense(layer, x, dy, batch):
     return None
   return _kernel_forms(layer, x, dy, batch,
                        lambda k: tf.tensordot(x, k, axes=1),
-                       lambda dtype: _privacy.rows(x, batch, dtype))
+                       lambda g, dtype: ("dense", _privacy.rows(x, batch, dtype),
+                                         _privacy.rows(g, batch, dtype)))
 
 
 def _conv2d(layer, x, dy, batch):
@@ -231,14 +232,13 @@ def _conv2d(layer, x, dy, batch):
       or tuple(layer.dilation_rate) != (1, 1)
       or layer.padding not in ("same", "valid")):
     return None
-  kh, kw, cin, _ = tf_variable(layer.kernel).shape
+  shape = tf_variable(layer.kernel).shape
   strides = [1, *layer.strides, 1]
   padding = layer.padding.upper()
   return _kernel_forms(
       layer, x, dy, batch,
       lambda k: tf.nn.conv2d(x, k, strides, padding),
-      lambda dtype: _privacy.rows(_privacy.patches(x, kh, kw, strides, padding),
-                                  batch, dtype, kh * kw * cin))
+      lambda g, dtype: _privacy.conv_form(x, g, shape, strides, padding))
 
 
 def _embedding(layer, x, dy, batch):

@@ -4,8 +4,8 @@
 for each variable, the ops that consume it on the way to the loss (through
 its read, ``Identity`` and ``Cast``) and the rule of each: a dense op
 (``MatMul``, ``BatchMatMulV2``, a two-operand ``Einsum``, a ``MatMul`` on a
-sequence reshaped to 2-D), a convolution (``Conv2D``, unfolded with
-``extract_patches``), an embedding lookup (``ResourceGather``,
+sequence reshaped to 2-D), a convolution (``Conv2D``, patches for
+the norms, its filter gradient for the sum), an embedding lookup (``ResourceGather``,
 ``GatherV2``), a broadcast elementwise op (``BiasAdd``, ``Add``, ``Mul``...).
 A variable whose uses have no rule gets the exact per-example gradient of
 those ops only (the VJP's ``per_example``), logged once. The algorithm,
@@ -235,11 +235,10 @@ def _conv(op, g, batch, dtype):
       or any(d != 1 for d in op.get_attr("dilations"))):
     return None
   x, w = op.inputs
-  kh, kw, cin = (int(d) for d in w.shape[:3])
-  patches = _privacy.patches(x, kh, kw, op.get_attr("strides"),
-                             op.get_attr("padding").decode())
-  return ("dense", _rows(patches, batch, dtype, kh * kw * cin),
-          _rows(g, batch, dtype))
+  if not w.shape.is_fully_defined():
+    return None
+  return _privacy.conv_form(x, g, w.shape, op.get_attr("strides"),
+                            op.get_attr("padding").decode())
 
 
 def _elementwise(op, index, g, batch, dtype):
