@@ -566,6 +566,10 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
       finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(n))
                               for n in sq_norms])
       c = tf.where(finite, c, tf.constant(float("nan"), c.dtype))
+    if reduction is None:  # the mean's division folded into c: [B] values
+      divisor, first = _global_batch(batch,
+                                     noise.privacy.expected_batch_size)
+      c = c / tf.cast(divisor, c.dtype)
     sums = {k: clipped_sum(forms[k], c, v.shape, batch, v.dtype)
             for k, v in known}
     if reduction is not None:
@@ -575,10 +579,8 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
       sums = dict(zip([k for k, _ in known], reduced))
       out = noise.noised_mean([sums.get(k) for k in keys], divisor, key=key)
     else:
-      divisor, first = _global_batch(batch,
-                                     noise.privacy.expected_batch_size)
       out = noise.noised_mean([sums.get(k) for k in keys], divisor,
-                              where=first)
+                              where=first, divided=True)
     if scale is None:
       return out
     return [None if g is None else g * tf.cast(scale, g.dtype) for g in out]
@@ -609,6 +611,9 @@ def unscaled_forms(forms: Sequence[tuple], scale) -> list:
       out.append(("dense", tf.cast(f[1], g.dtype), g))
     elif f[0] == "embedding":
       out.append(("embedding", f[1], unscale(f[2])))
+    elif f[0] == "conv":
+      out.append(("conv", tf.cast(f[1], norm_dtype(f[1].dtype)),
+                  unscale(f[2]), f[3]))
     else:
       out.append((f[0], unscale(f[1])))
   return out
@@ -689,27 +694,35 @@ def _across_replicas(reduction: Reduction, variables, sums, batch,
 # -- the noise -----------------------------------------------------------------
 
 
-def gaussian(shape, seed: tf.Tensor, dtype=tf.float32) -> tf.Tensor:
-  """Standard normal values from Philox uniforms by Box-Muller.
+def gaussian(shape, seed: tf.Tensor, dtype=tf.float32, stddev=1.0
+             ) -> tf.Tensor:
+  """Normal values of standard deviation ``stddev`` from Philox uniforms
+  by Box-Muller.
 
   ``tf.random.stateless_normal`` draws them the same way but computes one
   pair per value; this keeps both values of each pair (``r cos t`` and
-  ``r sin t``), which halves the cost of the noise on a CPU.
+  ``r sin t``), which halves the cost of the noise on a CPU, and scales
+  ``r`` (half the values) rather than the result.
 
   Example:
     >>> import tensorflow as tf
-    >>> z = gaussian([100000], tf.constant([1, 2], tf.int64))
-    >>> abs(float(tf.math.reduce_std(z)) - 1.0) < 0.01
+    >>> z = gaussian([100000], tf.constant([1, 2], tf.int64), stddev=2.0)
+    >>> abs(float(tf.math.reduce_std(z)) - 2.0) < 0.02
     True
   """
-  n = tf.reduce_prod(shape)
+  static = tf.TensorShape(shape) if not tf.is_tensor(shape) else None
+  n = (static.num_elements() if static is not None
+       else tf.reduce_prod(shape))
   half = (n + 1) // 2
   u = tf.random.stateless_uniform(
-      tf.stack([2, half]), seed, minval=1e-30, maxval=1.0, dtype=dtype)
-  r = tf.sqrt(-2.0 * tf.math.log(u[0]))
+      tf.stack([2, half]) if tf.is_tensor(half) else [2, half], seed,
+      minval=1e-30, maxval=1.0, dtype=dtype)
+  stddev = tf.cast(stddev, dtype)
+  r = tf.sqrt(tf.math.log(u[0]) * (-2.0 * stddev * stddev))
   t = (2.0 * math.pi) * u[1]
   z = tf.concat([r * tf.cos(t), r * tf.sin(t)], axis=0)
-  return tf.reshape(z[:n], shape)
+  even = not tf.is_tensor(n) and n % 2 == 0
+  return tf.reshape(z if even else z[:n], shape)
 
 
 class Noise:
@@ -736,14 +749,16 @@ class Noise:
         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
   def noised_mean(self, grads: Sequence[Gradient], batch_size,
-                  name: Optional[str] = None, where=None, key=None) -> list:
+                  name: Optional[str] = None, where=None, key=None,
+                  divided: bool = False) -> list:
     """``(g + N(0, sigma^2 C^2 I)) / B`` for each gradient (``None`` kept).
 
     An ``IndexedSlices`` gradient becomes dense: the noise covers every
     row. With ``noise_multiplier == 0`` no noise op is built. ``where`` (a
     boolean scalar tensor, or ``None`` for always) says whether this
     replica adds the noise. ``key``, an int64 pair tensor, replaces the
-    key and the step counter (:func:`_across_replicas`).
+    key and the step counter (:func:`_across_replicas`). With ``divided``
+    the gradients are ``g / B`` already (the clip factors were divided).
     """
     with tf.name_scope(name or "noised_mean"):
       sigma = self.privacy.noise_multiplier * self.privacy.l2_norm_clip
@@ -758,13 +773,17 @@ class Noise:
         if isinstance(g, tf.IndexedSlices):
           g = tf.math.unsorted_segment_sum(
               g.values, g.indices, tf.cast(g.dense_shape[0], tf.int32))
-        b = tf.cast(batch_size, g.dtype)
+        dtype = norm_dtype(g.dtype)
+        b = tf.cast(batch_size, dtype)
+        if not divided:
+          g = g * tf.cast(1.0 / b, g.dtype)
         if step is not None:
           seed = (tf.stack([tf.constant(self.key + j, tf.int64), step])
                   if key is None else key + tf.constant([j, 0], tf.int64))
-          noise = gaussian(tf.shape(g), seed, norm_dtype(g.dtype)) * sigma
+          stddev = sigma / b  # 0 where this replica adds no noise
           if where is not None:
-            noise = noise * tf.cast(where, noise.dtype)
-          g = g + tf.cast(noise, g.dtype)
-        out.append(g / b)
+            stddev = stddev * tf.cast(where, dtype)
+          shape = g.shape if g.shape.is_fully_defined() else tf.shape(g)
+          g = g + tf.cast(gaussian(shape, seed, dtype, stddev), g.dtype)
+        out.append(g)
       return out
