@@ -4,10 +4,10 @@ While the tape records, :class:`Recorder` wraps the ``call`` of every layer
 that holds trainable variables itself and keeps each call's input and
 output. After the forward pass, one backward pass of ``sum_i l_i`` gives the
 gradient at every recorded output; each layer type supplies its boundary
-tensors to the shared rules of :mod:`graphgrad.core._privacy`: ``Dense``
-(input, pre-activation gradient), ``Conv2D`` (:func:`~graphgrad.core._privacy.conv_form`),
-``Embedding`` (ids, gradient), ``LayerNormalization`` (normalized input
-times gradient). Another layer gets the exact per-example gradients of its
+tensors to the shared rules of :mod:`graphgrad.core._clipping`: ``Dense``
+(input, pre-activation gradient), ``Conv2D`` (the same, and its
+strides), ``Embedding`` (ids, gradient), ``LayerNormalization``
+(normalized input times gradient). Another layer gets the exact per-example gradients of its
 own variables through its own call (``TapeVJP.per_example``), logged once.
 The recorder is the tape's :class:`~graphgrad.core._privacy.Uses`; the
 algorithm, norms, clip, book-keeping sums and noise, is
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from graphgrad import _compat, _errors
 from graphgrad.analysis import _example_axis
-from graphgrad.core import _privacy
+from graphgrad.core import _clipping
 from graphgrad.keras._layer_index import (
   CallPatches,
   direct_variables,
@@ -203,7 +203,7 @@ def _kernel_forms(layer, x, dy, batch, product, kernel_form):
   ``g``, the bias' per example."""
   kernel = tf_variable(layer.kernel)
   bias = tf_variable(getattr(layer, "bias", None))
-  dtype = _privacy.norm_dtype(kernel.dtype)
+  dtype = _clipping.norm_dtype(kernel.dtype)
 
   def z():
     out = product(tf.cast(kernel, x.dtype))
@@ -212,7 +212,7 @@ def _kernel_forms(layer, x, dy, batch, product, kernel_form):
   g = _pre_activation_grad(layer, z, dy)
   out = [(kernel, kernel_form(g, dtype))]
   if bias is not None:
-    out.append((bias, ("example", _privacy.broadcast_per_example(
+    out.append((bias, ("example", _clipping.broadcast_per_example(
         tf.cast(g, dtype), bias.shape, batch))))
   return out
 
@@ -223,8 +223,9 @@ def _dense(layer, x, dy, batch):
     return None
   return _kernel_forms(layer, x, dy, batch,
                        lambda k: tf.tensordot(x, k, axes=1),
-                       lambda g, dtype: ("dense", _privacy.rows(x, batch, dtype),
-                                         _privacy.rows(g, batch, dtype)))
+                       lambda g, dtype: (
+                           "dense", _clipping.rows(x, batch, dtype),
+                           _clipping.rows(g, batch, dtype)))
 
 
 def _conv2d(layer, x, dy, batch):
@@ -238,7 +239,7 @@ def _conv2d(layer, x, dy, batch):
   return _kernel_forms(
       layer, x, dy, batch,
       lambda k: tf.nn.conv2d(x, k, strides, padding),
-      lambda g, dtype: _privacy.conv_form(x, g, shape, strides, padding))
+      lambda g, dtype: _clipping.conv_form(x, g, shape, strides, padding))
 
 
 def _embedding(layer, x, dy, batch):
@@ -246,9 +247,9 @@ def _embedding(layer, x, dy, batch):
       layer, "quantization_mode", None):
     return None
   table = tf_variable(layer.embeddings)
-  dtype = _privacy.norm_dtype(table.dtype)
+  dtype = _clipping.norm_dtype(table.dtype)
   ids = tf.reshape(tf.cast(x, tf.int64), [batch, -1])
-  return [(table, ("embedding", ids, _privacy.rows(dy, batch, dtype)))]
+  return [(table, ("embedding", ids, _clipping.rows(dy, batch, dtype)))]
 
 
 def _layer_norm(layer, x, dy, batch):
@@ -260,16 +261,16 @@ def _layer_norm(layer, x, dy, batch):
   if axes != list(range(rank - len(axes), rank)):
     return None  # the scale lines up with trailing axes only
   gamma, beta = tf_variable(layer.gamma), tf_variable(layer.beta)
-  dtype = _privacy.norm_dtype((beta if gamma is None else gamma).dtype)
+  dtype = _clipping.norm_dtype((beta if gamma is None else gamma).dtype)
   xf, g = tf.cast(x, dtype), tf.cast(dy, dtype)
   mean, var = tf.nn.moments(xf, axes=axes, keepdims=True)
   normed = (xf - mean) * tf.math.rsqrt(var + layer.epsilon)
   out = []
   if gamma is not None:
-    out.append((gamma, ("example", _privacy.broadcast_per_example(
+    out.append((gamma, ("example", _clipping.broadcast_per_example(
         normed * g, gamma.shape, batch))))
   if beta is not None:
-    out.append((beta, ("example", _privacy.broadcast_per_example(
+    out.append((beta, ("example", _clipping.broadcast_per_example(
         g, beta.shape, batch))))
   if any(f[1] is None for _, f in out):
     return None
@@ -298,7 +299,7 @@ def _fallback(call: Dict[str, Any], dy, batch) -> Forms:
     log.warning("privatize: no norm rule for %s layers (%r); their "
                 "per-example gradients are computed through their own call, "
                 "one example at a time.", key, layer.name)
-  dtype = _privacy.norm_dtype(variables[0].dtype)
+  dtype = _clipping.norm_dtype(variables[0].dtype)
   vjp = TapeVJP.of_call(lambda x: fn(x, *args[1:], **kwargs), [args[0]])
   per = vjp.per_example([call["out"]], [dy], variables, batch)
   return [(v, ("example", tf.cast(p, dtype))) for v, p in zip(variables, per)]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from graphgrad.core import _privacy
+from graphgrad.core import _clipping
 
 
 @pytest.mark.parametrize("shape, k, stride, padding", [
@@ -22,7 +22,7 @@ from graphgrad.core import _privacy
 def test_patches_equal_extract_patches(shape, k, stride, padding):
   x = tf.constant(np.random.default_rng(0).normal(size=shape), tf.float32)
   strides = [1, stride, stride, 1]
-  got = _privacy.patches(x, k[0], k[1], strides, padding)
+  got = _clipping.patches(x, k[0], k[1], strides, padding)
   ref = tf.image.extract_patches(x, [1, k[0], k[1], 1], strides,
                                  [1, 1, 1, 1], padding)
   np.testing.assert_array_equal(got.numpy(), ref.numpy())
@@ -61,13 +61,13 @@ def test_conv_form_norms_and_clipped_sum(cin, cout, stride, padding):
   per = _per_example_conv_grads(x.astype(np.float64), g.astype(np.float64),
                                 kh, kw, stride, padding)
   shape = [kh, kw, cin, cout]
-  form = _privacy.conv_form(tf.constant(x), tf.constant(g), shape,
+  form = _clipping.conv_form(tf.constant(x), tf.constant(g), shape,
                             [1, stride, stride, 1], padding)
-  norms = _privacy.combined_sq_norms([form, form], shape, b, tf.float32)
+  norms = _clipping.combined_sq_norms([form, form], shape, b, tf.float32)
   # Two uses of one kernel: each example's gradient is twice its own.
   np.testing.assert_allclose(norms.numpy(),
                              4 * (per ** 2).sum(axis=(1, 2, 3, 4)), rtol=1e-5)
   c = np.array([1.0, 0.5, 0.25, 0.0], np.float32)
-  got = _privacy.clipped_sum([form], tf.constant(c), shape, b, tf.float32)
+  got = _clipping.clipped_sum([form], tf.constant(c), shape, b, tf.float32)
   np.testing.assert_allclose(got.numpy(), np.tensordot(c, per, axes=1),
                              rtol=1e-5, atol=1e-6)
