@@ -7,10 +7,10 @@ gradient at every recorded output; each layer type supplies its boundary
 tensors to the shared rules of :mod:`graphgrad.core._clipping`: ``Dense``
 (input, pre-activation gradient), ``Conv2D`` (the same, and its
 strides), ``Embedding`` (ids, gradient), ``LayerNormalization``
-(normalized input times gradient). Another layer gets the exact per-example gradients of its
-own variables through its own call (``TapeVJP.per_example``), logged once.
-The recorder is the tape's :class:`~graphgrad.core._privacy.Uses`; the
-algorithm, norms, clip, book-keeping sums and noise, is
+(normalized input times gradient). Another layer gets the exact
+per-example gradients of its own variables through its own call
+(``TapeVJP.per_example``), logged once. The recorder is the tape's
+:class:`~graphgrad.core._privacy.Uses`; the algorithm is
 :func:`graphgrad.core._privacy.private_gradients`, as for a GradientPlan.
 """
 
