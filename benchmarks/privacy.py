@@ -18,7 +18,8 @@ variant's step over the plain one is taken per repetition (paired). Peak
 memory: a fresh seeded process per figure (``get_memory_info("CPU:0")
 ["peak"]`` after a warm-up step), ``--peak-reps`` per figure. With
 ``--others``, Opacus (hooks, ghost clipping) and JAX ``vmap`` run the same
-models against their own plain steps, when installed (never in CI).
+models against their own plain steps, when installed (never in CI;
+``--others-python`` names an interpreter that has them).
 """
 
 import argparse
@@ -201,16 +202,17 @@ def paired(steps: Dict[str, Callable[[], None]], reps: int,
            target_s: float = 0.5) -> Dict:
   """Alternating, rotating repetitions; ratios to ``minimize`` per rep."""
   names = list(steps)
-  for fn in steps.values():  # trace, warm up
-    for _ in range(3):
+  k = {}
+  for v, fn in steps.items():  # trace, warm up, then steps per sample
+    for _ in range(2):
       fn()
-  t = time.perf_counter()
-  steps["minimize"]()
-  k = max(1, round(target_s / (time.perf_counter() - t)))
+    t = time.perf_counter()
+    fn()
+    k[v] = max(1, round(target_s / (time.perf_counter() - t)))
   samples: Dict[str, List[float]] = {v: [] for v in names}
   for r in range(reps):
     for v in names[r % len(names):] + names[:r % len(names)]:
-      n = k if v != "vectorized" else max(1, k // 8)
+      n = k[v]
       t = time.perf_counter()
       for _ in range(n):
         steps[v]()
@@ -251,10 +253,10 @@ def peak_child(model: str, plan: str, variant: str, batch: int,
       "CPU:0")["peak"]}
 
 
-def _child(*args) -> Dict:
+def _child(*args, python: str = sys.executable) -> Dict:
   env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true",
              TF_CPP_MIN_LOG_LEVEL="3", PYTHONHASHSEED="0")
-  out = subprocess.run([sys.executable, "-m", "benchmarks.privacy",
+  out = subprocess.run([python, "-m", "benchmarks.privacy",
                         *map(str, args)],
                        env=env, capture_output=True, text=True, check=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
@@ -275,6 +277,8 @@ def main(argv=None) -> Dict:
                       help="minimize first; add vectorized for GradientPlan")
   parser.add_argument("--others", action="store_true",
                       help="also Opacus and JAX, where installed")
+  parser.add_argument("--others-python", default=sys.executable,
+                      help="the interpreter that has Opacus and JAX")
   parser.add_argument("--out", default=None)
   a = parser.parse_args(argv)
   models, plans = a.models.split(","), a.plans.split(",")
@@ -315,7 +319,8 @@ def main(argv=None) -> Dict:
               f"plain {res['peak_ratio'][v]:.2f}x", flush=True)
     if a.others:
       others = _child("others", threads, "--reps", a.reps, "--batch",
-                      a.batch, "--models", a.models)
+                      a.batch, "--models", a.models,
+                      python=a.others_python)
       for key, res in others.items():
         results[f"{key}/{threads}"] = res
         for v, r in list(res["ratio"].items())[1:]:
