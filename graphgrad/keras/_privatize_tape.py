@@ -91,12 +91,21 @@ class Recorder:
 
   def _wrapper(self, layer, call):
     def wrapped_call(*args, **kwargs):
-      out = call(*args, **kwargs)
+      act = _activation_to_split(layer, args)
+      if act is None:
+        pre = out = call(*args, **kwargs)
+      else:  # the pre-activation's gradient comes from the one backward pass
+        layer.activation = _identity
+        try:
+          pre = call(*args, **kwargs)
+        finally:
+          layer.activation = act
+        out = act(pre)
       # Which layers hold variables is read after the forward pass
       # (_holding): inside a call, Keras 3's autocast scope of a
       # mixed_float16 layer reads each variable as a float16 tensor.
       self.calls.append(dict(layer=layer, call=call, args=args,
-                             kwargs=kwargs, out=out))
+                             kwargs=kwargs, out=pre))
       return out
     return wrapped_call
 
@@ -188,28 +197,37 @@ def _forms(call: Dict[str, Any], dy, batch) -> Forms:
   return _fallback(call, dy, batch)
 
 
-def _pre_activation_grad(layer, z_fn, dy):
-  """The gradient at the pre-activation ``z`` from the one at the output."""
+def _identity(x):
+  return x
+
+
+def _linear(layer) -> bool:
   act = getattr(layer, "activation", None)
-  if act is None or getattr(act, "__name__", "") == "linear":
-    return dy
-  vjp, y = TapeVJP.record(act, [z_fn()], persistent=False)
-  return vjp.vjp([y], [tf.cast(dy, y.dtype)], vjp.inputs)[0]
+  return act is None or getattr(act, "__name__", "") == "linear"
 
 
-def _kernel_forms(layer, x, dy, batch, product, kernel_form):
+def _activation_to_split(layer, args):
+  """The activation a recorded call applies after its kernel rule's
+  product, or ``None``: the call then records its pre-activation output,
+  whose gradient the rule needs, and the activation runs after it."""
+  kind = _kind(layer)
+  if (kind not in _KERNEL_RULES or _linear(layer) or len(args) != 1
+      or not isinstance(args[0], tf.Tensor)
+      or not _KERNEL_RULES[kind](layer)):
+    return None
+  return layer.activation
+
+
+def _kernel_forms(layer, dy, batch, kernel_form):
   """The forms of a layer ``activation(product(kernel) + bias)``: the
-  kernel's ``kernel_form(g, dtype)`` from the pre-activation gradient
-  ``g``, the bias' per example."""
+  kernel's ``kernel_form(g, dtype)`` from the gradient ``g = dy`` at the
+  pre-activation, the bias' per example. A call the rule reads (one
+  tensor argument, a layer the rule accepts) recorded its pre-activation
+  (:func:`_activation_to_split`)."""
   kernel = tf_variable(layer.kernel)
   bias = tf_variable(getattr(layer, "bias", None))
   dtype = _clipping.norm_dtype(kernel.dtype)
-
-  def z():
-    out = product(tf.cast(kernel, x.dtype))
-    return out if bias is None else out + tf.cast(bias, x.dtype)
-
-  g = _pre_activation_grad(layer, z, dy)
+  g = dy
   out = [(kernel, kernel_form(g, dtype))]
   if bias is not None:
     out.append((bias, ("example", _clipping.broadcast_per_example(
@@ -217,29 +235,34 @@ def _kernel_forms(layer, x, dy, batch, product, kernel_form):
   return out
 
 
+def _dense_ok(layer) -> bool:
+  return not (getattr(layer, "lora_enabled", False)
+              or getattr(layer, "quantization_mode", None))
+
+
 def _dense(layer, x, dy, batch):
-  if getattr(layer, "lora_enabled", False) or getattr(
-      layer, "quantization_mode", None):
+  if not _dense_ok(layer):
     return None
-  return _kernel_forms(layer, x, dy, batch,
-                       lambda k: tf.tensordot(x, k, axes=1),
-                       lambda g, dtype: (
-                           "dense", _clipping.rows(x, batch, dtype),
-                           _clipping.rows(g, batch, dtype)))
+  return _kernel_forms(layer, dy, batch, lambda g, dtype: (
+      "dense", _clipping.rows(x, batch, dtype),
+      _clipping.rows(g, batch, dtype)))
+
+
+def _conv2d_ok(layer) -> bool:
+  return (layer.data_format == "channels_last"
+          and getattr(layer, "groups", 1) == 1
+          and tuple(layer.dilation_rate) == (1, 1)
+          and layer.padding in ("same", "valid"))
 
 
 def _conv2d(layer, x, dy, batch):
-  if (layer.data_format != "channels_last" or getattr(layer, "groups", 1) != 1
-      or tuple(layer.dilation_rate) != (1, 1)
-      or layer.padding not in ("same", "valid")):
+  if not _conv2d_ok(layer):
     return None
   shape = tf_variable(layer.kernel).shape
   strides = [1, *layer.strides, 1]
   padding = layer.padding.upper()
-  return _kernel_forms(
-      layer, x, dy, batch,
-      lambda k: tf.nn.conv2d(x, k, strides, padding),
-      lambda g, dtype: _clipping.conv_form(x, g, shape, strides, padding))
+  return _kernel_forms(layer, dy, batch, lambda g, dtype: (
+      _clipping.conv_form(x, g, shape, strides, padding)))
 
 
 def _embedding(layer, x, dy, batch):
@@ -279,6 +302,8 @@ def _layer_norm(layer, x, dy, batch):
 
 _RULES = {"Dense": _dense, "Conv2D": _conv2d, "Embedding": _embedding,
           "LayerNormalization": _layer_norm}
+# The rules that read the gradient at the pre-activation, and when they apply.
+_KERNEL_RULES = {"Dense": _dense_ok, "Conv2D": _conv2d_ok}
 
 
 def _fallback(call: Dict[str, Any], dy, batch) -> Forms:
