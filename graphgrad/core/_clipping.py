@@ -63,6 +63,16 @@ def patches(x: tf.Tensor, kh: int, kw: int, strides, padding: str
     eye = np.eye(kh * kw * c, dtype=x.dtype.as_numpy_dtype)
     return tf.nn.conv2d(x, eye.reshape(kh, kw, c, kh * kw * c),
                         [1, sh, sw, 1], padding)
+  flat, pixels, ho, wo = _pixels(x, kh, kw, sh, sw, padding)
+  out = tf.gather(flat, pixels.reshape(-1), axis=1)  # [B, ho*wo*kh*kw, c]
+  return tf.reshape(out, [-1, ho, wo, kh * kw * c])
+
+
+def _pixels(x, kh, kw, sh, sw, padding):
+  """``x`` padded and flattened to ``[B, H*W, C]``, and the index of the
+  pixel each output position reads at each kernel offset, ``[ho, wo, kh,
+  kw]`` (static spatial sizes)."""
+  h, w = x.shape[1], x.shape[2]
   if padding == "SAME":
     ho, wo = -(-h // sh), -(-w // sw)
     ph = max((ho - 1) * sh + kh - h, 0)
@@ -74,9 +84,44 @@ def patches(x: tf.Tensor, kh: int, kw: int, strides, padding: str
     ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
   rows = np.arange(ho)[:, None, None, None] * sh + np.arange(kh)[:, None]
   cols = np.arange(wo)[:, None, None] * sw + np.arange(kw)
-  pixels = (rows * w + cols).reshape(-1).astype(np.int32)  # [ho,wo,kh,kw]
-  out = tf.gather(tf.reshape(x, [-1, h * w, c]), pixels, axis=1)
-  return tf.reshape(out, [-1, ho, wo, kh * kw * c])
+  pixels = (rows * w + cols).astype(np.int32)
+  return tf.reshape(x, [-1, h * w, x.shape[3]]), pixels, ho, wo
+
+
+def _conv_sq_norms(forms, dtype) -> Optional[tf.Tensor]:
+  """``[B]`` squared norms of a kernel whose uses are all conv forms, one
+  kernel offset at a time: ``sum_k ||sum_t x_{t+k} g_t^T||^2``, the
+  per-example product without the patches (a ``[B, T, C]`` slice at a
+  time, not ``[B, T, kh*kw*C]``). ``None`` where the patches are cheaper:
+  dynamic spatial sizes, small patches, or a ghost norm cheaper than the
+  per-example product."""
+  (kh, kw, cin, cout), t = forms[0][3][0], 0
+  for f in forms:
+    x, g = f[1], f[2]
+    if None in (x.shape[1], x.shape[2], x.shape[3], g.shape[1], g.shape[2]):
+      return None
+    t += g.shape[1] * g.shape[2]
+  p = kh * kw * cin
+  if p <= 16 or t * t * (p + cout) <= t * p * cout:
+    return None
+  grids = []
+  for f in forms:  # unfolded once the gradient is there (_conv_rows)
+    with tf.control_dependencies([f[2]]):
+      strides = f[3][1]
+      grids.append(_pixels(tf.cast(f[1], dtype), kh, kw, strides[1],
+                           strides[2], f[3][2]))
+  g = tf.concat([tf.reshape(tf.cast(f[2], dtype), [tf.shape(f[2])[0], -1,
+                                                   cout]) for f in forms], 1)
+  total = None
+  for i in range(kh):
+    for j in range(kw):
+      with tf.control_dependencies([] if total is None else [total]):
+        a = tf.concat([tf.gather(flat, pixels[:, :, i, j].reshape(-1),
+                                 axis=1) for flat, pixels, _, _ in grids], 1)
+      sq = tf.reduce_sum(tf.square(tf.matmul(a, g, transpose_a=True)),
+                         axis=[1, 2])
+      total = sq if total is None else total + sq
+  return total
 
 
 def conv_form(x: tf.Tensor, g: tf.Tensor, kernel_shape, strides,
@@ -96,7 +141,11 @@ def _conv_rows(form, batch, dtype):
   """A conv form as the dense form of its patches."""
   _, x, g, (shape, strides, padding) = form
   kh, kw, cin = shape[:3]
-  a = rows(patches(x, kh, kw, strides, padding), batch, dtype, kh * kw * cin)
+  # Unfolded once the gradient is there, not when the forward pass made
+  # x: the patches then live beside the norms alone, not the backward pass.
+  with tf.control_dependencies([g]):
+    a = rows(patches(x, kh, kw, strides, padding), batch, dtype,
+             kh * kw * cin)
   return ("dense", a, rows(g, batch, dtype))
 
 
@@ -134,12 +183,17 @@ def combined_sq_norms(forms, var_shape, batch, dtype) -> tf.Tensor:
 
   ``forms`` are the variable's uses, each ``("dense", a, g)``,
   ``("embedding", ids, g)``, ``("example", per_example)`` or a
-  :func:`conv_form` (a dense form of its patches here). A variable used
+  :func:`conv_form` (one kernel offset at a time, :func:`_conv_sq_norms`,
+  or a dense form of its patches). A variable used
   several times (a shared layer, an unrolled loop) has the sum of its uses'
   gradients per example: uses of one kind are concatenated along ``T`` (the
   ghost norm then holds the cross terms); uses of several kinds are each
   made into per-example gradients ``[B, *var_shape]`` and summed.
   """
+  if all(f[0] == "conv" for f in forms):
+    norms = _conv_sq_norms(forms, dtype)
+    if norms is not None:
+      return norms
   forms = [_conv_rows(f, batch, dtype) if f[0] == "conv" else f
            for f in forms]
   kinds = {f[0] for f in forms}

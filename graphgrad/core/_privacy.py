@@ -459,6 +459,10 @@ class Noise:
           if where is not None:
             stddev = stddev * tf.cast(where, dtype)
           shape = g.shape if g.shape.is_fully_defined() else tf.shape(g)
-          g = g + tf.cast(gaussian(shape, seed, dtype, stddev), g.dtype)
+          # Drawn once its sum is ready, not all at the step's start: the
+          # noise's temporaries then live beside one gradient, not all.
+          with tf.control_dependencies([g]):
+            z = gaussian(shape, seed, dtype, stddev)
+          g = g + tf.cast(z, g.dtype)
         out.append(g)
       return out

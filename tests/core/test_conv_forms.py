@@ -46,17 +46,19 @@ def _per_example_conv_grads(x, g, kh, kw, stride, padding):
   return out
 
 
-@pytest.mark.parametrize("cin, cout, stride, padding", [
-    (1, 4, 1, "SAME"),   # c scales the input, the smaller
-    (3, 2, 2, "SAME"),   # c scales the output gradient
-    (2, 3, 2, "VALID"),
+@pytest.mark.parametrize("cin, cout, stride, padding, size", [
+    (1, 4, 1, "SAME", (9, 8)),   # patches by a one-hot convolution
+    (3, 2, 2, "SAME", (9, 8)),   # norms one kernel offset at a time
+    (2, 3, 2, "VALID", (9, 8)),
+    (8, 16, 2, "SAME", (4, 4)),  # 4 positions: the ghost norm of patches
 ])
-def test_conv_form_norms_and_clipped_sum(cin, cout, stride, padding):
+def test_conv_form_norms_and_clipped_sum(cin, cout, stride, padding, size):
   rng = np.random.default_rng(1)
   b, kh, kw = 4, 3, 3
-  x = rng.normal(size=(b, 9, 8, cin)).astype(np.float32)
-  ho = -(-9 // stride) if padding == "SAME" else (9 - kh) // stride + 1
-  wo = -(-8 // stride) if padding == "SAME" else (8 - kw) // stride + 1
+  h, w = size
+  x = rng.normal(size=(b, h, w, cin)).astype(np.float32)
+  ho = -(-h // stride) if padding == "SAME" else (h - kh) // stride + 1
+  wo = -(-w // stride) if padding == "SAME" else (w - kw) // stride + 1
   g = rng.normal(size=(b, ho, wo, cout)).astype(np.float32)
   per = _per_example_conv_grads(x.astype(np.float64), g.astype(np.float64),
                                 kh, kw, stride, padding)
