@@ -63,29 +63,51 @@ def patches(x: tf.Tensor, kh: int, kw: int, strides, padding: str
     eye = np.eye(kh * kw * c, dtype=x.dtype.as_numpy_dtype)
     return tf.nn.conv2d(x, eye.reshape(kh, kw, c, kh * kw * c),
                         [1, sh, sw, 1], padding)
-  flat, pixels, ho, wo = _pixels(x, kh, kw, sh, sw, padding)
+  flat, pixels, ho, wo, _ = _pixels(x, kh, kw, sh, sw, padding)
   out = tf.gather(flat, pixels.reshape(-1), axis=1)  # [B, ho*wo*kh*kw, c]
   return tf.reshape(out, [-1, ho, wo, kh * kw * c])
 
 
-def _pixels(x, kh, kw, sh, sw, padding):
-  """``x`` padded and flattened to ``[B, H*W, C]``, and the index of the
-  pixel each output position reads at each kernel offset, ``[ho, wo, kh,
-  kw]`` (static spatial sizes)."""
+def _pixels(x, kh, kw, sh, sw, padding, pad: bool = True):
+  """``x`` flattened to ``[B, H*W, C]``, the index of the pixel each
+  output position reads at each kernel offset, ``[ho, wo, kh, kw]``, and
+  ``ho, wo`` (static spatial sizes). With ``pad``, ``x`` is padded first;
+  without, a pixel of the padding reads a clamped pixel, and the fourth
+  result, ``[ho, wo, kh, kw]`` booleans (``None`` for all), says which
+  are inside the input."""
   h, w = x.shape[1], x.shape[2]
   if padding == "SAME":
     ho, wo = -(-h // sh), -(-w // sw)
     ph = max((ho - 1) * sh + kh - h, 0)
     pw = max((wo - 1) * sw + kw - w, 0)
+  else:
+    ho, wo, ph, pw = (h - kh) // sh + 1, (w - kw) // sw + 1, 0, 0
+  rows = (np.arange(ho)[:, None, None, None] * sh + np.arange(kh)[:, None]
+          + np.zeros([1, wo, 1, kw], np.int64))
+  cols = (np.arange(wo)[:, None, None] * sw + np.arange(kw)
+          + np.zeros([ho, 1, kh, 1], np.int64))
+  if pad and (ph or pw):
     x = tf.pad(x, [[0, 0], [ph // 2, ph - ph // 2], [pw // 2, pw - pw // 2],
                    [0, 0]])
-    h, w = h + ph, w + pw
+    h, w, inside = h + ph, w + pw, None
   else:
-    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
-  rows = np.arange(ho)[:, None, None, None] * sh + np.arange(kh)[:, None]
-  cols = np.arange(wo)[:, None, None] * sw + np.arange(kw)
+    rows, cols = rows - ph // 2, cols - pw // 2
+    inside = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
+    rows, cols = np.clip(rows, 0, h - 1), np.clip(cols, 0, w - 1)
+    inside = None if inside.all() else inside
   pixels = (rows * w + cols).astype(np.int32)
-  return tf.reshape(x, [-1, h * w, x.shape[3]]), pixels, ho, wo
+  return tf.reshape(x, [-1, h * w, x.shape[3]]), pixels, ho, wo, inside
+
+
+def _offset(grid, i: int, j: int, dtype) -> tf.Tensor:
+  """``[B, ho*wo, C]``: the pixels a convolution reads at offset ``(i, j)``
+  (:func:`_pixels` without padding), those of the padding zero."""
+  flat, pixels, _, _, inside = grid
+  a = tf.cast(tf.gather(flat, pixels[:, :, i, j].reshape(-1), axis=1), dtype)
+  if inside is None or inside[:, :, i, j].all():
+    return a
+  mask = inside[:, :, i, j].reshape(-1, 1).astype(dtype.as_numpy_dtype)
+  return a * mask
 
 
 def _conv_sq_norms(forms, dtype) -> Optional[tf.Tensor]:
@@ -104,20 +126,17 @@ def _conv_sq_norms(forms, dtype) -> Optional[tf.Tensor]:
   p = kh * kw * cin
   if p <= 16 or t * t * (p + cout) <= t * p * cout:
     return None
-  grids = []
-  for f in forms:  # unfolded once the gradient is there (_conv_rows)
-    with tf.control_dependencies([f[2]]):
-      strides = f[3][1]
-      grids.append(_pixels(tf.cast(f[1], dtype), kh, kw, strides[1],
-                           strides[2], f[3][2]))
+  # Unpadded (a padded copy would live through every offset), each offset
+  # read once the gradient is there (_conv_rows).
+  grids = [_pixels(f[1], kh, kw, f[3][1][1], f[3][1][2], f[3][2], pad=False)
+           for f in forms]
   g = tf.concat([tf.reshape(tf.cast(f[2], dtype), [tf.shape(f[2])[0], -1,
                                                    cout]) for f in forms], 1)
   total = None
   for i in range(kh):
     for j in range(kw):
-      with tf.control_dependencies([] if total is None else [total]):
-        a = tf.concat([tf.gather(flat, pixels[:, :, i, j].reshape(-1),
-                                 axis=1) for flat, pixels, _, _ in grids], 1)
+      with tf.control_dependencies([g] if total is None else [total]):
+        a = tf.concat([_offset(grid, i, j, dtype) for grid in grids], 1)
       sq = tf.reduce_sum(tf.square(tf.matmul(a, g, transpose_a=True)),
                          axis=[1, 2])
       total = sq if total is None else total + sq

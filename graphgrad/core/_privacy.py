@@ -440,10 +440,14 @@ class Noise:
       step = None
       if sigma > 0:
         step = self.counter.assign_add(1, read_value=True)
-      out: list = []
-      for j, g in enumerate(grads):
+      out: list = [None] * len(grads)
+      previous: list = []
+      # Last first, as a backward pass makes them: each draw waits for its
+      # sum and for the draw before, so one draw's temporaries are alive
+      # at a time, beside the gradients, not all of them at the start.
+      for j in reversed(range(len(grads))):
+        g = grads[j]
         if g is None:
-          out.append(None)
           continue
         if isinstance(g, tf.IndexedSlices):
           g = tf.math.unsorted_segment_sum(
@@ -459,10 +463,9 @@ class Noise:
           if where is not None:
             stddev = stddev * tf.cast(where, dtype)
           shape = g.shape if g.shape.is_fully_defined() else tf.shape(g)
-          # Drawn once its sum is ready, not all at the step's start: the
-          # noise's temporaries then live beside one gradient, not all.
-          with tf.control_dependencies([g]):
+          with tf.control_dependencies([g] + previous):
             z = gaussian(shape, seed, dtype, stddev)
           g = g + tf.cast(z, g.dtype)
-        out.append(g)
+          previous = [g]
+        out[j] = g
       return out
