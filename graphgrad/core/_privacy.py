@@ -441,11 +441,7 @@ class Noise:
       if sigma > 0:
         step = self.counter.assign_add(1, read_value=True)
       out: list = [None] * len(grads)
-      previous: list = []
-      # Last first, as a backward pass makes them: each draw waits for its
-      # sum and for the draw before, so one draw's temporaries are alive
-      # at a time, beside the gradients, not all of them at the start.
-      for j in reversed(range(len(grads))):
+      for j in range(len(grads)):
         g = grads[j]
         if g is None:
           continue
@@ -463,9 +459,11 @@ class Noise:
           if where is not None:
             stddev = stddev * tf.cast(where, dtype)
           shape = g.shape if g.shape.is_fully_defined() else tf.shape(g)
-          with tf.control_dependencies([g] + previous):
+          # Drawn once its sum is ready, not at the step's start: the
+          # draw's temporaries then live beside one sum, not beside the
+          # whole backward pass.
+          with tf.control_dependencies([g]):
             z = gaussian(shape, seed, dtype, stddev)
           g = g + tf.cast(z, g.dtype)
-          previous = [g]
         out[j] = g
       return out
