@@ -1,27 +1,25 @@
-"""Suite: the cost of ``plan.privatize`` (DP-SGD) against ``minimize()``.
+"""Suite: the cost of ``plan.privatize`` (DP-SGD) against the plain step.
 
-Models: a 6x512 MLP (ReLU, softmax cross-entropy, batch 256) and a conv net
-(``conv2d`` + ``bias_add`` 3x3x16 SAME, 3x3x32 stride 2, dense 10; 28x28x1
-inputs, batch 256). Variants, each in its own tf.Graph:
+Models: a 6x512 MLP (ReLU, softmax cross-entropy) and a conv net (3x3x16
+SAME, 3x3x32 stride 2, dense 10; 28x28x1 inputs), at batch 256, the same
+on both plans. Variants, each against its own plan's plain step:
 
-* ``minimize``: ``opt.minimize(mean loss)``, no privacy;
-* ``privatize``: ``gg.GradientPlan(per-example loss).privatize(1.0, 1.1)
-  .apply_gradients(opt)`` (ghost norms, book-keeping sums: no second
-  backward pass);
-* ``clip_only``: the same with ``noise_multiplier=0``: the cost of the
-  clipping alone, without drawing the noise;
-* ``vectorized``: per-example gradients with ``tf.vectorized_map`` over
-  ``tf.gradients(loss[i], vars)``, clipped, summed, noised (the vectorized
-  route of TF Privacy's optimizers).
+* ``minimize``: ``opt.minimize(mean loss)`` in a Session (GradientPlan), a
+  ``GradientTape`` step in a ``tf.function`` (KerasPlan); no privacy;
+* ``privatize``: the plan with ``privatize(1.0, 1.1)`` (ghost norms,
+  book-keeping sums, one noise draw);
+* ``clip_only``: ``noise_multiplier=0``, the cost of the clipping alone;
+* ``vectorized`` (GradientPlan, on request): ``tf.vectorized_map`` of
+  per-example gradients, clipped, summed, noised.
 
-Step time: the three sessions live in one process (one thread each) and
-their steps alternate, the order rotating, so a slow spell of the shared
-machine hits all alike; each sample is the mean of ``k`` steps, and the
-ratio to ``minimize`` is taken per repetition. Peak memory: a fresh process
-per (model, variant) with ``TF_CPU_ALLOCATOR_USE_BFC=true`` reads
-``get_memory_info("CPU:0")["peak"]`` over one step after a warm-up step.
-
-Run ``python -m benchmarks.privacy [--reps N] [--out FILE.json]``.
+Step time: a fresh process per thread count (1 and 2 intra- and inter-op
+threads); in it the variants alternate, the order rotating, and each
+variant's step over the plain one is taken per repetition (paired). Peak
+memory: a fresh seeded process per figure (``get_memory_info("CPU:0")
+["peak"]`` after a warm-up step), ``--peak-reps`` per figure. With
+``--others``, Opacus (hooks, ghost clipping) and JAX ``vmap`` run the same
+models against their own plain steps, when installed (never in CI;
+``--others-python`` names an interpreter that has them).
 """
 
 import argparse
@@ -31,62 +29,71 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import numpy as np
 
-VARIANTS = ("minimize", "privatize", "clip_only", "vectorized")
+VARIANTS = ("minimize", "privatize", "clip_only")
 MODELS = ("mlp6x512", "convnet")
-BATCH = 256
+PLANS = ("graph", "keras")
+CLIP, SIGMA = 1.0, 1.1
 
 
-def _build(model: str):
-  """(per-example loss, feed) in the default tf.Graph."""
+def _weights(model: str) -> List[np.ndarray]:
+  """The models' initial weights, in layer order (kernel, bias)."""
+  rng = np.random.default_rng(0)
+  shapes = ([(512, 512)] * 5 + [(512, 10)] if model == "mlp6x512" else
+            [(3, 3, 1, 16), (3, 3, 16, 32), (14 * 14 * 32, 10)])
+  out = []
+  for s in shapes:
+    fan_in = int(np.prod(s[:-1]))
+    out += [(rng.normal(size=s) * np.sqrt(2.0 / fan_in)).astype(np.float32),
+            np.zeros(s[-1], np.float32)]
+  return out
+
+
+def _data(model: str, batch: int):
+  rng = np.random.default_rng(1)
+  shape = (batch, 512) if model == "mlp6x512" else (batch, 28, 28, 1)
+  return (rng.normal(size=shape).astype(np.float32),
+          rng.integers(0, 10, batch).astype(np.int32))
+
+
+# -- GradientPlan: a tf.Graph and a Session per variant ------------------------
+
+
+def _graph_loss(model: str, batch: int):
+  """(per-example loss, x, y) in the default tf.Graph."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
-  rng = np.random.default_rng(0)
+  ws = iter(_weights(model))
 
-  def dense(x, units, name):
-    fan_in = int(x.shape[-1])
+  def layer(name):
     with tf1.variable_scope(name):
-      w = tf1.get_variable("kernel", initializer=(rng.normal(
-          size=(fan_in, units)) * np.sqrt(2.0 / fan_in)).astype(np.float32))
-      b = tf1.get_variable("bias", [units],
-                           initializer=tf1.zeros_initializer())
-    return tf.nn.bias_add(tf.matmul(x, w), b)
+      return (tf1.get_variable("kernel", initializer=next(ws)),
+              tf1.get_variable("bias", initializer=next(ws)))
 
-  def conv(x, channels, stride, name):
-    cin = int(x.shape[-1])
-    with tf1.variable_scope(name):
-      k = tf1.get_variable("kernel", initializer=(rng.normal(
-          size=(3, 3, cin, channels)) * np.sqrt(2.0 / (9 * cin))
-      ).astype(np.float32))
-      b = tf1.get_variable("bias", [channels],
-                           initializer=tf1.zeros_initializer())
-    return tf.nn.relu(tf.nn.bias_add(
-        tf.nn.conv2d(x, k, stride, "SAME"), b))
-
-  y = tf1.placeholder(tf.int32, [BATCH])
+  y = tf1.placeholder(tf.int32, [batch])
   if model == "mlp6x512":
-    x = tf1.placeholder(tf.float32, [BATCH, 512])
+    x = tf1.placeholder(tf.float32, [batch, 512])
     h = x
-    for i in range(5):
-      h = tf.nn.relu(dense(h, 512, f"l{i}"))
-    logits = dense(h, 10, "l5")
-    xs = rng.normal(size=(BATCH, 512)).astype(np.float32)
-  elif model == "convnet":
-    x = tf1.placeholder(tf.float32, [BATCH, 28, 28, 1])
-    h = conv(conv(x, 16, 1, "c1"), 32, 2, "c2")
-    logits = dense(tf.reshape(h, [BATCH, 14 * 14 * 32]), 10, "out")
-    xs = rng.normal(size=(BATCH, 28, 28, 1)).astype(np.float32)
+    for i in range(6):
+      k, b = layer(f"l{i}")
+      h = tf.nn.bias_add(tf.matmul(h, k), b)
+      h = tf.nn.relu(h) if i < 5 else h
   else:
-    raise ValueError(model)
-  loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y,
-                                                        logits=logits)
-  return loss, {x: xs, y: rng.integers(0, 10, BATCH).astype(np.int32)}
+    x = tf1.placeholder(tf.float32, [batch, 28, 28, 1])
+    h = x
+    for name, stride in (("c1", 1), ("c2", 2)):
+      k, b = layer(name)
+      h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, k, stride, "SAME"), b))
+    k, b = layer("out")
+    h = tf.nn.bias_add(tf.matmul(tf.reshape(h, [batch, -1]), k), b)
+  loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=h)
+  return loss, x, y
 
 
-def _train_op(variant: str, loss, clip=1.0, sigma=1.1):
+def _graph_train_op(variant: str, loss, batch: int):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
@@ -95,42 +102,95 @@ def _train_op(variant: str, loss, clip=1.0, sigma=1.1):
   if variant == "minimize":
     return opt.minimize(tf.reduce_mean(loss))
   if variant in ("privatize", "clip_only"):
-    noise = sigma if variant == "privatize" else 0.0
-    return gg.GradientPlan(loss).privatize(clip, noise).apply_gradients(opt)
+    sigma = SIGMA if variant == "privatize" else 0.0
+    return gg.GradientPlan(loss).privatize(CLIP, sigma).apply_gradients(opt)
   variables = tf1.trainable_variables()
   per = tf.vectorized_map(lambda i: tf.gradients(loss[i], variables),
-                          tf.range(BATCH))
+                          tf.range(batch))
   norms = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.reshape(
-      g, [BATCH, -1])), axis=1) for g in per]))
-  c = clip / tf.maximum(norms, clip)
-  grads = []
-  for g in per:
-    s = tf.tensordot(c, g, axes=1)
-    grads.append((s + tf.random.normal(tf.shape(s), stddev=sigma * clip))
-                 / BATCH)
+      g, [batch, -1])), axis=1) for g in per]))
+  c = CLIP / tf.maximum(norms, CLIP)
+  grads = [(tf.tensordot(c, g, axes=1) + tf.random.normal(
+      g.shape[1:], stddev=SIGMA * CLIP)) / batch for g in per]
   return opt.apply_gradients(zip(grads, variables))
 
 
-def _config():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
-                                  inter_op_parallelism_threads=1)
-
-
-def peak_child(model: str, variant: str) -> Dict:
-  """One figure: build, one warm-up step, reset the peak, one step."""
+def graph_step(model: str, variant: str, batch: int, threads: int
+               ) -> Callable[[], None]:
+  """One training step of ``variant`` in its own tf.Graph and Session."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf1 = tf.compat.v1
-  with tf.Graph().as_default():
-    loss, feed = _build(model)
-    train = _train_op(variant, loss)
-    with tf1.Session(config=_config()) as sess:
-      sess.run(tf1.global_variables_initializer())
-      sess.run(train, feed)
-      tf.config.experimental.reset_memory_stats("CPU:0")
-      sess.run(train, feed)
-      peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-  return {"peak_bytes": peak}
+  graph = tf.Graph()
+  with graph.as_default():
+    loss, x, y = _graph_loss(model, batch)
+    train = _graph_train_op(variant, loss, batch)
+    init = tf1.global_variables_initializer()
+  sess = tf1.Session(graph=graph, config=tf1.ConfigProto(
+      intra_op_parallelism_threads=threads,
+      inter_op_parallelism_threads=threads))
+  sess.run(init)
+  xs, ys = _data(model, batch)
+  feed = {x: xs, y: ys}
+  return lambda: sess.run(train, feed)
+
+
+# -- KerasPlan: a Keras 3 model and a traced step per variant ------------------
+
+
+def _keras_model(model: str):
+  import keras  # pylint: disable=g-import-not-at-top
+  L = keras.layers
+  if model == "mlp6x512":
+    layers = [keras.Input((512,))] + [
+        L.Dense(512, activation="relu") for _ in range(5)] + [L.Dense(10)]
+  else:
+    layers = [keras.Input((28, 28, 1)),
+              L.Conv2D(16, 3, padding="same", activation="relu"),
+              L.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
+              L.Flatten(), L.Dense(10)]
+  net = keras.Sequential(layers)
+  net.set_weights(_weights(model))
+  return net
+
+
+def keras_step(model: str, variant: str, batch: int) -> Callable[[], None]:
+  """One traced training step of ``variant`` on its own Keras model."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  import graphgrad as gg  # pylint: disable=g-import-not-at-top
+  net = _keras_model(model)
+  opt = keras.optimizers.SGD(1e-3)
+  opt.build(net.trainable_variables)
+  plan = None
+  if variant != "minimize":
+    sigma = SIGMA if variant == "privatize" else 0.0
+    plan = gg.KerasPlan(net).privatize(CLIP, sigma)
+
+  def per_example(x, y):
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y,
+                                                          logits=net(x))
+
+  @tf.function
+  def step(x, y):
+    if plan is None:
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(per_example(x, y))
+      grads = tape.gradient(loss, net.trainable_variables)
+    else:
+      with plan.tape() as tape:
+        loss = per_example(x, y)
+      grads = tape.gradient(loss)
+    opt.apply_gradients(zip(grads, net.trainable_variables))
+
+  xs, ys = (tf.constant(a) for a in _data(model, batch))
+  return lambda: step(xs, ys)
+
+
+def _set_threads(threads: int) -> None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.threading.set_intra_op_parallelism_threads(threads)
+  tf.config.threading.set_inter_op_parallelism_threads(threads)
 
 
 def _stats(xs: List[float]) -> Dict[str, float]:
@@ -138,84 +198,135 @@ def _stats(xs: List[float]) -> Dict[str, float]:
           "n": len(xs)}
 
 
-def timing(model: str, reps: int, variants=VARIANTS, target_s: float = 1.0
-           ) -> Dict:
-  """Step times of the variants, alternating in one process."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  tf1 = tf.compat.v1
-  runs = {}
-  for v in variants:
-    graph = tf.Graph()
-    with graph.as_default():
-      loss, feed = _build(model)
-      t = time.perf_counter()
-      train = _train_op(v, loss)
-      build = time.perf_counter() - t
-      sess = tf1.Session(graph=graph, config=_config())
-      sess.run(tf1.global_variables_initializer())
+def paired(steps: Dict[str, Callable[[], None]], reps: int,
+           target_s: float = 0.5) -> Dict:
+  """Alternating, rotating repetitions; ratios to ``minimize`` per rep."""
+  names = list(steps)
+  k = {}
+  for v, fn in steps.items():  # trace, warm up, then steps per sample
     for _ in range(2):
-      sess.run(train, feed)
-    runs[v] = (sess, train, feed, build)
-  sess, train, feed, _ = runs["minimize"]
-  t = time.perf_counter()
-  sess.run(train, feed)
-  k = max(1, round(target_s / (time.perf_counter() - t)))
-  samples: Dict[str, List[float]] = {v: [] for v in variants}
+      fn()
+    t = time.perf_counter()
+    fn()
+    k[v] = max(1, round(target_s / (time.perf_counter() - t)))
+  samples: Dict[str, List[float]] = {v: [] for v in names}
   for r in range(reps):
-    order = list(variants[r % len(variants):] + variants[:r % len(variants)])
-    for v in order:
-      sess, train, feed, _ = runs[v]
-      steps = k if v != "vectorized" else max(1, k // 8)
+    for v in names[r % len(names):] + names[:r % len(names)]:
+      n = k[v]
       t = time.perf_counter()
-      for _ in range(steps):
-        sess.run(train, feed)
-      samples[v].append((time.perf_counter() - t) / steps)
-  for sess, *_ in runs.values():
-    sess.close()
-  ratios = {v: _stats([a / b for a, b in zip(samples[v],
-                                             samples["minimize"])])
-            for v in variants}
+      for _ in range(n):
+        steps[v]()
+      samples[v].append((time.perf_counter() - t) / n)
   return {"step_s": {v: _stats(s) for v, s in samples.items()},
-          "ratio_to_minimize": ratios,
-          "build_s": {v: runs[v][3] for v in variants},
+          "ratio": {v: _stats([a / b for a, b in zip(
+              samples[v], samples["minimize"])]) for v in names},
           "steps_per_sample": k}
 
 
-def _peak(model: str, variant: str) -> int:
+def time_child(threads: int, models, plans, variants, batch: int,
+               reps: int) -> Dict:
+  """Every (model, plan)'s paired step times, in this process."""
+  _set_threads(threads)
+  out: Dict = {}
+  for model in models:
+    for plan in plans:
+      vs = [v for v in variants if plan == "graph" or v != "vectorized"]
+      if plan == "graph":
+        steps = {v: graph_step(model, v, batch, threads) for v in vs}
+      else:
+        steps = {v: keras_step(model, v, batch) for v in vs}
+      out[f"{model}/{plan}"] = paired(steps, reps)
+  return out
+
+
+def peak_child(model: str, plan: str, variant: str, batch: int,
+               threads: int) -> Dict:
+  """One figure: a warm-up step, the peak reset, one step."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  _set_threads(threads)
+  step = (graph_step(model, variant, batch, threads) if plan == "graph"
+          else keras_step(model, variant, batch))
+  step()
+  tf.config.experimental.reset_memory_stats("CPU:0")
+  step()
+  return {"peak_bytes": tf.config.experimental.get_memory_info(
+      "CPU:0")["peak"]}
+
+
+def _child(*args, python: str = sys.executable) -> Dict:
   env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true",
-             TF_CPP_MIN_LOG_LEVEL="3")
-  out = subprocess.run(
-      [sys.executable, "-m", "benchmarks.privacy", "child", model, variant],
-      env=env, capture_output=True, text=True, check=True)
-  return json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
+             TF_CPP_MIN_LOG_LEVEL="3", PYTHONHASHSEED="0")
+  out = subprocess.run([python, "-m", "benchmarks.privacy",
+                        *map(str, args)],
+                       env=env, capture_output=True, text=True, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> Dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("cmd", nargs="?", default="run")
+  parser.add_argument("cmd", nargs="?", default="run",
+                      choices=["run", "time", "peak", "others"])
   parser.add_argument("args", nargs="*")
-  parser.add_argument("--reps", type=int, default=7)
+  parser.add_argument("--reps", type=int, default=9)
+  parser.add_argument("--peak-reps", type=int, default=3)
+  parser.add_argument("--batch", type=int, default=256)
+  parser.add_argument("--threads", default="1,2")
   parser.add_argument("--models", default=",".join(MODELS))
+  parser.add_argument("--plans", default=",".join(PLANS))
   parser.add_argument("--variants", default=",".join(VARIANTS),
-                      help="minimize first")
+                      help="minimize first; add vectorized for GradientPlan")
+  parser.add_argument("--others", action="store_true",
+                      help="also Opacus and JAX, where installed")
+  parser.add_argument("--others-python", default=sys.executable,
+                      help="the interpreter that has Opacus and JAX")
   parser.add_argument("--out", default=None)
   a = parser.parse_args(argv)
-  if a.cmd == "child":
-    print(json.dumps(peak_child(*a.args)))
+  models, plans = a.models.split(","), a.plans.split(",")
+  variants = a.variants.split(",")
+  if a.cmd == "time":
+    print(json.dumps(time_child(int(a.args[0]), models, plans, variants,
+                                a.batch, a.reps)))
     return {}
-  results = {}
-  variants = tuple(a.variants.split(","))
-  for model in a.models.split(","):
-    res = timing(model, a.reps, variants)
-    res["peak_bytes"] = {v: _peak(model, v) for v in variants}
-    base = res["peak_bytes"]["minimize"]
-    res["peak_ratio"] = {v: p / base for v, p in res["peak_bytes"].items()}
-    results[model] = res
-    r = res["ratio_to_minimize"]
-    for v in variants[1:]:
-      print(f"{model} {v}: step / minimize() {r[v]['median']:.2f}x "
-            f"[{r[v]['min']:.2f}, {r[v]['max']:.2f}], peak / minimize() "
-            f"{res['peak_ratio'][v]:.2f}x", flush=True)
+  if a.cmd == "peak":
+    model, plan, variant, batch, threads = a.args
+    print(json.dumps(peak_child(model, plan, variant, int(batch),
+                                int(threads))))
+    return {}
+  if a.cmd == "others":
+    from benchmarks import _privacy_others  # pylint: disable=g-import-not-at-top
+    print(json.dumps(_privacy_others.run(int(a.args[0]), models, a.batch,
+                                         a.reps)))
+    return {}
+  results: Dict = {"batch": a.batch, "clip": CLIP, "sigma": SIGMA}
+  for threads in map(int, a.threads.split(",")):
+    timing = _child("time", threads, "--reps", a.reps, "--batch", a.batch,
+                    "--models", a.models, "--plans", a.plans,
+                    "--variants", a.variants)
+    for key, res in timing.items():
+      model, plan = key.split("/")
+      peaks = {v: [_child("peak", model, plan, v, a.batch, threads)
+                   ["peak_bytes"] for _ in range(a.peak_reps)]
+               for v in res["ratio"]}
+      base = statistics.median(peaks["minimize"])
+      res["peak_bytes"] = {v: _stats(p) for v, p in peaks.items()}
+      res["peak_ratio"] = {v: statistics.median(p) / base
+                           for v, p in peaks.items()}
+      results[f"{key}/{threads}"] = res
+      for v in list(res["ratio"])[1:]:
+        r = res["ratio"][v]
+        print(f"{model} {plan} {threads} thread(s) {v}: step / plain "
+              f"{r['median']:.2f}x [{r['min']:.2f}, {r['max']:.2f}], peak / "
+              f"plain {res['peak_ratio'][v]:.2f}x", flush=True)
+    if a.others:
+      others = _child("others", threads, "--reps", a.reps, "--batch",
+                      a.batch, "--models", a.models,
+                      python=a.others_python)
+      for key, res in others.items():
+        results[f"{key}/{threads}"] = res
+        for v, r in list(res["ratio"].items())[1:]:
+          print(f"{key.replace('/', ' ')} {threads} thread(s) {v}: step / "
+                f"plain {r['median']:.2f}x [{r['min']:.2f}, {r['max']:.2f}]",
+                flush=True)
   if a.out:
     with open(a.out, "w") as f:
       json.dump(results, f, indent=1, sort_keys=True)

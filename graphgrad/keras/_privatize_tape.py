@@ -4,13 +4,13 @@ While the tape records, :class:`Recorder` wraps the ``call`` of every layer
 that holds trainable variables itself and keeps each call's input and
 output. After the forward pass, one backward pass of ``sum_i l_i`` gives the
 gradient at every recorded output; each layer type supplies its boundary
-tensors to the shared rules of :mod:`graphgrad.core._privacy`: ``Dense``
-(input, pre-activation gradient), ``Conv2D`` (unfolded patches),
-``Embedding`` (ids, gradient), ``LayerNormalization`` (normalized input
-times gradient). Another layer gets the exact per-example gradients of its
-own variables through its own call (``TapeVJP.per_example``), logged once.
-The recorder is the tape's :class:`~graphgrad.core._privacy.Uses`; the
-algorithm, norms, clip, book-keeping sums and noise, is
+tensors to the shared rules of :mod:`graphgrad.core._clipping`: ``Dense``
+(input, pre-activation gradient), ``Conv2D`` (the same, and its
+strides), ``Embedding`` (ids, gradient), ``LayerNormalization``
+(normalized input times gradient). Another layer gets the exact
+per-example gradients of its own variables through its own call
+(``TapeVJP.per_example``), logged once. The recorder is the tape's
+:class:`~graphgrad.core._privacy.Uses`; the algorithm is
 :func:`graphgrad.core._privacy.private_gradients`, as for a GradientPlan.
 """
 
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from graphgrad import _compat, _errors
 from graphgrad.analysis import _example_axis
-from graphgrad.core import _privacy
+from graphgrad.core import _clipping
 from graphgrad.keras._layer_index import (
   CallPatches,
   direct_variables,
@@ -91,12 +91,21 @@ class Recorder:
 
   def _wrapper(self, layer, call):
     def wrapped_call(*args, **kwargs):
-      out = call(*args, **kwargs)
+      act = _activation_to_split(layer, args)
+      if act is None:
+        pre = out = call(*args, **kwargs)
+      else:  # the pre-activation's gradient comes from the one backward pass
+        layer.activation = _identity
+        try:
+          pre = call(*args, **kwargs)
+        finally:
+          layer.activation = act
+        out = act(pre)
       # Which layers hold variables is read after the forward pass
       # (_holding): inside a call, Keras 3's autocast scope of a
       # mixed_float16 layer reads each variable as a float16 tensor.
       self.calls.append(dict(layer=layer, call=call, args=args,
-                             kwargs=kwargs, out=out))
+                             kwargs=kwargs, out=pre))
       return out
     return wrapped_call
 
@@ -188,57 +197,72 @@ def _forms(call: Dict[str, Any], dy, batch) -> Forms:
   return _fallback(call, dy, batch)
 
 
-def _pre_activation_grad(layer, z_fn, dy):
-  """The gradient at the pre-activation ``z`` from the one at the output."""
+def _identity(x):
+  return x
+
+
+def _linear(layer) -> bool:
   act = getattr(layer, "activation", None)
-  if act is None or getattr(act, "__name__", "") == "linear":
-    return dy
-  vjp, y = TapeVJP.record(act, [z_fn()], persistent=False)
-  return vjp.vjp([y], [tf.cast(dy, y.dtype)], vjp.inputs)[0]
+  return act is None or getattr(act, "__name__", "") == "linear"
 
 
-def _kernel_forms(layer, x, dy, batch, product, x_rows):
+def _activation_to_split(layer, args):
+  """The activation a recorded call applies after its kernel rule's
+  product, or ``None``: the call then records its pre-activation output,
+  whose gradient the rule needs, and the activation runs after it."""
+  kind = _kind(layer)
+  if (kind not in _KERNEL_RULES or _linear(layer) or len(args) != 1
+      or not isinstance(args[0], tf.Tensor)
+      or not _KERNEL_RULES[kind](layer)):
+    return None
+  return layer.activation
+
+
+def _kernel_forms(layer, dy, batch, kernel_form):
   """The forms of a layer ``activation(product(kernel) + bias)``: the
-  kernel's from ``x_rows(dtype)`` (the input's rows the product reads) and
-  the pre-activation gradient's, the bias' per example."""
+  kernel's ``kernel_form(g, dtype)`` from the gradient ``g = dy`` at the
+  pre-activation, the bias' per example. A call the rule reads (one
+  tensor argument, a layer the rule accepts) recorded its pre-activation
+  (:func:`_activation_to_split`)."""
   kernel = tf_variable(layer.kernel)
   bias = tf_variable(getattr(layer, "bias", None))
-  dtype = _privacy.norm_dtype(kernel.dtype)
-
-  def z():
-    out = product(tf.cast(kernel, x.dtype))
-    return out if bias is None else out + tf.cast(bias, x.dtype)
-
-  g = _pre_activation_grad(layer, z, dy)
-  out = [(kernel, ("dense", x_rows(dtype), _privacy.rows(g, batch, dtype)))]
+  dtype = _clipping.norm_dtype(kernel.dtype)
+  g = dy
+  out = [(kernel, kernel_form(g, dtype))]
   if bias is not None:
-    out.append((bias, ("example", _privacy.broadcast_per_example(
+    out.append((bias, ("example", _clipping.broadcast_per_example(
         tf.cast(g, dtype), bias.shape, batch))))
   return out
 
 
+def _dense_ok(layer) -> bool:
+  return not (getattr(layer, "lora_enabled", False)
+              or getattr(layer, "quantization_mode", None))
+
+
 def _dense(layer, x, dy, batch):
-  if getattr(layer, "lora_enabled", False) or getattr(
-      layer, "quantization_mode", None):
+  if not _dense_ok(layer):
     return None
-  return _kernel_forms(layer, x, dy, batch,
-                       lambda k: tf.tensordot(x, k, axes=1),
-                       lambda dtype: _privacy.rows(x, batch, dtype))
+  return _kernel_forms(layer, dy, batch, lambda g, dtype: (
+      "dense", _clipping.rows(x, batch, dtype),
+      _clipping.rows(g, batch, dtype)))
+
+
+def _conv2d_ok(layer) -> bool:
+  return (layer.data_format == "channels_last"
+          and getattr(layer, "groups", 1) == 1
+          and tuple(layer.dilation_rate) == (1, 1)
+          and layer.padding in ("same", "valid"))
 
 
 def _conv2d(layer, x, dy, batch):
-  if (layer.data_format != "channels_last" or getattr(layer, "groups", 1) != 1
-      or tuple(layer.dilation_rate) != (1, 1)
-      or layer.padding not in ("same", "valid")):
+  if not _conv2d_ok(layer):
     return None
-  kh, kw, cin, _ = tf_variable(layer.kernel).shape
+  shape = tf_variable(layer.kernel).shape
   strides = [1, *layer.strides, 1]
   padding = layer.padding.upper()
-  return _kernel_forms(
-      layer, x, dy, batch,
-      lambda k: tf.nn.conv2d(x, k, strides, padding),
-      lambda dtype: _privacy.rows(_privacy.patches(x, kh, kw, strides, padding),
-                                  batch, dtype, kh * kw * cin))
+  return _kernel_forms(layer, dy, batch, lambda g, dtype: (
+      _clipping.conv_form(x, g, shape, strides, padding)))
 
 
 def _embedding(layer, x, dy, batch):
@@ -246,9 +270,9 @@ def _embedding(layer, x, dy, batch):
       layer, "quantization_mode", None):
     return None
   table = tf_variable(layer.embeddings)
-  dtype = _privacy.norm_dtype(table.dtype)
+  dtype = _clipping.norm_dtype(table.dtype)
   ids = tf.reshape(tf.cast(x, tf.int64), [batch, -1])
-  return [(table, ("embedding", ids, _privacy.rows(dy, batch, dtype)))]
+  return [(table, ("embedding", ids, _clipping.rows(dy, batch, dtype)))]
 
 
 def _layer_norm(layer, x, dy, batch):
@@ -260,16 +284,16 @@ def _layer_norm(layer, x, dy, batch):
   if axes != list(range(rank - len(axes), rank)):
     return None  # the scale lines up with trailing axes only
   gamma, beta = tf_variable(layer.gamma), tf_variable(layer.beta)
-  dtype = _privacy.norm_dtype((beta if gamma is None else gamma).dtype)
+  dtype = _clipping.norm_dtype((beta if gamma is None else gamma).dtype)
   xf, g = tf.cast(x, dtype), tf.cast(dy, dtype)
   mean, var = tf.nn.moments(xf, axes=axes, keepdims=True)
   normed = (xf - mean) * tf.math.rsqrt(var + layer.epsilon)
   out = []
   if gamma is not None:
-    out.append((gamma, ("example", _privacy.broadcast_per_example(
+    out.append((gamma, ("example", _clipping.broadcast_per_example(
         normed * g, gamma.shape, batch))))
   if beta is not None:
-    out.append((beta, ("example", _privacy.broadcast_per_example(
+    out.append((beta, ("example", _clipping.broadcast_per_example(
         g, beta.shape, batch))))
   if any(f[1] is None for _, f in out):
     return None
@@ -278,6 +302,8 @@ def _layer_norm(layer, x, dy, batch):
 
 _RULES = {"Dense": _dense, "Conv2D": _conv2d, "Embedding": _embedding,
           "LayerNormalization": _layer_norm}
+# The rules that read the gradient at the pre-activation, and when they apply.
+_KERNEL_RULES = {"Dense": _dense_ok, "Conv2D": _conv2d_ok}
 
 
 def _fallback(call: Dict[str, Any], dy, batch) -> Forms:
@@ -298,7 +324,7 @@ def _fallback(call: Dict[str, Any], dy, batch) -> Forms:
     log.warning("privatize: no norm rule for %s layers (%r); their "
                 "per-example gradients are computed through their own call, "
                 "one example at a time.", key, layer.name)
-  dtype = _privacy.norm_dtype(variables[0].dtype)
+  dtype = _clipping.norm_dtype(variables[0].dtype)
   vjp = TapeVJP.of_call(lambda x: fn(x, *args[1:], **kwargs), [args[0]])
   per = vjp.per_example([call["out"]], [dy], variables, batch)
   return [(v, ("example", tf.cast(p, dtype))) for v, p in zip(variables, per)]

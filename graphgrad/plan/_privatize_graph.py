@@ -4,12 +4,12 @@
 for each variable, the ops that consume it on the way to the loss (through
 its read, ``Identity`` and ``Cast``) and the rule of each: a dense op
 (``MatMul``, ``BatchMatMulV2``, a two-operand ``Einsum``, a ``MatMul`` on a
-sequence reshaped to 2-D), a convolution (``Conv2D``, unfolded with
-``extract_patches``), an embedding lookup (``ResourceGather``,
-``GatherV2``), a broadcast elementwise op (``BiasAdd``, ``Add``, ``Mul``...).
-A variable whose uses have no rule gets the exact per-example gradient of
-those ops only (the VJP's ``per_example``), logged once. The algorithm,
-norms, clip, book-keeping sums and noise, is
+sequence reshaped to 2-D), a convolution (``Conv2D``: patches for the
+norms, its filter gradient for the sum), an embedding lookup
+(``ResourceGather``, ``GatherV2``), a broadcast elementwise op
+(``BiasAdd``, ``Add``, ``Mul``...). A variable whose uses have no rule gets
+the exact per-example gradient of those ops only (the VJP's
+``per_example``), logged once. The algorithm is
 :func:`graphgrad.core._privacy.private_gradients`.
 """
 
@@ -22,7 +22,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
-from graphgrad.core import _privacy
+from graphgrad.core import _clipping
 from graphgrad.plan._backprop import GraphVJP
 
 log = logging.getLogger("graphgrad")
@@ -119,7 +119,7 @@ class GraphUses:
   def _var_forms(self, var, uses: List[Use], grads, batch) -> list:
     """The forms of ``var``'s uses, or its exact per-example gradients."""
     with tf.name_scope(var.op.name.replace(":", "_") + "_uses"):
-      dtype = _privacy.norm_dtype(var.dtype)
+      dtype = _clipping.norm_dtype(var.dtype)
       forms = [_form(op, i, grads.get(op.outputs[0]), batch, dtype)
                for op, i in uses]
       if all(f is not None for f in forms):
@@ -162,7 +162,7 @@ class GraphUses:
 # -- the rules: (kind, a, g) per use -------------------------------------------
 
 
-_rows = _privacy.rows
+_rows = _clipping.rows
 
 
 def _batch_rows(x: tf.Tensor, batch) -> tf.Tensor:
@@ -235,11 +235,10 @@ def _conv(op, g, batch, dtype):
       or any(d != 1 for d in op.get_attr("dilations"))):
     return None
   x, w = op.inputs
-  kh, kw, cin = (int(d) for d in w.shape[:3])
-  patches = _privacy.patches(x, kh, kw, op.get_attr("strides"),
-                             op.get_attr("padding").decode())
-  return ("dense", _rows(patches, batch, dtype, kh * kw * cin),
-          _rows(g, batch, dtype))
+  if not w.shape.is_fully_defined():
+    return None
+  return _clipping.conv_form(x, g, w.shape, op.get_attr("strides"),
+                            op.get_attr("padding").decode())
 
 
 def _elementwise(op, index, g, batch, dtype):
@@ -251,5 +250,5 @@ def _elementwise(op, index, g, batch, dtype):
     p = p * tf.cast(op.inputs[1 - index], dtype)
   elif op.type == "Sub" and index == 1:
     p = -p
-  out = _privacy.broadcast_per_example(p, op.inputs[index].shape, batch)
+  out = _clipping.broadcast_per_example(p, op.inputs[index].shape, batch)
   return None if out is None else ("example", out)

@@ -1,0 +1,187 @@
+"""The privacy suite's optional section: Opacus and JAX on the same models.
+
+Each library's private step is timed against its own plain step (same
+model, same batch, SGD), alternating, in a process whose thread count was
+set before the library started:
+
+* Opacus ``PrivacyEngine.make_private`` with per-sample hooks
+  (``grad_sample_mode="hooks"``) and with ghost clipping
+  (``grad_sample_mode="ghost"``), ``poisson_sampling=False``;
+* JAX: ``jax.vmap(jax.grad(loss of one example))``, clipped, summed and
+  noised in one ``jax.jit`` step.
+
+A library that is not installed is left out, with a note in the results.
+Nothing here runs in CI.
+"""
+
+import os
+import time
+from typing import Callable, Dict, List
+
+import numpy as np
+
+from benchmarks import privacy
+
+CLIP, SIGMA = privacy.CLIP, privacy.SIGMA
+
+
+def _paired(steps: Dict[str, Callable[[], None]], reps: int) -> Dict:
+  """``privacy.paired`` without TensorFlow: the plain step is ``minimize``."""
+  return privacy.paired(steps, reps)
+
+
+def _torch_steps(model: str, batch: int) -> Dict[str, Callable[[], None]]:
+  import torch  # pylint: disable=g-import-not-at-top
+  from opacus import PrivacyEngine  # pylint: disable=g-import-not-at-top
+  nn = torch.nn
+  weights = privacy._weights(model)  # pylint: disable=protected-access
+  xs, ys = privacy._data(model, batch)  # pylint: disable=protected-access
+  if model != "mlp6x512":
+    xs = np.transpose(xs, [0, 3, 1, 2])  # NCHW
+  x, y = torch.from_numpy(np.ascontiguousarray(xs)), torch.from_numpy(
+      ys.astype(np.int64))
+
+  def net():
+    if model == "mlp6x512":
+      layers: List = []
+      for i in range(6):
+        layers.append(nn.Linear(512, 512 if i < 5 else 10))
+        if i < 5:
+          layers.append(nn.ReLU())
+    else:
+      layers = [nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+                nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+                nn.Flatten(), nn.Linear(14 * 14 * 32, 10)]
+    m = nn.Sequential(*layers)
+    params = [p for p in m.parameters()]
+    with torch.no_grad():
+      for p, w in zip(params, weights):
+        if w.ndim == 4:  # HWIO -> OIHW
+          w = np.transpose(w, [3, 2, 0, 1])
+        elif w.ndim == 2 and model == "convnet" and w.shape[0] != 512:
+          # Flatten order: TF flattens HWC, torch CHW.
+          w = w.reshape(14, 14, 32, 10).transpose(2, 0, 1, 3).reshape(-1, 10)
+        if w.ndim == 2:
+          w = w.T
+        p.copy_(torch.from_numpy(np.ascontiguousarray(w)))
+    return m
+
+  def plain():
+    m = net()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step():
+      opt.zero_grad()
+      loss_fn(m(x), y).backward()
+      opt.step()
+    return step
+
+  def private(mode):
+    m = net()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, y), batch_size=batch)
+    kwargs = dict(module=m, optimizer=opt, data_loader=loader,
+                  noise_multiplier=SIGMA, max_grad_norm=CLIP,
+                  poisson_sampling=False, grad_sample_mode=mode)
+    if mode == "ghost":
+      m, opt, loss_fn, _ = PrivacyEngine().make_private(
+          criterion=nn.CrossEntropyLoss(), **kwargs)
+    else:
+      m, opt, _ = PrivacyEngine().make_private(**kwargs)
+      loss_fn = nn.CrossEntropyLoss()
+
+    def step():
+      opt.zero_grad()
+      loss_fn(m(x), y).backward()
+      opt.step()
+    return step
+
+  return {"minimize": plain(), "opacus_hooks": private("hooks"),
+          "opacus_ghost": private("ghost")}
+
+
+def _jax_steps(model: str, batch: int) -> Dict[str, Callable[[], None]]:
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  params = [jnp.asarray(w) for w in privacy._weights(model)]  # pylint: disable=protected-access
+  xs, ys = privacy._data(model, batch)  # pylint: disable=protected-access
+  x, y = jnp.asarray(xs), jnp.asarray(ys)
+
+  def logits(ps, x):
+    if model == "mlp6x512":
+      h = x
+      for i in range(6):
+        h = h @ ps[2 * i] + ps[2 * i + 1]
+        h = jax.nn.relu(h) if i < 5 else h
+      return h
+    h = x
+    for i, stride in ((0, 1), (1, 2)):
+      h = jax.lax.conv_general_dilated(
+          h, ps[2 * i], (stride, stride), "SAME",
+          dimension_numbers=("NHWC", "HWIO", "NHWC"))
+      h = jax.nn.relu(h + ps[2 * i + 1])
+    return h.reshape(h.shape[0], -1) @ ps[4] + ps[5]
+
+  def losses(ps, x, y):
+    lg = logits(ps, x)
+    return -jnp.take_along_axis(jax.nn.log_softmax(lg), y[:, None], 1)[:, 0]
+
+  @jax.jit
+  def plain(ps, x, y):
+    g = jax.grad(lambda p: jnp.mean(losses(p, x, y)))(ps)
+    return [p - 1e-3 * gi for p, gi in zip(ps, g)]
+
+  def one(ps, xi, yi):
+    return losses(ps, xi[None], yi[None])[0]
+
+  @jax.jit
+  def private(ps, x, y, key):
+    per = jax.vmap(jax.grad(one), in_axes=(None, 0, 0))(ps, x, y)
+    norms = jnp.sqrt(sum(jnp.sum(g.reshape(batch, -1) ** 2, axis=1)
+                         for g in per))
+    c = CLIP / jnp.maximum(norms, CLIP)
+    keys = jax.random.split(key, len(ps))
+    out = []
+    for p, g, k in zip(ps, per, keys):
+      s = jnp.tensordot(c, g, axes=1)
+      s = s + SIGMA * CLIP * jax.random.normal(k, s.shape)
+      out.append(p - 1e-3 * s / batch)
+    return out
+
+  state = {"plain": params, "private": params, "key": jax.random.PRNGKey(0)}
+
+  def plain_step():
+    state["plain"] = plain(state["plain"], x, y)
+    jax.block_until_ready(state["plain"])
+
+  def private_step():
+    state["key"], k = jax.random.split(state["key"])
+    state["private"] = private(state["private"], x, y, k)
+    jax.block_until_ready(state["private"])
+
+  return {"minimize": plain_step, "jax_vmap": private_step}
+
+
+def run(threads: int, models, batch: int, reps: int) -> Dict:
+  """Each installed library's paired ratios, per model."""
+  os.environ["XLA_FLAGS"] = (
+      "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+      if threads == 1 else "")
+  out: Dict = {}
+  for name, make in (("opacus", _torch_steps), ("jax", _jax_steps)):
+    for model in models:
+      try:
+        if name == "opacus":
+          import torch  # pylint: disable=g-import-not-at-top
+          torch.set_num_threads(threads)
+          torch.manual_seed(0)
+        steps = make(model, batch)
+      except ImportError as e:
+        out[f"{model}/{name}"] = {"skipped": str(e), "ratio": {}}
+        continue
+      start = time.perf_counter()
+      out[f"{model}/{name}"] = _paired(steps, reps)
+      out[f"{model}/{name}"]["wall_s"] = time.perf_counter() - start
+  return out
