@@ -127,7 +127,7 @@ def _conv_sq_norms(forms, dtype) -> Optional[tf.Tensor]:
   if p <= 16 or t * t * (p + cout) <= t * p * cout:
     return None
   # Unpadded (a padded copy would live through every offset), each offset
-  # read once the gradient is there (_conv_rows).
+  # read once the gradient is there, not during the forward pass.
   grids = [_pixels(f[1], kh, kw, f[3][1][1], f[3][1][2], f[3][2], pad=False)
            for f in forms]
   g = tf.concat([tf.reshape(tf.cast(f[2], dtype), [tf.shape(f[2])[0], -1,
@@ -148,9 +148,9 @@ def conv_form(x: tf.Tensor, g: tf.Tensor, kernel_shape, strides,
   """The form of a 2-D convolution's kernel use (NHWC, no dilation).
 
   ``x`` is the convolution's input, ``g`` the gradient at its output. The
-  norms unfold ``x`` into :func:`patches` (a dense op on them); the clipped
-  sum is one ``Conv2DBackpropFilter`` of ``x`` and ``c * g``, with no
-  patches.
+  norms read ``x`` one kernel offset at a time (:func:`_conv_sq_norms`) or
+  unfold it into :func:`patches` (a dense op on them); the clipped sum is
+  one ``Conv2DBackpropFilter`` of ``x`` and ``c * g``, with no patches.
   """
   return ("conv", x, g, (tuple(int(d) for d in kernel_shape),
                          tuple(int(s) for s in strides), padding))
