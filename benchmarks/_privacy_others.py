@@ -25,11 +25,6 @@ from benchmarks import privacy
 CLIP, SIGMA = privacy.CLIP, privacy.SIGMA
 
 
-def _paired(steps: Dict[str, Callable[[], None]], reps: int) -> Dict:
-  """``privacy.paired`` without TensorFlow: the plain step is ``minimize``."""
-  return privacy.paired(steps, reps)
-
-
 def _torch_steps(model: str, batch: int) -> Dict[str, Callable[[], None]]:
   import torch  # pylint: disable=g-import-not-at-top
   from opacus import PrivacyEngine  # pylint: disable=g-import-not-at-top
@@ -66,16 +61,17 @@ def _torch_steps(model: str, batch: int) -> Dict[str, Callable[[], None]]:
         p.copy_(torch.from_numpy(np.ascontiguousarray(w)))
     return m
 
-  def plain():
-    m = net()
-    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
-
+  def sgd_step(m, opt, loss_fn):
     def step():
       opt.zero_grad()
       loss_fn(m(x), y).backward()
       opt.step()
     return step
+
+  def plain():
+    m = net()
+    return sgd_step(m, torch.optim.SGD(m.parameters(), lr=1e-3),
+                    nn.CrossEntropyLoss())
 
   def private(mode):
     m = net()
@@ -91,12 +87,7 @@ def _torch_steps(model: str, batch: int) -> Dict[str, Callable[[], None]]:
     else:
       m, opt, _ = PrivacyEngine().make_private(**kwargs)
       loss_fn = nn.CrossEntropyLoss()
-
-    def step():
-      opt.zero_grad()
-      loss_fn(m(x), y).backward()
-      opt.step()
-    return step
+    return sgd_step(m, opt, loss_fn)
 
   return {"minimize": plain(), "opacus_hooks": private("hooks"),
           "opacus_ghost": private("ghost")}
@@ -182,6 +173,6 @@ def run(threads: int, models, batch: int, reps: int) -> Dict:
         out[f"{model}/{name}"] = {"skipped": str(e), "ratio": {}}
         continue
       start = time.perf_counter()
-      out[f"{model}/{name}"] = _paired(steps, reps)
+      out[f"{model}/{name}"] = privacy.paired(steps, reps)
       out[f"{model}/{name}"]["wall_s"] = time.perf_counter() - start
   return out

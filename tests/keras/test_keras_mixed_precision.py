@@ -15,14 +15,6 @@ from keras_cases import normal_rows
 ROWS, BATCH = 32, 8
 
 
-@pytest.fixture
-def policy(K):
-  def use(name):
-    K.mixed_precision.set_global_policy(name)
-  yield use
-  K.mixed_precision.set_global_policy("float32")
-
-
 def _model(K):
   init = K.initializers.RandomNormal(stddev=0.5, seed=1)
   return K.Sequential([

@@ -27,14 +27,6 @@ LR = 1e6      # a step of about 1, read from float32 variables of about 1
 TOL = 4e-3
 
 
-@pytest.fixture
-def policy(K):
-  def use(name):
-    K.mixed_precision.set_global_policy(name)
-  yield use
-  K.mixed_precision.set_global_policy("float32")
-
-
 def _model(K):
   def init(fan_in):
     return K.initializers.RandomNormal(stddev=fan_in ** -0.5, seed=fan_in)
