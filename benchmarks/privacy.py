@@ -280,6 +280,9 @@ def main(argv=None) -> Dict:
   parser.add_argument("--others-python", default=sys.executable,
                       help="the interpreter that has Opacus and JAX")
   parser.add_argument("--out", default=None)
+  parser.add_argument("--update", action="store_true",
+                      help="keep the figures in --out that this run does "
+                           "not make (such as the --others ones)")
   a = parser.parse_args(argv)
   models, plans = a.models.split(","), a.plans.split(",")
   variants = a.variants.split(",")
@@ -328,6 +331,9 @@ def main(argv=None) -> Dict:
                 f"plain {r['median']:.2f}x [{r['min']:.2f}, {r['max']:.2f}]",
                 flush=True)
   if a.out:
+    if a.update and os.path.exists(a.out):
+      with open(a.out) as f:
+        results = {**json.load(f), **results}
     with open(a.out, "w") as f:
       json.dump(results, f, indent=1, sort_keys=True)
   return results

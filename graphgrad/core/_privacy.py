@@ -10,6 +10,7 @@ across replicas, and :class:`Noise`.
 """
 
 import dataclasses
+import functools
 import logging
 import math
 import secrets
@@ -278,15 +279,16 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
       divisor, first = _global_batch(batch,
                                      noise.privacy.expected_batch_size)
       c = c / tf.cast(divisor, c.dtype)
-    sums = {k: clipped_sum(forms[k], c, v.shape, batch, v.dtype)
-            for k, v in known}
     if reduction is not None:
       reduced, divisor, key = _across_replicas(
-          reduction, [v for _, v in known], [sums[k] for k, _ in known],
-          batch, noise)
+          reduction, [v for _, v in known],
+          [clipped_sum(forms[k], c, v.shape, batch, v.dtype)
+           for k, v in known], batch, noise)
       sums = dict(zip([k for k, _ in known], reduced))
       out = noise.noised_mean([sums.get(k) for k in keys], divisor, key=key)
-    else:
+    else:  # each sum built in its turn (Noise.noised_mean)
+      sums = {k: functools.partial(clipped_sum, forms[k], c, v.shape, batch,
+                                   v.dtype) for k, v in known}
       out = noise.noised_mean([sums.get(k) for k in keys], divisor,
                               where=first, divided=True)
     if scale is None:
@@ -423,17 +425,23 @@ class Noise:
         0, dtype=tf.int64, trainable=False, name=name,
         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
-  def noised_mean(self, grads: Sequence[Gradient], batch_size,
+  def noised_mean(self, grads: Sequence[Any], batch_size,
                   name: Optional[str] = None, where=None, key=None,
                   divided: bool = False) -> list:
     """``(g + N(0, sigma^2 C^2 I)) / B`` for each gradient (``None`` kept).
 
-    An ``IndexedSlices`` gradient becomes dense: the noise covers every
-    row. With ``noise_multiplier == 0`` no noise op is built. ``where`` (a
-    boolean scalar tensor, or ``None`` for always) says whether this
-    replica adds the noise. ``key``, an int64 pair tensor, replaces the
-    key and the step counter (:func:`_across_replicas`). With ``divided``
-    the gradients are ``g / B`` already (the clip factors were divided).
+    The variables take turns: each one's noise is drawn after its sum and
+    after the previous variable's noised gradient, and a gradient given as
+    a function (of no arguments) is built only then. So one variable's
+    sum and draw are in memory at a time, whatever the number of threads
+    (at two threads the 6x512 MLP's peak fell from 1.4x to 1.26x the plain
+    step's). An ``IndexedSlices`` gradient becomes dense: the noise covers
+    every row. With ``noise_multiplier == 0`` no noise op is built.
+    ``where`` (a boolean scalar tensor, or ``None`` for always) says
+    whether this replica adds the noise. ``key``, an int64 pair tensor,
+    replaces the key and the step counter (:func:`_across_replicas`). With
+    ``divided`` the gradients are ``g / B`` already (the clip factors were
+    divided).
     """
     with tf.name_scope(name or "noised_mean"):
       sigma = self.privacy.noise_multiplier * self.privacy.l2_norm_clip
@@ -441,10 +449,14 @@ class Noise:
       if sigma > 0:
         step = self.counter.assign_add(1, read_value=True)
       out: list = [None] * len(grads)
+      turn: list = []  # the previous variable's result
       for j in range(len(grads)):
         g = grads[j]
         if g is None:
           continue
+        if callable(g):
+          with tf.control_dependencies(turn):
+            g = g()
         if isinstance(g, tf.IndexedSlices):
           g = tf.math.unsorted_segment_sum(
               g.values, g.indices, tf.cast(g.dense_shape[0], tf.int32))
@@ -459,11 +471,9 @@ class Noise:
           if where is not None:
             stddev = stddev * tf.cast(where, dtype)
           shape = g.shape if g.shape.is_fully_defined() else tf.shape(g)
-          # Drawn once its sum is ready, not at the step's start: the
-          # draw's temporaries then live beside one sum, not beside the
-          # whole backward pass.
-          with tf.control_dependencies([g]):
+          with tf.control_dependencies([g] + turn):
             z = gaussian(shape, seed, dtype, stddev)
           g = g + tf.cast(z, g.dtype)
         out[j] = g
+        turn = [g]
       return out

@@ -248,6 +248,37 @@ def test_noise_std_is_sigma_c_over_b(graph):
   assert not np.allclose(first, second)  # never the same draw twice
 
 
+def _ancestors(op):
+  seen, stack = set(), [op]
+  while stack:
+    o = stack.pop()
+    if o not in seen:
+      seen.add(o)
+      stack += [t.op for t in o.inputs] + list(o.control_inputs)
+  return seen
+
+
+@pytest.mark.parametrize("noise", [1.1, 0.0])
+def test_the_variables_sums_and_draws_take_turns(graph, noise):
+  # One variable's clipped sum and noise draw at a time (the peak memory
+  # of docs/privacy.md's cost section): each layer's sum runs after the
+  # layer before it is noised, whatever the number of threads.
+  x = tf.constant(normal(B, 5))
+  h = x
+  for i in range(3):
+    h = dense(h, 4, f"l{i}", tf.nn.relu)
+  loss = tf.reduce_sum(h, axis=1)
+  plan = gg.GradientPlan(loss).privatize(1.0, noise, seed=3)
+  grads = [g for g, _ in plan.compute_gradients()]
+  before = [_ancestors(g.op) for g in grads]
+  for j in range(1, len(grads)):
+    assert grads[j - 1].op in before[j]
+  draws = [[o for o in b if o.type.startswith("StatelessRandomUniform")]
+           for b in before]
+  assert [len(d) for d in draws] == ([j + 1 for j in range(6)] if noise
+                                     else [0] * 6)
+
+
 def test_expected_batch_size_divides_the_sum_and_the_noise(graph):
   # Poisson sampling: the divisor is the expected size, never the realized
   # one (here 6 examples, expected 4).
