@@ -10,7 +10,11 @@ on both plans. Variants, each against its own plan's plain step:
   book-keeping sums, one noise draw);
 * ``clip_only``: ``noise_multiplier=0``, the cost of the clipping alone;
 * ``vectorized`` (GradientPlan, on request): ``tf.vectorized_map`` of
-  per-example gradients, clipped, summed, noised.
+  per-example gradients, clipped, summed, noised;
+* ``philox_bits``, ``noise_only`` (GradientPlan, on request): the plain
+  step and, beside it, one 32-bit Philox word per parameter (what any
+  exact Gaussian drawn with TensorFlow's generators consumes at least), or
+  graphgrad's Gaussian noise for every variable: the noise's floor.
 
 Step time: a fresh process per thread count (1 and 2 intra- and inter-op
 threads); in it the variants alternate, the order rotating, and each
@@ -34,6 +38,8 @@ from typing import Callable, Dict, List
 import numpy as np
 
 VARIANTS = ("minimize", "privatize", "clip_only")
+FLOORS = ("philox_bits", "noise_only")  # timed only
+GRAPH_ONLY = ("vectorized",) + FLOORS
 MODELS = ("mlp6x512", "convnet")
 PLANS = ("graph", "keras")
 CLIP, SIGMA = 1.0, 1.1
@@ -104,6 +110,9 @@ def _graph_train_op(variant: str, loss, batch: int):
   if variant in ("privatize", "clip_only"):
     sigma = SIGMA if variant == "privatize" else 0.0
     return gg.GradientPlan(loss).privatize(CLIP, sigma).apply_gradients(opt)
+  if variant in ("philox_bits", "noise_only"):
+    return tf.group(opt.minimize(tf.reduce_mean(loss)),
+                    *_draws(variant, tf1.trainable_variables()))
   variables = tf1.trainable_variables()
   per = tf.vectorized_map(lambda i: tf.gradients(loss[i], variables),
                           tf.range(batch))
@@ -113,6 +122,27 @@ def _graph_train_op(variant: str, loss, batch: int):
   grads = [(tf.tensordot(c, g, axes=1) + tf.random.normal(
       g.shape[1:], stddev=SIGMA * CLIP)) / batch for g in per]
   return opt.apply_gradients(zip(grads, variables))
+
+
+def _draws(variant: str, variables) -> list:
+  """What the noise's floor takes: one Philox word per parameter
+  (``philox_bits``), or graphgrad's Gaussian of each variable's shape
+  (``noise_only``), with a new seed each step."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from graphgrad.core import _privacy  # pylint: disable=g-import-not-at-top
+  step = tf.compat.v1.train.get_or_create_global_step()
+  seed = tf.stack([tf.constant(7, tf.int64), step.assign_add(1)])
+  out = []
+  for v in variables:
+    with tf.control_dependencies(out[-1:]):
+      if variant == "philox_bits":
+        out.append(tf.random.stateless_uniform(
+            [v.shape.num_elements()], seed, minval=None, maxval=None,
+            dtype=tf.uint32))
+      else:
+        out.append(_privacy.gaussian(v.shape, seed, stddev=SIGMA * CLIP))
+  return out
 
 
 def graph_step(model: str, variant: str, batch: int, threads: int
@@ -230,7 +260,7 @@ def time_child(threads: int, models, plans, variants, batch: int,
   out: Dict = {}
   for model in models:
     for plan in plans:
-      vs = [v for v in variants if plan == "graph" or v != "vectorized"]
+      vs = [v for v in variants if plan == "graph" or v not in GRAPH_ONLY]
       if plan == "graph":
         steps = {v: graph_step(model, v, batch, threads) for v in vs}
       else:
@@ -274,7 +304,8 @@ def main(argv=None) -> Dict:
   parser.add_argument("--models", default=",".join(MODELS))
   parser.add_argument("--plans", default=",".join(PLANS))
   parser.add_argument("--variants", default=",".join(VARIANTS),
-                      help="minimize first; add vectorized for GradientPlan")
+                      help="minimize first; add any of GRAPH_ONLY for "
+                           "GradientPlan")
   parser.add_argument("--others", action="store_true",
                       help="also Opacus and JAX, where installed")
   parser.add_argument("--others-python", default=sys.executable,
@@ -309,7 +340,7 @@ def main(argv=None) -> Dict:
       model, plan = key.split("/")
       peaks = {v: [_child("peak", model, plan, v, a.batch, threads)
                    ["peak_bytes"] for _ in range(a.peak_reps)]
-               for v in res["ratio"]}
+               for v in res["ratio"] if v not in FLOORS}
       base = statistics.median(peaks["minimize"])
       res["peak_bytes"] = {v: _stats(p) for v, p in peaks.items()}
       res["peak_ratio"] = {v: statistics.median(p) / base
@@ -317,9 +348,10 @@ def main(argv=None) -> Dict:
       results[f"{key}/{threads}"] = res
       for v in list(res["ratio"])[1:]:
         r = res["ratio"][v]
+        peak = res["peak_ratio"].get(v)
         print(f"{model} {plan} {threads} thread(s) {v}: step / plain "
-              f"{r['median']:.2f}x [{r['min']:.2f}, {r['max']:.2f}], peak / "
-              f"plain {res['peak_ratio'][v]:.2f}x", flush=True)
+              f"{r['median']:.2f}x [{r['min']:.2f}, {r['max']:.2f}]"
+              + (f", peak / plain {peak:.2f}x" if peak else ""), flush=True)
     if a.others:
       others = _child("others", threads, "--reps", a.reps, "--batch",
                       a.batch, "--models", a.models,

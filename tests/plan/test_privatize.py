@@ -258,25 +258,30 @@ def _ancestors(op):
   return seen
 
 
-@pytest.mark.parametrize("noise", [1.1, 0.0])
-def test_the_variables_sums_and_draws_take_turns(graph, noise):
-  # One variable's clipped sum and noise draw at a time (the peak memory
-  # of docs/privacy.md's cost section): each layer's sum runs after the
-  # layer before it is noised, whatever the number of threads.
-  x = tf.constant(normal(B, 5))
+def test_the_large_variables_draw_their_noise_in_turns(graph):
+  # The peak memory of docs/privacy.md's cost section: every draw waits for
+  # every clipped sum, and the large variables' draws for one another.
+  from graphgrad.core._privacy import LARGE
+  n = int(LARGE ** 0.5)
+  x = tf.constant(normal(B, n))
   h = x
   for i in range(3):
-    h = dense(h, 4, f"l{i}", tf.nn.relu)
+    h = dense(h, n, f"l{i}", tf.nn.relu)
   loss = tf.reduce_sum(h, axis=1)
-  plan = gg.GradientPlan(loss).privatize(1.0, noise, seed=3)
-  grads = [g for g, _ in plan.compute_gradients()]
-  before = [_ancestors(g.op) for g in grads]
-  for j in range(1, len(grads)):
-    assert grads[j - 1].op in before[j]
-  draws = [[o for o in b if o.type.startswith("StatelessRandomUniform")]
-           for b in before]
-  assert [len(d) for d in draws] == ([j + 1 for j in range(6)] if noise
-                                     else [0] * 6)
+  plan = gg.GradientPlan(loss).privatize(1.0, 1.1, seed=3)
+  gv = plan.compute_gradients()
+  noised = [g for g, _ in gv]
+  sums = [g.op.inputs[0] for g in noised]  # g + z
+  draws = [o for o in graph.get_operations()
+           if o.type.startswith("StatelessRandomUniform")]
+  assert len(draws) == 6
+  for d in draws:
+    assert set(s.op for s in sums) <= _ancestors(d)
+  kernels = [g for g, v in gv if v.shape.rank == 2]
+  for j in range(1, len(kernels)):
+    assert kernels[j - 1].op in _ancestors(kernels[j].op)
+  biases = [g for g, v in gv if v.shape.rank == 1]
+  assert not any(b.op in _ancestors(k.op) for b in biases for k in kernels)
 
 
 def test_expected_batch_size_divides_the_sum_and_the_noise(graph):
