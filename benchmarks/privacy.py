@@ -111,8 +111,9 @@ def _graph_train_op(variant: str, loss, batch: int):
     sigma = SIGMA if variant == "privatize" else 0.0
     return gg.GradientPlan(loss).privatize(CLIP, sigma).apply_gradients(opt)
   if variant in ("philox_bits", "noise_only"):
-    return tf.group(opt.minimize(tf.reduce_mean(loss)),
-                    *_draws(variant, tf1.trainable_variables()))
+    gv = opt.compute_gradients(tf.reduce_mean(loss))
+    return opt.apply_gradients(zip(_with_draws(variant, [g for g, _ in gv]),
+                                   [v for _, v in gv]))
   variables = tf1.trainable_variables()
   per = tf.vectorized_map(lambda i: tf.gradients(loss[i], variables),
                           tf.range(batch))
@@ -124,24 +125,28 @@ def _graph_train_op(variant: str, loss, batch: int):
   return opt.apply_gradients(zip(grads, variables))
 
 
-def _draws(variant: str, variables) -> list:
-  """What the noise's floor takes: one Philox word per parameter
-  (``philox_bits``), or graphgrad's Gaussian of each variable's shape
-  (``noise_only``), with a new seed each step."""
+def _with_draws(variant: str, grads) -> list:
+  """The noise's floor: each gradient plus graphgrad's Gaussian noise
+  (``noise_only``), or plus one element of a draw of one 32-bit Philox
+  word per parameter, times a zero the optimizers cannot see
+  (``philox_bits``); a new seed each step. (A draw nothing reads would be
+  pruned.)"""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from graphgrad.core import _privacy  # pylint: disable=g-import-not-at-top
   step = tf.compat.v1.train.get_or_create_global_step()
   seed = tf.stack([tf.constant(7, tf.int64), step.assign_add(1)])
+  zero = tf.compat.v1.placeholder_with_default(0.0, [])
   out = []
-  for v in variables:
-    with tf.control_dependencies(out[-1:]):
-      if variant == "philox_bits":
-        out.append(tf.random.stateless_uniform(
-            [v.shape.num_elements()], seed, minval=None, maxval=None,
-            dtype=tf.uint32))
-      else:
-        out.append(_privacy.gaussian(v.shape, seed, stddev=SIGMA * CLIP))
+  for j, g in enumerate(grads):
+    seed_j = seed + tf.constant([j, 0], tf.int64)
+    if variant == "noise_only":
+      out.append(g + _privacy.gaussian(g.shape, seed_j, stddev=SIGMA * CLIP))
+    else:
+      bits = tf.random.stateless_uniform(
+          [g.shape.num_elements()], seed_j, minval=None, maxval=None,
+          dtype=tf.uint32)
+      out.append(g + tf.cast(bits[0], tf.float32) * zero)
   return out
 
 
@@ -311,6 +316,8 @@ def main(argv=None) -> Dict:
   parser.add_argument("--others-python", default=sys.executable,
                       help="the interpreter that has Opacus and JAX")
   parser.add_argument("--out", default=None)
+  parser.add_argument("--tag", default="",
+                      help="store as <model>/<plan>-<tag>/<threads>")
   parser.add_argument("--update", action="store_true",
                       help="keep the figures in --out that this run does "
                            "not make (such as the --others ones)")
@@ -340,12 +347,14 @@ def main(argv=None) -> Dict:
       model, plan = key.split("/")
       peaks = {v: [_child("peak", model, plan, v, a.batch, threads)
                    ["peak_bytes"] for _ in range(a.peak_reps)]
-               for v in res["ratio"] if v not in FLOORS}
-      base = statistics.median(peaks["minimize"])
-      res["peak_bytes"] = {v: _stats(p) for v, p in peaks.items()}
-      res["peak_ratio"] = {v: statistics.median(p) / base
-                           for v, p in peaks.items()}
-      results[f"{key}/{threads}"] = res
+               for v in res["ratio"] if v not in FLOORS and a.peak_reps}
+      res["peak_ratio"] = {}
+      if peaks:
+        base = statistics.median(peaks["minimize"])
+        res["peak_bytes"] = {v: _stats(p) for v, p in peaks.items()}
+        res["peak_ratio"] = {v: statistics.median(p) / base
+                             for v, p in peaks.items()}
+      results[f"{key}{'-' + a.tag if a.tag else ''}/{threads}"] = res
       for v in list(res["ratio"])[1:]:
         r = res["ratio"][v]
         peak = res["peak_ratio"].get(v)

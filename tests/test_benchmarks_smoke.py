@@ -66,19 +66,22 @@ def test_tiny_benchmark_run_writes_a_well_formed_report(tmp_path):
 
 def test_privacy_benchmark_times_both_plans(tmp_path):
   """``benchmarks.privacy``'s timing child runs both plans on the conv net
-  (a batch of 8, one repetition): the figures are well formed, not fast."""
+  (a batch of 8, one repetition), and GradientPlan's noise floor: the
+  figures are well formed, not fast."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   env.pop("TF_USE_LEGACY_KERAS", None)
   proc = subprocess.run(
       [sys.executable, "-m", "benchmarks.privacy", "time", "1", "--reps", "1",
-       "--batch", "8", "--models", "convnet"], cwd=ROOT, env=env,
-      capture_output=True, text=True,
-      timeout=600)
+       "--batch", "8", "--models", "convnet", "--variants",
+       "minimize,privatize,clip_only,philox_bits,noise_only"], cwd=ROOT,
+      env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   data = json.loads(proc.stdout.strip().splitlines()[-1])
   assert set(data) == {"convnet/graph", "convnet/keras"}
   for key, res in data.items():
-    assert set(res["ratio"]) == {"minimize", "privatize", "clip_only"}, key
+    floors = {"philox_bits", "noise_only"} if key == "convnet/graph" else set()
+    assert set(res["ratio"]) == {"minimize", "privatize", "clip_only",
+                                 *floors}, key
     assert res["ratio"]["minimize"]["median"] == 1.0
     for v, s in res["step_s"].items():
       assert 0 < s["min"] <= s["median"] <= s["max"], (key, v)
