@@ -43,7 +43,7 @@ from graphgrad.plan._gradient_plan import (
 )
 from graphgrad.plan._report import GradientReport, gradient_report
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"
 
 if not _startup.is_command_line():  # the command line checks after its args
   _compat.check_tensorflow()  # logs a warning outside the tested range
