@@ -44,6 +44,12 @@ MLP_DEPTHS = (24, 48, 96)
 # plan and the plan with recompute, at 1 and 2 threads.
 BN_VARIANTS = ("minimize", "identity", "recompute")
 BN_THREADS = (1, 2)
+
+
+def _threads(config: benchmarks.Config):
+  """Both thread counts; one in the tiny run, the test suite's smoke test,
+  whose figures are not read (each is two more fresh processes)."""
+  return BN_THREADS[:1] if config.tiny else BN_THREADS
 # Keras models in tf.function: a plain tf.GradientTape, the identity
 # KerasPlan, KerasPlan.recompute() and tf.recompute_grad around blocks.
 KERAS_VARIANTS = ("tape", "plan", "recompute", "recompute_grad")
@@ -335,7 +341,7 @@ def _keras_rows(config: benchmarks.Config) -> List[Dict]:
   for model, label, reps, steps in _keras_cases(config.tiny):
     if config.only and model not in config.only:
       continue
-    for threads in BN_THREADS:
+    for threads in _threads(config):
       log.info("memory: %s, %d threads", model, threads)
       row: Dict = {"model": model, "label": label, "threads": threads}
       for variant in KERAS_VARIANTS:
@@ -400,7 +406,7 @@ def _batch_norm_rows(config: benchmarks.Config) -> List[Dict]:
   for model, label, reps, warmup, steps in _batch_norm_cases(config.tiny):
     if config.only and model not in config.only:
       continue
-    for threads in BN_THREADS:
+    for threads in _threads(config):
       log.info("memory: %s, %d threads", model, threads)
       row: Dict = {"model": model, "label": label, "threads": threads}
       for variant in BN_VARIANTS:
