@@ -437,9 +437,9 @@ class Noise:
     (:data:`LARGE`) take turns: each waits for the previous one's noised
     gradient. A draw's temporaries (twice its variable) then live beside
     the finished sums only, one large draw at a time, while the sums still
-    run side by side: at two threads the 6x512 MLP's peak fell from 1.4x
-    to 1.2x the plain step's, its time unchanged (letting each sum wait
-    for the previous draw cost 1.3x the time). An ``IndexedSlices``
+    run side by side: at two threads the 6x512 MLP's peak fell from 1.3x /
+    1.5x the plain step's to 1.2x (docs/privacy.md, Cost); letting each sum
+    also wait for the previous draw cost 1.3x the time. An ``IndexedSlices``
     gradient becomes dense: the noise covers every row. With
     ``noise_multiplier == 0`` no noise op is built. ``where`` (a boolean
     scalar tensor, or ``None`` for always) says whether this replica adds
