@@ -44,12 +44,6 @@ MLP_DEPTHS = (24, 48, 96)
 # plan and the plan with recompute, at 1 and 2 threads.
 BN_VARIANTS = ("minimize", "identity", "recompute")
 BN_THREADS = (1, 2)
-
-
-def _threads(config: benchmarks.Config):
-  """Both thread counts; one in the tiny run, the test suite's smoke test,
-  whose figures are not read (each is two more fresh processes)."""
-  return BN_THREADS[:1] if config.tiny else BN_THREADS
 # Keras models in tf.function: a plain tf.GradientTape, the identity
 # KerasPlan, KerasPlan.recompute() and tf.recompute_grad around blocks.
 KERAS_VARIANTS = ("tape", "plan", "recompute", "recompute_grad")
@@ -165,6 +159,12 @@ def _run_child(args: List[str], nice: bool = True) -> Dict:
 def _stats(xs) -> Dict[str, float]:
   return {"median": statistics.median(xs), "min": min(xs), "max": max(xs),
           "n": len(xs)}
+
+
+def _threads(config: benchmarks.Config):
+  """Both thread counts; one in the tiny run, the test suite's smoke test,
+  whose figures are not read (each is two more fresh processes)."""
+  return BN_THREADS[:1] if config.tiny else BN_THREADS
 
 
 def _cases(tiny: bool):
