@@ -4,6 +4,7 @@ Shared by GradientPlan, KerasPlan and AfterAggregation, which all apply
 user transforms and must all refuse the same broken results.
 """
 
+import re
 from typing import List, Sequence, Tuple
 
 import tensorflow as tf
@@ -185,21 +186,29 @@ def check_result(grad: Gradient, out: Gradient, where: str,
   if not at_run_time or (before.shape.is_fully_defined()
                          and after.shape.is_fully_defined()):
     return out
-  checked_after = _assert_same_shape(before, after, f"{where}: {what}")
+  checked_after = _assert_same_shape(before, after, where, what)
   if isinstance(out, tf.IndexedSlices):
     return tf.IndexedSlices(checked_after, out.indices, out.dense_shape)
   return checked_after
 
 
-def _assert_same_shape(before: tf.Tensor, after: tf.Tensor,
-                       where: str) -> tf.Tensor:
-  """``after``, once a run-time check found it of ``before``'s shape.
+def _assert_same_shape(before: tf.Tensor, after: tf.Tensor, where: str,
+                       what: str) -> tf.Tensor:
+  """``after``, gated by a run-time check that it has ``before``'s shape.
 
-  Added only where a static shape is not fully known; the check fails with
-  an ``InvalidArgumentError`` naming ``where`` (the declaration, the layer
-  and the transform) and both run-time shapes.
+  Added only where a static shape is not fully known. The check gates the
+  consumers by data, not by a control dependency that Grappler may reroute
+  (``FoldTransposeIntoMatMul`` does): ``after`` is reshaped to a shape read
+  through a ``CheckNumerics``, which runs after an ``Assert``. Both fail
+  with an ``InvalidArgumentError`` naming ``where`` (the declaration and
+  the layer) and ``what`` (the transform); the ``Assert`` also prints both
+  run-time shapes. XLA auto-jit clusters neither op. Under ``jit_compile``
+  XLA drops both, but knows every shape when it compiles: the shape also
+  passes through a ``Fill`` of size -1 when they differ, whose conversion
+  fails before any consumer's, in the node
+  ``check_shape_<declaration>_on_<layer>/the_transform_changed_the_shape``.
   """
-  with tf.name_scope("check_shape"):
+  with tf.name_scope("check_shape_" + _node_name(where)):
     want, got = tf.shape(before), tf.shape(after)
     if before.shape.rank is not None and (
         before.shape.rank == after.shape.rank):
@@ -208,10 +217,24 @@ def _assert_same_shape(before: tf.Tensor, after: tf.Tensor,
       same = tf.cond(tf.equal(tf.size(want), tf.size(got)),
                      lambda: tf.reduce_all(tf.equal(want, got)),
                      lambda: tf.constant(False))
-    message = (f"{where} returned a gradient of another "
+    message = (f"{where}: {what} returned a gradient of another "
                f"shape (static {after.shape} for {before.shape}); a "
-               f"transform must keep the shape. Run-time shapes, the "
-               f"gradient's then the transform's:")
-    check = tf.debugging.Assert(same, [message, want, got])
-    with tf.control_dependencies([check]):
-      return tf.identity(after)
+               f"transform must keep the shape.")
+    check = tf.debugging.Assert(same, [
+        f"{message} Run-time shapes, the gradient's then the transform's:",
+        want, got])
+    with tf.control_dependencies([check]):  # the shapes' message first
+      # 1.0 when the shapes match, else inf, which fails.
+      one = tf.debugging.check_numerics(1.0 / tf.cast(same, tf.float32),
+                                        message)
+    # 0 when they match; -1, a Fill XLA cannot compile, where XLA dropped
+    # both checks.
+    size = tf.cast(tf.equal(one, 1.0), tf.int32) - 1
+    nothing = tf.zeros(size[None], tf.int32,
+                       name="the_transform_changed_the_shape")
+    return tf.reshape(after, want + tf.size(nothing))
+
+
+def _node_name(text: str) -> str:
+  """``text`` as a TF node name: runs of other characters become ``_``."""
+  return re.sub(r"[^A-Za-z0-9_.\-]+", "_", text).strip("_")[:80]
