@@ -322,6 +322,16 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
 
     Returns:
       True when this call logged the warning.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> model = tf.keras.Sequential([tf.keras.layers.Dense(1, name="l1")])
+      >>> plan = gg.KerasPlan(model).transform_gradients(
+      ...     "l1", gg.transforms.scale(0.5))
+      >>> plan.check_optimizer(tf.keras.optimizers.Adam())  # logs once
+      True
+      >>> plan.check_optimizer(tf.keras.optimizers.Adam())
+      False
     """
     if self._warned_adaptive:
       return False
