@@ -61,6 +61,7 @@ def warn_without_gradient(plan, target, sources: Sequence,
   """
   tensors = [t for t in tf.nest.flatten(target) if tf.is_tensor(t)]
   if (not tensors or tf.executing_eagerly()
+      or all(g is not None for g in grads)
       or not hasattr(tensors[0], "graph") or plan.model in _WARNED):
     return False
   graph = tensors[0].graph

@@ -65,6 +65,21 @@ def test_a_round_between_keras_layers_warns_once_naming_op_and_layer(
   assert [g is None for g in grads] == [True, True, False, False]
 
 
+@pytest.mark.filterwarnings("ignore:Gradients do not exist")  # Keras 3's own
+def test_fit_warns_about_the_round_too(K, caplog):
+  model = _rounded(K)
+  model.compile(optimizer=K.optimizers.SGD(0.1), loss="mse")
+  gg.KerasPlan(model).attach()
+  before = model.get_layer("l1").get_weights()[0].copy()
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    model.fit(_x(), tf.zeros((5, 2)), epochs=1, verbose=0)
+  [message] = _messages(caplog)
+  assert message.startswith("layer(s) 'l1' get no gradient from the loss ")
+  assert "declare plan.straight_through('quant')" in message
+  # What the warning says: l1 did not train.
+  np.testing.assert_array_equal(model.get_layer("l1").get_weights()[0], before)
+
+
 def test_the_suggested_keras_straight_through_trains_the_layer(K, caplog):
   model = _rounded(K)
   plan = gg.KerasPlan(model).straight_through("quant")
