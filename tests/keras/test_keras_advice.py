@@ -151,6 +151,16 @@ def test_an_adaptive_keras_optimizer_gets_the_advice_once(K, name, caplog):
       f"where a scale acts like a learning-rate factor."]
 
 
+def test_a_loss_scale_optimizer_is_read_through_its_inner_one(K, caplog):
+  plan, _ = _scaled_plan(K)
+  wrapped = K.mixed_precision.LossScaleOptimizer(K.optimizers.Adam())
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    plan.tape(loss_scale=wrapped)
+  [message] = _messages(caplog)
+  assert message.startswith("transform_gradients('l2') scales by 0.5 under "
+                            "Adam: an adaptive optimizer")
+
+
 def test_sgd_and_a_plan_that_does_more_than_scale_get_no_advice(K, caplog):
   plan, model = _scaled_plan(K)
   clipped = gg.KerasPlan(model).transform_gradients(
