@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad.core import _logged_advice
 from graphgrad.core._declaration_model import (
   Declaration,
   Declarations,
@@ -112,6 +113,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     self._warned_bottom: set = set()
     self._noise: Optional[Noise] = None
     self._eager_recompute_logged = False
+    self._warned_adaptive = False
 
   # -- declaring -----------------------------------------------------------
 
@@ -295,10 +297,47 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
                "traced step (tf.function, fit, strategy.run); this eager "
                "step keeps every activation, with the same gradients.",
                self._model.name)
+    if loss_scale is not None and hasattr(loss_scale, "apply_gradients"):
+      self.check_optimizer(loss_scale)
     if loss_scale is None and not self._unscaled_warned:
       self._unscaled_warned = _loss_scale.warn_unscaled(self.model, rules)
     return PlanTape(self._view(rules), persistent, watch_accessed_variables,
                     labels)
+
+  def check_optimizer(self, optimizer) -> bool:
+    """Logs once when ``optimizer`` largely cancels the plan's scales.
+
+    An adaptive Keras optimizer (``Adam``, ``RMSprop``, ``Adagrad``,
+    ``Adamax``, ``Adadelta``, ``Nadam`` and their subclasses, of Keras 3 or
+    tf-keras, also inside a loss-scale optimizer) divides each parameter's
+    step by a running estimate of its gradient's magnitude, so a constant
+    positive scale declared by the plan changes little: the warning names
+    the declarations and what to do instead, as
+    ``GradientPlan.apply_gradients`` does. ``fit`` (after :meth:`attach`)
+    and ``plan.tape(loss_scale=optimizer)`` check their optimizer; call it
+    in a training loop of your own.
+
+    Args:
+      optimizer: the Keras optimizer that applies the plan's gradients.
+
+    Returns:
+      True when this call logged the warning.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> model = tf.keras.Sequential([tf.keras.layers.Dense(1, name="l1")])
+      >>> plan = gg.KerasPlan(model).transform_gradients(
+      ...     "l1", gg.transforms.scale(0.5))
+      >>> plan.check_optimizer(tf.keras.optimizers.Adam())  # logs once
+      True
+      >>> plan.check_optimizer(tf.keras.optimizers.Adam())
+      False
+    """
+    if self._warned_adaptive:
+      return False
+    self._warned_adaptive = _logged_advice.warn_if_keras_scale_cancels(
+        self.rules, optimizer)
+    return self._warned_adaptive
 
   def attach(self, labels=None) -> "KerasPlan":
     """Makes the model's ``fit``, ``train_on_batch`` and ``evaluate`` use

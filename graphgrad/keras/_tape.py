@@ -24,7 +24,7 @@ from graphgrad.core._parameters import transform_parameters
 from graphgrad.core._privacy import check_per_example_loss, private_gradients
 from graphgrad.core._rules import ParameterRule, PlanRules
 from graphgrad.core._task_combination import combined_parameters, output_deltas
-from graphgrad.keras import _loss_scale, _privatize_tape
+from graphgrad.keras import _loss_scale, _privatize_tape, _tape_checks
 from graphgrad.keras._intercept import BackwardStep, Interceptor
 from graphgrad.keras._layer_index import tf_variable
 from graphgrad.keras._tape_vjp import TapeVJP
@@ -311,6 +311,8 @@ class PlanTape:
         grads = tf.nest.pack_sequence_as(sources, flat_g)
     self._last = step
     self._check_edges(step)
+    _tape_checks.warn_without_gradient(
+        plan, target, tf.nest.flatten(sources), tf.nest.flatten(grads))
     # Each layer's own transforms, then those of several layers at once.
     todo = [r for r in plan.rules.parameters
             if not is_identity(r.transform)]

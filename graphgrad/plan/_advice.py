@@ -1,18 +1,18 @@
-"""Advice logged to the ``graphgrad`` logger about plans that defeat themselves.
+"""Whether a GradientPlan's optimizer is adaptive, read from its update.
 
 A constant positive scale of a gradient changes little under an adaptive
 optimizer: Adam, RMSProp and Adagrad divide each parameter's step by a running
 estimate of that parameter's gradient magnitude, which scales by the same
-factor. Only epsilon and the first few steps still see it.
+factor. The warning itself is shared with KerasPlan (``core._logged_advice``).
 """
 
 import logging
-from typing import Iterable, Optional, Sequence
+from typing import Sequence
 
 import tensorflow as tf
 
 from graphgrad.analysis import _graph_util
-from graphgrad.transforms._transforms import Transform
+from graphgrad.core._logged_advice import log_if_scaled
 
 log = logging.getLogger("graphgrad")
 
@@ -55,22 +55,6 @@ def is_adaptive(update_ops: Sequence[tf.Operation], grads) -> bool:
   return _graph_util.calls_node(calls, _normalizes)
 
 
-def pure_scale(fns: Iterable[Transform]) -> Optional[float]:
-  """The overall factor of transforms that only scale by positive numbers.
-
-  Returns ``None`` when any transform does something else: a reversal
-  (negative factor) or zero changes what the optimizer sees, and noise,
-  clipping or a tensor-valued factor is not a constant scale.
-  """
-  factor = 1.0
-  for t in fns:
-    c = t.linear_factor  # None for group transforms
-    if c is None or c <= 0:
-      return None
-    factor *= c
-  return None if factor == 1.0 else factor
-
-
 def warn_if_scale_cancels(rules, optimizer,
                           update_ops: Sequence[tf.Operation], grads) -> bool:
   """Logs one warning when a plan's compiled ``rules`` only scale
@@ -82,27 +66,4 @@ def warn_if_scale_cancels(rules, optimizer,
   """
   if not is_adaptive(update_ops, grads):
     return False
-  found = []
-  edges = {k: e.transform for k, e in rules.edges.items()}
-  for kind, table in (("transform_gradients", rules.own_parameters),
-                      ("transform_upstream", rules.upstream),
-                      ("transform_edge", edges)):
-    for key, fns in table.items():
-      factor = pure_scale(fns if isinstance(fns, tuple) else (fns,))
-      if factor is not None:
-        where = (", ".join(map(repr, key)) if isinstance(key, tuple)
-                 else repr(key))
-        found.append(f"{kind}({where}) scales by {factor:g}")
-  if not found:
-    return False
-  if len(found) > 3:  # one readable line, however many layers
-    found = found[:3] + [f"and {len(found) - 3} more"]
-  log.warning(
-      "%s under %s: an adaptive optimizer divides each parameter's step by a "
-      "running estimate of its gradient's magnitude, so a constant scale "
-      "largely cancels out. To make these parameters learn faster or slower, "
-      "give them their own learning rate (a second optimizer on their "
-      "var_list), or train with tf.compat.v1.train.GradientDescentOptimizer "
-      "or MomentumOptimizer, where a scale acts like a learning-rate factor.",
-      "; ".join(found), type(optimizer).__name__)
-  return True
+  return log_if_scaled(rules, type(optimizer).__name__)

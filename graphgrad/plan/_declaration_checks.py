@@ -26,6 +26,7 @@ from graphgrad import _errors
 from graphgrad.analysis import _control_flow, _graph_util, _no_gradient
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._inert import bottom_layer_advice
+from graphgrad.core._logged_advice import log_without_gradient
 
 log = logging.getLogger("graphgrad")
 
@@ -189,25 +190,11 @@ def warn_without_gradient(net: LayerGraph, grads_and_vars) -> bool:
              if g is None and net.layer_of_variable(v) is not None]
   if not missing:
     return False
-  layers = list(dict.fromkeys(net.layer_of_variable(v) for v in missing))
+  layers = list(dict.fromkeys(str(net.layer_of_variable(v))
+                              for v in missing))
   ops = _no_gradient.ops_with_zero_gradient(net.loss, missing)
-  if ops:
-    names = ", ".join(f"{op.name} ({op.type})" for op in ops[:4])
-    first = ops[0]
-    why = (f"the op(s) {names} between them and the loss have no gradient, "
-           f"so nothing reaches below them. To train through "
-           f"{first.name!r}, declare plan.straight_through({first.type!r}) "
-           f"(an identity backward pass) or "
-           f"plan.override_gradient({first.type!r}, fn)")
-  else:
-    why = ("no op between them and the loss passes a gradient. Give the op "
-           "that blocks it a backward pass with plan.straight_through(op) or "
-           "plan.override_gradient(op, fn)")
-  log.warning(
-      "layer(s) %s get no gradient from the loss %s (%d variable(s): %s): "
-      "%s; otherwise apply_gradients skips these variables.",
-      ", ".join(map(repr, layers)), net.loss.name, len(missing),
-      ", ".join(v.op.name for v in missing[:4]), why)
+  log_without_gradient(layers, net.loss.name,
+                       [v.op.name for v in missing], ops)
   return True
 
 
