@@ -168,9 +168,12 @@ class RecomputeDeclaration(Declaration):
   Attributes:
     keep: the layers whose outputs the backward pass keeps, or ``None`` for
       the executor's choice.
+    tensors: the names of the tensors kept besides, as the plan resolved
+      them (on a KerasPlan, always empty: a tensor there is its layer's).
   """
   kind: ClassVar[DeclarationKind] = DeclarationKind.RECOMPUTE
   keep: Optional[Tuple[str, ...]] = None
+  tensors: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,22 +407,34 @@ class Declarations:
               validate)
 
   def add_recompute(self, keep: Optional[Sequence[Any]], caller: str,
-                    validate: Optional[Callable[..., Any]] = None) -> None:
-    """Records ``recompute(keep)``; ``keep`` a list of layer references or
-    ``None``. A plan recomputes once; ``validate`` takes the kept names."""
+                    validate: Optional[Callable[..., Any]] = None,
+                    tensor: Optional[Callable[[Any], Optional[str]]] = None
+                    ) -> None:
+    """Records ``recompute(keep)``; ``keep`` a list of layer references and
+    tensors, or ``None``. A plan recomputes once; ``validate`` takes the
+    kept layer names.
+
+    ``tensor(item)`` is the plan's reading of one item: the name of the
+    tensor it keeps, or ``None`` for a layer reference (resolved here).
+    """
     self._check_open()
+    tensors: Tuple[str, ...] = ()
     if keep is not None:
       if isinstance(keep, str) or not isinstance(keep, (list, tuple, set)):
         raise _errors.GraphGradError(
             f"{caller}: `keep` must be a list of layers (names, paths or "
-            f"layers) or None; got {type(keep).__name__} {keep!r}. Pass "
-            f"keep=[{keep!r}] for one layer.")
-      keep = tuple(self.resolve(k, "keep") for k in keep)
+            f"layers) and tensors, or None; got {type(keep).__name__} "
+            f"{keep!r}. Pass keep=[{keep!r}] for one.")
+      items = list(keep)
+      names = [None if tensor is None else tensor(k) for k in items]
+      tensors = tuple(dict.fromkeys(n for n in names if n is not None))
+      keep = tuple(self.resolve(k, "keep")
+                   for k, n in zip(items, names) if n is None)
     if self.of_kind(RecomputeDeclaration):
       raise _errors.GraphGradError(
           f"{caller}: this {self._owner} already recomputes; declare "
           f"recompute once, with every layer to keep.")
-    self._add(RecomputeDeclaration("", keep),
+    self._add(RecomputeDeclaration("", keep, tensors),
               (lambda: validate(keep)) if validate is not None else None)
 
   def add_privatize(self, privacy: Any, caller: str) -> None:
