@@ -408,14 +408,15 @@ class Declarations:
 
   def add_recompute(self, keep: Optional[Sequence[Any]], caller: str,
                     validate: Optional[Callable[..., Any]] = None,
-                    tensor: Optional[Callable[[Any], Optional[str]]] = None
+                    read: Optional[Callable[[Any], Tuple[str, Any]]] = None
                     ) -> None:
     """Records ``recompute(keep)``; ``keep`` a list of layer references and
     tensors, or ``None``. A plan recomputes once; ``validate`` takes the
     kept layer names.
 
-    ``tensor(item)`` is the plan's reading of one item: the name of the
-    tensor it keeps, or ``None`` for a layer reference (resolved here).
+    ``read(item)`` is the plan's reading of one item: ``("tensor", name)``
+    for a tensor it keeps by name, ``("layer", ref)`` for a layer reference
+    (resolved here). Without it every item is a layer reference.
     """
     self._check_open()
     tensors: Tuple[str, ...] = ()
@@ -425,11 +426,11 @@ class Declarations:
             f"{caller}: `keep` must be a list of layers (names, paths or "
             f"layers) and tensors, or None; got {type(keep).__name__} "
             f"{keep!r}. Pass keep=[{keep!r}] for one.")
-      items = list(keep)
-      names = [None if tensor is None else tensor(k) for k in items]
-      tensors = tuple(dict.fromkeys(n for n in names if n is not None))
-      keep = tuple(self.resolve(k, "keep")
-                   for k, n in zip(items, names) if n is None)
+      pairs = [("layer", k) if read is None else read(k) for k in keep]
+      tensors = tuple(dict.fromkeys(r for kind, r in pairs
+                                    if kind == "tensor"))
+      keep = tuple(dict.fromkeys(self.resolve(r, "keep")
+                                 for kind, r in pairs if kind == "layer"))
     if self.of_kind(RecomputeDeclaration):
       raise _errors.GraphGradError(
           f"{caller}: this {self._owner} already recomputes; declare "

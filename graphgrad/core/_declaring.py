@@ -267,7 +267,7 @@ class Declaring:
     """
     self._check_first("recompute", "recompute")
     self._declarations.add_recompute(keep, "recompute", self._check_recompute,
-                                     tensor=self._keep_reader())
+                                     read=self._keep_reader())
     return self
 
   def privatize(self: _P, l2_norm_clip: float, noise_multiplier: float,
@@ -399,10 +399,10 @@ class Declaring:
   def _check_recompute(self, keep: Optional[Tuple[str, ...]]) -> None:
     """Checks the layers ``recompute`` keeps (``None``: its choice)."""
 
-  def _keep_reader(self) -> Callable[[Any], Optional[str]]:
-    """Reads an item of ``recompute(keep=...)``: the name of the tensor it
-    keeps, or ``None`` for a layer reference."""
-    return lambda item: None
+  def _keep_reader(self) -> Callable[[Any], Tuple[str, Any]]:
+    """Reads an item of ``recompute(keep=...)``: ``("tensor", name)`` for
+    a tensor kept by name, ``("layer", ref)`` for a layer reference."""
+    return lambda item: ("layer", item)
 
   def _privatized(self, privacy) -> None:
     """Acts on the ``privatize`` just recorded."""

@@ -267,10 +267,11 @@ class GradientPlan(TrainingMethods, OpOverriding):
   def _keep_reader(self):
     reader = []
 
-    def read(item) -> Optional[str]:
+    def read(item):
       if not reader:
         reader.append(_recompute.keep_reader(self.net))
-      return reader[0](item)
+      name = reader[0](item)
+      return ("layer", item) if name is None else ("tensor", name)
 
     return read
 
