@@ -105,7 +105,8 @@ def read_keep(model, layers: Dict[str, Any], item) -> Tuple[str, Any]:
   """Reads one item of ``KerasPlan.recompute(keep=...)``.
 
   A symbolic Keras tensor (``layer.output`` of a functional model) stands
-  for the top-level layer whose call made it; anything else but a tensor
+  for the top-level layer whose call made it (a shared layer's first call:
+  every call of the layer, as its name does); anything else but a tensor
   is a layer reference.
 
   Args:
@@ -148,11 +149,11 @@ def read_keep(model, layers: Dict[str, Any], item) -> Tuple[str, Any]:
     if any(o is item for o in outs):
       return "layer", path
   raise _errors.GraphGradError(
-      f"recompute: `keep` got the symbolic tensor {item!r}, which is the "
-      f"output of no top-level layer of {model.name} called once (a model "
-      f"input, a nested layer's output, another model's tensor, or a "
-      f"shared layer's). Pass layer.output of a layer {model.name} calls "
-      f"once, or a layer name; top-level layers: {tops}.")
+      f"recompute: `keep` got the symbolic tensor {item!r}, which is "
+      f"layer.output of no top-level layer of {model.name} (a model input, "
+      f"a nested layer's output, another model's tensor, or a shared "
+      f"layer's second call). Pass layer.output of a layer {model.name} "
+      f"calls directly, or a layer name; top-level layers: {tops}.")
 
 
 class Recomputer:

@@ -92,6 +92,38 @@ def test_bad_tensors_in_keep_are_refused(K):
   with pytest.raises(gg.GraphGradError, match=r"`keep` got an eager tensor, "
                      r"which names no call of .*layer\.output"):
     plan.recompute(keep=[tf.ones([2, 5])])
-  with pytest.raises(gg.GraphGradError, match=r"is the output of no "
-                     r"top-level layer of .* called once \(a model input"):
+  with pytest.raises(gg.GraphGradError, match=r"which is layer\.output of "
+                     r"no top-level layer of .* \(a model input"):
     plan.recompute(keep=[inp])
+
+
+def test_a_shared_layers_second_output_is_refused(K):
+  inp = K.Input((5,))
+  shared = K.layers.Dense(5, activation="tanh", name="shared")
+  first = shared(inp)
+  h = shared(first)
+  model = K.Model(inp, K.layers.Dense(1, name="top")(h))
+  with pytest.raises(gg.GraphGradError, match=r"which is layer\.output of "
+                     r"no top-level layer .* a shared layer's second call\)"
+                     r"\. Pass layer\.output"):
+    gg.KerasPlan(model).recompute(keep=[h])
+  # Its first call's output is layer.output: the layer, as its name.
+  plan = gg.KerasPlan(model).recompute(keep=[first, "top"])
+  assert plan.declarations.recompute.keep == ("shared", "top")
+
+
+def test_a_subclassed_models_layers_have_no_output(K):
+  class Net(K.Model):
+    def __init__(self):
+      super().__init__()
+      self.d = K.layers.Dense(2, name="d")
+
+    def call(self, x):
+      return self.d(x)
+
+  model = Net()
+  model(tf.ones([1, 3]))
+  elsewhere = K.Input((3,))
+  with pytest.raises(gg.GraphGradError, match=r"which is layer\.output of "
+                     r"no top-level layer"):
+    gg.KerasPlan(model).recompute(keep=[K.layers.Dense(2)(elsewhere)])
