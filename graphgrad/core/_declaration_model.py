@@ -168,9 +168,12 @@ class RecomputeDeclaration(Declaration):
   Attributes:
     keep: the layers whose outputs the backward pass keeps, or ``None`` for
       the executor's choice.
+    tensors: the names of the tensors kept besides, as the plan resolved
+      them (on a KerasPlan, always empty: a tensor there is its layer's).
   """
   kind: ClassVar[DeclarationKind] = DeclarationKind.RECOMPUTE
   keep: Optional[Tuple[str, ...]] = None
+  tensors: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,22 +407,35 @@ class Declarations:
               validate)
 
   def add_recompute(self, keep: Optional[Sequence[Any]], caller: str,
-                    validate: Optional[Callable[..., Any]] = None) -> None:
-    """Records ``recompute(keep)``; ``keep`` a list of layer references or
-    ``None``. A plan recomputes once; ``validate`` takes the kept names."""
+                    validate: Optional[Callable[..., Any]] = None,
+                    read: Optional[Callable[[Any], Tuple[str, Any]]] = None
+                    ) -> None:
+    """Records ``recompute(keep)``; ``keep`` a list of layer references and
+    tensors, or ``None``. A plan recomputes once; ``validate`` takes the
+    kept layer names.
+
+    ``read(item)`` is the plan's reading of one item: ``("tensor", name)``
+    for a tensor it keeps by name, ``("layer", ref)`` for a layer reference
+    (resolved here). Without it every item is a layer reference.
+    """
     self._check_open()
+    tensors: Tuple[str, ...] = ()
     if keep is not None:
       if isinstance(keep, str) or not isinstance(keep, (list, tuple, set)):
         raise _errors.GraphGradError(
             f"{caller}: `keep` must be a list of layers (names, paths or "
-            f"layers) or None; got {type(keep).__name__} {keep!r}. Pass "
-            f"keep=[{keep!r}] for one layer.")
-      keep = tuple(self.resolve(k, "keep") for k in keep)
+            f"layers) and tensors, or None; got {type(keep).__name__} "
+            f"{keep!r}. Pass keep=[{keep!r}] for one.")
+      pairs = [("layer", k) if read is None else read(k) for k in keep]
+      tensors = tuple(dict.fromkeys(r for kind, r in pairs
+                                    if kind == "tensor"))
+      keep = tuple(dict.fromkeys(self.resolve(r, "keep")
+                                 for kind, r in pairs if kind == "layer"))
     if self.of_kind(RecomputeDeclaration):
       raise _errors.GraphGradError(
           f"{caller}: this {self._owner} already recomputes; declare "
           f"recompute once, with every layer to keep.")
-    self._add(RecomputeDeclaration("", keep),
+    self._add(RecomputeDeclaration("", keep, tensors),
               (lambda: validate(keep)) if validate is not None else None)
 
   def add_privatize(self, privacy: Any, caller: str) -> None:

@@ -9,7 +9,7 @@ after the shared checks and before the declaration is recorded, so that a
 refused declaration leaves nothing behind.
 """
 
-from typing import Any, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, TypeVar, Union
 
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._privacy import check_privacy
@@ -223,24 +223,33 @@ class Declaring:
     activation, with the same gradients. See docs/saving-memory.md.
 
     Args:
-      keep: layer names whose outputs are kept; ``None`` picks about
-        ``sqrt(n)`` of the ``n`` layers, each one an articulation point of
-        the layer graph (a layer that no skip connection jumps over). On a
-        KerasPlan, top-level layers (names, paths or the layers); ``None``
-        picks about ``sqrt(n)`` of the ``n`` calls by their activation
-        bytes, each a call no skip connection jumps over.
+      keep: what the backward pass keeps, mixed in one list. On a
+        GradientPlan: layer names (their outputs are kept), tensor names
+        (``"l1/Relu:0"``; an op name with one output means that output)
+        and ``tf.Tensor`` s of the loss's tf.Graph; a name is a layer's
+        before an op's. ``None`` picks about ``sqrt(n)`` of the ``n``
+        layers, each one an articulation point of the layer graph (a layer
+        that no skip connection jumps over). On a KerasPlan, top-level
+        layers (names, paths or the layers) and a functional model's
+        symbolic tensors (``layer.output``: that layer's call is kept);
+        ``None`` picks about ``sqrt(n)`` of the ``n`` calls by their
+        activation bytes, each a call no skip connection jumps over.
+        ``plan.kept_tensors()`` lists what is kept once the plan is built.
 
     Returns:
       The plan, for chaining.
 
     Raises:
       LayerNotFoundError: if a name in ``keep`` is unknown.
-      GraphGradError: if ``keep`` is not a sequence of names, or the plan is
-        built (on a KerasPlan, a tape was opened); on a KerasPlan, if
-        ``keep`` names a nested layer.
-      UnsupportedGraphError: on a GradientPlan, when the plan is built, for
-        a random op whose value depends on the parameters (it can neither
-        be reused nor recomputed).
+      NotConnectedError: on a GradientPlan, for a kept tensor off the
+        loss's forward path (from the variables to the loss).
+      GraphGradError: if ``keep`` is not a sequence, or the plan is built
+        (on a KerasPlan, a tape was opened); for an eager tensor, a tensor
+        of another tf.Graph, or an op name with several outputs; on a
+        KerasPlan, if ``keep`` names a nested layer or a tensor name.
+      UnsupportedGraphError: on a GradientPlan, for a kept tensor inside a
+        loop; when the plan is built, for a random op whose value depends
+        on the parameters (it can neither be reused nor recomputed).
 
     Example:
       >>> import tensorflow as tf, graphgrad as gg
@@ -257,7 +266,8 @@ class Declaring:
       8
     """
     self._check_first("recompute", "recompute")
-    self._declarations.add_recompute(keep, "recompute", self._check_recompute)
+    self._declarations.add_recompute(keep, "recompute", self._check_recompute,
+                                     read=self._keep_reader())
     return self
 
   def privatize(self: _P, l2_norm_clip: float, noise_multiplier: float,
@@ -388,6 +398,11 @@ class Declaring:
 
   def _check_recompute(self, keep: Optional[Tuple[str, ...]]) -> None:
     """Checks the layers ``recompute`` keeps (``None``: its choice)."""
+
+  def _keep_reader(self) -> Callable[[Any], Tuple[str, Any]]:
+    """Reads an item of ``recompute(keep=...)``: ``("tensor", name)`` for
+    a tensor kept by name, ``("layer", ref)`` for a layer reference."""
+    return lambda item: ("layer", item)
 
   def _privatized(self, privacy) -> None:
     """Acts on the ``privatize`` just recorded."""

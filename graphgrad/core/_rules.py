@@ -207,8 +207,10 @@ class ParameterRule:
 @dataclasses.dataclass(frozen=True)
 class RecomputeRule:
   """``plan.recompute(keep)``: the layers whose outputs are kept, or
-  ``None`` for the executor's choice."""
+  ``None`` for the executor's choice, and the names of the tensors kept
+  besides."""
   keep: Optional[Tuple[str, ...]] = None
+  tensors: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,7 +374,8 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
                                  for group, fn in d.gradient_groups),
       parameter_tasks=None if params is None else TaskRule(
           params.layers, params.losses, params.method, at="parameters"),
-      recompute=None if recompute is None else RecomputeRule(recompute.keep),
+      recompute=None if recompute is None else RecomputeRule(
+          recompute.keep, recompute.tensors),
       privacy=privacy,
       loss_scale=None if loss_scale is None else LossScaleRule(loss_scale),
       named=tuple(dict.fromkeys(

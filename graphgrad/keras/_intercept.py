@@ -101,6 +101,12 @@ class Interceptor:
                         _tape_recompute.Recomputer(rules.recompute.keep,
                                                    plan.name))
 
+  @property
+  def kept(self) -> Optional[List]:
+    """Under ``plan.recompute``, the tensors the step keeps (see
+    ``Recomputer.kept``); else ``None``."""
+    return None if self._recomputer is None else self._recomputer.kept
+
   @contextlib.contextmanager
   def backward(self, step: BackwardStep):
     """Runs the backward passes built inside the block with ``step``."""

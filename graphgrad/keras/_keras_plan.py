@@ -31,7 +31,7 @@ from graphgrad.core._declaring import Declaring, LayerRef
 from graphgrad.core._inert import bottom_layer_advice
 from graphgrad.core._privacy import Noise
 from graphgrad.core._rules import PlanRules, compile_rules
-from graphgrad.keras import _fit, _loss_scale, _methods
+from graphgrad.keras import _fit, _loss_scale, _methods, _tape_recompute
 from graphgrad.keras._layer_index import (
   check_group_parameters,
   check_parameters,
@@ -106,6 +106,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     self._methods = _methods.MethodVariables()
     self._resources = Resources(modules=[self._methods])
     self._open_tape: Optional[PlanTape] = None
+    self._last_tape: Optional[PlanTape] = None  # for kept_tensors()
     # The float16 warning, logged once per plan (a bool: tf.Module tracks
     # no bools).
     self._unscaled_warned = False
@@ -250,6 +251,53 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
             f"are recomputed whole; got the nested {', '.join(nested)}. "
             f"Keep the layer that holds it instead: one of "
             f"{', '.join(tops)}.")
+
+  def _keep_reader(self):
+    tops = {p: self._index[p] for p in self._index.paths if "/" not in p}
+    return lambda item: _tape_recompute.read_keep(self._model, tops, item)
+
+  def kept_tensors(self) -> List[tf.Tensor]:
+    """The tensors the last step's backward pass keeps under :meth:`recompute`.
+
+    The outputs of the kept layer calls (those ``keep`` declared, or, with
+    ``keep=None``, those the plan chose) of the last step run under
+    :meth:`tape`; the calls between two of them are replayed in the
+    backward pass. Calls that keep their activations anyway (a stateful
+    random op) are not listed.
+
+    Returns:
+      The kept tensors, in forward order (the calls' order, each call's
+      outputs flattened): in a traced step, symbolic ``tf.Tensor`` s of
+      its graph; in an eager step, their values.
+
+    Raises:
+      GraphGradError: if the plan does not recompute, or no step has run
+        under ``plan.tape()`` yet.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> inp = tf.keras.Input((3,))
+      >>> d1 = tf.keras.layers.Dense(4, name="d1")
+      >>> out = tf.keras.layers.Dense(1, name="d2")(d1(inp))
+      >>> model = tf.keras.Model(inp, out)
+      >>> plan = gg.KerasPlan(model).recompute(keep=[d1.output])
+      >>> with plan.tape() as tape:
+      ...   loss = tf.reduce_sum(model(tf.ones([2, 3])))
+      >>> _ = tape.gradient(loss)
+      >>> [t.shape.as_list() for t in plan.kept_tensors()]
+      [[2, 4]]
+    """
+    if self._declarations.recompute is None:
+      raise _errors.GraphGradError(
+          "kept_tensors: this KerasPlan does not recompute, so it keeps "
+          "every activation. Declare plan.recompute(keep=...) first.")
+    kept = None if self._last_tape is None else self._last_tape.kept
+    if kept is None:
+      raise _errors.GraphGradError(
+          "kept_tensors: no step has run under this KerasPlan's tape yet, "
+          "so no call was kept. Run one step (the forward pass under "
+          "plan.tape(), then tape.gradient) first.")
+    return list(kept)
 
   def _privatized(self, privacy) -> None:
     with tf.name_scope(self.name):
@@ -477,6 +525,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
 
   def _exit_tape(self, tape: PlanTape) -> None:
     self._open_tape = None if self._open_tape is tape else self._open_tape
+    self._last_tape = tape
 
   def __repr__(self):
     return (f"KerasPlan(model={self._model.name}, "

@@ -227,6 +227,12 @@ class PlanTape:
     self._run.close()
     return self._tape.__exit__(*exc)
 
+  @property
+  def kept(self):
+    """Under ``plan.recompute``, the tensors this step keeps, in forward
+    order; else ``None``."""
+    return self._run.kept
+
   def watch(self, tensor) -> None:
     """Ensures ``tensor`` is traced by the tape, as ``GradientTape.watch``."""
     self._tape.watch(tensor)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import tensorflow as tf
 
+from graphgrad import _errors
 from graphgrad.core._gradients import is_float
 from graphgrad.keras._layer_index import float_inputs, tf_variable
 from graphgrad.keras._tape_vjp import TapeVJP
@@ -100,6 +101,61 @@ def choose_kept(calls: Sequence[_LayerCall]) -> Set[int]:
   return kept
 
 
+def read_keep(model, layers: Dict[str, Any], item) -> Tuple[str, Any]:
+  """Reads one item of ``KerasPlan.recompute(keep=...)``.
+
+  A symbolic Keras tensor (``layer.output`` of a functional model) stands
+  for the top-level layer whose call made it (a shared layer's first call:
+  every call of the layer, as its name does); anything else but a tensor
+  is a layer reference.
+
+  Args:
+    model: the plan's model (for messages).
+    layers: its top-level layers, by path.
+    item: the item.
+
+  Returns:
+    ``("layer", ref)``: the layer reference the item is or stands for.
+
+  Raises:
+    GraphGradError: for a tensor name, a ``tf.Tensor`` (eager or of a
+      traced step) or a Keras tensor that no top-level layer's call made.
+  """
+  tops = ", ".join(layers)
+  if isinstance(item, str):
+    if ":" in item:
+      raise _errors.GraphGradError(
+          f"recompute: `keep` got the tensor name {item!r}, but a KerasPlan "
+          f"keeps layer calls, whose tensors have new names in each traced "
+          f"step. Pass the layer's name or, for a functional model, its "
+          f"symbolic output (layer.output); top-level layers: {tops}.")
+    return "layer", item
+  if isinstance(item, tf.Tensor):
+    what = ("an eager tensor" if not tf.is_symbolic_tensor(item)
+            else f"the tf.Tensor {item.name} of a tf.Graph or traced step")
+    raise _errors.GraphGradError(
+        f"recompute: `keep` got {what}, which names no call of "
+        f"{model.name}. Pass the layer's name or, for a functional model, "
+        f"its symbolic output (layer.output); top-level layers: {tops}.")
+  if not (hasattr(item, "shape") and hasattr(item, "dtype")):
+    return "layer", item
+  for path, layer in layers.items():
+    if type(layer).__name__ == "InputLayer":
+      continue  # its output is the model's input: no call makes it
+    try:
+      outs = tf.nest.flatten(layer.output)
+    except (AttributeError, ValueError, RuntimeError):
+      continue  # not called, or called more than once
+    if any(o is item for o in outs):
+      return "layer", path
+  raise _errors.GraphGradError(
+      f"recompute: `keep` got the symbolic tensor {item!r}, which is "
+      f"layer.output of no top-level layer of {model.name} (a model input, "
+      f"a nested layer's output, another model's tensor, or a shared "
+      f"layer's second call). Pass layer.output of a layer {model.name} "
+      f"calls directly, or a layer name; top-level layers: {tops}.")
+
+
 class Recomputer:
   """The recomputed calls of one plan tape, and their replays."""
 
@@ -114,6 +170,7 @@ class Recomputer:
                    else tf.compat.v1.get_default_graph())
     self.calls: List[_LayerCall] = []
     self._blocks_of: Optional[int] = None  # len(calls) when blocks were set
+    self._ends: Set[int] = set()  # the calls whose outputs are kept
     self._replays: Dict[int, Dict[int, tuple]] = {}
 
   def takes(self, args, kwargs) -> bool:
@@ -171,6 +228,13 @@ class Recomputer:
     rec.outs = tf.nest.flatten(out)
     return out
 
+  @property
+  def kept(self) -> List[tf.Tensor]:
+    """The outputs of the calls that end a block (declared or chosen), in
+    forward order: what the backward pass keeps."""
+    self._set_blocks()
+    return [t for i in sorted(self._ends) for t in self.calls[i].outs]
+
   # -- the backward pass ---------------------------------------------------
 
   def _vjp(self, index: int, dys: list, variables: list):
@@ -207,6 +271,7 @@ class Recomputer:
       ends = choose_kept(self.calls)
     else:
       ends = {i for i, c in enumerate(self.calls) if c.path in self._keep}
+    self._ends = ends
     block = 0
     for i, c in enumerate(self.calls):
       if c.whole:  # its own block: what it reads and makes is kept

@@ -120,9 +120,17 @@ class Options:
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-  """What building a plan gives."""
+  """What building a plan gives.
+
+  Attributes:
+    grads_and_vars: the ``(gradient, variable)`` pairs.
+    trace: every transform applied.
+    kept: under ``plan.recompute``, the tensors the backward pass keeps,
+      in forward order; else empty.
+  """
   grads_and_vars: Tuple[Tuple[Gradient, tf.Variable], ...]
   trace: Tuple[TraceRecord, ...]
+  kept: Tuple[tf.Tensor, ...] = ()
 
 
 def build(loss: tf.Tensor, net: Callable[[], LayerGraph],
@@ -201,7 +209,8 @@ class _Executor:
     self.vjp = GraphVJP(
         self.options.gradients_kwargs, self.overrides.fns,
         recompute=(None if rules.recompute is None
-                   else self._recompute(rules.recompute.keep)),
+                   else self._recompute(rules.recompute.keep,
+                                        rules.recompute.tensors)),
         seed=lambda target: (self._scaled_seed() if target is self.loss
                              else None))
     # Under a loss scale every transform sees the unscaled gradient
@@ -247,16 +256,19 @@ class _Executor:
       if self.scale is not None:
         # As the loss-scale optimizer's own compute_gradients unscales.
         out = _loss_scale_optimizer.unscale(self.scale, out)
-    return Built(tuple(out), tuple(self.trace))
+    recompute = self.vjp.recompute
+    kept = () if recompute is None else recompute.kept
+    return Built(tuple(out), tuple(self.trace), kept)
 
-  def _recompute(self, keep: Optional[Tuple[str, ...]]
-                 ) -> _recompute.Recompute:
+  def _recompute(self, keep: Optional[Tuple[str, ...]],
+                 tensors: Tuple[str, ...]) -> _recompute.Recompute:
     """The VJP's recompute option: keep the outputs of the layers in
-    ``keep``; never copy an overridden op (``plan.recompute``)."""
+    ``keep`` and the ``tensors``; never copy an overridden op
+    (``plan.recompute``)."""
     names = {o.key for o in self.rules.ops if o.match == "name"}
     types = {o.key for o in self.rules.ops if o.match == "type"}
     return _recompute.Recompute(
-        lambda: _recompute.kept_tensors(self.net, keep),
+        lambda: _recompute.kept_tensors(self.net, keep, tensors),
         lambda op: op.name in names or op.type in types)
 
   # -- the segmented backward pass ------------------------------------------

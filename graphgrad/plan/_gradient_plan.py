@@ -36,6 +36,7 @@ from graphgrad.plan import (
   _loss_scale_optimizer,
   _optimizer,
   _picture,
+  _recompute,
   _summaries,
   _sync_privacy,
 )
@@ -219,7 +220,60 @@ class GradientPlan(TrainingMethods, OpOverriding):
     """True once :meth:`compute_gradients` has built the plan."""
     return self._built is not None
 
+  def kept_tensors(self) -> List[tf.Tensor]:
+    """The tensors the backward pass keeps under :meth:`recompute`.
+
+    Those ``keep`` declared (the layers' outputs and the tensors) or, with
+    ``keep=None``, those the plan chose; every other activation between two
+    of them is recomputed. Tensors the plan keeps because it reads them (cut
+    tensors, task losses) are not listed.
+
+    Returns:
+      The kept ``tf.Tensor`` s of the loss's tf.Graph, in forward
+      (topological) order, each once.
+
+    Raises:
+      GraphGradError: if the plan does not recompute, or is not built yet
+        (call :meth:`compute_gradients` first).
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> with tf.Graph().as_default():
+      ...   x = tf.ones([2, 3])
+      ...   with tf.compat.v1.variable_scope("l1"):
+      ...     w = tf.compat.v1.get_variable("w", initializer=tf.ones([3, 3]))
+      ...     h = tf.nn.relu(x @ w)
+      ...   with tf.compat.v1.variable_scope("l2"):
+      ...     v = tf.compat.v1.get_variable("v", initializer=tf.ones([3, 1]))
+      ...     loss = tf.reduce_sum(tf.tanh(h @ v))
+      ...   plan = gg.GradientPlan(loss).recompute(keep=["l1/Relu:0"])
+      ...   _ = plan.compute_gradients()
+      ...   [t.name for t in plan.kept_tensors()]
+      ['l1/Relu:0']
+    """
+    if self._declarations.recompute is None:
+      raise _errors.GraphGradError(
+          "kept_tensors: this GradientPlan does not recompute, so it keeps "
+          "every activation. Declare plan.recompute(keep=...) first.")
+    if self._built is None:
+      raise _errors.GraphGradError(
+          "kept_tensors: this GradientPlan is not built yet, so the tensors "
+          "it keeps are not chosen. Call plan.compute_gradients() (or "
+          "apply_gradients) first.")
+    return list(self._built.kept)
+
   # -- checks of the declarations (core._declaring's hooks) ---------------
+
+  def _keep_reader(self):
+    reader = []
+
+    def read(item):
+      if not reader:
+        reader.append(_recompute.keep_reader(self.net))
+      name = reader[0](item)
+      return ("layer", item) if name is None else ("tensor", name)
+
+    return read
 
   def _check_upstream(self, name: str) -> None:
     _declaration_checks.check_declaration(

@@ -112,12 +112,12 @@ def separators(net: LayerGraph) -> Tuple[List[Tuple[tf.Tensor, int]], int]:
   return found, len(act)
 
 
-def kept_tensors(net: LayerGraph, keep: Optional[Sequence[str]]
-                 ) -> List[tf.Tensor]:
-  """The tensors the backward pass keeps: the outputs of the layers in
-  ``keep``, or with ``keep=None`` about ``sqrt(n)`` of the
-  :func:`separators`, for ``n`` layers, evenly spread along the
-  activations."""
+def kept_tensors(net: LayerGraph, keep: Optional[Sequence[str]],
+                 tensors: Sequence[str] = ()) -> List[tf.Tensor]:
+  """The tensors the backward pass keeps, in forward (topological) order:
+  the outputs of the layers in ``keep`` and the tensors named ``tensors``,
+  or with ``keep=None`` about ``sqrt(n)`` of the :func:`separators`, for
+  ``n`` layers, evenly spread along the activations."""
   if keep is None:
     candidates, total = separators(net)
     k = max(1, int(round(math.sqrt(len(net.names)))) - 1)
@@ -133,9 +133,111 @@ def kept_tensors(net: LayerGraph, keep: Optional[Sequence[str]]
   else:
     kept = [t for n in keep for t in net[n].outputs
             if _graph_util.differentiable(t)]
+  graph = net.loss.graph
+  kept += [graph.get_tensor_by_name(n) for n in tensors]
+  kept = list({t.name: t for t in kept}.values())
   # Indices follow the forward order: a kept tensor's segment is above
   # every kept tensor it depends on.
-  return sorted(kept, key=lambda t: net.topo_index(t.op))
+  return sorted(kept, key=lambda t: (net.topo_index(t.op), t.value_index))
+
+
+def keep_reader(net: LayerGraph) -> Callable[[object], Optional[str]]:
+  """Reads one item of ``recompute(keep=...)`` on ``net``'s tf.Graph.
+
+  The function it returns gives the name of the tensor an item keeps (a
+  ``tf.Tensor``, a tensor name ``"l1/Relu:0"``, or the name of an op with
+  one output that is no layer's name), or ``None`` for a layer reference.
+
+  Raises (from the function):
+    LayerNotFoundError: for a name that is no layer, tensor nor op.
+    NotConnectedError: for a tensor off the loss's forward path.
+    UnsupportedGraphError: for a tensor inside a loop or a function body.
+    GraphGradError: for an eager tensor, a tensor of another tf.Graph, or
+      an op name with several outputs.
+  """
+  graph = net.loss.graph
+  forward: List[Dict[str, int]] = []
+
+  def read(item) -> Optional[str]:
+    if isinstance(item, str):
+      t = _named(net, graph, item)
+      if t is None:
+        return None
+    elif isinstance(item, tf.Tensor):
+      t = _graph_tensor(graph, item)
+    else:
+      return None
+    if _graph_util.in_control_flow(t.op):
+      raise _errors.UnsupportedGraphError(
+          f"recompute: `keep` got {t.name}, a tensor inside a loop or cond "
+          f"of the tf.Graph; its value changes with each iteration, so it "
+          f"cannot be kept once. Keep a tensor before or after the loop.")
+    if not forward:
+      forward.append(_activations(net))
+    if not _graph_util.differentiable(t) or t.op.name not in forward[0]:
+      raise _errors.NotConnectedError(
+          f"recompute: `keep` got {t.name} ({t.dtype.name}), which is not "
+          f"on the loss's forward path (a floating-point tensor computed "
+          f"from the variables that the loss {net.loss.name} depends on); "
+          f"keeping it saves nothing. Keep an activation between the "
+          f"variables and the loss.")
+    return t.name
+
+  return read
+
+
+def _named(net: LayerGraph, graph: tf.Graph, name: str
+           ) -> Optional[tf.Tensor]:
+  """The tensor ``name`` means, or ``None`` for a layer's name."""
+  if ":" not in name:
+    if name in net.names:
+      return None
+    try:
+      op = graph.get_operation_by_name(name)
+    except KeyError:
+      op = None
+    if op is not None:
+      if len(op.outputs) == 1:
+        return op.outputs[0]
+      raise _errors.GraphGradError(
+          f"recompute: `keep` got the op name {name!r}, whose op "
+          f"({op.type}) has {len(op.outputs)} outputs, so it names no one "
+          f"tensor. Pass a tensor name instead: one of "
+          f"{', '.join(t.name for t in op.outputs) or '(none)'}.")
+  else:
+    try:
+      return graph.get_tensor_by_name(name)
+    except (KeyError, ValueError):
+      pass
+  raise _errors.LayerNotFoundError(
+      f"recompute: `keep` got {name!r}, which names no layer, tensor or op "
+      f"of the tf.Graph; known layers: {', '.join(net.names)}. Pass a layer "
+      f"name, a tensor name such as 'l1/Relu:0', or the tf.Tensor itself.")
+
+
+def _graph_tensor(graph: tf.Graph, t: tf.Tensor) -> tf.Tensor:
+  """``t``, checked to be a tensor of ``graph`` itself."""
+  if not tf.is_symbolic_tensor(t):
+    raise _errors.GraphGradError(
+        f"recompute: `keep` got an eager tensor (shape {t.shape}), which "
+        f"holds a value, not a place in the loss's tf.Graph. Pass the "
+        f"tf.Tensor of the tf.Graph (built inside graph.as_default()) or "
+        f"its name.")
+  if t.graph is graph:
+    return t
+  outer = getattr(t.graph, "outer_graph", None)
+  while outer is not None and outer is not graph:
+    outer = getattr(outer, "outer_graph", None)
+  if outer is graph:
+    raise _errors.UnsupportedGraphError(
+        f"recompute: `keep` got {t.name}, a tensor inside the body of a "
+        f"loop or function ({t.graph.name}) of the loss's tf.Graph; it "
+        f"takes a new value each run of the body, so it cannot be kept "
+        f"once. Keep a tensor before or after the loop.")
+  raise _errors.GraphGradError(
+      f"recompute: `keep` got {t.name}, a tensor of another tf.Graph than "
+      f"the loss's. Pass a tensor of the loss's tf.Graph: build the model "
+      f"and the plan in one tf.Graph.")
 
 
 class Recompute:
@@ -157,12 +259,20 @@ class Recompute:
     self._kept = kept
     self.forward = forward
     self._index: Optional[Dict[str, int]] = None
+    self._tensors: Optional[Tuple[tf.Tensor, ...]] = None
+
+  @property
+  def kept(self) -> Tuple[tf.Tensor, ...]:
+    """The kept tensors, in forward order (found on first read)."""
+    if self._tensors is None:
+      self._tensors = tuple(self._kept())
+    return self._tensors
 
   @property
   def index(self) -> Dict[str, int]:
     """Kept tensor name -> its position in the forward order."""
     if self._index is None:
-      self._index = {t.name: i for i, t in enumerate(self._kept())}
+      self._index = {t.name: i for i, t in enumerate(self.kept)}
     return self._index
 
 
