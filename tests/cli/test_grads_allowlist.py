@@ -347,3 +347,65 @@ def test_a_normal_model_passes_and_its_gradients_are_right(tmp_path,
   for scope, norm in expected.items():
     np.testing.assert_allclose(rows[scope]["grad_norm"]["before"], norm,
                                rtol=1e-4)
+
+
+def test_timeout_stops_an_endless_while_loop(tmp_path):
+  """The one test that needs a process: ending it is how the loop stops."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  meta = _save_meta(tmp_path, lambda h: _plus(h, tf.while_loop(
+      lambda i: i >= 0, lambda i: i + 1, [tf.constant(0)])))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="3")
+  start = time.perf_counter()
+  done = subprocess.run(
+      [sys.executable, "-m", "graphgrad", "grads", meta, "--timeout", "3"],
+      capture_output=True, text=True, env=env, timeout=120, check=False)
+  took = time.perf_counter() - start
+  assert done.returncode == 2, done.stderr
+  lines = done.stderr.strip().splitlines()
+  assert lines[-1] == (
+      "graphgrad grads: error: --timeout 3: the graph ran for 3 s without "
+      "finishing, so grads stopped it; pass a larger --timeout if it needs "
+      "more time"), done.stderr
+  assert "Traceback" not in done.stderr and done.stdout == ""
+  assert took < 60, took
+
+
+def test_timeout_must_be_positive(tmp_path, capsys):
+  line = error_line(capsys, ["grads", str(tmp_path / "m.meta"),
+                             "--timeout", "0"])
+  assert line.endswith("argument --timeout: expected a positive finite "
+                       "number (above 0); got '0'"), line
+
+
+def test_inspect_runs_nothing_of_a_hostile_saved_model(tmp_path, capsys,
+                                                       monkeypatch):
+  """A v1 loader would run the main op and the restore; inspect reads the
+  MetaGraphDef only, and creates no Session."""
+  main_target, loss_target = tmp_path / "by_main_op", tmp_path / "by_loss"
+  with tf.Graph().as_default(), tf1.Session() as sess:
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    loss = _net(x, _in_function(loss_target))
+    tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
+    sess.run(tf1.global_variables_initializer())
+    builder = tf1.saved_model.Builder(str(tmp_path / "sm"))
+    builder.add_meta_graph_and_variables(
+        sess, ["serve"], main_op=_write(main_target, tf.constant(1.0)))
+    builder.save()
+  assert not main_target.exists() and not loss_target.exists()
+  _forbid_sessions(monkeypatch)
+  assert _cli.main(["inspect", str(tmp_path / "sm")]) == 0
+  assert "loss:0" in capsys.readouterr().out
+  assert not main_target.exists() and not loss_target.exists()
+
+
+def test_inspect_runs_nothing_of_a_hostile_meta_graph(tmp_path, capsys,
+                                                      no_session):
+  target = tmp_path / "written"
+  meta = _save_meta(tmp_path, _dataset_map(target))
+  assert _cli.main(["inspect", meta]) == 0
+  assert "l1" in capsys.readouterr().out
+  assert not target.exists()
