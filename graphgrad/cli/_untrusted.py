@@ -67,7 +67,8 @@ def refusal(ops: List[tf.Operation], allow_io: bool = False
   """Why ``grads`` refuses to run ``ops``, or ``None`` if it may.
 
   Looks at each op, then at every function of the graph's library that
-  they reach, transitively. A function the library lacks is refused. Of
+  they reach, transitively, and at those functions' registered gradients.
+  A function the library lacks is refused. Of
   several refused ops it names one that ``--allow-io`` would not run, else
   one whose I/O is more specific than running an input pipeline.
 
@@ -78,8 +79,10 @@ def refusal(ops: List[tf.Operation], allow_io: bool = False
   """
   if not ops:
     return None
-  library = {f.signature.name: f for f in
-             ops[0].graph.as_graph_def().library.function}
+  proto = ops[0].graph.as_graph_def().library
+  library = {f.signature.name: f for f in proto.function}
+  # A function's registered gradient runs in the backward pass grads builds.
+  gradient = {g.function_name: g.gradient_func for g in proto.gradient}
   found: List[Tuple[int, int, str]] = []
   todo: List[Tuple[str, str]] = []
   for op in ops:
@@ -94,6 +97,9 @@ def refusal(ops: List[tf.Operation], allow_io: bool = False
     if name in seen:
       continue
     seen.add(name)
+    if name in gradient:
+      todo.append((f"{path} -> function {name!r} (its gradient)",
+                   gradient[name]))
     path = f"{path} -> function {name!r}"
     if name not in library:
       found.append((0, len(found), f"{path}: not in the graph's function "

@@ -93,6 +93,25 @@ def test_a_write_inside_a_function_call_is_found():
   assert g is y.graph
 
 
+def test_a_write_in_a_function_s_registered_gradient_is_found():
+  from tensorflow.python.framework import function  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    @function.Defun(tf.float32, tf.float32)
+    def grad(x, dy):
+      with tf.control_dependencies([tf.io.write_file(
+          "/nonexistent/never", tf.strings.as_string(x))]):
+        return tf.identity(dy)
+
+    @function.Defun(tf.float32, grad_func=grad)
+    def f(x):
+      return x * 2.0
+    y = f(tf.constant(1.0))
+    found = _untrusted.refusal(_untrusted.ops_run([y.op]))
+  assert found is not None and " (its gradient) -> function 'grad_" in found
+  assert found.endswith("(WriteFile): writes a file; pass --allow-io to run "
+                        "it"), found
+
+
 def test_a_function_missing_from_the_library_is_refused():
   with tf.Graph().as_default():
     x = tf.constant(1.0)
