@@ -9,7 +9,11 @@ picture and its numbers.
 
 import argparse
 import os
+import sys
+import threading
 from typing import Dict, Optional
+
+from graphgrad.cli import _args
 
 _PICTURES = (".png", ".svg", ".pdf")
 
@@ -26,8 +30,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                   "upstream entries; flags vanishing and exploding layers. "
                   "It runs only the loss's forward and backward pass and the "
                   "initializers of the variables it reads (or the "
-                  "--checkpoint restore), and refuses a graph whose "
-                  "computation there does I/O unless --allow-io is given.")
+                  "--checkpoint restore), only if every op there, in the "
+                  "functions they call and in their dataset functions is a "
+                  "pure compute op (known I/O ops pass with --allow-io), "
+                  "and stops after --timeout seconds.")
   p.add_argument("model", metavar="MODEL",
                  help="a MetaGraph (.meta file), a frozen GraphDef (.pb) or "
                       "a SavedModel directory")
@@ -42,10 +48,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
                  help="for a graph without a loss: report the gradients of "
                       "the sum of this output")
   p.add_argument("--allow-io", action="store_true",
-                 help="run the graph even if the computation grads runs "
-                      "holds ops that read, write or list files, save or "
-                      "restore checkpoints, write summaries or print "
-                      "(refused by default: a saved graph can carry them)")
+                 help="also run the known I/O ops: ops that read, write or "
+                      "list files, run an input pipeline, save or restore "
+                      "checkpoints, write summaries or debug dumps, or "
+                      "print (refused by default: a saved graph can carry "
+                      "them). Ops that are neither pure compute nor known "
+                      "I/O are refused even so")
+  p.add_argument("--timeout", metavar="SECONDS", default=300.0,
+                 type=_args.positive_float,
+                 help="stop after this many seconds of wall-clock time, "
+                      "with exit code 2 (default 300): a saved graph can "
+                      "loop forever")
   p.add_argument("--feed", metavar="FEED.npz",
                  help="arrays keyed by placeholder name")
   p.add_argument("--depth", metavar="N",
@@ -201,24 +214,54 @@ def _restore(sess, graph, checkpoint: Optional[str], variables,
 
 def run(args) -> int:
   """The ``grads`` command; returns the exit code."""
-  from graphgrad.cli import _args  # pylint: disable=g-import-not-at-top
   from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   _check_paths(args)
   depth = None if args.depth is None else _int("--depth", args.depth, 1)
   batch = _int("--batch", args.batch, 1)
   seed = _int("--seed", args.seed, 0)
   _args.quiet_tensorflow(getattr(args, "verbose", False))
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  import graphgrad as gg  # pylint: disable=g-import-not-at-top
-  from graphgrad.analysis import _metagraph  # pylint: disable=g-import-not-at-top
-  from graphgrad.cli import _untrusted  # pylint: disable=g-import-not-at-top
   if args.loss and args.output:
     raise CommandError(
         f"--loss {args.loss!r} and --output {args.output!r}: pass one; "
         f"--output reports the gradients of an output's sum when the graph "
         f"has no loss.")
   arrays = _read_npz(args.feed) if args.feed else {}
+  timer = _stop_after(args.timeout)
+  try:
+    return _run(args, arrays, depth, batch, seed)
+  finally:
+    timer.cancel()
+
+
+def _stop_after(seconds: float) -> threading.Timer:
+  """Ends the process with exit code 2 once ``seconds`` have passed.
+
+  A ``Session.run`` of an endless ``while`` loop ignores
+  ``RunOptions(timeout_in_ms=...)``, ``operation_timeout_in_ms`` and a
+  ``Session.close`` from another thread, so nothing short of ending the
+  process stops it.
+  """
+  def expire():
+    print(f"graphgrad grads: error: --timeout {seconds:g}: the graph ran "
+          f"for {seconds:g} s without finishing, so grads stopped it; pass "
+          f"a larger --timeout if it needs more time", file=sys.stderr,
+          flush=True)
+    sys.stdout.flush()
+    os._exit(2)  # pylint: disable=protected-access
+  timer = threading.Timer(seconds, expire)
+  timer.daemon = True
+  timer.start()
+  return timer
+
+
+def _run(args, arrays: Dict, depth, batch: int, seed: int) -> int:
+  """``grads`` once its arguments are checked; returns the exit code."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  import graphgrad as gg  # pylint: disable=g-import-not-at-top
+  from graphgrad.analysis import _metagraph  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli import _untrusted  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   try:
     graph = load_model(args.model)
     with graph.as_default():
@@ -235,8 +278,7 @@ def run(args) -> int:
       net = gg.analyze(loss, depth=depth)
       feed = build_feed(graph, loss, arrays, batch, seed)
       variables = _untrusted.variables_read(graph, loss, feed)
-      if not args.allow_io:
-        _refuse_io(loss, variables, feed, args.checkpoint)
+      _refuse(loss, variables, feed, args.checkpoint, args.allow_io)
     frozen = _metagraph.kind_of(args.model) == "frozen GraphDef"
     with tf.compat.v1.Session(graph=graph) as sess:
       restored = _restore(sess, graph, args.checkpoint, variables, frozen)
@@ -263,20 +305,15 @@ def _check_scalar(loss) -> None:
       f"report the gradients of its sum")
 
 
-def _refuse_io(loss, variables, feed, checkpoint) -> None:
-  """Refuses to run I/O ops a saved graph carries (cli._untrusted)."""
+def _refuse(loss, variables, feed, checkpoint, allow_io: bool) -> None:
+  """Refuses to run an op off the allowlist (cli._untrusted)."""
   from graphgrad.cli import _untrusted  # pylint: disable=g-import-not-at-top
   from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   fetches = [loss.op] + ([] if checkpoint else
                          [v.initializer for v in variables])
-  found = _untrusted.io_op(_untrusted.ops_run(fetches, list(feed)))
-  if found is not None:
-    name, op_type, kind = found
-    raise CommandError(
-        f"the computation grads would run holds the op {name!r} ({op_type}), "
-        f"which {kind}; grads refuses to run it, as a saved graph can carry "
-        f"anything. Pass --allow-io to run it anyway, if you trust the "
-        f"graph")
+  why = _untrusted.refusal(_untrusted.ops_run(fetches, list(feed)), allow_io)
+  if why is not None:
+    raise CommandError(why)
 
 
 def _write(args, report) -> None:

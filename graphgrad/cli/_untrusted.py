@@ -4,59 +4,18 @@
 by its own ``Saver``, and the loss's forward and backward pass: the ops the
 loss and those initializers depend on, through data inputs and control
 dependencies, fed placeholders cut off. A graph from elsewhere can hide
-anything there. :func:`refuse_io` refuses to run one that reads, writes or
-lists files, reads a file-backed dataset or reader, saves or restores a
-checkpoint, writes a summary or prints, unless ``--allow-io`` says so.
+anything there, also inside the functions those ops call, their ``cond``
+and ``case`` branches, ``while`` bodies and dataset functions.
+:func:`refusal` walks all of it and finds the first op that is not on the
+allowlist of pure compute ops (:mod:`graphgrad.cli._ops`); with
+``allow_io``, the known I/O ops pass too.
 """
 
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
-# op type -> what it does. Resource-variant names (ReaderReadV2,
-# WriteScalarSummary, ...) are matched by the prefixes below.
-_IO_TYPES: Dict[str, str] = {
-    "WriteFile": "writes a file",
-    "ReadFile": "reads a file",
-    "MatchingFiles": "lists files",
-    "SaveV2": "saves a checkpoint", "Save": "saves a checkpoint",
-    "SaveSlices": "saves a checkpoint",
-    "MergeV2Checkpoints": "writes a checkpoint",
-    "RestoreV2": "restores a checkpoint", "Restore": "restores a checkpoint",
-    "RestoreSlice": "restores a checkpoint",
-    "PrintV2": "prints", "Print": "prints",
-    "TFRecordDataset": "reads files", "TFRecordDatasetV2": "reads files",
-    "TextLineDataset": "reads files",
-    "FixedLengthRecordDataset": "reads files",
-    "FixedLengthRecordDatasetV2": "reads files",
-    "OneShotIterator": "runs an input pipeline",
-    "IteratorGetNext": "runs an input pipeline",
-    "IteratorGetNextSync": "runs an input pipeline",
-    "ImportEvent": "writes a summary",
-}
-_IO_PREFIXES = (("Write", "Summary", "writes a summary"),
-                ("", "SummaryWriter", "writes a summary"),
-                ("", "ReaderV2", "reads files"), ("", "Reader", "reads files"),
-                ("ReaderRead", "", "reads files"),
-                ("CreateSummary", "", "writes a summary"),
-                ("FlushSummary", "", "writes a summary"),
-                ("CloseSummary", "", "writes a summary"))
-_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
-
-
-def io_kind(op_type: str) -> Optional[str]:
-  """What an op of ``op_type`` does outside the process, or ``None``.
-
-  Example:
-    >>> io_kind("WriteFile"), io_kind("WriteScalarSummary"), io_kind("MatMul")
-    ('writes a file', 'writes a summary', None)
-  """
-  if op_type in _IO_TYPES:
-    return _IO_TYPES[op_type]
-  for head, tail, kind in _IO_PREFIXES:
-    if op_type.startswith(head) and op_type.endswith(tail) and (head or tail):
-      return kind
-  return None
+from graphgrad.cli import _ops
 
 
 def ops_run(fetches: Iterable[tf.Operation],
@@ -76,35 +35,83 @@ def ops_run(fetches: Iterable[tf.Operation],
   return sorted(seen, key=lambda o: o.name)
 
 
-def io_op(ops: List[tf.Operation]) -> Optional[tuple]:
-  """``(op name, op type, what it does)`` of the first op in ``ops`` that
-  does I/O, looking into the bodies of the functions they call; else
-  ``None``."""
-  for op in ops:
-    kind = io_kind(op.type)
-    if kind:
-      return op.name, op.type, kind
-  calls = [op for op in ops if op.type in _CALLS or op.type in (
-      "If", "StatelessIf", "While", "StatelessWhile", "Case")]
-  if not calls:
+def _called(node_def, library: Dict) -> List[str]:
+  """The library functions a node calls: by its op type, or through any
+  function-valued attr (a branch, a body, a dataset function, a list)."""
+  names = [node_def.op] if node_def.op in library else []
+  for key in sorted(node_def.attr):
+    value = node_def.attr[key]
+    if value.func.name:
+      names.append(value.func.name)
+    names += [f.name for f in value.list.func]
+  return names
+
+
+def _verdict(op_type: str, allow_io: bool) -> Optional[Tuple[int, str]]:
+  """Why an op of ``op_type`` is refused, ranked (0 most telling), or
+  ``None`` if it may run."""
+  if _ops.is_pure(op_type):
     return None
-  library = {f.signature.name: f for f in
-             calls[0].graph.as_graph_def().library.function}
-  todo = [(op.name, a.func.name) for op in calls
-          for a in op.node_def.attr.values() if a.func.name]
-  seen = set()
+  kind = _ops.io_kind(op_type)
+  if kind is None:
+    return 0, ("not a pure compute op, so grads refuses it even with "
+               "--allow-io")
+  if allow_io:
+    return None
+  rank = 2 if kind == _ops.PIPELINE else 1
+  return rank, f"{kind}; pass --allow-io to run it"
+
+
+def refusal(ops: List[tf.Operation], allow_io: bool = False
+            ) -> Optional[str]:
+  """Why ``grads`` refuses to run ``ops``, or ``None`` if it may.
+
+  Looks at each op, then at every function of the graph's library that
+  they reach, transitively, and at those functions' registered gradients.
+  A function the library lacks is refused. Of
+  several refused ops it names one that ``--allow-io`` would not run, else
+  one whose I/O is more specific than running an input pipeline.
+
+  Returns:
+    ``"saved graph op 'a/call' -> function 'f' -> 'w' (WriteFile): writes
+    a file; pass --allow-io to run it"``: the path to a refused op, its
+    type and why; or ``None``.
+  """
+  if not ops:
+    return None
+  proto = ops[0].graph.as_graph_def().library
+  library = {f.signature.name: f for f in proto.function}
+  # A function's registered gradient runs in the backward pass grads builds.
+  gradient = {g.function_name: g.gradient_func for g in proto.gradient}
+  found: List[Tuple[int, int, str]] = []
+  todo: List[Tuple[str, str]] = []
+  for op in ops:
+    path = f"saved graph op {op.name!r}"
+    why = None if op.type in library else _verdict(op.type, allow_io)
+    if why:
+      found.append((why[0], len(found), f"{path} ({op.type}): {why[1]}"))
+    todo += [(path, name) for name in _called(op.node_def, library)]
+  seen: Set[str] = set()
   while todo:
-    caller, name = todo.pop()
-    if name in seen or name not in library:
+    path, name = todo.pop(0)
+    if name in seen:
       continue
     seen.add(name)
+    if name in gradient:
+      todo.append((f"{path} -> function {name!r} (its gradient)",
+                   gradient[name]))
+    path = f"{path} -> function {name!r}"
+    if name not in library:
+      found.append((0, len(found), f"{path}: not in the graph's function "
+                                   f"library, so grads cannot check it"))
+      continue
     for node in library[name].node_def:
-      kind = io_kind(node.op)
-      if kind:
-        return f"{caller} (in {name}: {node.name})", node.op, kind
-      todo += [(caller, a.func.name) for a in node.attr.values()
-               if a.func.name]
-  return None
+      why = None if node.op in library else _verdict(node.op, allow_io)
+      if why:
+        found.append((why[0], len(found),
+                      f"{path} -> {node.name!r} ({node.op}): {why[1]}"))
+      todo += [(path, n) for n in _called(node, library)]
+  return min(found)[2] if found else None
 
 
 def variables_read(graph: tf.Graph, loss: tf.Tensor, feed) -> List:

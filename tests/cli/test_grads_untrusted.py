@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from graphgrad.cli import _main as _cli
-from graphgrad.cli import _untrusted
+from graphgrad.cli import _ops, _untrusted
 from helpers import dense, error_line
 
 tf1 = tf.compat.v1
@@ -39,10 +39,8 @@ def test_a_file_write_under_the_loss_is_refused_and_not_written(tmp_path,
   meta = _save(tmp_path, _writes(target))
   line = error_line(capsys, ["grads", meta])
   assert line == (
-      "graphgrad grads: error: the computation grads would run holds the op "
-      "'WriteFile' (WriteFile), which writes a file; grads refuses to run "
-      "it, as a saved graph can carry anything. Pass --allow-io to run it "
-      "anyway, if you trust the graph"), line
+      "graphgrad grads: error: saved graph op 'WriteFile' (WriteFile): "
+      "writes a file; pass --allow-io to run it"), line
   assert not target.exists()
   # Allowed: it runs, and the file is written.
   assert _cli.main(["grads", meta, "--allow-io"]) == 0
@@ -59,7 +57,7 @@ def test_a_file_write_under_the_loss_is_refused_and_not_written(tmp_path,
 def test_other_io_ops_are_refused_by_name(tmp_path, capsys, hide, op_type):
   meta = _save(tmp_path, hide)
   line = error_line(capsys, ["grads", meta])
-  assert f"({op_type}), which " in line and "--allow-io" in line, line
+  assert f"({op_type}): " in line and "--allow-io" in line, line
 
 
 def test_an_io_op_off_the_loss_path_is_not_run_and_not_refused(tmp_path,
@@ -85,20 +83,74 @@ def test_a_write_inside_a_function_call_is_found():
       tf.io.write_file("/nonexistent/never", tf.strings.as_string(v))
       return v * 2.0
     y = f(x)
-    found = _untrusted.io_op(_untrusted.ops_run([y.op]))
-  assert found is not None and found[1:] == ("WriteFile", "writes a file")
-  assert found[0].startswith(y.op.name + " (in ")
+    ops = _untrusted.ops_run([y.op])
+    found = _untrusted.refusal(ops)
+    assert _untrusted.refusal(ops, allow_io=True) is None
+  assert found.startswith(f"saved graph op {y.op.name!r} -> function "
+                          f"'__inference_f_"), found
+  assert found.endswith("-> 'WriteFile' (WriteFile): writes a file; pass "
+                        "--allow-io to run it"), found
   assert g is y.graph
+
+
+def test_a_write_in_a_function_s_registered_gradient_is_found():
+  from tensorflow.python.framework import function  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    @function.Defun(tf.float32, tf.float32)
+    def grad(x, dy):
+      with tf.control_dependencies([tf.io.write_file(
+          "/nonexistent/never", tf.strings.as_string(x))]):
+        return tf.identity(dy)
+
+    @function.Defun(tf.float32, grad_func=grad)
+    def f(x):
+      return x * 2.0
+    y = f(tf.constant(1.0))
+    found = _untrusted.refusal(_untrusted.ops_run([y.op]))
+  assert found is not None and " (its gradient) -> function 'grad_" in found
+  assert found.endswith("(WriteFile): writes a file; pass --allow-io to run "
+                        "it"), found
+
+
+def test_a_function_missing_from_the_library_is_refused():
+  with tf.Graph().as_default():
+    x = tf.constant(1.0)
+    call = tf.raw_ops.PartitionedCall(args=[x], Tout=[tf.float32],
+                                      f=_ops_function())
+  found = _untrusted.refusal([call[0].op])
+  assert found is not None and found.endswith("-> function 'nowhere': not "
+                                              "in the graph's function "
+                                              "library, so grads cannot "
+                                              "check it"), found
+
+
+def _ops_function():
+  """A function-valued attr naming a function no library holds."""
+  from tensorflow.core.framework import attr_value_pb2  # pylint: disable=g-import-not-at-top
+  return attr_value_pb2.NameAttrList(name="nowhere")
+
+
+def test_the_allowlist_and_the_io_ops_do_not_overlap():
+  assert not [t for t in _ops.PURE_OPS if _ops.io_kind(t)]
+  for op_type in ("MatMul", "Conv2D", "ReadVariableOp", "AssignVariableOp",
+                  "While", "If", "Case", "StatefulPartitionedCall", "Enter",
+                  "TensorArrayV3", "MapDataset", "IteratorGetNext"):
+    assert _ops.is_pure(op_type), op_type
+  for op_type in ("WriteFile", "ImmutableConst", "RemoteCall", "Abort",
+                  "PyFunc", "DatasetFromGraph", "DebugIdentityV2"):
+    assert not _ops.is_pure(op_type), op_type
 
 
 @pytest.mark.parametrize("op_type, kind", [
     ("SaveV2", "saves a checkpoint"), ("RestoreV2", "restores a checkpoint"),
     ("TFRecordDatasetV2", "reads files"), ("TFRecordReaderV2", "reads files"),
+    ("ParallelInterleaveDatasetV4", "runs an input pipeline"),
+    ("DatasetFromGraph", None), ("RemoteCall", None),
     ("ReaderReadV2", "reads files"), ("WriteScalarSummary", "writes a summary"),
     ("CreateSummaryFileWriter", "writes a summary"), ("PrintV2", "prints"),
     ("MatMul", None), ("AssignVariableOp", None)])
 def test_io_kinds(op_type, kind):
-  assert _untrusted.io_kind(op_type) == kind
+  assert _ops.io_kind(op_type) == kind
 
 
 def test_non_scalar_loss_is_refused_and_output_is_accepted(tmp_path, capsys):
