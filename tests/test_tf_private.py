@@ -66,6 +66,12 @@ def _own_names():
   return names
 
 
+# Documented standard-library functions whose names start with "_": public
+# API, not a private TF or Keras name (``os._exit`` ends the command line on
+# ``grads --timeout``).
+STDLIB_PUBLIC = {("os", "_exit")}
+
+
 def _private_names_read():
   """Private TF/Keras names in graphgrad/: modules and ``_`` attributes."""
   own = _own_names()
@@ -81,8 +87,9 @@ def _private_names_read():
                   if re.match(r"(tensorflow\.python|keras\.src)", a.name)}
       elif isinstance(node, ast.Attribute):
         name = node.attr
+        owner = getattr(node.value, "id", None)
         if (name.startswith("_") and not name.startswith("__")
-            and name not in own):
+            and name not in own and (owner, name) not in STDLIB_PUBLIC):
           found.add(name)
       elif isinstance(node, ast.Call):
         # getattr(obj, "_name"), hasattr, setattr, ThreadPatch("_name", ...)
