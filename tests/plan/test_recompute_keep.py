@@ -128,7 +128,8 @@ def test_tensor_off_the_forward_path(graph):
       gg.GradientPlan(loss).recompute(keep=[bad])
 
 
-def test_tensor_inside_a_while_loop(graph):
+def _loop_loss():
+  """(a tensor of a while loop's body, a loss after the loop)."""
   _, outs, _ = _chain(1)
   inside = []
 
@@ -138,10 +139,14 @@ def test_tensor_inside_a_while_loop(graph):
     return i + 1, a
 
   _, h = tf.while_loop(lambda i, a: i < 2, body, [0, outs[0]])
-  loss = tf.reduce_sum(dense(h, 2, "top"))
+  return inside[0], tf.reduce_sum(dense(h, 2, "top"))
+
+
+def test_tensor_inside_a_while_loop(graph):
+  inside, loss = _loop_loss()
   with pytest.raises(gg.UnsupportedGraphError, match=r"a tensor inside the "
                      r"body of a loop or function .* Keep a tensor before"):
-    gg.GradientPlan(loss).recompute(keep=[inside[0]])
+    gg.GradientPlan(loss).recompute(keep=[inside])
 
 
 def test_eager_tensor():
@@ -159,20 +164,11 @@ def test_tensor_inside_a_v1_while_loop():
   tf1.disable_control_flow_v2()
   try:
     with tf.Graph().as_default():
-      _, outs, _ = _chain(1)
-      inside = []
-
-      def body(i, a):
-        a = tf.tanh(a * 0.5)
-        inside.append(a)
-        return i + 1, a
-
-      _, h = tf.while_loop(lambda i, a: i < 2, body, [0, outs[0]])
-      loss = tf.reduce_sum(dense(h, 2, "top"))
+      inside, loss = _loop_loss()
       with pytest.raises(gg.UnsupportedGraphError, match=r"a tensor inside "
                          r"a loop or cond of the tf\.Graph.*Keep a tensor "
                          r"before or after the loop"):
-        gg.GradientPlan(loss).recompute(keep=[inside[0].name])
+        gg.GradientPlan(loss).recompute(keep=[inside.name])
   finally:
     if was_enabled:
       tf1.enable_control_flow_v2()
