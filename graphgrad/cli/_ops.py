@@ -12,7 +12,7 @@ network, another process, or stops the process (``ImmutableConst``,
 """
 
 import re
-from typing import Dict, FrozenSet, Optional
+from typing import Dict, FrozenSet, Optional, Tuple
 
 # In-memory input pipelines: their functions are checked like any other.
 _DATASET_OPS = """
@@ -228,47 +228,37 @@ UnsortedSegmentSum UpperBound VarHandleOp VarIsInitializedOp Variable
 VariableShape VariableV2 Where While Xdivy Xlog1py Xlogy ZerosLike Zeta
 """.split())
 
-# op type -> what it does, for the known I/O ops.
-_IO_TYPES: Dict[str, str] = {
-    "WriteFile": "writes a file", "ReadFile": "reads a file",
-    "MatchingFiles": "lists files",
-    "ImmutableConst": "reads a file (memory-mapped)",
-    "InitializeTableFromTextFile": "reads a file (a lookup table's)",
-    "InitializeTableFromTextFileV2": "reads a file (a lookup table's)",
-    "SaveV2": "saves a checkpoint", "Save": "saves a checkpoint",
-    "SaveSlices": "saves a checkpoint",
-    "MergeV2Checkpoints": "writes a checkpoint",
-    "RestoreV2": "restores a checkpoint", "Restore": "restores a checkpoint",
-    "RestoreSlice": "restores a checkpoint",
-    "PrintV2": "prints", "Print": "prints",
-    "TFRecordDataset": "reads files", "TFRecordDatasetV2": "reads files",
-    "TextLineDataset": "reads files",
-    "FixedLengthRecordDataset": "reads files",
-    "FixedLengthRecordDatasetV2": "reads files",
-    "CSVDataset": "reads files", "CSVDatasetV2": "reads files",
-    "ExperimentalCSVDataset": "reads files", "LMDBDataset": "reads files",
-    "ExperimentalLMDBDataset": "reads files", "SqlDataset": "reads files",
-    "ExperimentalSqlDataset": "reads files",
-    "DatasetToTFRecord": "writes a file",
-    "ExperimentalDatasetToTFRecord": "writes a file",
-    "SaveDataset": "writes files", "SaveDatasetV2": "writes files",
-    "LoadDataset": "reads files", "ExperimentalLoadDataset": "reads files",
-    "CacheDataset": "may cache to a file",
-    "CacheDatasetV2": "may cache to a file",
-    "SnapshotDataset": "writes a snapshot to files",
-    "SnapshotDatasetV2": "writes a snapshot to files",
-    "SnapshotDatasetReader": "reads a snapshot's files",
-    "SnapshotNestedDatasetReader": "reads a snapshot's files",
-    "DebugIdentity": "writes debug dumps to its debug URLs",
-    "DebugIdentityV2": "writes debug dumps to its debug URLs",
-    "DebugIdentityV3": "writes debug dumps to its debug URLs",
-    "DebugNanCount": "writes debug dumps to its debug URLs",
-    "DebugNumericSummary": "writes debug dumps to its debug URLs",
-    "DebugNumericSummaryV2": "writes debug dumps to its debug URLs",
-    "Copy": "writes debug dumps to its debug URLs",
-    "CopyHost": "writes debug dumps to its debug URLs",
-    "ImportEvent": "writes a summary",
+# What each known I/O op does, and the op types that do it.
+_IO_GROUPS: Dict[str, Tuple[str, ...]] = {
+    "writes a file": (
+        "WriteFile", "DatasetToTFRecord", "ExperimentalDatasetToTFRecord"),
+    "reads a file": ("ReadFile",),
+    "lists files": ("MatchingFiles",),
+    "reads a file (memory-mapped)": ("ImmutableConst",),
+    "reads a file (a lookup table's)": (
+        "InitializeTableFromTextFile", "InitializeTableFromTextFileV2"),
+    "saves a checkpoint": ("SaveV2", "Save", "SaveSlices"),
+    "writes a checkpoint": ("MergeV2Checkpoints",),
+    "restores a checkpoint": ("RestoreV2", "Restore", "RestoreSlice"),
+    "prints": ("PrintV2", "Print"),
+    "reads files": (
+        "TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset",
+        "FixedLengthRecordDataset", "FixedLengthRecordDatasetV2", "CSVDataset",
+        "CSVDatasetV2", "ExperimentalCSVDataset", "LMDBDataset",
+        "ExperimentalLMDBDataset", "SqlDataset", "ExperimentalSqlDataset",
+        "LoadDataset", "ExperimentalLoadDataset"),
+    "writes files": ("SaveDataset", "SaveDatasetV2"),
+    "may cache to a file": ("CacheDataset", "CacheDatasetV2"),
+    "writes a snapshot to files": ("SnapshotDataset", "SnapshotDatasetV2"),
+    "reads a snapshot's files": (
+        "SnapshotDatasetReader", "SnapshotNestedDatasetReader"),
+    "writes debug dumps to its debug URLs": (
+        "DebugIdentity", "DebugIdentityV2", "DebugIdentityV3", "DebugNanCount",
+        "DebugNumericSummary", "DebugNumericSummaryV2", "Copy", "CopyHost"),
+    "writes a summary": ("ImportEvent",),
 }
+_IO_TYPES: Dict[str, str] = {
+    name: kind for kind, names in _IO_GROUPS.items() for name in names}
 PIPELINE = "runs an input pipeline"
 # (starts with, ends with, what it does), for the op families.
 _IO_PREFIXES = (("Write", "Summary", "writes a summary"),
