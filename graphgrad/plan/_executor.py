@@ -10,7 +10,7 @@ gradient functions of their ops (``_op_override``, ``_hooks``) and, under
 ``plan.recompute``, recomputes the forward ops it crosses. It then applies the
 parameter-gradient transforms, appends the ``(gradient, variable)`` pairs of
 backward replacements, and gates the result. Every applied transform is
-recorded as a :class:`TraceRecord`, which ``plan.summaries()`` reads.
+recorded as a ``core._trace.TraceRecord``, which ``plan.summaries()`` reads.
 """
 
 import dataclasses
@@ -18,7 +18,6 @@ from typing import (
   Any,
   Callable,
   Dict,
-  Iterator,
   List,
   Optional,
   Sequence,
@@ -37,6 +36,7 @@ from graphgrad.core._gradients import aggregate
 from graphgrad.core._parameters import transform_parameters
 from graphgrad.core._rules import EdgeRule, LayerRule, PlanRules, TaskRule
 from graphgrad.core._task_combination import combined_parameters, output_deltas
+from graphgrad.core._trace import TraceRecord
 from graphgrad.plan import (
   _loss_scale_optimizer,
   _op_override,
@@ -53,37 +53,6 @@ from graphgrad.transforms._transforms import Transform
 GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
 
 GradsAndVars = List[Tuple[Gradient, tf.Variable]]
-
-
-class TraceRecord:
-  """One transform applied while a plan was built: context, before, after.
-
-  It unpacks as ``(context, before, after)``. Where the engine weighted a
-  linear rewrite by its factor instead of calling it, ``after`` is built on
-  first read (``plan.summaries()``, a gradient report): a plan that never
-  reads it builds no ops for it.
-  """
-  __slots__ = ("context", "before", "_after", "_later")
-
-  def __init__(self, context: TransformContext, before: Gradient,
-               after: Gradient = None,
-               later: Optional[Callable[[], Gradient]] = None):
-    self.context, self.before = context, before
-    self._after, self._later = after, later
-
-  @property
-  def after(self) -> Gradient:
-    """The transform's result."""
-    if self._later is not None:
-      self._after, self._later = self._later(), None
-    return self._after
-
-  def __iter__(self) -> Iterator[Any]:
-    return iter((self.context, self.before, self.after))
-
-  def __repr__(self) -> str:
-    return (f"TraceRecord({self.context.role!r}, layer="
-            f"{self.context.layer!r}, before={self.before!r})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,7 +284,8 @@ class _Executor:
       with self.loss.graph.as_default(), tf.name_scope(self.options.name):
         return _checks.checked(fn, grad, ctx, where)
 
-    self.trace.append(TraceRecord(ctx, grad, later=later))
+    self.trace.append(
+        TraceRecord(ctx, grad, later=later, scale=self.scale))
     return grad
 
   def replace(self, rule: LayerRule, **kw) -> Sequence[Gradient]:
@@ -434,7 +404,7 @@ class _Executor:
   def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:
     out = _checks.checked(fn, grad, ctx, where)
-    self.trace.append(TraceRecord(ctx, grad, out))
+    self.trace.append(TraceRecord(ctx, grad, out, scale=self.scale))
     return out
 
   def _context(self, layer: str, role: str, **kw) -> TransformContext:

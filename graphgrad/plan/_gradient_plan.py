@@ -28,6 +28,7 @@ from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._privacy import check_per_example_loss
 from graphgrad.core._rules import PlanRules, compile_rules
+from graphgrad.core._trace import TraceRecord
 from graphgrad.plan import (
   _advice,
   _arguments,
@@ -40,7 +41,7 @@ from graphgrad.plan import (
   _summaries,
   _sync_privacy,
 )
-from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP, TraceRecord
+from graphgrad.plan._executor import GATE_GRAPH, GATE_NONE, GATE_OP
 from graphgrad.plan._op_override import OpOverriding
 from graphgrad.plan._training_methods import TrainingMethods
 from graphgrad.transforms._context import Resources

@@ -1,0 +1,182 @@
+"""What a plan did to the gradients: the trace both executors record.
+
+Each executor records a :class:`TraceRecord` for every transform it applies
+(a layer's upstream, an edge, a parameter gradient): where, the gradient
+before and the gradient after. :func:`figures` reads a trace and the plan's
+final ``(gradient, variable)`` pairs into the figures its summaries show,
+the same for ``GradientPlan.summaries()`` (``tf.compat.v1.summary``) and
+``KerasPlan.summaries()`` (``tf.summary``): per layer the norm of its
+parameter gradients before and after its own transforms, and at every
+rewritten upstream or edge the norm before and after. Under a loss scale
+every figure is of the unscaled gradient.
+"""
+
+import collections
+import dataclasses
+from typing import (
+  Any,
+  Callable,
+  Dict,
+  Iterator,
+  List,
+  Optional,
+  Sequence,
+  Tuple,
+)
+
+import tensorflow as tf
+
+from graphgrad._types import Gradient, gradient_values
+from graphgrad.transforms._context import TransformContext
+
+
+class TraceRecord:
+  """One transform applied while a plan ran: context, before, after.
+
+  It unpacks as ``(context, before, after)``. Where the executor weighted a
+  linear rewrite by its factor instead of calling it, ``after`` is built on
+  first read (summaries, a gradient report): a plan that never reads it
+  builds no ops for it. ``scale`` is the loss scale ``before`` and
+  ``after`` are multiplied by, or ``None``.
+  """
+  __slots__ = ("context", "before", "scale", "_after", "_later")
+
+  def __init__(self, context: TransformContext, before: Gradient,
+               after: Gradient = None,
+               later: Optional[Callable[[], Gradient]] = None,
+               scale: Any = None):
+    self.context, self.before, self.scale = context, before, scale
+    self._after, self._later = after, later
+
+  @property
+  def after(self) -> Gradient:
+    """The transform's result."""
+    if self._later is not None:
+      self._after, self._later = self._later(), None
+    return self._after
+
+  def __iter__(self) -> Iterator[Any]:
+    return iter((self.context, self.before, self.after))
+
+  def __repr__(self) -> str:
+    return (f"TraceRecord({self.context.role!r}, layer="
+            f"{self.context.layer!r}, before={self.before!r})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+  """One ``before``/``after`` pair of norms: ``tag/before``, ``tag/after``.
+
+  Attributes:
+    tag: ``grad_norm/<layer>``, ``upstream_norm/<layer>`` or
+      ``edge_norm/<lower>_to_<upper>``.
+    before: the gradients before, each with its loss scale or ``None``.
+    after: the gradients after, likewise.
+  """
+  tag: str
+  before: Tuple[Tuple[Gradient, Any], ...]
+  after: Tuple[Tuple[Gradient, Any], ...]
+
+  def norms(self) -> Tuple[tf.Tensor, tf.Tensor]:
+    """``(before, after)`` global norms; one op when they are the same."""
+    after = global_norm(self.after, "norm")
+    same = len(self.before) == len(self.after) and all(
+        b is a for (b, _), (a, _) in zip(self.before, self.after))
+    return (after if same else global_norm(self.before, "norm_before"),
+            after)
+
+
+def global_norm(grads: Sequence[Tuple[Gradient, Any]],
+                name: str) -> tf.Tensor:
+  """The global norm of the unscaled ``grads`` (a sparse one's values),
+  in float32."""
+  values = []
+  for g, scale in grads:
+    v = tf.cast(gradient_values(g), tf.float32)
+    values.append(v if scale is None else v / tf.cast(scale, tf.float32))
+  return tf.linalg.global_norm(values, name=name)
+
+
+def figures(trace: Sequence[TraceRecord],
+            pairs: Sequence[Tuple[Gradient, Any]],
+            layer_of: Callable[[Any], Optional[str]],
+            layers: Sequence[str], scale: Any = None) -> List[Figure]:
+  """The summaries' figures of a plan's ``trace`` and final ``pairs``.
+
+  Args:
+    trace: the plan's records, in the order they were made.
+    pairs: the plan's final ``(gradient, variable)`` pairs.
+    layer_of: variable -> the name of the layer it belongs to, or ``None``.
+    layers: the layer names, in the order the figures are listed.
+    scale: the loss scale ``pairs`` are multiplied by, or ``None``.
+
+  Returns:
+    ``grad_norm`` of every layer with a gradient, then ``upstream_norm``
+    of every layer with a rewritten upstream, then ``edge_norm`` of every
+    rewritten edge.
+  """
+  first: Dict[Any, Tuple[Gradient, Any]] = {}  # variable -> its first before
+  upstream: Dict[str, Tuple[list, list]] = collections.defaultdict(
+      lambda: ([], []))
+  edges: Dict[Tuple[str, str], Tuple[list, list]] = collections.defaultdict(
+      lambda: ([], []))
+  for record in trace:
+    ctx, before, after = record
+    if before is None or after is None:
+      continue
+    if ctx.role == "gradients" and ctx.variable is not None:
+      first.setdefault(ctx.variable.ref(), (before, record.scale))
+    elif ctx.role in ("upstream", "edge"):
+      pair = upstream[ctx.layer] if ctx.role == "upstream" else edges[ctx.edge]
+      pair[0].append((before, record.scale))
+      pair[1].append((after, record.scale))
+
+  by_layer: Dict[str, list] = collections.defaultdict(list)
+  for g, v in pairs:
+    layer = None if v is None else layer_of(v)
+    if g is not None and layer is not None:
+      by_layer[layer].append((g, v))
+
+  out = []
+  for layer in layers:
+    own = by_layer.get(layer)
+    if own:
+      after = tuple((g, scale) for g, _ in own)
+      before = tuple(first.get(v.ref(), (g, scale)) for g, v in own)
+      out.append(Figure(f"grad_norm/{layer}", before, after))
+  for layer in layers:
+    if layer in upstream:
+      before, after = upstream[layer]
+      out.append(Figure(f"upstream_norm/{layer}", tuple(before),
+                        tuple(after)))
+  for (lo, up), (before, after) in sorted(edges.items()):
+    out.append(Figure(f"edge_norm/{lo}_to_{up}", tuple(before), tuple(after)))
+  return out
+
+
+def histograms(trace: Sequence[TraceRecord],
+               pairs: Sequence[Tuple[Gradient, Any]],
+               name_of: Callable[[Any], str],
+               scale: Any = None) -> List[Tuple[str, tf.Tensor]]:
+  """``(tag, values)`` of the histograms: each final parameter gradient
+  (``grad_hist/<variable>``), and each rewritten upstream gradient
+  (``upstream_hist/<layer>``), unscaled."""
+  out = []
+  for g, v in pairs:
+    if g is not None and v is not None:
+      out.append((f"grad_hist/{name_of(v)}", _unscaled(g, scale)))
+  for record in trace:
+    ctx = record.context
+    if ctx.role == "upstream" and record.before is not None:
+      after = record.after
+      if after is not None:
+        out.append((f"upstream_hist/{ctx.layer}",
+                    _unscaled(after, record.scale)))
+  return out
+
+
+def _unscaled(g: Gradient, scale: Any) -> tf.Tensor:
+  values = gradient_values(g)
+  if scale is None:
+    return values
+  return tf.cast(values, tf.float32) / tf.cast(scale, tf.float32)
