@@ -6,8 +6,8 @@ own in declaration order, then the group transforms), to a list of
 ``(gradient, variable)`` pairs. A per-tensor transform sees each gradient of
 its layers' variables with a context naming the variable's layer; a group
 transform sees all of its layers' pairs at once. Each executor says which
-layers hold a variable and how a transform is applied (the TF1 executor
-records it in the plan's trace); under a loss scale (``transforms._scaled``)
+layers hold a variable and records what each transform did in its plan's
+trace; under a loss scale (``transforms._scaled``)
 every transform sees the unscaled gradients.
 """
 
@@ -19,15 +19,16 @@ from graphgrad.transforms import _checks
 from graphgrad.transforms._context import TransformContext
 from graphgrad.transforms._group import GroupTransform
 
-# (fn, gradient, context, where) -> the transformed gradient, checked.
-Apply = Callable[[Any, Gradient, TransformContext, str], Gradient]
+# (context, before, after): how an executor records a transform in its
+# plan's trace (``core._trace``).
+Record = Callable[[TransformContext, Gradient, Gradient], None]
 
 
 def transform_parameters(
     rules: Sequence[ParameterRule], pairs: Sequence[Tuple[Gradient, Any]],
     layer_of: Callable[[Any, Tuple[str, ...]], Optional[str]],
     context: Callable[..., TransformContext],
-    apply: Apply = _checks.checked) -> List[Gradient]:
+    record: Optional[Record] = None) -> List[Gradient]:
   """The gradients of ``pairs`` after the parameter transforms ``rules``.
 
   Args:
@@ -38,7 +39,8 @@ def transform_parameters(
       that holds the variable (a Keras layer holds its nested layers'
       variables too), or ``None``.
     context: ``(layer, role, **kw) -> TransformContext``.
-    apply: how a per-tensor transform is applied and checked.
+    record: called with ``(context, before, after)`` for every gradient
+      a transform changed, a group transform's included.
 
   Returns:
     One gradient per pair.
@@ -60,15 +62,21 @@ def transform_parameters(
           context(", ".join(layers), "gradients"),
           f"transform_gradients({named!r}, {fn!r})")
       for i, g in zip(idx, new):
-        where = (f"transform_gradients({named!r}, {fn!r}) on "
-                 f"{pairs[i][1].name}")
-        grads[i] = _checks.check_result(grads[i], g, where)
+        v = pairs[i][1]
+        where = f"transform_gradients({named!r}, {fn!r}) on {v.name}"
+        g = _checks.check_result(grads[i], g, where)
+        if record is not None and grads[i] is not None:
+          record(context(layer_of(v, layers) or "", "gradients", variable=v),
+                 grads[i], g)
+        grads[i] = g
       continue
     for i in idx:
       v = pairs[i][1]
       if grads[i] is not None:
-        owner = layer_of(v, layers) or ""
-        grads[i] = apply(fn, grads[i],
-                         context(owner, "gradients", variable=v),
-                         f"transform_gradients({named!r}) on {v.name}")
+        ctx = context(layer_of(v, layers) or "", "gradients", variable=v)
+        g = _checks.checked(fn, grads[i], ctx,
+                            f"transform_gradients({named!r}) on {v.name}")
+        if record is not None:
+          record(ctx, grads[i], g)
+        grads[i] = g
   return grads

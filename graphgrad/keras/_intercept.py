@@ -19,20 +19,27 @@ import collections
 import contextlib
 import dataclasses
 import logging
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 
 from graphgrad.core._gradients import is_float
 from graphgrad.core._rules import Mode
+from graphgrad.core._trace import TraceRecord
 from graphgrad.keras import _tape_linear, _tape_recompute
 from graphgrad.keras._layer_index import (
   CallPatches,
   float_inputs,
   holds_variables,
+  tf_variable,
 )
-from graphgrad.keras._tape_backward import backward_of_call, edge_grads
+from graphgrad.keras._tape_backward import (
+  backward_of_call,
+  describe,
+  edge_grads,
+)
 from graphgrad.keras._tape_vjp import TapeVJP
+from graphgrad.transforms import _checks, _scaled
 from graphgrad.transforms._context import TransformContext
 
 log = logging.getLogger("graphgrad")
@@ -53,6 +60,9 @@ class BackwardStep:
     extra: ``(grad, var)`` pairs of the methods' own variables.
     edges_run: edges whose upper layer was backpropagated.
     edges_fed: edges along which a gradient reached the lower layer.
+    trace: every transform applied (``core._trace``), in order.
+    pairs: the final ``(gradient, variable)`` pairs, once the step is done.
+    scale: the loss scale ``pairs`` carry, or ``None``.
   """
   plain: bool = False
   task_deltas: Dict[str, List[list]] = dataclasses.field(default_factory=dict)
@@ -60,6 +70,24 @@ class BackwardStep:
   extra: List[tuple] = dataclasses.field(default_factory=list)
   edges_run: set = dataclasses.field(default_factory=set)
   edges_fed: set = dataclasses.field(default_factory=set)
+  trace: List[TraceRecord] = dataclasses.field(default_factory=list)
+  pairs: List[tuple] = dataclasses.field(default_factory=list)
+  scale: Any = None
+
+  def finish(self, sources: list, grads: list, scale) -> None:
+    """Keeps the step's final ``(gradient, variable)`` pairs (sources that
+    are no variable left out) and the loss scale they carry."""
+    self.pairs = [(g, tf_variable(s)) for s, g in zip(sources, grads)
+                  if tf_variable(s) is not None]
+    self.scale = scale
+
+  def record(self, ctx: TransformContext, before, after=None,
+             later: Optional[Callable] = None) -> None:
+    """Adds a trace record, with the loss scale the gradients carry;
+    ``later`` builds ``after`` when it is first read."""
+    if not self.plain:
+      self.trace.append(TraceRecord(ctx, before, after, later=later,
+                                    scale=_scaled.current()))
 
   def combine_tasks(self, path: str, call: int, dys: list) -> list:
     """``dy - sum_i g_i + combine(g_i)`` at the outputs of a task layer."""
@@ -172,6 +200,8 @@ class Interceptor:
           out = self._recomputer.call(path, layer, call, args, kwargs)
         else:
           out = call(*args, **kwargs)
+        if light:
+          out = self._observed(path, out)
       if custom:
         self.outputs[path].append(tf.nest.flatten(out))
       if lower:
@@ -216,6 +246,21 @@ class Interceptor:
     flat = [_tape_linear.scaled_input(a, factor, lambda: self._step.plain)
             if is_float(a) else a for a in tf.nest.flatten((args, kwargs))]
     return tf.nest.pack_sequence_as((args, kwargs), flat)
+
+  def _observed(self, path: str, out):
+    """``out``, whose gradient the step's trace records with the upstream
+    rewrite built on first read: an uncut layer never forms it otherwise."""
+    fn = self.plan.rules.rule(path).upstream
+
+    def record(t, dy):
+      ctx = self.context(path, "upstream", tensor=t)
+      where = f"transform_upstream({path!r}) on {describe(t)}"
+      self._step.record(
+          ctx, dy, later=lambda: _checks.checked(fn, dy, ctx, where))
+
+    flat = [_tape_linear.observed(t, record) if is_float(t) else t
+            for t in tf.nest.flatten(out)]
+    return tf.nest.pack_sequence_as(out, flat)
 
   def _custom_call(self, path: str, layer, call, args, kwargs):
     index = len(self.outputs[path])

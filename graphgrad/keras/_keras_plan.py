@@ -31,7 +31,14 @@ from graphgrad.core._declaring import Declaring, LayerRef
 from graphgrad.core._inert import bottom_layer_advice
 from graphgrad.core._privacy import Noise
 from graphgrad.core._rules import PlanRules, compile_rules
-from graphgrad.keras import _fit, _loss_scale, _methods, _tape_recompute
+from graphgrad.core._trace import TraceRecord
+from graphgrad.keras import (
+  _fit,
+  _loss_scale,
+  _methods,
+  _summaries,
+  _tape_recompute,
+)
 from graphgrad.keras._layer_index import (
   check_group_parameters,
   check_parameters,
@@ -106,7 +113,8 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     self._methods = _methods.MethodVariables()
     self._resources = Resources(modules=[self._methods])
     self._open_tape: Optional[PlanTape] = None
-    self._last_tape: Optional[PlanTape] = None  # for kept_tensors()
+    # The last step's tape, for kept_tensors(), trace and summaries().
+    self._last_tape: Optional[PlanTape] = None
     # The float16 warning, logged once per plan (a bool: tf.Module tracks
     # no bools).
     self._unscaled_warned = False
@@ -298,6 +306,86 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
           "so no call was kept. Run one step (the forward pass under "
           "plan.tape(), then tape.gradient) first.")
     return list(kept)
+
+  @property
+  def trace(self) -> Tuple[TraceRecord, ...]:
+    """``(context, before, after)`` of every transform the last step
+    applied (the last ``tape.gradient`` under :meth:`tape`), as
+    ``GradientPlan.trace``; empty before a step. In a traced step the
+    tensors are that graph's."""
+    return () if self._last_tape is None else self._last_tape.trace
+
+  def summaries(self, step=None, histograms: bool = False,
+                name: Optional[str] = None) -> Dict[str, tf.Tensor]:
+    """TensorBoard summaries of what the plan did to the last step's
+    gradient norms, as :meth:`GradientPlan.summaries`.
+
+    Writes to the default ``tf.summary`` writer, with tags under
+    ``graphgrad/``: ``grad_norm/<layer>/before|after`` (each layer's
+    parameter-gradient norm before and after its ``transform_gradients``; a
+    variable counts for the innermost layer holding it),
+    ``upstream_norm/<layer>/before|after`` at every ``transform_upstream``
+    and ``edge_norm/<lower>_to_<upper>/before|after`` on every transformed
+    edge; ``histograms=True`` adds gradient histograms. Under a loss scale
+    the figures are of the unscaled gradients. Call it after
+    ``tape.gradient``, in the same step (inside its ``tf.function`` for a
+    traced one); in ``fit``, ``plan.attach(summaries=True)`` calls it every
+    step.
+
+    Args:
+      step: the summary step; defaults to the writer's
+        (``writer.as_default(step=...)``).
+      histograms: also write gradient histograms.
+      name: the tags' first part; defaults to the plan's (``"graphgrad"``).
+
+    Returns:
+      ``tag -> norm``, the figures written (also without a writer).
+
+    Raises:
+      GraphGradError: before the first step, for a step that ran in
+        another graph, inside a ``tf.distribute`` step of several replicas,
+        or without a summary step.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> inp = tf.keras.Input((2,))
+      >>> ones = dict(use_bias=False, kernel_initializer="ones")
+      >>> h = tf.keras.layers.Dense(1, name="l1", **ones)(inp)
+      >>> model = tf.keras.Model(inp, tf.keras.layers.Dense(
+      ...     1, name="l2", **ones)(h))
+      >>> plan = gg.KerasPlan(model).transform_upstream(
+      ...     "l2", gg.transforms.scale(0.5))
+      >>> with plan.tape() as tape:
+      ...   loss = tf.reduce_sum(model(tf.constant([[1.0, 2.0]])))
+      >>> _ = tape.gradient(loss)
+      >>> for tag, norm in plan.summaries(step=0).items():
+      ...   print(tag, round(float(norm), 3))
+      graphgrad/grad_norm/l1/before 1.118
+      graphgrad/grad_norm/l1/after 1.118
+      graphgrad/grad_norm/l2/before 3.0
+      graphgrad/grad_norm/l2/after 3.0
+      graphgrad/upstream_norm/l2/before 1.0
+      graphgrad/upstream_norm/l2/after 0.5
+    """
+    tape = self._last_tape
+    if tape is None or not tape.last_step.pairs:
+      raise _errors.GraphGradError(
+          "KerasPlan.summaries(): no step has computed gradients under "
+          "this plan's tape yet. Run the forward pass under plan.tape() and "
+          "call tape.gradient(loss) first, then plan.summaries().")
+    ctx = tf.distribute.get_replica_context()
+    if ctx is not None and ctx.num_replicas_in_sync > 1:
+      raise _errors.GraphGradError(
+          f"KerasPlan.summaries() inside a step of "
+          f"{ctx.num_replicas_in_sync} replicas: each replica holds its own "
+          f"part of the gradients, so no replica's figures are the plan's. "
+          f"Summarise a one-replica step, or use "
+          f"gg.gradient_report(plan, ...) on a batch.")
+    paths = list(self._index.paths)
+    layer_of = _summaries.layer_of_variables(
+        paths, lambda p: layer_variables(self._index[p]))
+    return _summaries.write(tape.last_step, paths, layer_of, histograms,
+                            name or self.name, at=step)
 
   def _privatized(self, privacy) -> None:
     with tf.name_scope(self.name):

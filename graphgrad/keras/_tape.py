@@ -24,6 +24,7 @@ from graphgrad.core._parameters import transform_parameters
 from graphgrad.core._privacy import check_per_example_loss, private_gradients
 from graphgrad.core._rules import ParameterRule, PlanRules
 from graphgrad.core._task_combination import combined_parameters, output_deltas
+from graphgrad.core._trace import TraceRecord
 from graphgrad.keras import _loss_scale, _privatize_tape, _tape_checks
 from graphgrad.keras._intercept import BackwardStep, Interceptor
 from graphgrad.keras._layer_index import tf_variable
@@ -233,6 +234,17 @@ class PlanTape:
     order; else ``None``."""
     return self._run.kept
 
+  @property
+  def trace(self) -> Tuple[TraceRecord, ...]:
+    """``(context, before, after)`` of every transform the last
+    :meth:`gradient` applied, as ``GradientPlan.trace``; empty before."""
+    return tuple(self._last.trace)
+
+  @property
+  def last_step(self) -> BackwardStep:
+    """The last :meth:`gradient`'s step: its trace and final pairs."""
+    return self._last
+
   def watch(self, tensor) -> None:
     """Ensures ``tensor`` is traced by the tape, as ``GradientTape.watch``."""
     self._tape.watch(tensor)
@@ -323,15 +335,17 @@ class PlanTape:
     todo = [r for r in plan.rules.parameters
             if not is_identity(r.transform)]
     params = plan.rules.parameter_tasks
-    if not todo and not step.extra and params is None:
-      return grads
     flat_s = tf.nest.flatten(sources)
+    if not todo and not step.extra and params is None:
+      step.finish(flat_s, tf.nest.flatten(grads), _scaled.current())
+      return grads
     flat_g = tf.nest.flatten(grads)
     if params is not None:
       flat_g = self._parameter_tasks(params, target, by_layer[PARAMETERS],
                                      flat_s, flat_g)
     self._methods_grads(step, flat_s, flat_g)
-    flat_g = self._transform_parameters(flat_s, flat_g, todo)
+    flat_g = self._transform_parameters(step, flat_s, flat_g, todo)
+    step.finish(flat_s, flat_g, _scaled.current())
     return tf.nest.pack_sequence_as(grads, flat_g)
 
   def grads_and_vars(self, target, task_losses=None) -> List[Tuple[Any, Any]]:
@@ -380,7 +394,7 @@ class PlanTape:
       if v is not None and v.ref() in by_ref:
         flat_g[i] = add_dense(by_ref[v.ref()])
 
-  def _transform_parameters(self, flat_s, flat_g,
+  def _transform_parameters(self, step: BackwardStep, flat_s, flat_g,
                             todo: List[ParameterRule]) -> list:
     """``flat_g`` after the parameter transforms ``todo``
     (``core._parameters``), replica-aware.
@@ -437,7 +451,7 @@ class PlanTape:
           flat_g[i] = g
       pairs = [(g, tf_variable(s)) for s, g in zip(flat_s, flat_g)]
       flat_g = transform_parameters(todo, pairs, layer_among,
-                                    self._run.context)
+                                    self._run.context, step.record)
       for i in summed:
         if flat_g[i] is not None:
           g = dense(flat_g[i])

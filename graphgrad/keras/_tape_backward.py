@@ -87,13 +87,24 @@ class _CallSteps:
 
   def transform(self, grads):
     path, fn = self.rule.layer, self.rule.upstream
-    return [_checks.checked(fn, dy, self.run.context(path, "upstream",
-                                                     tensor=o),
+    out = []
+    for o, dy in zip(self.outs, grads):
+      ctx = self.run.context(path, "upstream", tensor=o)
+      new = _checks.checked(fn, dy, ctx,
                             f"transform_upstream({path!r}) on {describe(o)}")
-            for o, dy in zip(self.outs, grads)]
+      self.step.record(ctx, dy, new)
+      out.append(new)
+    return out
 
   def observe(self, grads):
-    pass  # the Keras tape keeps no trace
+    """Records ``g`` where the rule weights its inputs' gradient instead
+    of calling its transform, with the transform built on first read."""
+    path, fn = self.rule.layer, self.rule.upstream
+    for o, dy in zip(self.outs, grads):
+      ctx = self.run.context(path, "upstream", tensor=o)
+      where = f"transform_upstream({path!r}) on {describe(o)}"
+      self.step.record(ctx, dy, later=functools.partial(
+          _checks.checked, fn, dy, ctx, where))
 
   def replace(self, grads, chain_rule):
     """Runs the replacement on the call; its pairs go to the step.
@@ -208,9 +219,11 @@ def edge_grads(run, step, entries, xs, dx) -> List:
       if total is None:
         extra.append(None)
         continue
+      ctx = run.context(lo, "edge", tensor=t, edge=(lo, upper))
       new = _checks.checked(
-          fn, total, run.context(lo, "edge", tensor=t, edge=(lo, upper)),
+          fn, total, ctx,
           f"transform_edge({lo!r}, {upper!r}) on {describe(t)}")
+      step.record(ctx, total, new)
       extra.append(new if via_glue is None else dense(new) - via_glue)
       direct_inputs.update(direct[j])
       step.edges_fed.add((lo, upper))

@@ -7,7 +7,9 @@ an identity whose gradient is ``c`` times what reaches it
 (:func:`scaled_input`). The layer's own variables then get the plain
 gradient, and everything below that is reached through the layer gets ``c``
 times its gradient, with no interception of the layer at all. Bypass paths
-never pass the identity.
+never pass the identity. The gradient at the layer's outputs, which the
+plan's trace records, is read by an identity on each output
+(:func:`observed`).
 """
 
 import logging
@@ -64,3 +66,22 @@ def scaled_input(t: tf.Tensor, factor, plain: Callable[[], bool]):
       return None if is_zero(factor) else weigh(dy, factor)
     return tf.identity(x), grad
   return scaled(t)
+
+
+def observed(t: tf.Tensor, record: Callable) -> tf.Tensor:
+  """``t`` through an identity whose gradient is what reaches it, handed
+  to ``record(t, dy)`` on the way (a Keras mask stays on the output)."""
+  @tf.custom_gradient
+  def seen(x):
+    def grad(dy):
+      record(t, dy)
+      return dy
+    return tf.identity(x), grad
+  out = seen(t)
+  mask = getattr(t, "_keras_mask", None)
+  if mask is not None:
+    try:
+      out._keras_mask = mask  # pylint: disable=protected-access
+    except AttributeError:
+      pass
+  return out

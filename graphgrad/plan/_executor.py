@@ -214,7 +214,7 @@ class _Executor:
       if params is not None:
         self._combine_parameters(params, out, chosen, plain)
       new = transform_parameters(rules.parameters, out, self._layer_among,
-                                 self._context, self._apply)
+                                 self._context, self._record)
       out = [(g, v) for g, (_, v) in zip(new, out)]
       out += self.extra
       if self.options.gate_gradients == GATE_GRAPH:
@@ -404,8 +404,12 @@ class _Executor:
   def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
              where: str) -> Gradient:
     out = _checks.checked(fn, grad, ctx, where)
-    self.trace.append(TraceRecord(ctx, grad, out, scale=self.scale))
+    self._record(ctx, grad, out)
     return out
+
+  def _record(self, ctx: TransformContext, before: Gradient,
+              after: Gradient) -> None:
+    self.trace.append(TraceRecord(ctx, before, after, scale=self.scale))
 
   def _context(self, layer: str, role: str, **kw) -> TransformContext:
     return TransformContext(layer=layer, role=role,

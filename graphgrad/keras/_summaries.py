@@ -1,0 +1,119 @@
+"""TensorBoard summaries of a :class:`~graphgrad.KerasPlan`'s step.
+
+The figures are ``core._trace.figures`` of the step's trace, the same as a
+``GradientPlan``'s (``plan/_summaries.py``), written with ``tf.summary`` to
+the default writer under one name, ``graphgrad/`` by default. A variable
+counts for the innermost layer that holds it. The step's tensors belong to
+the graph it ran in: a step in a ``tf.function`` is summarised in that
+function, after its gradient.
+"""
+
+import importlib.util
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import tensorflow as tf
+
+from graphgrad import _errors
+from graphgrad.core import _trace
+from graphgrad.keras._intercept import BackwardStep
+
+
+def layer_of_variables(layers: Sequence[str],
+                       own: Callable[[str], List[tf.Variable]]
+                       ) -> Callable[[Any], Optional[str]]:
+  """variable -> the innermost of ``layers`` holding it, or ``None``."""
+  found: Dict[Any, str] = {}
+  for path in sorted(layers, key=lambda p: p.count("/")):
+    for v in own(path):
+      found[v.ref()] = path  # deeper paths come later and win
+  return lambda v: found.get(v.ref())
+
+
+def check_same_graph(step: BackwardStep) -> None:
+  """Refuses a step whose tensors belong to another graph than the one
+  being built (a ``tf.function``'s step read after it returned)."""
+  tensors = [r.before for r in step.trace] + [g for g, _ in step.pairs]
+  for t in tensors:
+    t = getattr(t, "values", t)
+    if t is None or not tf.is_symbolic_tensor(t):
+      continue
+    here = tf.compat.v1.get_default_graph()
+    if tf.executing_eagerly() or t.graph is not here:
+      raise _errors.GraphGradError(
+          "KerasPlan.summaries(): the last step ran in another graph (a "
+          "tf.function), whose gradients cannot be read here. Call "
+          "plan.summaries() inside the same tf.function, after "
+          "tape.gradient, or attach(summaries=True) for fit.")
+
+
+def write(step: BackwardStep, layers: Sequence[str],
+          layer_of: Callable[[Any], Optional[str]], histograms: bool,
+          name: str, at=None) -> Dict[str, tf.Tensor]:
+  """Writes the step's summaries; returns ``tag -> norm``.
+
+  Args:
+    step: the step, with its trace and final pairs.
+    layers: the layer paths, in the order of the figures.
+    layer_of: variable -> its layer path.
+    histograms: also write gradient histograms.
+    name: the tags' first part.
+    at: the summary step; ``None`` for ``tf.summary``'s default.
+  """
+  check_same_graph(step)
+  prefix = name.rstrip("/")
+  out: Dict[str, tf.Tensor] = {}
+  # As GradientPlan's: an absolute scope, so no scope of the caller's is
+  # prepended to the tags.
+  with tf.name_scope(prefix + "/"):
+    for figure in _trace.figures(step.trace, step.pairs, layer_of, layers,
+                                 step.scale):
+      for key, norm in zip(("before", "after"), figure.norms()):
+        tag = f"{prefix}/{figure.tag}/{key}"
+        out[tag] = norm
+        _write(_scalar, tag, norm, at)
+    if histograms:
+      for tag, values in _trace.histograms(
+          step.trace, step.pairs, lambda v: v.name.split(":")[0],
+          step.scale):
+        _write(_histogram, tag, values, at)
+  return out
+
+
+def _scalar(tag: str, value, step) -> None:
+  """A scalar summary of the whole ``tag``, which TensorBoard reads as
+  ``tf.summary.scalar``'s,
+  written by TensorFlow alone: ``tf.summary.scalar`` needs the tensorboard
+  package, which graphgrad does not require."""
+  tf.summary.write(tag, value, step=step, metadata=_SCALAR.SerializeToString())
+
+
+def _histogram(tag: str, value, step) -> None:
+  if importlib.util.find_spec("tensorboard") is None:
+    raise _errors.GraphGradError(
+        "KerasPlan.summaries(histograms=True): tf.summary.histogram needs "
+        "the tensorboard package, which is not installed. pip install "
+        "tensorboard, or pass histograms=False.")
+  tf.summary.histogram(tag, value, step=step)
+
+
+def _scalar_metadata():
+  meta = tf.compat.v1.SummaryMetadata()
+  meta.plugin_data.plugin_name = "scalars"  # TensorBoard's scalar plugin
+  field = meta.DESCRIPTOR.fields_by_name["data_class"]
+  meta.data_class = field.enum_type.values_by_name["DATA_CLASS_SCALAR"].number
+  return meta
+
+
+_SCALAR = _scalar_metadata()
+
+
+def _write(kind, tag: str, value, at) -> None:
+  try:
+    kind(tag, value, at)
+  except ValueError as e:
+    if at is not None or tf.summary.experimental.get_step() is not None:
+      raise
+    raise _errors.GraphGradError(
+        "KerasPlan.summaries(): the default summary writer has no step to "
+        "write at, and `step` was not given. Pass plan.summaries(step=...), "
+        "or open the writer with writer.as_default(step=...).") from e
