@@ -12,6 +12,7 @@ The plan's state (method variables, its own step) is saved with each
 the model's own methods; nothing of graphgrad is ever saved with the model.
 """
 
+import contextlib
 import importlib
 import inspect
 import logging
@@ -22,6 +23,7 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad.keras import _summaries
 
 log = logging.getLogger("graphgrad")
 
@@ -50,13 +52,11 @@ def flavour(model) -> str:
 class Attachment:
   """The state of one ``plan.attach()``: what ``detach()`` restores."""
 
-  def __init__(self, plan, labels=None, step_tensor=lambda: None):
-    model = plan.model
-    self.plan = plan
-    self.model = model
-    self.flavour = flavour(model)
-    self.labels = labels
-    self.step_tensor = step_tensor
+  def __init__(self, plan, labels=None, step_tensor=lambda: None,
+               writer=None):
+    model = self.model = plan.model
+    self.plan, self.labels, self.writer = plan, labels, writer
+    self.flavour, self.step_tensor = flavour(model), step_tensor
     self._saved: Dict[str, Any] = {}
     self._recorded: List[Any] = []
     self._loss_weights: Any = None
@@ -210,10 +210,8 @@ _MISSING = object()
 
 def _reset_functions(model) -> None:
   """Drops the traced train step, so that the next fit traces the new one."""
-  try:
+  with contextlib.suppress(AttributeError):
     model.train_function = None
-  except AttributeError:
-    pass
 
 
 def _built(optimizer) -> bool:
@@ -557,8 +555,9 @@ def _keras3_step(att: Attachment, data):
     if model.optimizer is not None:
       target = model.optimizer.scale_loss(target)
   if model.trainable_weights:
-    model.optimizer.apply_gradients(
-        tape.grads_and_vars(target, task_losses=att.task_losses()))
+    pairs = tape.grads_and_vars(target, task_losses=att.task_losses())
+    _summaries.in_fit(att.plan, att.writer, model.optimizer)
+    model.optimizer.apply_gradients(pairs)
   else:
     log.warning("graphgrad KerasPlan on %s: the model has no trainable "
                 "weights.", model.name)
@@ -615,6 +614,7 @@ def _tf_keras_step(att: Attachment, data):
     target = optimizer.get_scaled_loss(total) if scaling else total
   _validated(model, y, loss)
   pairs = tape.grads_and_vars(target, task_losses=att.task_losses())
+  _summaries.in_fit(att.plan, att.writer, optimizer)
   if scaling:
     grads = optimizer.get_unscaled_gradients([g for g, _ in pairs])
     pairs = list(zip(grads, [v for _, v in pairs]))

@@ -475,7 +475,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
         self.rules, optimizer)
     return self._warned_adaptive
 
-  def attach(self, labels=None) -> "KerasPlan":
+  def attach(self, labels=None, summaries=None) -> "KerasPlan":
     """Makes the model's ``fit``, ``train_on_batch`` and ``evaluate`` use
     the plan.
 
@@ -495,14 +495,18 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     Args:
       labels: for ``synthetic`` modules conditioned on labels (cDNI): a
         callable ``(x, y) -> labels`` of each batch, or ``None``.
+      summaries: a log directory or a ``tf.summary.SummaryWriter``: each
+        step of ``fit`` writes :meth:`summaries` there, at the optimizer's
+        step count (``optimizer.iterations`` before the step's update).
 
     Returns:
       The plan, for chaining.
 
     Raises:
       GraphGradError: if the plan is already attached, another plan is
-        attached to the model (detach it first), or the model is not a
-        Keras 3 or tf-keras ``Model``; in ``fit``, for a private plan whose
+        attached to the model (detach it first), the model is not a
+        Keras 3 or tf-keras ``Model``, or ``summaries`` is neither a
+        directory nor a writer; in ``fit``, for a private plan whose
         model adds losses (``add_loss``, regularizers: not per example).
     """
     if self.attached:
@@ -510,7 +514,8 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
           f"plan.attach(): this plan is already attached to "
           f"{self._model.name}; attaching again would apply it twice. Call "
           f"plan.detach() first.")
-    attached = _fit.Attachment(self, labels, self._step_tensor)
+    attached = _fit.Attachment(self, labels, self._step_tensor,
+                               _summaries.fit_writer(summaries))
     attached.install()
     self._attached = attached
     return self

@@ -9,6 +9,7 @@ function, after its gradient.
 """
 
 import importlib.util
+import os
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
@@ -117,3 +118,24 @@ def _write(kind, tag: str, value, at) -> None:
         "KerasPlan.summaries(): the default summary writer has no step to "
         "write at, and `step` was not given. Pass plan.summaries(step=...), "
         "or open the writer with writer.as_default(step=...).") from e
+
+
+def fit_writer(summaries) -> Optional[Any]:
+  """The writer of ``plan.attach(summaries=...)``: ``None``, a
+  ``tf.summary.SummaryWriter``, or one made on a log directory."""
+  if summaries is None or isinstance(summaries, tf.summary.SummaryWriter):
+    return summaries
+  if isinstance(summaries, (str, os.PathLike)):
+    return tf.summary.create_file_writer(os.fspath(summaries))
+  raise _errors.GraphGradError(
+      f"plan.attach(): `summaries` must be None, a log directory or a "
+      f"tf.summary.SummaryWriter; got {type(summaries).__name__}. Pass e.g. "
+      f"summaries='logs/graphgrad'.")
+
+
+def in_fit(plan, writer, optimizer) -> None:
+  """Writes the summaries of a ``fit`` step with ``writer`` (if any), at
+  the optimizer's step count before the step's update."""
+  if writer is not None:
+    with writer.as_default():
+      plan.summaries(step=tf.cast(optimizer.iterations, tf.int64))

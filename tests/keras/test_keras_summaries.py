@@ -11,6 +11,7 @@ the chain themselves.
 """
 
 import glob
+import importlib.util
 
 import numpy as np
 import pytest
@@ -27,9 +28,10 @@ RTOL, ATOL = 1e-5, 1e-6
 def _declare(case, plan):
   """The case's declarations and two parameter transforms on l1 (or base)."""
   plan = case.declare(plan, gg)
-  first = "base" if case in (keras_cases.TwoHeads,) else (
-      "features" if case is keras_cases.GlueEdge else "l1")
-  return (plan.transform_gradients(first, gg.transforms.clip_by_global_norm(0.01))
+  first = {keras_cases.TwoHeads: "base",
+           keras_cases.GlueEdge: "features"}.get(case, "l1")
+  clip = gg.transforms.clip_by_global_norm(0.01)
+  return (plan.transform_gradients(first, clip)
           .transform_gradients(first, gg.transforms.scale(0.5)))
 
 
@@ -135,3 +137,116 @@ def test_the_chain_figures_are_the_hand_recipes():
   for layer in ("l2", "l3"):  # no transform of their own
     assert (figures[f"graphgrad/grad_norm/{layer}/after"]
             == figures[f"graphgrad/grad_norm/{layer}/before"])
+
+
+def _two_dense(K):
+  """``keras_cases.two_dense`` with ``l2``'s upstream scaled by 0.5."""
+  model = keras_cases.two_dense(K, seed=1)
+  return model, gg.KerasPlan(model).transform_upstream(
+      "l2", gg.transforms.scale(0.5))
+
+
+def _mse(model, x, y):
+  return tf.reduce_mean(tf.square(model(x) - y))
+
+
+@pytest.mark.parametrize("flavour", sorted(FLAVOURS))
+def test_fit_writes_every_step_at_the_optimizers_step(flavour, tmp_path):
+  K = FLAVOURS[flavour]
+  x = keras_cases.normal_rows(0, (12, 3))
+  y = keras_cases.normal_rows(1, (12, 2))
+  # The reference: the same plan's figures of each step, run by hand.
+  model, plan = _two_dense(K)
+  weights = model.get_weights()
+  expected = []
+  for i in range(3):
+    rows = slice(4 * i, 4 * i + 4)
+    with plan.tape() as tape:
+      loss = _mse(model, x[rows], y[rows])
+    grads = tape.gradient(loss)
+    expected.append({k: float(v) for k, v in plan.summaries(step=i).items()})
+    for v, g in zip(model.trainable_variables, grads):
+      v.assign_sub(0.1 * g)
+
+  model, plan = _two_dense(K)
+  model.set_weights(weights)
+  model.compile(K.optimizers.SGD(0.1), loss="mse")
+  plan.attach(summaries=str(tmp_path))
+  model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+  by_step = {}
+  for path in glob.glob(f"{tmp_path}/events.*"):
+    for event in tf1.train.summary_iterator(path):
+      for v in event.summary.value:
+        by_step.setdefault(event.step, {})[v.tag] = float(
+            tf.make_ndarray(v.tensor))
+  assert sorted(by_step) == [0, 1, 2]
+  for step, figures in enumerate(expected):
+    _assert_same(by_step[step], figures)
+
+
+def test_under_a_loss_scale_the_figures_are_unscaled():
+  model, plan = _two_dense(FLAVOURS["keras3"])
+  x, y = keras_cases.normal_rows(0), keras_cases.normal_rows(1, (5, 2))
+  figures = []
+  for scale in (None, 1024.0):
+    with plan.tape(loss_scale=scale) as tape:
+      loss = _mse(model, x, y)
+      target = loss if scale is None else scale * loss
+    tape.gradient(target)
+    figures.append({k: float(v) for k, v in plan.summaries(step=0).items()})
+  _assert_same(figures[1], figures[0])
+  assert figures[0]["graphgrad/upstream_norm/l2/after"] == pytest.approx(
+      0.5 * figures[0]["graphgrad/upstream_norm/l2/before"], rel=1e-6)
+
+
+def test_summaries_before_a_step_are_refused():
+  _, plan = _two_dense(FLAVOURS["keras3"])
+  with pytest.raises(gg.GraphGradError, match="no step has computed"):
+    plan.summaries(step=0)
+
+
+def test_a_traced_steps_summaries_are_refused_outside_it():
+  model, plan = _two_dense(FLAVOURS["keras3"])
+
+  @tf.function
+  def step(x, y):
+    with plan.tape() as tape:
+      loss = _mse(model, x, y)
+    return tape.gradient(loss)
+
+  step(keras_cases.normal_rows(0), keras_cases.normal_rows(1, (5, 2)))
+  with pytest.raises(gg.GraphGradError,
+                     match="ran in another graph .* inside the same"):
+    plan.summaries(step=0)
+
+
+def test_a_writer_without_a_step_is_refused(tmp_path):
+  model, plan = _two_dense(FLAVOURS["keras3"])
+  with plan.tape() as tape:
+    loss = _mse(model, keras_cases.normal_rows(0),
+                keras_cases.normal_rows(1, (5, 2)))
+  tape.gradient(loss)
+  with tf.summary.create_file_writer(str(tmp_path)).as_default():
+    with pytest.raises(gg.GraphGradError, match="no step to write at"):
+      plan.summaries()
+
+
+def test_histograms_without_tensorboard_are_refused():
+  if importlib.util.find_spec("tensorboard") is not None:
+    pytest.skip("tensorboard is installed: histograms are written")
+  model, plan = _two_dense(FLAVOURS["keras3"])
+  with plan.tape() as tape:
+    loss = _mse(model, keras_cases.normal_rows(0),
+                keras_cases.normal_rows(1, (5, 2)))
+  tape.gradient(loss)
+  with pytest.raises(gg.GraphGradError, match="pip install tensorboard"):
+    plan.summaries(step=0, histograms=True)
+
+
+def test_attach_refuses_a_summaries_that_is_no_writer():
+  _, plan = _two_dense(FLAVOURS["keras3"])
+  with pytest.raises(gg.GraphGradError,
+                     match="`summaries` must be None, a log directory .* got "
+                           "int"):
+    plan.attach(summaries=3)
+  assert not plan.attached
