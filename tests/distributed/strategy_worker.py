@@ -11,7 +11,9 @@ logical devices and the cluster must be set before TensorFlow runs an op:
                                            plan.recompute with batch norm)
                                            or "private" (privatize: the
                                            summed gradients and the noise,
-                                           in a loop and in model.fit);
+                                           in a loop and in model.fit) or
+                                           "summaries" (plan.summaries() in
+                                           a step of two replicas);
                                            each pair runs in turn in this one
                                            process and writes its own OUT
   strategy_worker.py multiworker OUT TASK WORKERS
@@ -376,6 +378,29 @@ def private_fit_case(gg, K, strategy):
           "expected_std": PRIVATE_SIGMA * PRIVATE_CLIP / GLOBAL_BATCH}
 
 
+def summaries_case(gg, K, strategy, local):
+  """plan.summaries() in a step of several replicas: its refusal."""
+  with strategy.scope():
+    model = make_model(K)
+  plan = make_plan(gg, model, "scale")
+  x, y = data()
+
+  @tf.function
+  def step(x, y):
+    with plan.tape() as tape:
+      loss = loss_of(model, x, y)
+    tape.gradient(loss)
+    try:
+      plan.summaries(step=0)
+    except gg.GraphGradError as e:
+      return str(e)
+    return "written"
+
+  out = strategy.run(step, (local(x[0]), local(y[0])))
+  return [t.numpy().decode()
+          for t in strategy.experimental_local_results(out)]
+
+
 def flavours():
   import keras  # pylint: disable=g-import-not-at-top
   cases = [(keras, "keras3")]
@@ -391,6 +416,11 @@ def run_cases(gg, mode, cases, strategy, local, replicas, out):
     runs = [(keras, "keras3", g) for g in ("scale", "value", "norm")]
   else:
     runs = [(K, kind, g) for K, kind in flavours() for g in ("clip", "global")]
+  if cases == "summaries":
+    import keras  # pylint: disable=g-import-not-at-top
+    with open(out, "w", encoding="utf-8") as f:
+      json.dump({"refusals": summaries_case(gg, keras, strategy, local)}, f)
+    return
   if cases == "private":
     with open(out, "w", encoding="utf-8") as f:
       json.dump({"replicas": replicas, "private": [

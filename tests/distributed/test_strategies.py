@@ -67,7 +67,7 @@ def mirrored(tmp_path_factory):
   """Both MirroredStrategy case sets, run by one worker process (one
   TensorFlow start-up): {"rewrites": results, "transforms": results}."""
   directory = tmp_path_factory.mktemp("mirrored")
-  cases = ("rewrites", "transforms", "private")
+  cases = ("rewrites", "transforms", "private", "summaries")
   args = [a for c in cases for a in (str(directory / f"{c}.json"), c)]
   proc = subprocess.run([sys.executable, WORKER, "mirrored", *args],
                         env=_env(), capture_output=True, text=True,
@@ -75,6 +75,14 @@ def mirrored(tmp_path_factory):
   assert proc.returncode == 0, proc.stderr[-3000:]
   return {c: json.loads((directory / f"{c}.json").read_text())
           for c in cases}
+
+
+@pytest.mark.slow
+def test_mirrored_summaries_are_refused_in_a_step_of_two_replicas(mirrored):
+  refusals = mirrored["summaries"]["refusals"]
+  assert len(refusals) == 2, refusals
+  for message in refusals:
+    assert "KerasPlan.summaries() inside a step of 2 replicas" in message
 
 
 @pytest.mark.slow
