@@ -33,6 +33,7 @@ from graphgrad._errors import (
 from graphgrad.analysis._analyze import analyze
 from graphgrad.analysis._layer_graph import Layer, LayerGraph
 from graphgrad.analysis._thaw import thaw
+from graphgrad.core._report_figures import GradientReport
 from graphgrad.distributed._after_aggregation import AfterAggregation
 from graphgrad.keras._keras_plan import KerasPlan
 from graphgrad.plan._gradient_plan import (
@@ -41,7 +42,7 @@ from graphgrad.plan._gradient_plan import (
   GATE_OP,
   GradientPlan,
 )
-from graphgrad.plan._report import GradientReport, gradient_report
+from graphgrad.plan._report import gradient_report
 
 __version__ = "0.4.0"
 

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.keras import _summaries
+from graphgrad.keras import _step_summaries
 
 log = logging.getLogger("graphgrad")
 
@@ -556,7 +556,7 @@ def _keras3_step(att: Attachment, data):
       target = model.optimizer.scale_loss(target)
   if model.trainable_weights:
     pairs = tape.grads_and_vars(target, task_losses=att.task_losses())
-    _summaries.in_fit(att.plan, att.writer, model.optimizer)
+    _step_summaries.in_fit(att.plan, att.writer, model.optimizer)
     model.optimizer.apply_gradients(pairs)
   else:
     log.warning("graphgrad KerasPlan on %s: the model has no trainable "
@@ -614,7 +614,7 @@ def _tf_keras_step(att: Attachment, data):
     target = optimizer.get_scaled_loss(total) if scaling else total
   _validated(model, y, loss)
   pairs = tape.grads_and_vars(target, task_losses=att.task_losses())
-  _summaries.in_fit(att.plan, att.writer, optimizer)
+  _step_summaries.in_fit(att.plan, att.writer, optimizer)
   if scaling:
     grads = optimizer.get_unscaled_gradients([g for g, _ in pairs])
     pairs = list(zip(grads, [v for _, v in pairs]))

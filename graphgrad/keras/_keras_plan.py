@@ -36,7 +36,7 @@ from graphgrad.keras import (
   _fit,
   _loss_scale,
   _methods,
-  _summaries,
+  _step_summaries,
   _tape_recompute,
 )
 from graphgrad.keras._layer_index import (
@@ -382,9 +382,9 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
           f"Summarise a one-replica step, or use "
           f"gg.gradient_report(plan, ...) on a batch.")
     paths = list(self._index.paths)
-    layer_of = _summaries.layer_of_variables(
+    layer_of = _step_summaries.layer_of_variables(
         paths, lambda p: layer_variables(self._index[p]))
-    return _summaries.write(tape.last_step, paths, layer_of, histograms,
+    return _step_summaries.write(tape.last_step, paths, layer_of, histograms,
                             name or self.name, at=step)
 
   def _privatized(self, privacy) -> None:
@@ -515,7 +515,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
           f"{self._model.name}; attaching again would apply it twice. Call "
           f"plan.detach() first.")
     attached = _fit.Attachment(self, labels, self._step_tensor,
-                               _summaries.fit_writer(summaries))
+                               _step_summaries.fit_writer(summaries))
     attached.install()
     self._attached = attached
     return self

@@ -1,123 +1,29 @@
-"""The gradient-flow report: where do a graph's gradients vanish or explode?
+"""The gradient-flow report of a ``tf.compat.v1`` graph, run in a Session.
 
 :func:`gradient_report` runs the backward pass of an analysed loss in a
-``Session`` and measures, for every layer in topological order, ``grad_norm``
-(the global norm of its parameter gradients), ``grad_to_weight`` (that norm
-over its variables' norm), ``upstream_norm`` (the norm of the upstream
-gradient at its outputs) and ``zero_upstream`` (the fraction of exact zeros
-in it). With a :class:`~graphgrad.GradientPlan` each figure comes twice:
-``before`` by the chain rule, ``after`` (where it exists) from the plan.
-
-A layer is *vanishing* (*exploding*) when ``log10`` of its parameter-gradient
-norm lies more than ``threshold`` (default 2) below (above) the median
-``log10`` of its neighbours' non-zero norms, ``after`` norms with a plan
-(never without neighbours); *no gradient* when none of its variables gets
-one (``tf.round`` lies between it and the loss).
+``Session`` and measures, for every layer in topological order, the figures
+of ``core._report`` (with a :class:`~graphgrad.GradientPlan`, ``before`` and
+``after`` it); a layer's neighbours for the flags are those of the layer
+graph. A layer gets *no gradient* when, e.g., ``tf.round`` lies between it
+and the loss.
 """
 
-import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-import numpy as np
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.analysis._layer_graph import LayerGraph
+from graphgrad.core._report_figures import (
+  GradientReport,
+  check_counts,
+  flag,
+  layer_row,
+)
 from graphgrad.plan._backprop import GraphVJP
 from graphgrad.plan._gradient_plan import GradientPlan
 
 Feed = Union[None, Mapping, Sequence[Mapping], Callable[[int], Mapping]]
-_FIGURES = ("grad_norm", "grad_to_weight", "upstream_norm", "zero_upstream")
-
-
-class GradientReport:
-  """Per-layer gradient figures of one loss; made by :func:`gradient_report`.
-
-  Attributes:
-    loss: name of the loss tensor.
-    batches: how many batches the figures are averaged over.
-    threshold: the flag threshold, in orders of magnitude.
-    has_plan: whether the figures have ``after`` values.
-    layers: one dict per layer, in topological order, with keys ``name``,
-      ``params``, ``flag`` (``"vanishing"``, ``"exploding"``,
-      ``"no gradient"`` or ``None``)
-      and, for each figure, ``{"before": x, "after": y}`` (``after`` is
-      ``None`` without a plan or where the plan does not materialise it).
-  """
-
-  def __init__(self, loss: str, layers: List[Dict[str, Any]], batches: int,
-               threshold: float, has_plan: bool):
-    self.loss = loss
-    self.layers = layers
-    self.batches = batches
-    self.threshold = threshold
-    self.has_plan = has_plan
-
-  def __getitem__(self, name: str) -> Dict[str, Any]:
-    for row in self.layers:
-      if row["name"] == name:
-        return row
-    raise _errors.layer_not_found(name, [r["name"] for r in self.layers])
-
-  def flagged(self) -> Dict[str, str]:
-    """Layer name -> ``"vanishing"``, ``"exploding"`` or ``"no gradient"``,
-    for flagged layers."""
-    return {r["name"]: r["flag"] for r in self.layers if r["flag"]}
-
-  def to_dict(self) -> Dict[str, Any]:
-    """A JSON-serialisable dict of everything in the report."""
-    return {"loss": self.loss, "batches": self.batches,
-            "threshold": self.threshold, "has_plan": self.has_plan,
-            "layers": [dict(r) for r in self.layers]}
-
-  def table(self) -> str:
-    """A text table, one row per layer; ``before -> after`` with a plan."""
-    head = ("layer", "params", "grad norm", "grad/weight", "upstream norm",
-            "zero upstream", "flag")
-    rows = [head]
-    for r in self.layers:
-      rows.append((r["name"], f"{r['params']:,}",
-                   self._cell(r["grad_norm"]), self._cell(r["grad_to_weight"]),
-                   self._cell(r["upstream_norm"]),
-                   self._cell(r["zero_upstream"], percent=True),
-                   r["flag"] or ""))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append(f"loss {self.loss}; mean over {self.batches} batch(es); "
-                 f"flagged when log10(grad norm) is more than "
-                 f"{self.threshold:g} from the median log10 of its "
-                 f"neighbours', 'no gradient' when none of its variables "
-                 f"gets one")
-    return "\n".join(lines)
-
-  def _cell(self, pair: Dict[str, Optional[float]], percent=False) -> str:
-    fmt = (lambda x: "-" if x is None else f"{100 * x:.1f}%") if percent else (
-        lambda x: "-" if x is None else f"{x:.3g}")
-    if not self.has_plan:
-      return fmt(pair["before"])
-    return f"{fmt(pair['before'])} -> {fmt(pair['after'])}"
-
-  def plot(self, path: str, title: Optional[str] = None) -> str:
-    """Draws the figures of every layer, in topological order, on a log scale.
-
-    Args:
-      path: the picture's file name (``.png``, ``.svg`` or ``.pdf``).
-      title: the picture's title; defaults to the loss name.
-
-    Returns:
-      ``path``.
-
-    Raises:
-      GraphGradError: for another file extension, or without matplotlib.
-    """
-    from graphgrad.plan import _report_plot  # pylint: disable=g-import-not-at-top
-    return _report_plot.plot(self, path, title)
-
-  def __repr__(self) -> str:
-    return (f"GradientReport(loss={self.loss}, layers={len(self.layers)}, "
-            f"flagged={self.flagged()})")
 
 
 def gradient_report(sess: tf.compat.v1.Session, net: LayerGraph,
@@ -169,9 +75,10 @@ def gradient_report(sess: tf.compat.v1.Session, net: LayerGraph,
   feeds = _feeds(feed, batches)
   fetches = _fetches(net, plan)
   runs = [sess.run(fetches, feed_dict=f) for f in feeds]
-  layers = [_layer_row(net, name, [r[name] for r in runs])
+  layers = [layer_row(name, net[name].num_params, [r[name] for r in runs])
             for name in net.names]
-  _flag(net, layers, threshold)
+  flag(layers, lambda name: set(net.graph.predecessors(name)) | set(
+      net.graph.successors(name)), threshold)
   return GradientReport(net.loss.name, layers, batches, threshold,
                         plan is not None)
 
@@ -199,15 +106,7 @@ def _check_args(sess, net, plan, batches, threshold) -> None:
         f"gradient_report: `plan` must be a gg.GradientPlan on the loss "
         f"{net.loss.name}; got {plan!r}. Pass gg.GradientPlan(net.loss, net) "
         f"with your declarations, or None.")
-  if not isinstance(batches, int) or isinstance(batches, bool) or batches < 1:
-    raise _errors.GraphGradError(
-        f"gradient_report: `batches` must be a positive int; got "
-        f"{batches!r}.")
-  if (not isinstance(threshold, (int, float)) or isinstance(threshold, bool)
-      or not threshold > 0 or math.isinf(threshold)):
-    raise _errors.GraphGradError(
-        f"gradient_report: `threshold` must be a positive finite number of "
-        f"orders of magnitude; got {threshold!r}. The default is 2.0.")
+  check_counts(batches, threshold)
 
 
 def _feeds(feed: Feed, batches: int) -> List[Optional[Mapping]]:
@@ -274,86 +173,3 @@ def _or(g, none):
   return none if g is None else g
 
 
-def _dense_values(value) -> np.ndarray:
-  """The entries of a fetched gradient, duplicates of sparse rows summed."""
-  if hasattr(value, "indices") and hasattr(value, "values"):
-    idx, inverse = np.unique(np.asarray(value.indices), return_inverse=True)
-    vals = np.asarray(value.values)
-    summed = np.zeros((len(idx),) + vals.shape[1:], vals.dtype)
-    np.add.at(summed, inverse.reshape(-1), vals)
-    return summed
-  return np.asarray(value)
-
-
-def _norm(values: Sequence) -> Optional[float]:
-  arrays = [_dense_values(v) for v in values]
-  arrays = [a for a in arrays if a.size]
-  if not arrays:
-    return None
-  return float(math.sqrt(sum(float(np.sum(np.square(a.astype(np.float64))))
-                             for a in arrays)))
-
-
-def _zero_fraction(values: Sequence) -> Optional[float]:
-  arrays = [np.asarray(v) for v in values]
-  arrays = [a for a in arrays if a.size]
-  if not arrays:
-    return None
-  total = sum(a.size for a in arrays)
-  return float(sum(int(np.sum(a == 0)) for a in arrays) / total)
-
-
-def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
-  present = [x for x in xs if x is not None]
-  return float(np.mean(present)) if present else None
-
-
-def _figures(run: Dict[str, Any], suffix: str) -> Dict[str, Optional[float]]:
-  grad = _norm(run["grads" + suffix])
-  weight = _norm(run["weights"])
-  ups = run["upstream" + suffix]
-  return {
-      "grad_norm": grad,
-      "grad_to_weight": (grad / weight if grad is not None and weight
-                         else None),
-      "upstream_norm": _norm(ups),
-      "zero_upstream": _zero_fraction(ups),
-  }
-
-
-def _layer_row(net: LayerGraph, name: str, runs: List[Dict[str, Any]]):
-  before = [_figures(r, "") for r in runs]
-  after = ([_figures(r, "_after") for r in runs] if "grads_after" in runs[0]
-           else None)
-  row: Dict[str, Any] = {"name": name, "params": net[name].num_params}
-  for key in _FIGURES:
-    row[key] = {"before": _mean([f[key] for f in before]),
-                "after": _mean([f[key] for f in after]) if after else None}
-  row["flag"] = None
-  return row
-
-
-def _flag(net: LayerGraph, rows: List[Dict[str, Any]], threshold) -> None:
-  """Sets ``row["flag"]`` by the rule in the module docstring."""
-  key = "after" if any(r["grad_norm"]["after"] is not None for r in rows) else (
-      "before")
-  norm = {r["name"]: r["grad_norm"][key] for r in rows}
-  for r in rows:
-    name = r["name"]
-    neighbours = set(net.graph.predecessors(name)) | set(
-        net.graph.successors(name))
-    others = [norm[n] for n in neighbours if norm.get(n)]
-    mine = norm[name]
-    if mine is None:  # not one variable of the layer has a gradient
-      r["flag"] = "no gradient"
-      continue
-    if not others:
-      continue
-    if mine == 0:
-      r["flag"] = "vanishing"
-      continue
-    log_ratio = math.log10(mine) - float(np.median(np.log10(others)))
-    if log_ratio < -threshold:
-      r["flag"] = "vanishing"
-    elif log_ratio > threshold:
-      r["flag"] = "exploding"
