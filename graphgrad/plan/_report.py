@@ -27,6 +27,11 @@ from graphgrad.plan._backprop import GraphVJP
 from graphgrad.plan._gradient_plan import GradientPlan
 
 Feed = Union[None, Mapping, Sequence[Mapping], Callable[[int], Mapping]]
+# Ops whose gradient (while_v2, cond_v2, a tf.function's) may add outputs
+# to the forward op.
+_FUNCTIONAL = frozenset({"While", "StatelessWhile", "If", "StatelessIf",
+                         "Case", "StatelessCase", "PartitionedCall",
+                         "StatefulPartitionedCall"})
 _FIGURES = ("grad_norm", "grad_to_weight", "upstream_norm", "zero_upstream")
 
 
@@ -146,7 +151,10 @@ def gradient_report(sess: tf.compat.v1.Session, net: LayerGraph,
     A :class:`GradientReport`.
 
   Raises:
-    GraphGradError: on a malformed argument.
+    GraphGradError: on a malformed argument, or when the gradient of a
+      functional ``While``, ``If``, ``Case`` or function call changes its
+      forward op after ``sess`` has run the graph (build one gradient
+      before that).
 
   Example:
     >>> import tensorflow as tf, graphgrad as gg
@@ -167,13 +175,53 @@ def gradient_report(sess: tf.compat.v1.Session, net: LayerGraph,
   """
   _check_args(sess, net, plan, batches, threshold)
   feeds = _feeds(feed, batches)
-  fetches = _fetches(net, plan)
+  before = _output_counts(net.loss.graph)
+  fetches = build(net, plan)
+  try:
+    return measure(sess, net, fetches, feeds, threshold, plan is not None)
+  except tf.errors.InvalidArgumentError as e:
+    grown = sorted(op.name for op, n in before.items()
+                   if len(op.outputs) != n)
+    if not grown:
+      raise
+    raise _errors.GraphGradError(
+        f"gradient_report: differentiating the functional op "
+        f"{grown[0]!r} added outputs to it after `sess` had run the graph, "
+        f"so `sess` cannot run its gradient. Build the gradients once "
+        f"before the first sess.run (tf.compat.v1.gradients(loss, "
+        f"variables) is enough), or report on a fresh import of the model "
+        f"(graphgrad grads MODEL).") from e
+
+
+def _output_counts(graph: tf.Graph) -> Dict[tf.Operation, int]:
+  """Output counts of the ops whose gradient may add outputs to them."""
+  return {op: len(op.outputs) for op in graph.get_operations()
+          if op.type in _FUNCTIONAL}
+
+
+def build(net: LayerGraph, plan: Optional[GradientPlan] = None
+          ) -> Dict[str, Any]:
+  """The fetches of :func:`gradient_report`, built but not run.
+
+  ``graphgrad grads`` checks the ops they run before :func:`measure` runs
+  them, and builds them before its ``Session`` exists: the gradient of a
+  functional ``While`` or ``If`` adds outputs to the forward op, which a
+  ``Session`` that has already run the graph cannot take.
+  """
+  return _fetches(net, plan)
+
+
+def measure(sess: tf.compat.v1.Session, net: LayerGraph,
+            fetches: Dict[str, Any], feeds: Sequence[Optional[Mapping]],
+            threshold: float = 2.0, has_plan: bool = False
+            ) -> GradientReport:
+  """Runs ``fetches`` (from :func:`build`) once per feed; the report."""
   runs = [sess.run(fetches, feed_dict=f) for f in feeds]
   layers = [_layer_row(net, name, [r[name] for r in runs])
             for name in net.names]
   _flag(net, layers, threshold)
-  return GradientReport(net.loss.name, layers, batches, threshold,
-                        plan is not None)
+  return GradientReport(net.loss.name, layers, len(feeds), threshold,
+                        has_plan)
 
 
 def _check_args(sess, net, plan, batches, threshold) -> None:
