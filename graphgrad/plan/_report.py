@@ -32,6 +32,8 @@ Feed = Union[None, Mapping, Sequence[Mapping], Callable[[int], Mapping]]
 _FUNCTIONAL = frozenset({"While", "StatelessWhile", "If", "StatelessIf",
                          "Case", "StatelessCase", "PartitionedCall",
                          "StatefulPartitionedCall"})
+_CONTROL_FLOW = frozenset({"While", "StatelessWhile", "If", "StatelessIf",
+                           "Case", "StatelessCase"})
 _FIGURES = ("grad_norm", "grad_to_weight", "upstream_norm", "zero_upstream")
 
 
@@ -154,7 +156,9 @@ def gradient_report(sess: tf.compat.v1.Session, net: LayerGraph,
     GraphGradError: on a malformed argument, or when the gradient of a
       functional ``While``, ``If``, ``Case`` or function call changes its
       forward op after ``sess`` has run the graph (build one gradient
-      before that).
+      before that), or when the loss calls an imported function holding a
+      functional ``While``, ``If`` or ``Case`` (``tf.gradients`` can only
+      differentiate it with ``SymbolicGradient``, which cannot take them).
 
   Example:
     >>> import tensorflow as tf, graphgrad as gg
@@ -208,7 +212,46 @@ def build(net: LayerGraph, plan: Optional[GradientPlan] = None
   functional ``While`` or ``If`` adds outputs to the forward op, which a
   ``Session`` that has already run the graph cannot take.
   """
-  return _fetches(net, plan)
+  graph = net.loss.graph
+  known = len(graph.get_operations())
+  fetches = _fetches(net, plan)
+  _check_symbolic(graph.get_operations()[known:])
+  return fetches
+
+
+def _check_symbolic(new_ops: Sequence[tf.Operation]) -> None:
+  """Refuses a ``SymbolicGradient`` over functional control flow.
+
+  An imported function call has no Python gradient, so ``tf.gradients``
+  differentiates it with ``SymbolicGradient``, which gives zeros through a
+  functional ``While`` inside it and fails at run time on an ``If``.
+  """
+  calls = [op for op in new_ops if op.type == "SymbolicGradient"]
+  if not calls:
+    return
+  proto = calls[0].graph.as_graph_def().library
+  library = {f.signature.name: f for f in proto.function}
+  for op in calls:
+    todo, seen = [op.get_attr("f").name], set()
+    while todo:
+      name = todo.pop()
+      if name in seen or name not in library:
+        continue
+      seen.add(name)
+      for node in library[name].node_def:
+        if node.op in _CONTROL_FLOW:
+          raise _errors.UnsupportedGraphError(
+              f"gradient_report: the loss calls function "
+              f"{op.get_attr('f').name!r} of an imported graph, which has "
+              f"no Python gradient, so tf.gradients differentiates the call "
+              f"with TensorFlow's SymbolicGradient; that cannot take the "
+              f"{node.op} {node.name!r} in function {name!r} (it gives "
+              f"zeros or fails). Save the model with the loop or cond "
+              f"outside the tf.function (control flow v2 in the graph "
+              f"itself), or report on the graph that defined the function.")
+        todo.append(node.op)
+        todo += [a.func.name for a in node.attr.values() if a.func.name]
+        todo += [f.name for a in node.attr.values() for f in a.list.func]
 
 
 def measure(sess: tf.compat.v1.Session, net: LayerGraph,

@@ -7,6 +7,7 @@ exists, and checks their ops against the allowlist before it runs them.
 """
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -156,6 +157,64 @@ def test_gradient_report_twice_with_functional_control_flow(monkeypatch,
       for report in reports:
         np.testing.assert_allclose(report[scope]["grad_norm"]["before"],
                                    norm, rtol=1e-5)
+
+
+def test_a_loop_in_an_imported_tf_function_is_refused(tmp_path, capsys):
+  """An imported tf.function has no Python gradient: tf.gradients takes
+  SymbolicGradient, which gives zeros through the While inside (the
+  gradient of the graph that defined the function is not zero)."""
+  feed = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+  with tf.Graph().as_default() as graph:
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    h = dense(x, 4, "l1", tf.tanh)
+
+    @tf.function
+    def loop(h):
+      return tf.while_loop(lambda t, s: t < 3, lambda t, s: (
+          t + 1, tf.tanh(s) + h), [tf.constant(0), h])[1]
+    loss = tf.reduce_mean(tf.square(dense(loop(h), 2, "l2")), name="loss")
+    tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
+    tf1.train.export_meta_graph(str(tmp_path / "model.meta"))
+    own = tf.gradients(loss, tf1.trainable_variables(scope="l1"))
+  imported = _grads.load_model(str(tmp_path / "model.meta"))
+  with imported.as_default():
+    symbolic = tf.gradients(imported.get_tensor_by_name("loss:0"),
+                            tf1.trainable_variables(scope="l1"))
+  for g, grads in ((graph, own), (imported, symbolic)):
+    with g.as_default(), tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      norm = np.linalg.norm(sess.run(grads[0], {
+          g.get_tensor_by_name("x:0"): feed}))
+    assert (norm > 0) == (g is graph), norm
+  line = error_line(capsys, ["grads", str(tmp_path / "model.meta")])
+  assert re.search(r"with TensorFlow's SymbolicGradient; that cannot take "
+                   r"the (Stateless)?While 'while' in function "
+                   r"'__inference_loop_\d+'", line), line
+
+
+def test_a_second_import_differentiated_elsewhere_is_named(tmp_path,
+                                                           monkeypatch):
+  """Two imports of one saved graph, each differentiated in this process,
+  hold two different ``<loop function>_rewritten``: TensorFlow refuses the
+  second, and gradient_report says why."""
+  with tf.Graph().as_default():
+    _v2(monkeypatch)
+    _model("while")
+    tf1.train.export_meta_graph(str(tmp_path / "model.meta"))
+  monkeypatch.undo()
+  first = _grads.load_model(str(tmp_path / "model.meta"))
+  with first.as_default():
+    tf.gradients(first.get_tensor_by_name("loss:0"),
+                 tf1.trainable_variables())
+  second = _grads.load_model(str(tmp_path / "model.meta"))
+  with second.as_default():
+    net = gg.analyze(second.get_tensor_by_name("loss:0"))
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      with pytest.raises(gg.GraphGradError,
+                         match=r"adds 'while_(cond|body)_\d+_rewritten' to "
+                               r"TensorFlow's process-wide function library"):
+        gg.gradient_report(sess, net)
 
 
 _WRITTEN = []
