@@ -4,14 +4,15 @@ Loads a model as ``graphgrad inspect`` does (one loader, :func:`load_model`),
 restores a checkpoint, feeds its placeholders (from an ``.npz``, or random
 normal inputs for float placeholders), and prints
 :func:`graphgrad.gradient_report`'s table; ``--png`` and ``--json`` write its
-picture and its numbers.
+picture and its numbers. The backward pass's ops are built before the
+``Session`` exists and pass the same allowlist check as the forward pass's.
 """
 
 import argparse
 import os
 import sys
 import threading
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from graphgrad.cli import _args
 
@@ -262,6 +263,7 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> int:
   from graphgrad.analysis import _metagraph  # pylint: disable=g-import-not-at-top
   from graphgrad.cli import _untrusted  # pylint: disable=g-import-not-at-top
   from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
+  from graphgrad.plan import _report  # pylint: disable=g-import-not-at-top
   try:
     graph = load_model(args.model)
     with graph.as_default():
@@ -278,11 +280,24 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> int:
       net = gg.analyze(loss, depth=depth)
       feed = build_feed(graph, loss, arrays, batch, seed)
       variables = _untrusted.variables_read(graph, loss, feed)
-      _refuse(loss, variables, feed, args.checkpoint, args.allow_io)
+      _refuse([loss.op], variables, feed, args.checkpoint, args.allow_io)
+      # Built before the Session exists (a functional While's or If's
+      # gradient adds outputs to the forward op), and checked in turn: a
+      # gradient function can run what the forward pass does not.
+      try:
+        fetches = _report.build(net)
+      except gg.GraphGradError:
+        raise
+      except (TypeError, ValueError, LookupError) as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise CommandError(f"building the backward pass failed "
+                           f"({type(e).__name__}: {first})") from None
+      _refuse(fetched_ops(fetches), variables, feed, args.checkpoint,
+              args.allow_io)
     frozen = _metagraph.kind_of(args.model) == "frozen GraphDef"
     with tf.compat.v1.Session(graph=graph) as sess:
       restored = _restore(sess, graph, args.checkpoint, variables, frozen)
-      report = gg.gradient_report(sess, net, feed)
+      report = _report.measure(sess, net, fetches, [feed])
   except gg.GraphGradError as e:
     raise CommandError(str(e)) from None
   except tf.errors.OpError as e:
@@ -305,11 +320,28 @@ def _check_scalar(loss) -> None:
       f"report the gradients of its sum")
 
 
-def _refuse(loss, variables, feed, checkpoint, allow_io: bool) -> None:
-  """Refuses to run an op off the allowlist (cli._untrusted)."""
+def fetched_ops(fetches) -> List:
+  """The ops a ``Session.run`` of ``fetches`` (nested dicts and lists of
+  tensors, ``IndexedSlices`` and variables) fetches itself."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  ops = []
+  for item in tf.nest.flatten(fetches):
+    if isinstance(item, tf.IndexedSlices):
+      ops += [t.op for t in (item.values, item.indices, item.dense_shape)
+              if t is not None]
+    elif isinstance(item, tf.Variable):
+      ops.append(item.graph.as_graph_element(item).op)
+    else:
+      ops.append(item.op)
+  return ops
+
+
+def _refuse(ops, variables, feed, checkpoint, allow_io: bool) -> None:
+  """Refuses to run an op off the allowlist (cli._untrusted): ``ops``
+  and, without a checkpoint, the initializers of ``variables``."""
   from graphgrad.cli import _untrusted  # pylint: disable=g-import-not-at-top
   from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
-  fetches = [loss.op] + ([] if checkpoint else
+  fetches = list(ops) + ([] if checkpoint else
                          [v.initializer for v in variables])
   why = _untrusted.refusal(_untrusted.ops_run(fetches, list(feed)), allow_io)
   if why is not None:

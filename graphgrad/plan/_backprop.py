@@ -15,6 +15,7 @@ deposit into it, each reading the sum of what the pieces above gave.
 """
 
 import collections
+import re
 from typing import (
   Callable,
   Dict,
@@ -26,6 +27,7 @@ from typing import (
 
 import tensorflow as tf
 
+from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
 from graphgrad.core._gradients import aggregate, weigh
@@ -133,8 +135,40 @@ class GraphVJP:
     """
     kwargs = self.options if options is None else options
     with _hooks.hooked(hooks or {}, self.overrides), _reach.bounded(allowed):
-      return tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys,
-                                    stop_gradients=list(stops), **kwargs)
+      try:
+        return tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys,
+                                      stop_gradients=list(stops), **kwargs)
+      except tf.errors.InvalidArgumentError as e:
+        clear = _rewritten_twice(e)
+        if clear is None:
+          raise
+        raise clear from e
+
+
+def _rewritten_twice(error: tf.errors.InvalidArgumentError
+                     ) -> Optional[Exception]:
+  """A clear error for TensorFlow's refusal of a second ``_rewritten``.
+
+  The gradient of a functional ``While`` or ``If`` adds the forward
+  function again, with more outputs, as ``<its name>_rewritten``, to the
+  process-wide function library as well as the graph's. Two imports of one
+  saved graph hold functions of the same names, so differentiating both
+  in one process (under other name scopes, or other ``xs``) gives two
+  different functions of one name, which TensorFlow refuses.
+  """
+  match = re.search(r"duplicate function with name: (\S+_rewritten)\b",
+                    error.message)
+  if match is None:
+    return None
+  name = match.group(1)
+  return _errors.UnsupportedGraphError(
+      f"differentiating the functional While/If whose function is "
+      f"{name[:-len('_rewritten')]!r} adds {name!r} to TensorFlow's "
+      f"process-wide function library, which already holds another "
+      f"{name!r}: another import of the same saved graph was "
+      f"differentiated in this process. Differentiate one import per "
+      f"process (e.g. run `graphgrad grads MODEL` in its own process), or "
+      f"build every gradient in the graph that was differentiated first.")
 
 
 def _bounded(ys, xs) -> Optional[Set[tf.Operation]]:

@@ -24,6 +24,13 @@ from graphgrad.plan._backprop import GraphVJP
 from graphgrad.plan._gradient_plan import GradientPlan
 
 Feed = Union[None, Mapping, Sequence[Mapping], Callable[[int], Mapping]]
+# Ops whose gradient (while_v2, cond_v2, a tf.function's) may add outputs
+# to the forward op.
+_FUNCTIONAL = frozenset({"While", "StatelessWhile", "If", "StatelessIf",
+                         "Case", "StatelessCase", "PartitionedCall",
+                         "StatefulPartitionedCall"})
+_CONTROL_FLOW = frozenset({"While", "StatelessWhile", "If", "StatelessIf",
+                           "Case", "StatelessCase"})
 
 
 def gradient_report(sess: tf.compat.v1.Session, net: LayerGraph,
@@ -52,7 +59,12 @@ def gradient_report(sess: tf.compat.v1.Session, net: LayerGraph,
     A :class:`GradientReport`.
 
   Raises:
-    GraphGradError: on a malformed argument.
+    GraphGradError: on a malformed argument, or when the gradient of a
+      functional ``While``, ``If``, ``Case`` or function call changes its
+      forward op after ``sess`` has run the graph (build one gradient
+      before that), or when the loss calls an imported function holding a
+      functional ``While``, ``If`` or ``Case`` (``tf.gradients`` can only
+      differentiate it with ``SymbolicGradient``, which cannot take them).
 
   Example:
     >>> import tensorflow as tf, graphgrad as gg
@@ -73,14 +85,93 @@ def gradient_report(sess: tf.compat.v1.Session, net: LayerGraph,
   """
   _check_args(sess, net, plan, batches, threshold)
   feeds = _feeds(feed, batches)
+  before = _output_counts(net.loss.graph)
+  fetches = build(net, plan)
+  try:
+    return measure(sess, net, fetches, feeds, threshold, plan is not None)
+  except tf.errors.InvalidArgumentError as e:
+    grown = sorted(op.name for op, n in before.items()
+                   if len(op.outputs) != n)
+    if not grown:
+      raise
+    raise _errors.GraphGradError(
+        f"gradient_report: differentiating the functional op "
+        f"{grown[0]!r} added outputs to it after `sess` had run the graph, "
+        f"so `sess` cannot run its gradient. Build the gradients once "
+        f"before the first sess.run (tf.compat.v1.gradients(loss, "
+        f"variables) is enough), or report on a fresh import of the model "
+        f"(graphgrad grads MODEL).") from e
+
+
+def _output_counts(graph: tf.Graph) -> Dict[tf.Operation, int]:
+  """Output counts of the ops whose gradient may add outputs to them."""
+  return {op: len(op.outputs) for op in graph.get_operations()
+          if op.type in _FUNCTIONAL}
+
+
+def build(net: LayerGraph, plan: Optional[GradientPlan] = None
+          ) -> Dict[str, Any]:
+  """The fetches of :func:`gradient_report`, built but not run.
+
+  ``graphgrad grads`` checks the ops they run before :func:`measure` runs
+  them, and builds them before its ``Session`` exists: the gradient of a
+  functional ``While`` or ``If`` adds outputs to the forward op, which a
+  ``Session`` that has already run the graph cannot take.
+  """
+  graph = net.loss.graph
+  known = len(graph.get_operations())
   fetches = _fetches(net, plan)
+  _check_symbolic(graph.get_operations()[known:])
+  return fetches
+
+
+def _check_symbolic(new_ops: Sequence[tf.Operation]) -> None:
+  """Refuses a ``SymbolicGradient`` over functional control flow.
+
+  An imported function call has no Python gradient, so ``tf.gradients``
+  differentiates it with ``SymbolicGradient``, which gives zeros through a
+  functional ``While`` inside it and fails at run time on an ``If``.
+  """
+  calls = [op for op in new_ops if op.type == "SymbolicGradient"]
+  if not calls:
+    return
+  proto = calls[0].graph.as_graph_def().library
+  library = {f.signature.name: f for f in proto.function}
+  for op in calls:
+    todo, seen = [op.get_attr("f").name], set()
+    while todo:
+      name = todo.pop()
+      if name in seen or name not in library:
+        continue
+      seen.add(name)
+      for node in library[name].node_def:
+        if node.op in _CONTROL_FLOW:
+          raise _errors.UnsupportedGraphError(
+              f"gradient_report: the loss calls function "
+              f"{op.get_attr('f').name!r} of an imported graph, which has "
+              f"no Python gradient, so tf.gradients differentiates the call "
+              f"with TensorFlow's SymbolicGradient; that cannot take the "
+              f"{node.op} {node.name!r} in function {name!r} (it gives "
+              f"zeros or fails). Save the model with the loop or cond "
+              f"outside the tf.function (control flow v2 in the graph "
+              f"itself), or report on the graph that defined the function.")
+        todo.append(node.op)
+        todo += [a.func.name for a in node.attr.values() if a.func.name]
+        todo += [f.name for a in node.attr.values() for f in a.list.func]
+
+
+def measure(sess: tf.compat.v1.Session, net: LayerGraph,
+            fetches: Dict[str, Any], feeds: Sequence[Optional[Mapping]],
+            threshold: float = 2.0, has_plan: bool = False
+            ) -> GradientReport:
+  """Runs ``fetches`` (from :func:`build`) once per feed; the report."""
   runs = [sess.run(fetches, feed_dict=f) for f in feeds]
   layers = [layer_row(name, net[name].num_params, [r[name] for r in runs])
             for name in net.names]
   flag(layers, lambda name: set(net.graph.predecessors(name)) | set(
       net.graph.successors(name)), threshold)
-  return GradientReport(net.loss.name, layers, batches, threshold,
-                        plan is not None)
+  return GradientReport(net.loss.name, layers, len(feeds), threshold,
+                        has_plan)
 
 
 def _check_args(sess, net, plan, batches, threshold) -> None:

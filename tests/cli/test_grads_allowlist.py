@@ -301,19 +301,16 @@ def test_a_write_in_a_frozen_graph_function_is_refused(tmp_path, capsys,
   assert not target.exists()
 
 
-def _normal_model(monkeypatch):
-  """Dense layers, a tf.function call, a cond and a while-loop RNN (v1
-  control flow, as a TF1 graph has it: grads' backward pass cannot take a
-  functional If's or While's gradient twice)."""
-  from tensorflow.python.ops import control_flow_util  # pylint: disable=g-import-not-at-top
+def _normal_model():
+  """Dense layers, a tf.function call, a cond and a while-loop RNN, in v1
+  control flow as a legacy TF1 graph has them (functional ``If`` and
+  ``While`` ops are in test_grads_functional.py)."""
   x = tf1.placeholder(tf.float32, [None, 3], name="x")
 
   @tf.function
   def gate(v):
     return v * tf.sigmoid(v)
   h = gate(dense(x, 4, "l1"))
-  monkeypatch.setattr(control_flow_util, "ENABLE_CONTROL_FLOW_V2", False)
-  h = tf.cond(tf.reduce_sum(h) > -1e9, lambda: h * 2.0, lambda: h)
   with tf1.variable_scope("rnn"):
     w = tf1.get_variable("kernel", initializer=np.eye(4, dtype=np.float32)
                          * 0.5)
@@ -321,21 +318,24 @@ def _normal_model(monkeypatch):
   def step(t, s, total):
     s = tf.tanh(tf.matmul(s, w) + h)
     return t + 1, s, total + s
-  _, _, total = tf.while_loop(lambda t, s, total: t < 3, step, [
-      tf.constant(0), h, tf.zeros_like(h)])
+  tf1.disable_control_flow_v2()
+  try:
+    h = tf.cond(tf.reduce_sum(h) > -1e9, lambda: h * 2.0, lambda: h)
+    _, _, total = tf.while_loop(lambda t, s, total: t < 3, step, [
+        tf.constant(0), h, tf.zeros_like(h)])
+  finally:
+    tf1.enable_control_flow_v2()
   loss = tf.reduce_mean(tf.square(dense(total, 2, "l2")), name="loss")
   tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
   return x, loss
 
 
-def test_a_normal_model_passes_and_its_gradients_are_right(tmp_path,
-                                                           monkeypatch):
+def test_a_normal_model_passes_and_its_gradients_are_right(tmp_path):
   import json  # pylint: disable=g-import-not-at-top
   feed = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
   np.savez(tmp_path / "feed.npz", x=feed)
   with tf.Graph().as_default():
-    x, loss = _normal_model(monkeypatch)
-    monkeypatch.undo()
+    x, loss = _normal_model()
     types = {op.type for op in tf1.get_default_graph().get_operations()}
     assert {"Enter", "Exit", "NextIteration", "Switch"} <= types, types
     assert types & {"PartitionedCall", "StatefulPartitionedCall"}, types
