@@ -30,6 +30,7 @@ from graphgrad._errors import (
   NotConnectedError,
   UnsupportedGraphError,
 )
+from graphgrad._gradient_report import gradient_report
 from graphgrad.analysis._analyze import analyze
 from graphgrad.analysis._layer_graph import Layer, LayerGraph
 from graphgrad.analysis._thaw import thaw
@@ -42,7 +43,6 @@ from graphgrad.plan._gradient_plan import (
   GATE_OP,
   GradientPlan,
 )
-from graphgrad.plan._report import gradient_report
 
 __version__ = "0.4.0"
 

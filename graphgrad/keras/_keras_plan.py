@@ -380,7 +380,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
           f"{ctx.num_replicas_in_sync} replicas: each replica holds its own "
           f"part of the gradients, so no replica's figures are the plan's. "
           f"Summarise a one-replica step, or use "
-          f"gg.gradient_report(plan, ...) on a batch.")
+          f"gg.gradient_report(model, loss, batch, plan=plan).")
     paths = list(self._index.paths)
     layer_of = _step_summaries.layer_of_variables(
         paths, lambda p: layer_variables(self._index[p]))

@@ -183,8 +183,8 @@ def _check_args(sess, net, plan, batches, threshold) -> None:
       net.loss.graph):
     raise _errors.GraphGradError(
         f"gradient_report: `sess` must be a tf.compat.v1.Session on the "
-        f"loss's tf.Graph; got {type(sess).__name__}. Pass "
-        f"tf.compat.v1.Session(graph=net.loss.graph).")
+        f"loss's tf.Graph, or a Keras model; got {type(sess).__name__}. "
+        f"Pass tf.compat.v1.Session(graph=net.loss.graph).")
   if net.loss.graph.finalized:
     raise _errors.GraphGradError(
         "gradient_report: the loss's tf.Graph is finalized (a "

@@ -1,0 +1,202 @@
+"""gg.gradient_report on a Keras model: the figures of the graph's report.
+
+Each case of ``keras_cases`` is built as a TF1 graph and as a Keras model
+with the same weights and the same declarations. The TF1 report (run in a
+Session) and the Keras one (run in a ``tf.function``, tf-keras and Keras 3)
+must have the same rows, figures (``before`` and ``after``, to
+``rtol=1e-5``) and flags. References built by hand with ``GradientTape``
+check the Keras figures themselves.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphgrad as gg
+import keras_cases
+from keras_cases import FLAVOURS
+
+tf1 = tf.compat.v1
+RTOL, ATOL = 1e-5, 1e-7
+FIGURES = ("grad_norm", "grad_to_weight", "upstream_norm", "zero_upstream")
+
+
+def _tf1_report(case, weights, x, labels):
+  with tf.Graph().as_default():
+    outs = case.forward(keras_cases.TF1Ops(weights), tf.constant(x))
+    loss = case.loss(outs, [tf.constant(l) for l in labels])
+    net = gg.analyze(loss)
+    plan = case.declare(gg.GradientPlan(loss, net), gg)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      return gg.gradient_report(sess, net, plan=plan)
+
+
+def _loss(case, model, labels):
+  def loss(x):
+    outs = model(x)
+    return case.loss(outs if isinstance(outs, list) else [outs],
+                     [tf.constant(l) for l in labels])
+  return loss
+
+
+def _assert_same(actual, expected):
+  """Row by row; the order may differ where two layers are not ordered
+  (each report lists them in its own topological order)."""
+  assert sorted(r["name"] for r in actual.layers) == sorted(
+      r["name"] for r in expected.layers)
+  for e in expected.layers:
+    a = actual[e["name"]]
+    assert a["params"] == e["params"] and a["flag"] == e["flag"], a["name"]
+    for key in FIGURES:
+      for side in ("before", "after"):
+        if e[key][side] is None:
+          assert a[key][side] is None, (a["name"], key, side)
+        else:
+          np.testing.assert_allclose(a[key][side], e[key][side], rtol=RTOL,
+                                     atol=ATOL,
+                                     err_msg=f"{a['name']} {key} {side}")
+
+
+@pytest.mark.parametrize("flavour", sorted(FLAVOURS))
+@pytest.mark.parametrize("shape", sorted(keras_cases.CASES))
+def test_the_keras_report_is_the_graph_report(shape, flavour):
+  case = keras_cases.CASES[shape]
+  model = keras_cases.keras_model(case, FLAVOURS[flavour])
+  x, labels = keras_cases.batch(case)
+  expected = _tf1_report(case, keras_cases.layer_weights(model), x, labels)
+  assert expected.has_plan
+  plan = case.declare(gg.KerasPlan(model), gg)
+  actual = gg.gradient_report(model, _loss(case, model, labels),
+                              tf.constant(x), plan=plan)
+  assert actual.has_plan and actual.batches == 1
+  _assert_same(actual, expected)
+
+
+def test_the_chain_figures_are_the_hand_recipes():
+  """Chain: l3's upstream scaled by 2, l2's by ``nonlinear``, l1's
+  parameter gradients halved."""
+  case = keras_cases.Chain
+  model = keras_cases.keras_model(case, FLAVOURS["keras3"])
+  x, labels = keras_cases.batch(case)
+  report = gg.gradient_report(model, _loss(case, model, labels),
+                              tf.constant(x),
+                              plan=case.declare(gg.KerasPlan(model), gg))
+  l1, l2, l3 = (model.get_layer(n) for n in ("l1", "l2", "l3"))
+  with tf.GradientTape(persistent=True) as tape:
+    h1 = l1(tf.constant(x))
+    h2 = l2(h1)
+    out = l3(h2)
+    loss = case.loss([out], [tf.constant(labels[0])])
+  norm = lambda ts: float(tf.linalg.global_norm(ts))  # noqa: E731
+  plain_h1 = tape.gradient(loss, h1)
+  g3 = tape.gradient(loss, out)
+  g2 = keras_cases.nonlinear(tape.gradient(out, h2,
+                                           output_gradients=2.0 * g3))
+  l1_after = tape.gradient(h2, l1.trainable_variables, output_gradients=g2)
+  expected = {
+      ("l1", "grad_norm", "before"): norm(tape.gradient(
+          loss, l1.trainable_variables)),
+      ("l1", "grad_norm", "after"): 0.5 * norm(l1_after),
+      ("l1", "upstream_norm", "before"): norm([plain_h1]),
+      ("l1", "zero_upstream", "before"): float(np.mean(
+          plain_h1.numpy() == 0)),
+      ("l1", "grad_to_weight", "before"): norm(tape.gradient(
+          loss, l1.trainable_variables)) / norm(l1.trainable_variables),
+      ("l3", "upstream_norm", "before"): norm([g3]),
+      ("l3", "upstream_norm", "after"): 2.0 * norm([g3]),
+      ("l2", "upstream_norm", "after"): norm([g2]),
+  }
+  for (layer, key, side), value in expected.items():
+    np.testing.assert_allclose(report[layer][key][side], value, rtol=RTOL,
+                               err_msg=f"{layer} {key} {side}")
+  assert report["l1"]["upstream_norm"]["after"] is None  # no rewrite there
+  assert report.flagged() == {}
+
+
+def test_batches_average_the_per_batch_figures():
+  model = keras_cases.two_dense(FLAVOURS["keras3"], seed=2)
+  batches = [(keras_cases.normal_rows(i), keras_cases.normal_rows(
+      10 + i, (5, 2))) for i in range(3)]
+  loss = lambda x, y: tf.reduce_mean(tf.square(model(x) - y))  # noqa: E731
+  by_list = gg.gradient_report(model, loss, batches, batches=3)
+  by_fn = gg.gradient_report(model, loss, lambda i: batches[i], batches=3)
+  per_batch = []
+  for x, y in batches:
+    with tf.GradientTape() as tape:
+      value = loss(x, y)
+    per_batch.append(float(tf.linalg.global_norm(tape.gradient(
+        value, model.get_layer("l2").trainable_variables))))
+  for report in (by_list, by_fn):
+    assert not report.has_plan and report.batches == 3
+    np.testing.assert_allclose(report["l2"]["grad_norm"]["before"],
+                               np.mean(per_batch), rtol=RTOL)
+    assert report["l2"]["grad_norm"]["after"] is None
+
+
+def test_a_layer_without_any_gradient_is_flagged():
+  K = FLAVOURS["keras3"]
+  inp = K.Input((3,))
+  h = K.layers.Dense(4, name="l1")(inp)
+  h = K.layers.Lambda(tf.round, name="round")(h)
+  model = K.Model(inp, K.layers.Dense(2, name="l2")(h))
+  loss = lambda x: tf.reduce_sum(tf.square(model(x)))  # noqa: E731
+  x = keras_cases.normal_rows(0)
+  report = gg.gradient_report(model, loss, x)
+  assert report["l1"]["grad_norm"]["before"] is None
+  assert report.flagged() == {"l1": "no gradient"}
+  mended = gg.KerasPlan(model).straight_through("round")
+  with_plan = gg.gradient_report(model, loss, x, plan=mended)
+  assert with_plan["l1"]["grad_norm"]["after"] > 0
+  assert with_plan.flagged() == {}
+
+
+def test_neighbours_skip_layers_without_variables():
+  """l1 -> l2, and add(l1, l2) -> l3: l1 and l3 are neighbours through the
+  addition, as in the graph's layer graph. With l3's kernel tiny, l1 and
+  l2 get tiny gradients: l1 is vanishing only beside l3 too."""
+  case = keras_cases.Skip
+  model = keras_cases.keras_model(case, FLAVOURS["keras3"])
+  x, labels = keras_cases.batch(case)
+  l3 = model.get_layer("l3")
+  kernel, bias = l3.get_weights()
+  l3.set_weights([kernel * 1e-6, bias])
+  report = gg.gradient_report(model, _loss(case, model, labels),
+                              tf.constant(x))
+  expected = _tf1_report_plain(case, keras_cases.layer_weights(model), x,
+                               labels)
+  assert report.flagged() == expected.flagged() == {
+      "l1": "vanishing", "l2": "vanishing", "l3": "exploding"}
+  _assert_same(report, expected)
+
+
+def _tf1_report_plain(case, weights, x, labels):
+  with tf.Graph().as_default():
+    outs = case.forward(keras_cases.TF1Ops(weights), tf.constant(x))
+    loss = case.loss(outs, [tf.constant(l) for l in labels])
+    net = gg.analyze(loss)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      return gg.gradient_report(sess, net)
+
+
+def test_bad_arguments():
+  K = FLAVOURS["keras3"]
+  model = keras_cases.two_dense(K, seed=0)
+  other = keras_cases.two_dense(K, seed=1)
+  loss = lambda: tf.reduce_sum(model(keras_cases.normal_rows(0)))  # noqa
+  with pytest.raises(gg.GraphGradError, match="the second argument must be "
+                                              "the loss, a callable"):
+    gg.gradient_report(model, 3.0)
+  with pytest.raises(gg.GraphGradError, match="`plan` must be a gg.KerasPlan"):
+    gg.gradient_report(model, loss, plan=gg.KerasPlan(other))
+  with pytest.raises(gg.GraphGradError, match="must hold `batches`=2"):
+    gg.gradient_report(model, loss, [()], batches=2)
+  with pytest.raises(gg.GraphGradError, match="`batches` must be a pos"):
+    gg.gradient_report(model, loss, batches=0)
+  unbuilt = K.Sequential([K.layers.Dense(2)])
+  with pytest.raises(gg.GraphGradError, match="has no weights yet"):
+    gg.gradient_report(unbuilt, loss)
+  flat = K.Sequential([K.Input((3,)), K.layers.Flatten()])
+  with pytest.raises(gg.GraphGradError, match="no layer with trainable"):
+    gg.gradient_report(flat, lambda: tf.reduce_sum(flat(tf.ones([1, 3]))))
