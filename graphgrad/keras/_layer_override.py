@@ -89,7 +89,7 @@ class LayerOverriding:
       The plan, for chaining.
 
     Raises:
-      As :meth:`override_gradient`.
+      GraphGradError: as :meth:`override_gradient` raises it.
     """
     return self._override(layer, identity, "straight_through")
 
