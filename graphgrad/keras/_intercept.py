@@ -35,11 +35,11 @@ from graphgrad.keras._layer_index import (
 )
 from graphgrad.keras._tape_backward import (
   backward_of_call,
-  describe,
   edge_grads,
+  observe_upstream,
 )
 from graphgrad.keras._tape_vjp import TapeVJP
-from graphgrad.transforms import _checks, _scaled
+from graphgrad.transforms import _scaled
 from graphgrad.transforms._context import TransformContext
 
 log = logging.getLogger("graphgrad")
@@ -248,15 +248,12 @@ class Interceptor:
     return tf.nest.pack_sequence_as((args, kwargs), flat)
 
   def _observed(self, path: str, out):
-    """``out``, whose gradient the step's trace records with the upstream
-    rewrite built on first read: an uncut layer never forms it otherwise."""
-    fn = self.plan.rules.rule(path).upstream
+    """``out``, whose gradient the step's trace records: an uncut layer
+    never forms it otherwise."""
+    rule = self.plan.rules.rule(path)
 
     def record(t, dy):
-      ctx = self.context(path, "upstream", tensor=t)
-      where = f"transform_upstream({path!r}) on {describe(t)}"
-      self._step.record(
-          ctx, dy, later=lambda: _checks.checked(fn, dy, ctx, where))
+      observe_upstream(self, self._step, rule, t, dy)
 
     flat = [_tape_linear.observed(t, record) if is_float(t) else t
             for t in tf.nest.flatten(out)]

@@ -98,13 +98,9 @@ class _CallSteps:
 
   def observe(self, grads):
     """Records ``g`` where the rule weights its inputs' gradient instead
-    of calling its transform, with the transform built on first read."""
-    path, fn = self.rule.layer, self.rule.upstream
+    of calling its transform."""
     for o, dy in zip(self.outs, grads):
-      ctx = self.run.context(path, "upstream", tensor=o)
-      where = f"transform_upstream({path!r}) on {describe(o)}"
-      self.step.record(ctx, dy, later=functools.partial(
-          _checks.checked, fn, dy, ctx, where))
+      observe_upstream(self.run, self.step, self.rule, o, dy)
 
   def replace(self, grads, chain_rule):
     """Runs the replacement on the call; its pairs go to the step.
@@ -143,6 +139,18 @@ class _CallSteps:
     call = LayerCall(self.rule.layer, type(layer).__name__, tuple(self.xs),
                      tuple(self.outs), layer)
     return list(input_grads(call, self.rule.override, list(grads)))
+
+
+def observe_upstream(run, step, rule: LayerRule, output, dy) -> None:
+  """Records ``dy``, the gradient at ``output`` of a layer whose linear
+  upstream rewrite is weighted in, not called: the trace's ``after`` calls
+  the rewrite when it is first read (summaries, a report)."""
+  path, fn = rule.layer, rule.upstream
+  assert fn is not None  # asked only for a rule with a linear rewrite
+  ctx = run.context(path, "upstream", tensor=output)
+  where = f"transform_upstream({path!r}) on {describe(output)}"
+  step.record(ctx, dy, later=functools.partial(
+      _checks.checked, fn, dy, ctx, where))
 
 
 def backward_of_call(run, step, path: str, call: int, inner, out, dys,
