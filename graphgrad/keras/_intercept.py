@@ -62,6 +62,7 @@ class BackwardStep:
     edges_fed: edges along which a gradient reached the lower layer.
     trace: every transform applied (``core._trace``), in order.
     pairs: the final ``(gradient, variable)`` pairs, once the step is done.
+    raw: the pairs before the parameter transforms (this replica's).
     scale: the loss scale ``pairs`` carry, or ``None``.
   """
   plain: bool = False
@@ -72,13 +73,17 @@ class BackwardStep:
   edges_fed: set = dataclasses.field(default_factory=set)
   trace: List[TraceRecord] = dataclasses.field(default_factory=list)
   pairs: List[tuple] = dataclasses.field(default_factory=list)
+  raw: List[tuple] = dataclasses.field(default_factory=list)
   scale: Any = None
 
-  def finish(self, sources: list, grads: list, scale) -> None:
+  def finish(self, sources: list, raw: list, grads: list, scale) -> None:
     """Keeps the step's final ``(gradient, variable)`` pairs (sources that
-    are no variable left out) and the loss scale they carry."""
+    are no variable left out), those before the parameter transforms
+    (``raw``), and the loss scale they carry."""
     self.pairs = [(g, tf_variable(s)) for s, g in zip(sources, grads)
                   if tf_variable(s) is not None]
+    self.raw = [(g, tf_variable(s)) for s, g in zip(sources, raw)
+                if tf_variable(s) is not None]
     self.scale = scale
 
   def record(self, ctx: TransformContext, before, after=None,

@@ -16,6 +16,7 @@ inside ``tf.function``.
 """
 
 import logging
+import threading
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
@@ -115,6 +116,9 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     self._open_tape: Optional[PlanTape] = None
     # The last step's tape, for kept_tensors(), trace and summaries().
     self._last_tape: Optional[PlanTape] = None
+    # Each replica's (each thread's) own last tape: the replicas of a
+    # MirroredStrategy step run in threads of their own, interleaved.
+    self._thread = threading.local()
     # The float16 warning, logged once per plan (a bool: tf.Module tracks
     # no bools).
     self._unscaled_warned = False
@@ -299,7 +303,8 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
       raise _errors.GraphGradError(
           "kept_tensors: this KerasPlan does not recompute, so it keeps "
           "every activation. Declare plan.recompute(keep=...) first.")
-    kept = None if self._last_tape is None else self._last_tape.kept
+    last = self._last()
+    kept = None if last is None else last.kept
     if kept is None:
       raise _errors.GraphGradError(
           "kept_tensors: no step has run under this KerasPlan's tape yet, "
@@ -313,7 +318,8 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     applied (the last ``tape.gradient`` under :meth:`tape`), as
     ``GradientPlan.trace``; empty before a step. In a traced step the
     tensors are that graph's."""
-    return () if self._last_tape is None else self._last_tape.trace
+    last = self._last()
+    return () if last is None else last.trace
 
   def summaries(self, step=None, histograms: bool = False,
                 name: Optional[str] = None) -> Dict[str, tf.Tensor]:
@@ -327,9 +333,12 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     ``upstream_norm/<layer>/before|after`` at every ``transform_upstream``
     and ``edge_norm/<lower>_to_<upper>/before|after`` on every transformed
     edge; ``histograms=True`` adds gradient histograms. Under a loss scale
-    the figures are of the unscaled gradients. Call it after
+    the figures are of the unscaled gradients. Inside ``strategy.run`` they
+    are of the global batch: each parameter gradient summed over the
+    replicas, each output gradient over all their examples (three more
+    all-reduces; replica 0 writes). Call it after
     ``tape.gradient``, in the same step (inside its ``tf.function`` for a
-    traced one); in ``fit``, ``plan.attach(summaries=True)`` calls it every
+    traced one); in ``fit``, ``plan.attach(summaries=logdir)`` calls it every
     step.
 
     Args:
@@ -343,8 +352,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
 
     Raises:
       GraphGradError: before the first step, for a step that ran in
-        another graph, inside a ``tf.distribute`` step of several replicas,
-        or without a summary step.
+        another graph, or without a summary step.
 
     Example:
       >>> import tensorflow as tf, graphgrad as gg
@@ -367,20 +375,12 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
       graphgrad/upstream_norm/l2/before 1.0
       graphgrad/upstream_norm/l2/after 0.5
     """
-    tape = self._last_tape
+    tape = self._last()
     if tape is None or not tape.last_step.pairs:
       raise _errors.GraphGradError(
           "KerasPlan.summaries(): no step has computed gradients under "
           "this plan's tape yet. Run the forward pass under plan.tape() and "
           "call tape.gradient(loss) first, then plan.summaries().")
-    ctx = tf.distribute.get_replica_context()
-    if ctx is not None and ctx.num_replicas_in_sync > 1:
-      raise _errors.GraphGradError(
-          f"KerasPlan.summaries() inside a step of "
-          f"{ctx.num_replicas_in_sync} replicas: each replica holds its own "
-          f"part of the gradients, so no replica's figures are the plan's. "
-          f"Summarise a one-replica step, or use "
-          f"gg.gradient_report(model, loss, batch, plan=plan).")
     paths = list(self._index.paths)
     layer_of = _step_summaries.layer_of_variables(
         paths, lambda p: layer_variables(self._index[p]))
@@ -618,7 +618,11 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
 
   def _exit_tape(self, tape: PlanTape) -> None:
     self._open_tape = None if self._open_tape is tape else self._open_tape
-    self._last_tape = tape
+    self._last_tape = self._thread.tape = tape
+
+  def _last(self) -> Optional[PlanTape]:
+    """This thread's last tape, or the plan's last one."""
+    return getattr(self._thread, "tape", None) or self._last_tape
 
   def __repr__(self):
     return (f"KerasPlan(model={self._model.name}, "

@@ -3,9 +3,9 @@
 The figures are ``core._trace.figures`` of the step's trace, the same as a
 ``GradientPlan``'s (``plan/_summaries.py``), written with ``tf.summary`` to
 the default writer under one name, ``graphgrad/`` by default. A variable
-counts for the innermost layer that holds it. The step's tensors belong to
-the graph it ran in: a step in a ``tf.function`` is summarised in that
-function, after its gradient.
+counts for the innermost layer that holds it. In a step of several
+replicas the figures are of the global batch. The step's tensors belong to
+the graph it ran in: a ``tf.function``'s step is summarised in it.
 """
 
 import importlib.util
@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core import _trace
+from graphgrad.core._gradients import dense
 from graphgrad.keras._intercept import BackwardStep
 
 
@@ -62,21 +63,75 @@ def write(step: BackwardStep, layers: Sequence[str],
   """
   check_same_graph(step)
   prefix = name.rstrip("/")
+  ctx = tf.distribute.get_replica_context()
+  replicas = 1 if ctx is None else int(ctx.num_replicas_in_sync)
   out: Dict[str, tf.Tensor] = {}
   # As GradientPlan's: an absolute scope, so no scope of the caller's is
   # prepended to the tags.
   with tf.name_scope(prefix + "/"):
-    for figure in _trace.figures(step.trace, step.pairs, layer_of, layers,
-                                 step.scale):
-      for key, norm in zip(("before", "after"), figure.norms()):
-        tag = f"{prefix}/{figure.tag}/{key}"
-        out[tag] = norm
-        _write(_scalar, tag, norm, at)
+    if replicas == 1:
+      norms = _norms(step, layers, layer_of)
+      pairs = step.pairs
+    else:
+      pairs = _summed(ctx, step.pairs)
+      norms = _replica_norms(ctx, step, pairs, layers, layer_of)
+    for tag, norm in norms.items():
+      out[f"{prefix}/{tag}"] = norm
+      _write(_scalar, f"{prefix}/{tag}", norm, at)
     if histograms:
       for tag, values in _trace.histograms(
-          step.trace, step.pairs, lambda v: v.name.split(":")[0],
-          step.scale):
+          step.trace, pairs, lambda v: v.name.split(":")[0], step.scale):
         _write(_histogram, tag, values, at)
+  return out
+
+
+def _norms(step: BackwardStep, layers, layer_of) -> Dict[str, tf.Tensor]:
+  """``tag -> norm`` of one device's (or one replica's) step."""
+  out = {}
+  for figure in _trace.figures(step.trace, step.pairs, layer_of, layers,
+                               step.scale):
+    before, after = figure.norms()
+    out[f"{figure.tag}/before"], out[f"{figure.tag}/after"] = before, after
+  return out
+
+
+def _summed(ctx, pairs) -> List[tuple]:
+  """``pairs`` with each gradient summed over the replicas (dense)."""
+  present = [(g, v) for g, v in pairs if g is not None]
+  if not present:
+    return []
+  total = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                         [dense(g) for g, _ in present])
+  return [(g, v) for g, (_, v) in zip(total, present)]
+
+
+def _replica_norms(ctx, step: BackwardStep, final, layers,
+                   layer_of) -> Dict[str, tf.Tensor]:
+  """``tag -> norm`` of a step of several replicas, for the global batch.
+
+  A parameter gradient is the sum of the replicas' contributions (what the
+  optimizer applies), before its transforms too; a gradient at a layer's
+  outputs has one row per example, so its norm over the global batch is
+  the root of the replicas' squared norms summed.
+  """
+  after = {f.tag: f for f in _trace.figures([], final, layer_of, layers,
+                                            step.scale)}
+  before = {f.tag: f for f in _trace.figures(
+      [], _summed(ctx, step.raw), layer_of, layers, step.scale)}
+  out = {}
+  for tag, figure in after.items():
+    out[f"{tag}/before"] = (before[tag] if tag in before
+                            else figure).norms()[1]
+    out[f"{tag}/after"] = figure.norms()[1]
+  boundaries = _trace.figures(step.trace, [], layer_of, layers, step.scale)
+  squares = []
+  for figure in boundaries:
+    squares += [tf.square(n) for n in figure.norms()]
+  if squares:
+    total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, squares)
+    for i, figure in enumerate(boundaries):
+      out[f"{figure.tag}/before"] = tf.sqrt(total[2 * i])
+      out[f"{figure.tag}/after"] = tf.sqrt(total[2 * i + 1])
   return out
 
 

@@ -337,15 +337,17 @@ class PlanTape:
     params = plan.rules.parameter_tasks
     flat_s = tf.nest.flatten(sources)
     if not todo and not step.extra and params is None:
-      step.finish(flat_s, tf.nest.flatten(grads), _scaled.current())
+      flat_g = tf.nest.flatten(grads)
+      step.finish(flat_s, flat_g, flat_g, _scaled.current())
       return grads
     flat_g = tf.nest.flatten(grads)
     if params is not None:
       flat_g = self._parameter_tasks(params, target, by_layer[PARAMETERS],
                                      flat_s, flat_g)
     self._methods_grads(step, flat_s, flat_g)
+    raw = list(flat_g)
     flat_g = self._transform_parameters(step, flat_s, flat_g, todo)
-    step.finish(flat_s, flat_g, _scaled.current())
+    step.finish(flat_s, raw, flat_g, _scaled.current())
     return tf.nest.pack_sequence_as(grads, flat_g)
 
   def grads_and_vars(self, target, task_losses=None) -> List[Tuple[Any, Any]]:

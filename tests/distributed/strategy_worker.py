@@ -13,7 +13,8 @@ logical devices and the cluster must be set before TensorFlow runs an op:
                                            summed gradients and the noise,
                                            in a loop and in model.fit) or
                                            "summaries" (plan.summaries() in
-                                           a step of two replicas);
+                                           a step of two replicas, against
+                                           one device);
                                            each pair runs in turn in this one
                                            process and writes its own OUT
   strategy_worker.py multiworker OUT TASK WORKERS
@@ -378,27 +379,47 @@ def private_fit_case(gg, K, strategy):
           "expected_std": PRIVATE_SIGMA * PRIVATE_CLIP / GLOBAL_BATCH}
 
 
-def summaries_case(gg, K, strategy, local):
-  """plan.summaries() in a step of several replicas: its refusal."""
-  with strategy.scope():
-    model = make_model(K)
-  plan = make_plan(gg, model, "scale")
+def summaries_case(gg, K, strategy, local, group, logdir):
+  """plan.summaries() in a step of the replicas and on one device with the
+  global batch: the largest relative difference of their figures, and how
+  many values the replicas' step wrote per tag."""
   x, y = data()
 
-  @tf.function
-  def step(x, y):
-    with plan.tape() as tape:
-      loss = loss_of(model, x, y)
-    tape.gradient(loss)
-    try:
-      plan.summaries(step=0)
-    except gg.GraphGradError as e:
-      return str(e)
-    return "written"
+  def step_of(plan, model):
+    def step(x, y):
+      with plan.tape() as tape:
+        loss = loss_of(model, x, y)
+      tape.gradient(loss)
+      return plan.summaries(step=0)
+    return step
 
-  out = strategy.run(step, (local(x[0]), local(y[0])))
-  return [t.numpy().decode()
-          for t in strategy.experimental_local_results(out)]
+  model = make_model(K)
+  ref = tf.function(step_of(make_plan(gg, model, group), model))(
+      tf.constant(x[0]), tf.constant(y[0]))
+  with strategy.scope():
+    model = make_model(K)
+  step = step_of(make_plan(gg, model, group), model)
+  writer = tf.summary.create_file_writer(logdir)
+
+  @tf.function
+  def run(x, y):
+    with writer.as_default():
+      return strategy.run(step, (x, y))
+
+  got = run(local(x[0]), local(y[0]))
+  writer.close()
+  written = {}
+  for path in tf.io.gfile.glob(os.path.join(logdir, "events.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for v in event.summary.value:
+        written[v.tag] = written.get(v.tag, 0) + 1
+  diff = 0.0
+  for tag, value in ref.items():
+    mine = strategy.experimental_local_results(got[tag])[0]
+    diff = max(diff, abs(float(mine) - float(value))
+               / max(abs(float(value)), 1e-12))
+  return {"group": group, "tags": sorted(ref), "diff": diff,
+          "written": written}
 
 
 def flavours():
@@ -419,7 +440,10 @@ def run_cases(gg, mode, cases, strategy, local, replicas, out):
   if cases == "summaries":
     import keras  # pylint: disable=g-import-not-at-top
     with open(out, "w", encoding="utf-8") as f:
-      json.dump({"refusals": summaries_case(gg, keras, strategy, local)}, f)
+      json.dump({"summaries": [
+          summaries_case(gg, keras, strategy, local, group,
+                         f"{out}.{group}.logs")
+          for group in ("clip", "value")]}, f)
     return
   if cases == "private":
     with open(out, "w", encoding="utf-8") as f:
