@@ -45,7 +45,7 @@ def check_same_graph(step: BackwardStep) -> None:
           "KerasPlan.summaries(): the last step ran in another graph (a "
           "tf.function), whose gradients cannot be read here. Call "
           "plan.summaries() inside the same tf.function, after "
-          "tape.gradient, or attach(summaries=True) for fit.")
+          "tape.gradient, or plan.attach(summaries=logdir) for fit.")
 
 
 def write(step: BackwardStep, layers: Sequence[str],
