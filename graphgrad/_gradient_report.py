@@ -30,7 +30,9 @@ def gradient_report(session_or_model: Any, net_or_loss: Any, /,
     ``gg.GradientPlan`` on the loss. It adds gradient ops to the graph.
   * ``gradient_report(model, loss, feed=None, plan=None)``, for a Keras
     model: ``loss`` a callable that runs the model on one batch and
-    returns the scalar loss; ``feed`` its arguments per batch: ``None``
+    returns the scalar loss (for a plan that combines tasks, the list of
+    task losses, whose sum is the loss); ``feed`` its arguments per
+    batch: ``None``
     (``loss()``), one batch for every batch (a tuple is unpacked,
     ``loss(x, y)``), a list of ``batches`` batches, or a callable batch
     index -> batch; ``plan`` a ``gg.KerasPlan`` on the model. It runs in a

@@ -151,7 +151,7 @@ class _Step:
     index, rows = self.index, self.rows
     variables = {p: _own(index[p]) for p in rows}
     with _Calls(index, rows) as calls, tf.GradientTape() as tape:
-      value = self.loss(*args)
+      value = _total(self.loss(*args))
     outs = {p: calls.outputs[p] for p in rows}
     flat_v = [v for p in rows for v in variables[p]]
     flat_o = [t for p in rows for t in outs[p]]
@@ -184,7 +184,14 @@ class _Step:
     its upstream rewrite sends below (unscaled)."""
     with self.plan.tape() as tape:
       value = self.loss(*args)
-    tape.gradient(value)
+      total = _total(value)
+    tasks = self.plan.rules.has_tasks
+    if tasks and not isinstance(value, (list, tuple)):
+      raise _errors.GraphGradError(
+          "gradient_report: the plan combines task gradients, whose task "
+          "losses only the loss function knows. Return them from `loss` as "
+          "a list, [loss_a, loss_b]: the report's loss is their sum.")
+    tape.gradient(total, task_losses=list(value) if tasks else None)
     step = tape.last_step
     grads = {v.ref(): g for g, v in step.pairs}
     upstream: Dict[str, list] = collections.defaultdict(list)
@@ -193,6 +200,11 @@ class _Step:
       if ctx.role == "upstream" and record.after is not None:
         upstream[ctx.layer].append(record.after)
     return grads, upstream
+
+
+def _total(value):
+  """The loss: ``value``, or the sum of a list of task losses."""
+  return tf.add_n(list(value)) if isinstance(value, (list, tuple)) else value
 
 
 def _or(g, none):

@@ -200,3 +200,35 @@ def test_bad_arguments():
   flat = K.Sequential([K.Input((3,)), K.layers.Flatten()])
   with pytest.raises(gg.GraphGradError, match="no layer with trainable"):
     gg.gradient_report(flat, lambda: tf.reduce_sum(flat(tf.ones([1, 3]))))
+
+
+def test_a_plan_with_tasks_takes_them_from_the_loss():
+  """Two heads, PCGrad at the shared features: the loss function returns
+  the two task losses, as the graph's plan declares them."""
+  case = keras_cases.TwoHeads
+  model = keras_cases.keras_model(case, FLAVOURS["keras3"])
+  x, labels = keras_cases.batch(case)
+  ce = lambda y, o: tf.reduce_mean(  # noqa: E731
+      tf.nn.softmax_cross_entropy_with_logits(labels=y, logits=o))
+  weights = keras_cases.layer_weights(model)
+  with tf.Graph().as_default():
+    outs = case.forward(keras_cases.TF1Ops(weights), tf.constant(x))
+    tasks = [ce(tf.constant(l), o) for l, o in zip(labels, outs)]
+    net = gg.analyze(tf.add_n(tasks))
+    plan = gg.GradientPlan(net.loss, net).project_conflicts("features", tasks)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      expected = gg.gradient_report(sess, net, plan=plan)
+
+  def task_losses(x):
+    return [ce(tf.constant(l), o) for l, o in zip(labels, model(x))]
+
+  keras_plan = gg.KerasPlan(model).project_conflicts("features")
+  actual = gg.gradient_report(model, task_losses, tf.constant(x),
+                              plan=keras_plan)
+  _assert_same(actual, expected)
+  assert actual["base"]["grad_norm"]["after"] != pytest.approx(
+      actual["base"]["grad_norm"]["before"])
+  with pytest.raises(gg.GraphGradError, match="Return them from `loss` as a"):
+    gg.gradient_report(model, lambda x: tf.add_n(task_losses(x)),
+                       tf.constant(x), plan=keras_plan)
