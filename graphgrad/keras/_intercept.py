@@ -185,6 +185,12 @@ class Interceptor:
     for glue in self._glue:
       glue.__exit__(None, None, None)
 
+  def release(self) -> None:
+    """Drops what the forward pass recorded for the backward pass (the
+    glue tapes, the task layers' outputs), once it is done."""
+    self._glue, self._lower_outputs = [], collections.defaultdict(list)
+    self.outputs = collections.defaultdict(list)
+
   def _wrapper(self, path: str, layer, call):
     custom = path in self.custom
     lower = any(lo == path for lo, _ in self.edges)

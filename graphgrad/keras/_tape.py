@@ -190,11 +190,12 @@ class PlanTape:
                      _privatize_tape.Recorder(plan.model))
     # Task gradients and privatize take extra backward passes over the same
     # recording.
-    self._tape = tf.GradientTape(
+    self._persistent = persistent
+    self._tape: Any = tf.GradientTape(
         persistent=(persistent or rules.has_tasks
                     or self._private is not None),
         watch_accessed_variables=watch_accessed_variables)
-    self._vjp = TapeVJP.outer(self._tape)
+    self._vjp: Any = TapeVJP.outer(self._tape)
     self._entered = False
     self._last = BackwardStep()
 
@@ -288,8 +289,20 @@ class PlanTape:
       IncompatibleGradientError: if a transform changes a shape or dtype.
     """
     with self._scaled():
-      return self._planned(target, sources, output_gradients,
-                           unconnected_gradients, task_losses)
+      grads = self._planned(target, sources, output_gradients,
+                            unconnected_gradients, task_losses)
+    self._release()
+    return grads
+
+  def _release(self) -> None:
+    """Lets go of the recording once its one gradient is taken, unless the
+    tape was opened ``persistent``: a tape the plan made persistent for
+    itself (tasks, privatize) and the edges' glue tapes hold the forward
+    pass's activations, which the plan keeps (``plan.trace``) past the
+    step."""
+    if not self._persistent:
+      self._tape = self._vjp = self._private = None
+      self._run.release()
 
   def _scaled(self):
     """The context the plan's gradient is computed in. With a loss scale
@@ -304,6 +317,11 @@ class PlanTape:
 
   def _planned(self, target, sources, output_gradients, unconnected_gradients,
                task_losses):
+    if self._tape is None:
+      raise _errors.GraphGradError(
+          "this plan tape's gradient was already taken, and its recording "
+          "let go. A tape gives one gradient, as a tf.GradientTape does; "
+          "open it with plan.tape(persistent=True) to take several.")
     self._check_ran()
     plan = self._plan
     if sources is None:
@@ -372,6 +390,7 @@ class PlanTape:
     with self._scaled():
       grads = self._planned(target, variables, None,
                             tf.UnconnectedGradients.NONE, task_losses)
+    self._release()
     return list(zip(grads, variables)) + self.extra_grads_and_vars
 
   @property

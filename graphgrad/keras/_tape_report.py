@@ -31,6 +31,7 @@ from graphgrad.keras._layer_index import (
   is_keras_layer,
   tf_variable,
 )
+from graphgrad.keras._tape_vjp import TapeVJP
 
 
 def gradient_report(model, loss: Callable, feed: Any = None, plan=None,
@@ -155,7 +156,7 @@ class _Step:
     outs = {p: calls.outputs[p] for p in rows}
     flat_v = [v for p in rows for v in variables[p]]
     flat_o = [t for p in rows for t in outs[p]]
-    grads = tape.gradient(value, flat_v + flat_o)
+    grads = TapeVJP.outer(tape).backprop(value, flat_v + flat_o)
     by_var = dict(zip([v.ref() for v in flat_v], grads[:len(flat_v)]))
     by_out = grads[len(flat_v):]
     self.neighbours = _neighbours(rows, calls)
@@ -191,7 +192,7 @@ class _Step:
           "gradient_report: the plan combines task gradients, whose task "
           "losses only the loss function knows. Return them from `loss` as "
           "a list, [loss_a, loss_b]: the report's loss is their sum.")
-    tape.gradient(total, task_losses=list(value) if tasks else None)
+    tape.grads_and_vars(total, task_losses=list(value) if tasks else None)
     step = tape.last_step
     grads = {v.ref(): g for g, v in step.pairs}
     upstream: Dict[str, list] = collections.defaultdict(list)
