@@ -64,6 +64,7 @@ class BackwardStep:
     pairs: the final ``(gradient, variable)`` pairs, once the step is done.
     raw: the pairs before the parameter transforms (this replica's).
     scale: the loss scale ``pairs`` carry, or ``None``.
+    finished: the step's gradient was taken.
   """
   plain: bool = False
   task_deltas: Dict[str, List[list]] = dataclasses.field(default_factory=dict)
@@ -75,6 +76,7 @@ class BackwardStep:
   pairs: List[tuple] = dataclasses.field(default_factory=list)
   raw: List[tuple] = dataclasses.field(default_factory=list)
   scale: Any = None
+  finished: bool = False
 
   def finish(self, sources: list, raw: list, grads: list, scale) -> None:
     """Keeps the step's final ``(gradient, variable)`` pairs (sources that
@@ -85,6 +87,7 @@ class BackwardStep:
     self.raw = [(g, tf_variable(s)) for s, g in zip(sources, raw)
                 if tf_variable(s) is not None]
     self.scale = scale
+    self.finished = True
 
   def record(self, ctx: TransformContext, before, after=None,
              later: Optional[Callable] = None) -> None:

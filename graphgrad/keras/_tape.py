@@ -196,7 +196,7 @@ class PlanTape:
                     or self._private is not None),
         watch_accessed_variables=watch_accessed_variables)
     self._vjp: Any = TapeVJP.outer(self._tape)
-    self._entered = False
+    self._entered = self._inside = False
     self._last = BackwardStep()
 
   # -- GradientTape surface ------------------------------------------------
@@ -207,7 +207,7 @@ class PlanTape:
           "this plan tape was already used; open a new one with plan.tape() "
           "for each forward pass.")
     self._plan.enter_tape(self)  # raises while another tape is open
-    self._entered = True
+    self._entered = self._inside = True
     self._tape.__enter__()
     try:
       self._run.patch()
@@ -223,11 +223,16 @@ class PlanTape:
     return self
 
   def __exit__(self, *exc):
+    self._inside = False
     self._plan.exit_tape(self)
     if self._private is not None:
       self._private.unpatch()
     self._run.close()
-    return self._tape.__exit__(*exc)
+    try:
+      return self._tape.__exit__(*exc)
+    finally:
+      if self._last.finished:  # the gradient was taken inside the block
+        self._release()
 
   @property
   def kept(self):
@@ -300,7 +305,7 @@ class PlanTape:
     itself (tasks, privatize) and the edges' glue tapes hold the forward
     pass's activations, which the plan keeps (``plan.trace``) past the
     step."""
-    if not self._persistent:
+    if not self._persistent and not self._inside:
       self._tape = self._vjp = self._private = None
       self._run.release()
 
@@ -317,7 +322,7 @@ class PlanTape:
 
   def _planned(self, target, sources, output_gradients, unconnected_gradients,
                task_losses):
-    if self._tape is None:
+    if self._tape is None or (self._last.finished and not self._persistent):
       raise _errors.GraphGradError(
           "this plan tape's gradient was already taken, and its recording "
           "let go. A tape gives one gradient, as a tf.GradientTape does; "

@@ -8,10 +8,12 @@ those layers; with a :class:`~graphgrad.KerasPlan` it takes the plan's step
 as well, whose parameter gradients and trace (the gradient after each
 upstream rewrite) are the ``after`` figures. Two layers are neighbours, for
 the flags, when an output of one reaches an input of the other through ops
-of no such layer, in the traced graph.
+of no such layer, in the traced graph. Variables a step updates (batch-norm
+statistics, a method's state) get their values back.
 """
 
 import collections
+import contextlib
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
@@ -50,7 +52,8 @@ def gradient_report(model, loss: Callable, feed: Any = None, plan=None,
         f"trainable variables, so there is nothing to measure. Build the "
         f"model (call it once) before the report.")
   step = _Step(index, rows, loss, plan)
-  runs = [step(item) for item in items]
+  with _restored(model, plan):
+    runs = [step(item) for item in items]
   layers = [layer_row(p, sum(int(v.shape.num_elements() or 0)
                              for v in _own(index[p])),
                       [r[p] for r in runs]) for p in rows]
@@ -58,6 +61,22 @@ def gradient_report(model, loss: Callable, feed: Any = None, plan=None,
   flag(layers, lambda p: near.get(p, set()), threshold)
   return GradientReport(_loss_name(loss), layers, batches, threshold,
                         plan is not None)
+
+
+@contextlib.contextmanager
+def _restored(model, plan):
+  """Puts back the values of the variables a step may update: the model's
+  non-trainable ones (batch-norm statistics, with ``training=True``) and
+  the plan's method state."""
+  state = [tf_variable(v) for v in model.non_trainable_weights]
+  if plan is not None:
+    state += list(plan.method_variables.variables)
+  saved = [(v, tf.identity(v)) for v in state if v is not None]
+  try:
+    yield
+  finally:
+    for v, value in saved:
+      v.assign(value)
 
 
 def _own(layer) -> List[tf.Variable]:

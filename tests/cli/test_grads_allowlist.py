@@ -318,13 +318,15 @@ def _normal_model():
   def step(t, s, total):
     s = tf.tanh(tf.matmul(s, w) + h)
     return t + 1, s, total + s
+  was_v2 = tf1.control_flow_v2_enabled()
   tf1.disable_control_flow_v2()
   try:
     h = tf.cond(tf.reduce_sum(h) > -1e9, lambda: h * 2.0, lambda: h)
     _, _, total = tf.while_loop(lambda t, s, total: t < 3, step, [
         tf.constant(0), h, tf.zeros_like(h)])
   finally:
-    tf1.enable_control_flow_v2()
+    if was_v2:  # as the process had it
+      tf1.enable_control_flow_v2()
   loss = tf.reduce_mean(tf.square(dense(total, 2, "l2")), name="loss")
   tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
   return x, loss

@@ -6,6 +6,7 @@ graph cannot take; ``grads`` builds its gradients before its ``Session``
 exists, and checks their ops against the allowlist before it runs them.
 """
 
+import contextlib
 import json
 import re
 
@@ -21,10 +22,17 @@ from helpers import dense, error_line
 tf1 = tf.compat.v1
 
 
-def _v2(monkeypatch):
-  """Control flow v2 (functional While and If) for the ops built now."""
-  from tensorflow.python.ops import control_flow_util  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(control_flow_util, "ENABLE_CONTROL_FLOW_V2", True)
+@contextlib.contextmanager
+def _v2():
+  """Control flow v2 (functional While and If) for the ops built inside;
+  the process's own setting after."""
+  was = tf1.control_flow_v2_enabled()
+  tf1.enable_control_flow_v2()
+  try:
+    yield
+  finally:
+    if not was:
+      tf1.disable_control_flow_v2()
 
 
 def _model(kind):
@@ -90,11 +98,9 @@ def _check(tmp_path, monkeypatch, model, types):
 
 
 def test_a_functional_while_in_a_meta_graph(tmp_path, monkeypatch):
-  with tf.Graph().as_default():
-    _v2(monkeypatch)
+  with tf.Graph().as_default(), _v2():
     _model("while")
     tf1.train.export_meta_graph(str(tmp_path / "model.meta"))
-  monkeypatch.undo()
   _check(tmp_path, monkeypatch, str(tmp_path / "model.meta"),
          {"While", "StatelessWhile"})
 
@@ -103,39 +109,33 @@ def test_a_functional_while_of_a_saved_training_graph(tmp_path,
                                                       monkeypatch):
   """The saved graph already holds a gradient of the loop: its body is a
   ``_rewritten`` function, and the library holds both versions."""
-  with tf.Graph().as_default():
-    _v2(monkeypatch)
+  with tf.Graph().as_default(), _v2():
     _, loss = _model("while")
     tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
     tf1.train.export_meta_graph(str(tmp_path / "model.meta"))
-  monkeypatch.undo()
   _check(tmp_path, monkeypatch, str(tmp_path / "model.meta"),
          {"While", "StatelessWhile"})
 
 
 def test_a_functional_cond_in_a_saved_model(tmp_path, monkeypatch):
-  with tf.Graph().as_default(), tf1.Session() as sess:
-    _v2(monkeypatch)
+  with tf.Graph().as_default(), tf1.Session() as sess, _v2():
     x, loss = _model("cond")
     sess.run(tf1.global_variables_initializer())
     tf1.saved_model.simple_save(sess, str(tmp_path / "sm"), {"x": x},
                                 {"loss": loss})
-  monkeypatch.undo()
   _check(tmp_path, monkeypatch, str(tmp_path / "sm"), {"If", "StatelessIf"})
 
 
 @pytest.mark.parametrize("kind", ["while", "cond"])
-def test_gradient_report_twice_with_functional_control_flow(monkeypatch,
-                                                            kind):
+def test_gradient_report_twice_with_functional_control_flow(kind):
   """Once one gradient of the loop or branch exists before the Session
   runs the graph, every report after it runs; without it, the report says
   so instead of failing inside TensorFlow."""
   feed = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
   for prebuilt in (True, False):
     with tf.Graph().as_default():
-      _v2(monkeypatch)
-      x, loss = _model(kind)
-      monkeypatch.undo()
+      with _v2():
+        x, loss = _model(kind)
       net = gg.analyze(loss)
       variables = tf1.trainable_variables()
       reference = tf.gradients(loss, variables) if prebuilt else None
@@ -192,16 +192,13 @@ def test_a_loop_in_an_imported_tf_function_is_refused(tmp_path, capsys):
                    r"'__inference_loop_\d+'", line), line
 
 
-def test_a_second_import_differentiated_elsewhere_is_named(tmp_path,
-                                                           monkeypatch):
+def test_a_second_import_differentiated_elsewhere_is_named(tmp_path):
   """Two imports of one saved graph, each differentiated in this process,
   hold two different ``<loop function>_rewritten``: TensorFlow refuses the
   second, and gradient_report says why."""
-  with tf.Graph().as_default():
-    _v2(monkeypatch)
+  with tf.Graph().as_default(), _v2():
     _model("while")
     tf1.train.export_meta_graph(str(tmp_path / "model.meta"))
-  monkeypatch.undo()
   first = _grads.load_model(str(tmp_path / "model.meta"))
   with first.as_default():
     tf.gradients(first.get_tensor_by_name("loss:0"),

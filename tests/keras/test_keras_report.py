@@ -232,3 +232,21 @@ def test_a_plan_with_tasks_takes_them_from_the_loss():
   with pytest.raises(gg.GraphGradError, match="Return them from `loss` as a"):
     gg.gradient_report(model, lambda x: tf.add_n(task_losses(x)),
                        tf.constant(x), plan=keras_plan)
+
+
+def test_the_report_changes_no_variable():
+  """A loss that runs batch norm in training mode updates its moving
+  statistics; the report puts them back."""
+  K = FLAVOURS["keras3"]
+  inp = K.Input((3,))
+  h = K.layers.BatchNormalization(name="bn")(K.layers.Dense(4, name="l1")(inp))
+  model = K.Model(inp, K.layers.Dense(2, name="l2")(h))
+  before = [np.array(v) for v in model.variables]
+  loss = lambda x: tf.reduce_sum(model(x, training=True))  # noqa: E731
+  plan = gg.KerasPlan(model).transform_upstream("l2",
+                                                gg.transforms.scale(0.5))
+  report = gg.gradient_report(model, loss, keras_cases.normal_rows(0) + 3.0,
+                              plan=plan, batches=2)
+  assert report["bn"]["grad_norm"]["before"] > 0
+  for v, value in zip(model.variables, before):
+    np.testing.assert_array_equal(np.array(v), value)

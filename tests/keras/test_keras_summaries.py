@@ -221,24 +221,45 @@ def test_a_traced_steps_summaries_are_refused_outside_it():
 
 
 def test_a_writer_without_a_step_is_refused(tmp_path):
-  model, plan = _two_dense(FLAVOURS["keras3"])
-  with plan.tape() as tape:
-    loss = _mse(model, keras_cases.normal_rows(0),
-                keras_cases.normal_rows(1, (5, 2)))
-  tape.gradient(loss)
+  _, plan = _stepped()
   with tf.summary.create_file_writer(str(tmp_path)).as_default():
     with pytest.raises(gg.GraphGradError, match="no step to write at"):
       plan.summaries()
 
 
-def test_histograms_without_tensorboard_are_refused():
-  if importlib.util.find_spec("tensorboard") is not None:
-    pytest.skip("tensorboard is installed: histograms are written")
+def _stepped():
   model, plan = _two_dense(FLAVOURS["keras3"])
   with plan.tape() as tape:
     loss = _mse(model, keras_cases.normal_rows(0),
                 keras_cases.normal_rows(1, (5, 2)))
   tape.gradient(loss)
+  return model, plan
+
+
+def test_histograms_hold_every_final_gradient_and_rewritten_upstream(
+    tmp_path):
+  pytest.importorskip("tensorboard")
+  model, plan = _stepped()
+  with tf.summary.create_file_writer(str(tmp_path)).as_default(step=0):
+    plan.summaries(histograms=True)
+  counts = {}
+  for path in glob.glob(f"{tmp_path}/events.*"):
+    for event in tf1.train.summary_iterator(path):
+      for v in event.summary.value:
+        if v.metadata.plugin_data.plugin_name == "histograms":
+          # Buckets of (left, right, count): the counts add up to the values.
+          counts[v.tag] = int(tf.make_ndarray(v.tensor)[:, 2].sum())
+  sizes = {f"graphgrad/grad_hist/{v.path}": int(np.prod(v.shape))
+           for v in model.trainable_variables}
+  sizes["graphgrad/upstream_hist/l2"] = 5 * 2  # l2's output, 5 rows
+  assert counts == sizes
+
+
+def test_histograms_without_tensorboard_are_refused(monkeypatch):
+  _, plan = _stepped()
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+      None if name == "tensorboard" else find_spec(name, *a)))
   with pytest.raises(gg.GraphGradError, match="pip install tensorboard"):
     plan.summaries(step=0, histograms=True)
 
