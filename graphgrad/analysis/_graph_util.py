@@ -5,7 +5,7 @@ Shared by analysis and plan.
 
 import collections
 import weakref
-from typing import Callable, Dict, Iterable, List, Optional, Set
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set
 
 import tensorflow as tf
 
@@ -186,18 +186,52 @@ def ops_behind(start: Iterable[tf.Operation], floor: int,
   return seen
 
 
-def calls_node(calls: List[tf.Operation], match: Callable[[str], bool]
-               ) -> bool:
-  """True when a function that ``calls`` call (a ``tf.function``'s body, a
-  v2 cond's branch), or a function those call, holds a node whose op type
-  ``match`` accepts.
+def called_functions(node_def, library: Mapping) -> List[str]:
+  """The library functions a node calls: by its op type, or through any
+  function-valued attr (a branch, a body, a dataset function, a list)."""
+  names = [node_def.op] if node_def.op in library else []
+  for key in sorted(node_def.attr):
+    value = node_def.attr[key]
+    if value.func.name:
+      names.append(value.func.name)
+    names += [f.name for f in value.list.func]
+  return names
+
+
+def called_node(calls: List[tf.Operation], match: Callable[[str], bool],
+                library: Optional[Mapping] = None):
+  """The first node whose op type ``match`` accepts in a function that
+  ``calls`` call (a ``tf.function``'s body, a v2 cond's branch), or in a
+  function those call: ``(the function's name, the NodeDef)``, or ``None``.
 
   Args:
-    calls: ops of one tf.Graph whose attributes name functions.
+    calls: ops of one tf.Graph that call functions.
     match: op type -> whether it is the one looked for.
+    library: the graph's functions by name, if already read.
   """
   if not calls:
-    return False
+    return None
+  if library is None:
+    library = {f.signature.name: f for f in
+               calls[0].graph.as_graph_def().library.function}
+  todo = [n for op in calls for n in called_functions(op.node_def, library)]
+  seen: Set[str] = set()
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in library:
+      continue
+    seen.add(name)
+    for node in library[name].node_def:
+      if match(node.op):
+        return name, node
+      todo += called_functions(node, library)
+  return None
+
+
+def calls_node(calls: List[tf.Operation], match: Callable[[str], bool]
+               ) -> bool:
+  """Whether :func:`called_node` finds a node ``match`` accepts."""
+  return called_node(calls, match) is not None
   library = {f.signature.name: f for f in
              calls[0].graph.as_graph_def().library.function}
   todo = [a.func.name for op in calls for a in op.node_def.attr.values()

@@ -11,10 +11,11 @@ allowlist of pure compute ops (:mod:`graphgrad.cli._ops`); with
 ``allow_io``, the known I/O ops pass too.
 """
 
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Iterable, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
+from graphgrad.analysis._graph_util import called_functions
 from graphgrad.cli import _ops
 
 
@@ -33,18 +34,6 @@ def ops_run(fetches: Iterable[tf.Operation],
     stack += [t.op for t in op.inputs if t.name not in fed_names]
     stack += list(op.control_inputs)
   return sorted(seen, key=lambda o: o.name)
-
-
-def _called(node_def, library: Dict) -> List[str]:
-  """The library functions a node calls: by its op type, or through any
-  function-valued attr (a branch, a body, a dataset function, a list)."""
-  names = [node_def.op] if node_def.op in library else []
-  for key in sorted(node_def.attr):
-    value = node_def.attr[key]
-    if value.func.name:
-      names.append(value.func.name)
-    names += [f.name for f in value.list.func]
-  return names
 
 
 def _verdict(op_type: str, allow_io: bool) -> Optional[Tuple[int, str]]:
@@ -90,7 +79,7 @@ def refusal(ops: List[tf.Operation], allow_io: bool = False
     why = None if op.type in library else _verdict(op.type, allow_io)
     if why:
       found.append((why[0], len(found), f"{path} ({op.type}): {why[1]}"))
-    todo += [(path, name) for name in _called(op.node_def, library)]
+    todo += [(path, n) for n in called_functions(op.node_def, library)]
   seen: Set[str] = set()
   while todo:
     path, name = todo.pop(0)
@@ -110,7 +99,7 @@ def refusal(ops: List[tf.Operation], allow_io: bool = False
       if why:
         found.append((why[0], len(found),
                       f"{path} -> {node.name!r} ({node.op}): {why[1]}"))
-      todo += [(path, n) for n in _called(node, library)]
+      todo += [(path, n) for n in called_functions(node, library)]
   return min(found)[2] if found else None
 
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._report_figures import (
   GradientReport,
@@ -135,29 +136,22 @@ def _check_symbolic(new_ops: Sequence[tf.Operation]) -> None:
   calls = [op for op in new_ops if op.type == "SymbolicGradient"]
   if not calls:
     return
-  proto = calls[0].graph.as_graph_def().library
-  library = {f.signature.name: f for f in proto.function}
+  library = {f.signature.name: f for f in
+             calls[0].graph.as_graph_def().library.function}
   for op in calls:
-    todo, seen = [op.get_attr("f").name], set()
-    while todo:
-      name = todo.pop()
-      if name in seen or name not in library:
-        continue
-      seen.add(name)
-      for node in library[name].node_def:
-        if node.op in _CONTROL_FLOW:
-          raise _errors.UnsupportedGraphError(
-              f"gradient_report: the loss calls function "
-              f"{op.get_attr('f').name!r} of an imported graph, which has "
-              f"no Python gradient, so tf.gradients differentiates the call "
-              f"with TensorFlow's SymbolicGradient; that cannot take the "
-              f"{node.op} {node.name!r} in function {name!r} (it gives "
-              f"zeros or fails). Save the model with the loop or cond "
-              f"outside the tf.function (control flow v2 in the graph "
-              f"itself), or report on the graph that defined the function.")
-        todo.append(node.op)
-        todo += [a.func.name for a in node.attr.values() if a.func.name]
-        todo += [f.name for a in node.attr.values() for f in a.list.func]
+    found = _graph_util.called_node([op], _CONTROL_FLOW.__contains__,
+                                    library)
+    if found is not None:
+      name, node = found
+      raise _errors.UnsupportedGraphError(
+          f"gradient_report: the loss calls function "
+          f"{op.get_attr('f').name!r} of an imported graph, which has "
+          f"no Python gradient, so tf.gradients differentiates the call "
+          f"with TensorFlow's SymbolicGradient; that cannot take the "
+          f"{node.op} {node.name!r} in function {name!r} (it gives "
+          f"zeros or fails). Save the model with the loop or cond "
+          f"outside the tf.function (control flow v2 in the graph "
+          f"itself), or report on the graph that defined the function.")
 
 
 def measure(sess: tf.compat.v1.Session, net: LayerGraph,
