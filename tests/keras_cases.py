@@ -187,6 +187,34 @@ def layer_weights(model):
           for l in model.layers if l.weights}
 
 
+def chain_by_hand(model, x, labels):
+  """Chain's declarations (l3's upstream scaled by 2, l2's by
+  ``nonlinear``) applied by hand with ``GradientTape``, as the seed recipe
+  does: the gradients at the outputs of l3 (``out``) and l2 (``h2`` before
+  ``nonlinear``, ``h2_after`` after), the plain one at l1's (``h1_plain``),
+  and per layer its variables' gradients before its own transforms
+  (``l1``, ``l2``, ``l3``; ``l1_plain`` by the plain chain rule)."""
+  l1, l2, l3 = (model.get_layer(n) for n in ("l1", "l2", "l3"))
+  with tf.GradientTape(persistent=True) as tape:
+    h1 = l1(tf.constant(x))
+    h2 = l2(h1)
+    out = l3(h2)
+    loss = Chain.loss([out], [tf.constant(labels[0])])
+  g3 = tape.gradient(loss, out)
+  g2 = tape.gradient(out, h2, output_gradients=2.0 * g3)
+  g2_after = nonlinear(g2)
+  return {
+      "out": g3, "h2": g2, "h2_after": g2_after,
+      "h1_plain": tape.gradient(loss, h1),
+      "l1": tape.gradient(h2, l1.trainable_variables,
+                          output_gradients=g2_after),
+      "l1_plain": tape.gradient(loss, l1.trainable_variables),
+      "l2": tape.gradient(out, l2.trainable_variables,
+                          output_gradients=2.0 * g3),
+      "l3": tape.gradient(loss, l3.trainable_variables),
+  }
+
+
 def two_dense(K, seed):
   """``l1`` (3 -> 4) and ``l2`` (4 -> 2), Dense, normal initial weights."""
   init = K.initializers.RandomNormal(stddev=0.5, seed=seed)
