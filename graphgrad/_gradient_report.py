@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from graphgrad.core._report_figures import GradientReport
 from graphgrad.keras import _tape_report
+from graphgrad.keras._layer_index import is_keras_layer
 from graphgrad.plan import _report
 
 
@@ -75,7 +76,7 @@ def gradient_report(session_or_model: Any, net_or_loss: Any, /,
     >>> report["l2"]["upstream_norm"]
     {'before': 1.0, 'after': 0.5}
   """
-  if _tape_report.is_model(session_or_model):
+  if is_keras_layer(session_or_model):
     return _tape_report.gradient_report(session_or_model, net_or_loss, feed,
                                         plan, batches, threshold)
   return _report.gradient_report(session_or_model, net_or_loss, feed, plan,

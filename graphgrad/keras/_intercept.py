@@ -82,10 +82,9 @@ class BackwardStep:
     """Keeps the step's final ``(gradient, variable)`` pairs (sources that
     are no variable left out), those before the parameter transforms
     (``raw``), and the loss scale they carry."""
-    self.pairs = [(g, tf_variable(s)) for s, g in zip(sources, grads)
-                  if tf_variable(s) is not None]
-    self.raw = [(g, tf_variable(s)) for s, g in zip(sources, raw)
-                if tf_variable(s) is not None]
+    variables = [tf_variable(s) for s in sources]
+    self.pairs = [(g, v) for v, g in zip(variables, grads) if v is not None]
+    self.raw = [(g, v) for v, g in zip(variables, raw) if v is not None]
     self.scale = scale
     self.finished = True
 

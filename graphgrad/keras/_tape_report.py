@@ -30,7 +30,6 @@ from graphgrad.keras._layer_index import (
   CallPatches,
   LayerIndex,
   direct_variables,
-  is_keras_layer,
   tf_variable,
 )
 from graphgrad.keras._tape_vjp import TapeVJP
@@ -265,8 +264,3 @@ def _neighbours(rows: List[str], calls: _Calls) -> Dict[str, Set[str]]:
         near[p].add(q)
         near[q].add(p)
   return near
-
-
-def is_model(obj) -> bool:
-  """Whether ``gg.gradient_report`` got a Keras model (or layer)."""
-  return is_keras_layer(obj)

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.analysis import _graph_util
+from graphgrad.analysis._control_flow import V2_OPS
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._report_figures import (
   GradientReport,
@@ -27,11 +28,7 @@ from graphgrad.plan._gradient_plan import GradientPlan
 Feed = Union[None, Mapping, Sequence[Mapping], Callable[[int], Mapping]]
 # Ops whose gradient (while_v2, cond_v2, a tf.function's) may add outputs
 # to the forward op.
-_FUNCTIONAL = frozenset({"While", "StatelessWhile", "If", "StatelessIf",
-                         "Case", "StatelessCase", "PartitionedCall",
-                         "StatefulPartitionedCall"})
-_CONTROL_FLOW = frozenset({"While", "StatelessWhile", "If", "StatelessIf",
-                           "Case", "StatelessCase"})
+_FUNCTIONAL = V2_OPS | {"PartitionedCall", "StatefulPartitionedCall"}
 
 
 def gradient_report(sess: tf.compat.v1.Session, net: LayerGraph,
@@ -139,7 +136,7 @@ def _check_symbolic(new_ops: Sequence[tf.Operation]) -> None:
   library = {f.signature.name: f for f in
              calls[0].graph.as_graph_def().library.function}
   for op in calls:
-    found = _graph_util.called_node([op], _CONTROL_FLOW.__contains__,
+    found = _graph_util.called_node([op], V2_OPS.__contains__,
                                     library)
     if found is not None:
       name, node = found
