@@ -122,6 +122,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     # The float16 warning, logged once per plan (a bool: tf.Module tracks
     # no bools).
     self._unscaled_warned = False
+    self._unwritten_warned = False  # summaries() without a writer, once
     self._attached: Optional[_fit.Attachment] = None
     self._warned_bottom: set = set()
     self._noise: Optional[Noise] = None
@@ -384,6 +385,8 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     paths = list(self._index.paths)
     layer_of = _step_summaries.layer_of_variables(
         paths, lambda p: layer_variables(self._index[p]))
+    if not self._unwritten_warned:
+      self._unwritten_warned = _step_summaries.warn_unwritten(self._model.name)
     return _step_summaries.write(tape.last_step, paths, layer_of, histograms,
                             name or self.name, at=step)
 

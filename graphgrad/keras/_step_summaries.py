@@ -9,6 +9,7 @@ the graph it ran in: a ``tf.function``'s step is summarised in it.
 """
 
 import importlib.util
+import logging
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -18,6 +19,8 @@ from graphgrad import _errors
 from graphgrad.core import _trace
 from graphgrad.core._gradients import dense
 from graphgrad.keras._intercept import BackwardStep
+
+log = logging.getLogger("graphgrad")
 
 
 def layer_of_variables(layers: Sequence[str],
@@ -46,6 +49,21 @@ def check_same_graph(step: BackwardStep) -> None:
           "tf.function), whose gradients cannot be read here. Call "
           "plan.summaries() inside the same tf.function, after "
           "tape.gradient, or plan.attach(summaries=logdir) for fit.")
+
+
+def warn_unwritten(model_name: str) -> bool:
+  """Logs, and returns ``True``, when nothing would record the summaries:
+  no default writer, or recording switched off (known when tracing)."""
+  recording = tf.get_static_value(tf.summary.should_record_summaries())
+  if recording is None or bool(recording):
+    return False
+  log.warning(
+      "graphgrad KerasPlan on %s: summaries() has no default tf.summary "
+      "writer to write to (or recording is off), so the figures are only "
+      "returned. Open one around the call: with "
+      "tf.summary.create_file_writer(logdir).as_default(step=...).",
+      model_name)
+  return True
 
 
 def write(step: BackwardStep, layers: Sequence[str],

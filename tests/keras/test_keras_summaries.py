@@ -12,6 +12,7 @@ the chain themselves.
 
 import glob
 import importlib.util
+import logging
 
 import numpy as np
 import pytest
@@ -260,3 +261,26 @@ def test_attach_refuses_a_summaries_that_is_no_writer():
                            "int"):
     plan.attach(summaries=3)
   assert not plan.attached
+
+
+def test_summaries_without_a_writer_are_returned_and_logged_once(caplog,
+                                                                 tmp_path):
+  model, plan = _two_dense(FLAVOURS["keras3"])
+  x, y = keras_cases.normal_rows(0), keras_cases.normal_rows(1, (5, 2))
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    for _ in range(2):
+      with plan.tape() as tape:
+        loss = _mse(model, x, y)
+      tape.gradient(loss)
+      figures = plan.summaries(step=0)
+  assert "graphgrad/upstream_norm/l2/after" in figures
+  warned = [r for r in caplog.records if "no default tf.summary writer"
+            in r.getMessage()]
+  assert len(warned) == 1, caplog.text
+  # With a writer, nothing is logged.
+  _, plan = _stepped()
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    with tf.summary.create_file_writer(str(tmp_path)).as_default(step=0):
+      plan.summaries()
+  assert "no default tf.summary writer" not in caplog.text
