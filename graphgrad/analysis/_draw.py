@@ -91,7 +91,10 @@ def elements(net, highlights: Optional[Highlights] = None):
 
 def to_dot(net, highlights: Optional[Highlights] = None) -> str:
   """DOT text of ``net``'s layer graph; see :meth:`LayerGraph.to_dot`."""
-  nodes, edges = elements(net, highlights)
+  return _dot_text(*elements(net, highlights))
+
+
+def _dot_text(nodes, edges) -> str:
   lines = ["digraph layers {", "  rankdir=BT;",
            '  node [shape=box, style="rounded,filled", fontname="Helvetica", '
            f'fillcolor="{_PLAIN}"];',
@@ -195,12 +198,71 @@ def _matplotlib_render(nodes, edges, path: str, fmt: str) -> None:
   fig.savefig(path, format=fmt, dpi=110)
 
 
+def picture(net, highlights: Optional[Highlights] = None) -> Dict:
+  """The picture of ``net`` as JSON data, to draw in another process.
+
+  ``graphgrad inspect`` analyses an untrusted model in a confined process
+  that may write no file; the command line's own process draws it with
+  :func:`write_picture`.
+
+  Returns:
+    ``{"nodes": [[id, label, highlighted], ...], "edges": [[a, b, label,
+    mark], ...]}``; see :func:`elements`.
+  """
+  nodes, edges = elements(net, highlights)
+  return {"nodes": [[n, label, hot] for n, (label, hot) in nodes.items()],
+          "edges": [[a, b, label, mark]
+                    for (a, b), (label, mark) in edges.items()]}
+
+
+def _from_picture(data) -> Tuple[Dict, Dict]:
+  """``elements``' ``(nodes, edges)`` from :func:`picture`'s data, checked
+  entry by entry."""
+  def text(value):
+    if not isinstance(value, str):
+      raise _errors.GraphGradError(
+          f"a layer-graph picture holds {type(value).__name__} where a "
+          f"label belongs; it must come from picture()")
+    return value
+  try:
+    nodes = {text(n): (text(label), bool(hot))
+             for n, label, hot in data["nodes"]}
+    edges = {(text(a), text(b)): (text(label),
+                                  mark if mark in ("edge", "upstream")
+                                  else None)
+             for a, b, label, mark in data["edges"]}
+  except (KeyError, TypeError, ValueError):
+    raise _errors.GraphGradError(
+        "a layer-graph picture must be the dict picture() returns") from None
+  for a, b in edges:
+    if a not in nodes or b not in nodes:
+      raise _errors.GraphGradError(
+          f"a layer-graph picture has an edge {a!r} -> {b!r} between nodes "
+          f"it does not list")
+  return nodes, edges
+
+
 def draw(net, path, highlights: Optional[Highlights] = None,
          graphviz: bool = True) -> str:
   """Writes a picture of ``net``; see :meth:`LayerGraph.draw`."""
+  return write_picture(picture(net, highlights), path, graphviz)
+
+
+def write_picture(data: Mapping, path, graphviz: bool = True) -> str:
+  """Writes :func:`picture`'s data to ``path`` (``.png``, ``.svg`` or
+  ``.dot``): with Graphviz when it is installed, else with matplotlib.
+
+  Returns:
+    ``path``.
+
+  Raises:
+    GraphGradError: for another extension, data not made by
+      :func:`picture`, or neither renderer.
+  """
   fmt = _format_of(path)
   path = os.fspath(path)
-  dot = to_dot(net, highlights)
+  nodes, edges = _from_picture(data)
+  dot = _dot_text(nodes, edges)
   if fmt == "dot":
     with open(path, "w", encoding="utf-8") as f:
       f.write(dot)
@@ -215,7 +277,6 @@ def draw(net, path, highlights: Optional[Highlights] = None,
         f"matplotlib is available. Install one of them (pip install "
         f"'graphgrad[draw]' brings matplotlib), or write DOT text with "
         f"net.draw('graph.dot').")
-  nodes, edges = elements(net, highlights)
   _matplotlib_render(nodes, edges, path, fmt)
   log.info("wrote %s with matplotlib (Graphviz's `dot` was not found)", path)
   return path

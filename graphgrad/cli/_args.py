@@ -141,3 +141,43 @@ def quiet_tensorflow(verbose: bool) -> None:
     pass
   warnings.filterwarnings(
       "ignore", module=r"(tensorflow|tf_keras|keras)(\.|$)")
+
+
+_phase_listener = None
+
+
+def set_phase_listener(listener) -> None:
+  """Calls ``listener(text)`` at each :func:`phase` (the sandboxed child
+  reports them to the parent); ``None`` stops it."""
+  global _phase_listener
+  _phase_listener = listener
+
+
+def phase(text: str) -> None:
+  """Says what a command is doing now, e.g. ``"reading the model"``: a
+  crash of the sandboxed child is named with it."""
+  if _phase_listener is not None:
+    _phase_listener(text)
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def memory_size(text: str) -> int:
+  """A size in bytes from ``"8G"``, ``"512M"``, ``"1.5G"`` or ``"1000000"``.
+
+  Example:
+    >>> memory_size("512M")
+    536870912
+  """
+  body = text.strip().upper().removesuffix("B").removesuffix("I")
+  unit = body[-1:] if body[-1:] in _SIZE_UNITS and body[-1:] else ""
+  try:
+    value = float(body[:-1] if unit else body)
+  except ValueError:
+    value = float("nan")
+  if not math.isfinite(value) or value * _SIZE_UNITS[unit] < (64 << 20):
+    raise argparse.ArgumentTypeError(
+        f"expected a memory size of at least 64M, such as 4G or 512M; got "
+        f"{text!r}")
+  return int(value * _SIZE_UNITS[unit])

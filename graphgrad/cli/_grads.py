@@ -11,7 +11,6 @@ picture and its numbers. The backward pass's ops are built before the
 import argparse
 import os
 import sys
-import threading
 from typing import Dict, List, Optional
 
 from graphgrad.cli import _args
@@ -55,11 +54,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
                       "print (refused by default: a saved graph can carry "
                       "them). Ops that are neither pure compute nor known "
                       "I/O are refused even so")
-  p.add_argument("--timeout", metavar="SECONDS", default=300.0,
-                 type=_args.positive_float,
-                 help="stop after this many seconds of wall-clock time, "
-                      "with exit code 2 (default 300): a saved graph can "
-                      "loop forever")
   p.add_argument("--feed", metavar="FEED.npz",
                  help="arrays keyed by placeholder name")
   p.add_argument("--depth", metavar="N",
@@ -70,8 +64,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                  help="seed of the random inputs (default 0)")
   p.add_argument("--png", metavar="OUT.png", help="write the picture")
   p.add_argument("--json", metavar="OUT.json", help="write the numbers")
+  from graphgrad.cli import _sandbox  # pylint: disable=g-import-not-at-top
+  _sandbox.add_flags(p, runs_graph=True)
   # ``sub`` makes a cli._args.Parser: its errors are one line, exit code 2.
-  p.set_defaults(func=run)
+  p.set_defaults(command_spec=_sandbox.ModelCommand(
+      check=check, reads=reads, compute=compute, finish=finish))
   return p
 
 
@@ -213,49 +210,76 @@ def _restore(sess, graph, checkpoint: Optional[str], variables,
     return f"restored {prefix}"
 
 
-def run(args) -> int:
-  """The ``grads`` command; returns the exit code."""
+def check(args) -> None:
+  """``grads``' argument checks, in the command line's own process."""
   from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   _check_paths(args)
-  depth = None if args.depth is None else _int("--depth", args.depth, 1)
-  batch = _int("--batch", args.batch, 1)
-  seed = _int("--seed", args.seed, 0)
-  _args.quiet_tensorflow(getattr(args, "verbose", False))
+  if args.depth is not None:
+    _int("--depth", args.depth, 1)
+  _int("--batch", args.batch, 1)
+  _int("--seed", args.seed, 0)
   if args.loss and args.output:
     raise CommandError(
         f"--loss {args.loss!r} and --output {args.output!r}: pass one; "
         f"--output reports the gradients of an output's sum when the graph "
         f"has no loss.")
-  arrays = _read_npz(args.feed) if args.feed else {}
-  timer = _stop_after(args.timeout)
+  if args.feed:
+    _read_npz(args.feed)
+
+
+def reads(args) -> List[str]:
+  """The files the sandboxed ``grads`` may read: the model, the
+  checkpoint's files and the feed."""
+  found = [args.model]
+  if args.checkpoint:
+    found += checkpoint_files(args.checkpoint)
+  if args.feed:
+    found.append(args.feed)
+  return found
+
+
+def checkpoint_files(checkpoint: str) -> List[str]:
+  """A checkpoint directory, or the files of a prefix (``model.ckpt`` ->
+  ``model.ckpt.index``, ``model.ckpt.data-00000-of-00001``)."""
+  if os.path.isdir(checkpoint):
+    return [checkpoint]
+  folder = os.path.dirname(os.path.abspath(checkpoint))
+  base = os.path.basename(checkpoint)
   try:
-    return _run(args, arrays, depth, batch, seed)
-  finally:
-    timer.cancel()
+    names = os.listdir(folder)
+  except OSError:
+    return []
+  return [os.path.join(folder, n) for n in sorted(names)
+          if n.startswith(base + ".")]
 
 
-def _stop_after(seconds: float) -> threading.Timer:
-  """Ends the process with exit code 2 once ``seconds`` have passed.
-
-  A ``Session.run`` of an endless ``while`` loop ignores
-  ``RunOptions(timeout_in_ms=...)``, ``operation_timeout_in_ms`` and a
-  ``Session.close`` from another thread, so nothing short of ending the
-  process stops it.
-  """
-  def expire():
-    print(f"graphgrad grads: error: --timeout {seconds:g}: the graph ran "
-          f"for {seconds:g} s without finishing, so grads stopped it; pass "
-          f"a larger --timeout if it needs more time", file=sys.stderr,
-          flush=True)
-    sys.stdout.flush()
-    os._exit(2)  # pylint: disable=protected-access
-  timer = threading.Timer(seconds, expire)
-  timer.daemon = True
-  timer.start()
-  return timer
+def compute(args) -> Dict:
+  """``grads``' work on the model: prints the table; returns the report's
+  numbers for ``finish``."""
+  depth = None if args.depth is None else _int("--depth", args.depth, 1)
+  batch = _int("--batch", args.batch, 1)
+  seed = _int("--seed", args.seed, 0)
+  _args.quiet_tensorflow(getattr(args, "verbose", False))
+  arrays = _read_npz(args.feed) if args.feed else {}
+  return _run(args, arrays, depth, batch, seed)
 
 
-def _run(args, arrays: Dict, depth, batch: int, seed: int) -> int:
+def finish(args, outcome: Dict) -> int:
+  """Prints ``grads``' table and writes ``--png`` and ``--json``, in the
+  command line's own process."""
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
+  from graphgrad.core._report_figures import GradientReport  # pylint: disable=g-import-not-at-top
+  sys.stdout.write(outcome["text"])
+  try:
+    report = GradientReport.from_dict(outcome["report"])
+  except (KeyError, TypeError, ValueError) as e:
+    raise CommandError(f"the report the sandboxed process sent is not "
+                       f"well formed ({e})") from None
+  _write(args, report)
+  return 0
+
+
+def _run(args, arrays: Dict, depth, batch: int, seed: int) -> Dict:
   """``grads`` once its arguments are checked; returns the exit code."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -264,8 +288,11 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> int:
   from graphgrad.cli import _untrusted  # pylint: disable=g-import-not-at-top
   from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   from graphgrad.plan import _report  # pylint: disable=g-import-not-at-top
+  checks = not args.no_checks
   try:
+    _args.phase("reading the model")
     graph = load_model(args.model)
+    _args.phase("analysing the graph")
     with graph.as_default():
       if args.output:
         out = _metagraph.find_loss(graph, args.output, flag="--output")
@@ -280,7 +307,9 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> int:
       net = gg.analyze(loss, depth=depth)
       feed = build_feed(graph, loss, arrays, batch, seed)
       variables = _untrusted.variables_read(graph, loss, feed)
-      _refuse([loss.op], variables, feed, args.checkpoint, args.allow_io)
+      if checks:
+        _refuse([loss.op], variables, feed, args.checkpoint, args.allow_io)
+      _args.phase("building the backward pass")
       # Built before the Session exists (a functional While's or If's
       # gradient adds outputs to the forward op), and checked in turn: a
       # gradient function can run what the forward pass does not.
@@ -292,22 +321,20 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> int:
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise CommandError(f"building the backward pass failed "
                            f"({type(e).__name__}: {first})") from None
-      _refuse(fetched_ops(fetches), variables, feed, args.checkpoint,
-              args.allow_io)
+      if checks:
+        _refuse(fetched_ops(fetches), variables, feed, args.checkpoint,
+                args.allow_io)
     frozen = _metagraph.kind_of(args.model) == "frozen GraphDef"
+    _args.phase("running the graph")
     with tf.compat.v1.Session(graph=graph) as sess:
       restored = _restore(sess, graph, args.checkpoint, variables, frozen)
       report = _report.measure(sess, net, fetches, [feed])
   except gg.GraphGradError as e:
     raise CommandError(str(e)) from None
-  except tf.errors.OpError as e:
-    first = (str(e.message).strip().splitlines() or [""])[0][:200]
-    raise CommandError(f"running the backward pass failed: {first}") from None
   print(f"{args.model}: loss {loss.name} ({reason}); {restored}")
   print()
   print(report.table())
-  _write(args, report)
-  return 0
+  return {"report": report.to_dict()}
 
 
 def _check_scalar(loss) -> None:

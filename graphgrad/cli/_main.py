@@ -190,7 +190,8 @@ def _demo_report(runs, problem) -> None:
     r["sess"].close()
 
 
-def _inspect(args) -> int:
+def _inspect_check(args) -> None:
+  """``inspect``'s argument checks, before any model is opened."""
   for flag, value, ext in (("--dot", args.dot, ".dot"),
                            ("--png", args.png, ".png")):
     if value and not value.lower().endswith(ext):
@@ -202,41 +203,60 @@ def _inspect(args) -> int:
         f"--loss {args.loss!r} and --output {args.output!r}: pass one; "
         f"--output analyses the layers an output depends on when the graph "
         f"has no loss.")
+
+
+def _inspect_reads(args) -> List[str]:
+  return [args.path]
+
+
+def _inspect_compute(args) -> dict:
+  """``inspect``'s work on the model: prints the layer table; returns the
+  layer graph's picture as data when ``--dot`` or ``--png`` asks for it."""
   _args.quiet_tensorflow(args.verbose)
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
-  from graphgrad.analysis import _metagraph  # pylint: disable=g-import-not-at-top
-  try:
-    graph = _metagraph.load(args.path, tag=args.tag)
-    with graph.as_default():
-      if args.output:
-        loss = _metagraph.find_loss(graph, args.output, flag="--output")
-        what, reason = "output", "given with --output: the layers it depends on"
-      elif args.loss:
-        loss = _metagraph.find_loss(graph, args.loss)
-        what, reason = "loss", "given with --loss"
-      else:
-        loss, reason = _metagraph.guess_loss(graph)
-        what = "loss"
-      net = gg.analyze(loss)
-      print(f"{args.path} ({_metagraph.kind_of(args.path)}): {what} "
-            f"{loss.name} ({reason})")
-      if not (args.loss or args.output):
-        print("  pass --loss NAME to analyse another tensor")
+  from graphgrad.analysis import _draw, _metagraph  # pylint: disable=g-import-not-at-top
+  _args.phase("reading the model")
+  graph = _metagraph.load(args.path, tag=args.tag)
+  _args.phase("analysing the graph")
+  with graph.as_default():
+    if args.output:
+      loss = _metagraph.find_loss(graph, args.output, flag="--output")
+      what, reason = "output", "given with --output: the layers it depends on"
+    elif args.loss:
+      loss = _metagraph.find_loss(graph, args.loss)
+      what, reason = "loss", "given with --loss"
+    else:
+      loss, reason = _metagraph.guess_loss(graph)
+      what = "loss"
+    net = gg.analyze(loss)
+    print(f"{args.path} ({_metagraph.kind_of(args.path)}): {what} "
+          f"{loss.name} ({reason})")
+    if not (args.loss or args.output):
+      print("  pass --loss NAME to analyse another tensor")
+    print()
+    print(net.summary())
+    _print_ops_without_gradient(net)
+    _print_lost_overrides(net)
+    if args.memory_report:
+      from graphgrad.plan import _recompute
       print()
-      print(net.summary())
-      _print_ops_without_gradient(net)
-      _print_lost_overrides(net)
-      if args.memory:
-        from graphgrad.plan import _recompute
-        print()
-        print(_recompute.memory_report(net))
-      if args.dot:
-        net.draw(args.dot)
-        print(f"\nwrote {args.dot}")
-      if args.png:
-        net.draw(args.png)
-        print(f"wrote {args.png}")
-  except gg.GraphGradError as e:
+      print(_recompute.memory_report(net))
+    if args.dot or args.png:
+      return {"picture": _draw.picture(net)}
+  return {}
+
+
+def _inspect_finish(args, outcome: dict) -> int:
+  """Prints ``inspect``'s text and writes its pictures, in the command
+  line's own process."""
+  from graphgrad.analysis import _draw  # pylint: disable=g-import-not-at-top
+  sys.stdout.write(outcome["text"])
+  written = [p for p in (args.dot, args.png) if p]
+  try:
+    for i, path in enumerate(written):
+      _draw.write_picture(outcome["picture"], path)
+      print(f"{'' if i else chr(10)}wrote {path}")
+  except GraphGradError as e:
     raise CommandError(str(e)) from None
   except OSError as e:
     raise CommandError(f"cannot write output: {e}") from None
@@ -368,10 +388,14 @@ def _add_inspect(sub, common: argparse.ArgumentParser) -> None:
                        help="also write the layer graph as Graphviz DOT")
   inspect.add_argument("--png", metavar="FILE",
                        help="also draw the layer graph to a PNG file")
-  inspect.add_argument("--memory", action="store_true",
+  inspect.add_argument("--memory-report", action="store_true",
                        help="print each layer's activation bytes and the "
                             "estimated peak with and without recompute()")
-  inspect.set_defaults(func=_inspect)
+  from graphgrad.cli import _sandbox  # pylint: disable=g-import-not-at-top
+  _sandbox.add_flags(inspect, runs_graph=False)
+  inspect.set_defaults(command_spec=_sandbox.ModelCommand(
+      check=_inspect_check, reads=_inspect_reads, compute=_inspect_compute,
+      finish=_inspect_finish))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -386,11 +410,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
   except _args.UsageError as e:
     return _fail(e.prog, str(e))
-  if not getattr(args, "func", None):
+  spec = getattr(args, "command_spec", None)
+  if not (spec or getattr(args, "func", None)):
     parser.print_help()
     return 2
   prog = f"graphgrad {args.command}"
   try:
+    if spec is not None:
+      from graphgrad.cli import _sandbox  # pylint: disable=g-import-not-at-top
+      return _sandbox.run(spec, args, list(sys.argv[1:] if argv is None
+                                           else argv))
     return args.func(args)
   except (CommandError, GraphGradError) as e:
     return _fail(prog, str(e))

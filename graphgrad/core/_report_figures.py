@@ -63,6 +63,47 @@ class GradientReport:
             "threshold": self.threshold, "has_plan": self.has_plan,
             "layers": [dict(r) for r in self.layers]}
 
+  @classmethod
+  def from_dict(cls, data: Dict[str, Any]) -> "GradientReport":
+    """The report :meth:`to_dict` wrote, checked entry by entry (it may come
+    from a process that read an untrusted model).
+
+    Raises:
+      ValueError: naming the first entry that is not what ``to_dict``
+        writes.
+    """
+    def want(value, kinds, what):
+      kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+      if not isinstance(value, kinds) or (isinstance(value, bool)
+                                          and bool not in kinds):
+        raise ValueError(f"{what} is {type(value).__name__}")
+      return value
+
+    def number(value, what):
+      if value is None:
+        return None
+      return float(want(value, (int, float), what))
+
+    want(data, dict, "the report")
+    layers = []
+    for i, row in enumerate(want(data["layers"], list, "layers")):
+      want(row, dict, f"layer {i}")
+      flag = row["flag"]
+      if flag not in (None, "vanishing", "exploding", "no gradient"):
+        raise ValueError(f"layer {i}'s flag is {flag!r}")
+      clean = {"name": want(row["name"], str, f"layer {i}'s name"),
+               "params": want(row["params"], int, f"layer {i}'s params"),
+               "flag": flag}
+      for key in _FIGURES:
+        pair = want(row[key], dict, f"layer {i}'s {key}")
+        clean[key] = {side: number(pair.get(side), f"{key}.{side}")
+                      for side in ("before", "after")}
+      layers.append(clean)
+    return cls(want(data["loss"], str, "loss"), layers,
+               want(data["batches"], int, "batches"),
+               float(want(data["threshold"], (int, float), "threshold")),
+               want(data["has_plan"], bool, "has_plan"))
+
   def table(self) -> str:
     """A text table, one row per layer; ``before -> after`` with a plan."""
     head = ("layer", "params", "grad norm", "grad/weight", "upstream norm",

@@ -253,9 +253,15 @@ def test_an_op_neither_pure_nor_io_is_refused_even_with_allow_io(
 
 
 def test_allow_io_runs_a_write_inside_a_function(tmp_path, capsys):
+  """--allow-io lets the op run; the sandbox still refuses the write, and
+  only --no-sandbox lets it reach the file."""
   target = tmp_path / "written"
   meta = _save_meta(tmp_path, _in_function(target))
-  assert _cli.main(["grads", meta, "--allow-io"]) == 0
+  line = error_line(capsys, ["grads", meta, "--allow-io"])
+  assert line.startswith("graphgrad grads: error: the sandbox refused what "
+                         "the graph tried while running the graph ("), line
+  assert not target.exists()
+  assert _cli.main(["grads", meta, "--allow-io", "--no-sandbox"]) == 0
   assert target.exists()
 
 
@@ -360,26 +366,46 @@ def test_a_normal_model_passes_and_its_gradients_are_right(tmp_path):
                                rtol=1e-4)
 
 
-def test_timeout_stops_an_endless_while_loop(tmp_path):
-  """The one test that needs a process: ending it is how the loop stops."""
+def _endless(tmp_path):
+  return _save_meta(tmp_path, lambda h: _plus(h, tf.while_loop(
+      lambda i: i >= 0, lambda i: i + 1, [tf.constant(0)])))
+
+
+def test_timeout_ends_the_sandboxed_child_and_keeps_this_process(
+    tmp_path, capsys):
+  import time  # pylint: disable=g-import-not-at-top
+  meta = _endless(tmp_path)
+  start = time.perf_counter()
+  line = error_line(capsys, ["grads", meta, "--timeout", "8"])
+  assert line == (
+      "graphgrad grads: error: --timeout 8: the model ran for 8 s without "
+      "finishing (while running the graph), so graphgrad grads stopped it; "
+      "pass a larger --timeout if it needs more time"), line
+  assert time.perf_counter() - start < 60
+
+
+def test_timeout_without_the_sandbox_ends_the_process(tmp_path):
+  """With --no-sandbox the loop runs in the command line's own process,
+  and ending that process is the only way to stop it."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
-  meta = _save_meta(tmp_path, lambda h: _plus(h, tf.while_loop(
-      lambda i: i >= 0, lambda i: i + 1, [tf.constant(0)])))
+  meta = _endless(tmp_path)
   root = os.path.dirname(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__))))
   env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="3")
   start = time.perf_counter()
   done = subprocess.run(
-      [sys.executable, "-m", "graphgrad", "grads", meta, "--timeout", "3"],
+      [sys.executable, "-m", "graphgrad", "grads", meta, "--timeout", "3",
+       "--no-sandbox"],
       capture_output=True, text=True, env=env, timeout=120, check=False)
   took = time.perf_counter() - start
   assert done.returncode == 2, done.stderr
   lines = done.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0] == (
-      "graphgrad grads: error: --timeout 3: the graph ran for 3 s without "
-      "finishing, so grads stopped it; pass a larger --timeout if it needs "
-      "more time"), done.stderr
+      "graphgrad grads: error: --timeout 3: the model ran for 3 s without "
+      "finishing, so graphgrad grads stopped it (and this process, since "
+      "--no-sandbox runs it here); pass a larger --timeout if it needs more "
+      "time"), done.stderr
   assert "Traceback" not in done.stderr and done.stdout == ""
   assert took < 60, took
 

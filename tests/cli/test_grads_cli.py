@@ -178,8 +178,8 @@ def test_unknown_rank_and_runtime_errors(tmp_path, capsys):
   np.savez(tmp_path / "odd.npz", x=np.ones((2, 3), np.float32))
   line = error_line(capsys, ["grads", meta, "--loss", "loss", "--checkpoint",
                               prefix, "--feed", str(tmp_path / "odd.npz")])
-  assert line.startswith("graphgrad grads: error: running the backward pass "
-                         "failed:")
+  assert line.startswith("graphgrad grads: error: running the graph failed "
+                         "at op "), line
 
 
 def test_checkpoint_of_another_model_and_unwritable_output(tmp_path, capsys):

@@ -42,8 +42,12 @@ def test_a_file_write_under_the_loss_is_refused_and_not_written(tmp_path,
       "graphgrad grads: error: saved graph op 'WriteFile' (WriteFile): "
       "writes a file; pass --allow-io to run it"), line
   assert not target.exists()
-  # Allowed: it runs, and the file is written.
-  assert _cli.main(["grads", meta, "--allow-io"]) == 0
+  # Allowed, it runs; the sandbox refuses the write, so nothing is
+  # written; without the sandbox the file is.
+  line = error_line(capsys, ["grads", meta, "--allow-io"])
+  assert "the sandbox refused what the graph tried" in line, line
+  assert not target.exists()
+  assert _cli.main(["grads", meta, "--allow-io", "--no-sandbox"]) == 0
   assert target.exists()
 
 

@@ -20,7 +20,7 @@ def test_inspect_memory_prints_bytes_and_both_peaks(tmp_path, capsys):
     tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
     path = str(tmp_path / "model.meta")
     tf1.train.export_meta_graph(path)
-  assert _cli.main(["inspect", path, "--memory"]) == 0
+  assert _cli.main(["inspect", path, "--memory-report"]) == 0
   out = capsys.readouterr().out
   # Per example (unknown batch): MatMul, BiasAdd, Tanh of 4 floats each.
   assert re.search(r"^  l0\s+48$", out, re.M), out
