@@ -353,28 +353,25 @@ def self_test(write_dirs: Sequence[str], unreadable: str) -> None:
         + ". The kernel does not confine as graphgrad relies on")
 
 
-def probe_dirs(model_dir: str) -> List[str]:
-  """Where :func:`self_test` tries to write: the model's directory and the
-  temporary directory. Called before :func:`confine`: finding the
-  temporary directory writes a file."""
-  return [model_dir, tempfile.gettempdir()]
-
-
 def enter(spec: dict, channel) -> None:
   """The child's first step: confine, prove it, and say so on ``channel``.
 
   Args:
     spec: the parent's ``read`` paths, ``memory_bytes``, ``cpu_seconds``,
-      ``model_dir`` and ``unreadable`` probe file.
+      ``probe_dirs`` (where the self-test tries to write: the model's
+      directory and the temporary directory) and ``unreadable`` probe
+      file.
     channel: the child's writable message file.
 
   Raises:
     SandboxError: after it is reported on ``channel``.
   """
+  # Libraries ask for the temporary directory at import (absl's tests do);
+  # finding it would try to write there, so it is the parent's answer.
+  tempfile.tempdir = spec["probe_dirs"][-1]
   try:
-    dirs = probe_dirs(spec["model_dir"])
     confine(spec["read"], Limits(spec["memory_bytes"], spec["cpu_seconds"]))
-    self_test(dirs, spec["unreadable"])
+    self_test(spec["probe_dirs"], spec["unreadable"])
   except SandboxError as e:
     send(channel, "sandbox", message=str(e))
     raise

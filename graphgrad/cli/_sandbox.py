@@ -256,7 +256,9 @@ def orders(command: ModelCommand, args, argv: List[str]) -> Dict[str, Any]:
   return {
       "argv": list(argv),
       "read": paths,
-      "model_dir": model if os.path.isdir(model) else os.path.dirname(model),
+      # Finding the temporary directory writes a file: the parent does it.
+      "probe_dirs": [model if os.path.isdir(model)
+                     else os.path.dirname(model), tempfile.gettempdir()],
       "unreadable": _unreadable(paths),
       "memory_bytes": args.memory,
       "memory_text": args.memory_text,

@@ -1,0 +1,210 @@
+"""Crafted saved graphs that try to touch files, the network, or the process.
+
+Each builder writes a ``.meta`` under ``folder`` and returns its path; the
+graph is x -> l1 -> (the attack) -> loss, so ``graphgrad grads`` runs the
+attack on its forward pass. ``target`` is a file the attack would write, or
+a secret it would read. Shared by the sandbox's tests, which run each graph
+with graphgrad's own checks and, with ``--no-checks``, with the sandbox
+alone.
+"""
+
+import os
+
+import tensorflow as tf
+from tensorflow.core.framework import function_pb2, types_pb2
+
+tf1 = tf.compat.v1
+
+
+def _save(folder, name, attack, edit=None):
+  """x -> l1 -> attack(h) -> loss, exported to ``folder/name.meta``;
+  ``edit(meta_graph_def)`` may change the proto before it is written."""
+  path = os.path.join(str(folder), f"{name}.meta")
+  with tf.Graph().as_default():
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    w = tf1.get_variable("l1/kernel", [3, 2],
+                         initializer=tf1.constant_initializer(0.5))
+    h = attack(tf.matmul(x, w, name="l1/MatMul"))
+    loss = tf.reduce_mean(tf.square(h), name="loss")
+    tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
+    meta = tf1.train.export_meta_graph()
+  if edit is not None:
+    edit(meta)
+  with open(path, "wb") as f:
+    f.write(meta.SerializeToString())
+  return path
+
+
+def _after(h, op):
+  """``h``, computed only after ``op`` ran."""
+  with tf.control_dependencies([op]):
+    return tf.identity(h)
+
+
+def _uses(h, value):
+  """``h`` plus zero times ``value``'s sum: ``value`` runs."""
+  return h + 0.0 * tf.cast(tf.reduce_sum(value), tf.float32)
+
+
+def write_file(folder, target):
+  return _save(folder, "write_file", lambda h: _after(
+      h, tf.io.write_file(str(target), "written")))
+
+
+def print_to_file(folder, target):
+  return _save(folder, "print_to_file", lambda h: _after(
+      h, tf.print("written", output_stream=f"file://{target}")))
+
+
+def save_v2(folder, target):
+  return _save(folder, "save_v2", lambda h: _after(
+      h, tf.raw_ops.SaveV2(prefix=str(target), tensor_names=["h"],
+                           shape_and_slices=[""], tensors=[h])))
+
+
+def read_file(folder, secret):
+  return _save(folder, "read_file", lambda h: _uses(
+      h, tf.strings.length(tf.io.read_file(str(secret)))))
+
+
+def whole_file_reader(folder, secret):
+  def attack(h):
+    reader = tf.raw_ops.WholeFileReaderV2()
+    queue = tf.raw_ops.FIFOQueueV2(component_types=[tf.string])
+    enqueue = tf.raw_ops.QueueEnqueueV2(handle=queue,
+                                        components=[tf.constant(str(secret))])
+    with tf.control_dependencies([enqueue]):
+      _, value = tf.raw_ops.ReaderReadV2(reader_handle=reader,
+                                         queue_handle=queue)
+    return _uses(h, tf.strings.length(value))
+  return _save(folder, "whole_file_reader", attack)
+
+
+def list_files(folder, target):
+  return _save(folder, "list_files", lambda h: _uses(
+      h, tf.strings.length(tf.io.matching_files(
+          os.path.join(os.path.dirname(str(target)), "*")))))
+
+
+def vocab_file(folder, secret):
+  """FixedUnigramCandidateSampler opens the file its attr names."""
+  return _save(folder, "vocab_file", lambda h: _uses(
+      h, tf.raw_ops.FixedUnigramCandidateSampler(
+          true_classes=tf.zeros([1, 1], tf.int64), num_true=1, num_sampled=1,
+          unique=True, range_max=2, vocab_file=str(secret))[0]))
+
+
+def write_in_nested_function(folder, target):
+  """A function reached only through a function-valued attr nested in
+  another call's attrs: ``f={name: outer, attr: {inner: evil}}``."""
+  def attack(h):
+    return tf.identity(h, name="call_site")
+
+  def edit(meta):
+    lib = meta.graph_def.library
+    evil = lib.function.add()
+    evil.signature.name = "evil"
+    _signature(evil)
+    write = evil.node_def.add()
+    write.name, write.op = "w", "WriteFile"
+    write.input.extend(["filename:output:0", "contents:output:0"])
+    for name, value in (("filename", str(target)), ("contents", "written")):
+      const = evil.node_def.add()
+      const.name, const.op = name, "Const"
+      const.attr["dtype"].type = types_pb2.DT_STRING
+      const.attr["value"].tensor.dtype = types_pb2.DT_STRING
+      const.attr["value"].tensor.string_val.append(value.encode())
+    ident = evil.node_def.add()
+    ident.name, ident.op = "out", "Identity"
+    ident.input.extend(["a", "^w"])
+    ident.attr["T"].type = types_pb2.DT_FLOAT
+    evil.ret["o"] = "out:output:0"
+    outer = lib.function.add()
+    outer.signature.name = "outer"
+    _signature(outer)
+    inner = outer.signature.attr.add()
+    inner.name, inner.type = "inner", "func"
+    call = outer.node_def.add()
+    call.name, call.op = "call", "PartitionedCall"
+    call.input.append("a")
+    call.attr["Tin"].list.type.append(types_pb2.DT_FLOAT)
+    call.attr["Tout"].list.type.append(types_pb2.DT_FLOAT)
+    call.attr["f"].placeholder = "inner"
+    outer.ret["o"] = "call:output:0"
+    node = next(n for n in meta.graph_def.node if n.name == "call_site")
+    node.op = "PartitionedCall"
+    node.attr.clear()
+    node.attr["Tin"].list.type.append(types_pb2.DT_FLOAT)
+    node.attr["Tout"].list.type.append(types_pb2.DT_FLOAT)
+    node.attr["f"].func.name = "outer"
+    node.attr["f"].func.attr["inner"].func.name = "evil"
+  return _save(folder, "write_in_nested_function", attack, edit)
+
+
+def _signature(fdef: function_pb2.FunctionDef) -> None:
+  arg = fdef.signature.input_arg.add()
+  arg.name, arg.type = "a", types_pb2.DT_FLOAT
+  out = fdef.signature.output_arg.add()
+  out.name, out.type = "o", types_pb2.DT_FLOAT
+
+
+def recursive_function(folder, target=None):
+  """A function that calls itself: TensorFlow recurses while importing."""
+  del target
+
+  def edit(meta):
+    rec = meta.graph_def.library.function.add()
+    rec.signature.name = "rec"
+    _signature(rec)
+    call = rec.node_def.add()
+    call.name, call.op = "again", "rec"
+    call.input.append("a")
+    rec.ret["o"] = "again:o:0"
+    node = next(n for n in meta.graph_def.node if n.name == "call_site")
+    node.op = "rec"
+    node.attr.clear()
+  return _save(folder, "recursive_function",
+               lambda h: tf.identity(h, name="call_site"), edit)
+
+
+def huge_tensor_array(folder, target=None):
+  del target
+  return _save(folder, "huge_tensor_array", lambda h: _uses(
+      h, tf.raw_ops.TensorArrayV3(size=tf.constant(2**31 - 1),
+                                  dtype=tf.float32)[1]))
+
+
+def endless_allocation(folder, target=None):
+  """A loop that doubles a tensor until memory runs out."""
+  del target
+  return _save(folder, "endless_allocation", lambda h: _uses(
+      h, tf.while_loop(lambda v: tf.size(v) > 0,
+                       lambda v: tf.concat([v, v], 0), [tf.ones([1024])],
+                       shape_invariants=[tf.TensorShape([None])])))
+
+
+def endless_loop(folder, target=None):
+  del target
+  return _save(folder, "endless_loop", lambda h: _uses(
+      h, tf.while_loop(lambda i: i >= 0, lambda i: i + 1,
+                       [tf.constant(0)])))
+
+
+# Graphs that try to touch ``target`` (write it, or read it as a secret).
+TOUCHING = {
+    "write_file": write_file,
+    "print_to_file": print_to_file,
+    "save_v2": save_v2,
+    "read_file": read_file,
+    "whole_file_reader": whole_file_reader,
+    "list_files": list_files,
+    "vocab_file": vocab_file,
+    "write_in_nested_function": write_in_nested_function,
+}
+# Graphs that try to crash or exhaust the process.
+EXHAUSTING = {
+    "recursive_function": recursive_function,
+    "huge_tensor_array": huge_tensor_array,
+    "endless_allocation": endless_allocation,
+    "endless_loop": endless_loop,
+}
