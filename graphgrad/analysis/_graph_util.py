@@ -232,18 +232,3 @@ def calls_node(calls: List[tf.Operation], match: Callable[[str], bool]
                ) -> bool:
   """Whether :func:`called_node` finds a node ``match`` accepts."""
   return called_node(calls, match) is not None
-  library = {f.signature.name: f for f in
-             calls[0].graph.as_graph_def().library.function}
-  todo = [a.func.name for op in calls for a in op.node_def.attr.values()
-          if a.func.name]
-  seen: Set[str] = set()
-  while todo:
-    name = todo.pop()
-    if name in seen or name not in library:
-      continue
-    seen.add(name)
-    for node in library[name].node_def:
-      if match(node.op):
-        return True
-      todo += [a.func.name for a in node.attr.values() if a.func.name]
-  return False
