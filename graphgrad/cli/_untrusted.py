@@ -15,7 +15,7 @@ from typing import Iterable, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
-from graphgrad.analysis._graph_util import called_functions
+from graphgrad.analysis._graph_util import called_functions, linked_functions
 from graphgrad.cli import _ops
 
 
@@ -56,8 +56,9 @@ def refusal(ops: List[tf.Operation], allow_io: bool = False
   """Why ``grads`` refuses to run ``ops``, or ``None`` if it may.
 
   Looks at each op, then at every function of the graph's library that
-  they reach, transitively, and at those functions' registered gradients.
-  A function the library lacks is refused. Of
+  they reach, transitively: those their attrs name at any depth, those the
+  reached functions' definitions name (:func:`linked_functions`), and
+  their registered gradients. A function the library lacks is refused. Of
   several refused ops it names one that ``--allow-io`` would not run, else
   one whose I/O is more specific than running an input pipeline.
 
@@ -89,6 +90,8 @@ def refusal(ops: List[tf.Operation], allow_io: bool = False
     if name in gradient:
       todo.append((f"{path} -> function {name!r} (its gradient)",
                    gradient[name]))
+    todo += [(f"{path} -> function {name!r} ({how})", n)
+             for how, n in linked_functions(name, library)]
     path = f"{path} -> function {name!r}"
     if name not in library:
       found.append((0, len(found), f"{path}: not in the graph's function "

@@ -6,6 +6,7 @@ file it would write must not exist afterwards.
 """
 
 import os
+import re
 import sys
 
 import numpy as np
@@ -256,6 +257,106 @@ def test_allow_io_runs_a_write_inside_a_function(tmp_path, capsys):
   target = tmp_path / "written"
   meta = _save_meta(tmp_path, _in_function(target))
   assert _cli.main(["grads", meta, "--allow-io"]) == 0
+  assert target.exists()
+
+
+# Functions that no node names. `wrapper` calls `twice`; `evil`, in the
+# library but called by nothing, writes the target. Each edit below plants
+# a way for TensorFlow to run `evil` all the same.
+
+
+def _library_meta(tmp_path, target, plant):
+  """x -> l1 -> (waits for a call of `wrapper`) -> l2 -> loss, saved as a
+  .meta after ``plant(functions)`` edited its protos: ``functions`` maps
+  "wrapper", "twice" and "evil" to their FunctionDefs, and "call" to the
+  graph's NodeDef that calls `wrapper`."""
+  with tf.Graph().as_default():
+    @tf.function
+    def evil(v):
+      _write(target, v)
+      return v * 2.0
+
+    @tf.function
+    def twice(v):
+      return v * 2.0
+
+    @tf.function
+    def wrapper(v):
+      return twice(v)
+    evil.get_concrete_function(tf.TensorSpec([], tf.float32)).add_to_graph()
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    loss = _net(x, lambda h: _after(wrapper(tf.reduce_sum(h)).op, h))
+    tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
+    meta = tf1.train.export_meta_graph()
+  functions = {name: f for f in meta.graph_def.library.function
+               for name in ("wrapper", "twice", "evil")
+               if f.signature.name.startswith(f"__inference_{name}_")}
+  functions["call"] = next(
+      n for n in meta.graph_def.node if n.op.endswith("PartitionedCall")
+      and n.attr["f"].func.name == functions["wrapper"].signature.name)
+  # Stateful calls, so that TensorFlow keeps a callee's write when it
+  # inlines the call (a stateless one keeps only its outputs).
+  for node in (functions["call"], _call_in(functions["wrapper"])):
+    node.op = "StatefulPartitionedCall"
+  plant(functions)
+  path = tmp_path / "model.meta"
+  path.write_bytes(meta.SerializeToString())
+  return str(path)
+
+
+def _call_in(function):
+  """The node of ``function`` that calls another function."""
+  return next(n for n in function.node_def
+              if n.op.endswith("PartitionedCall"))
+
+
+def _wrapper_calls_inner(functions):
+  """`wrapper`'s call of `twice` becomes a call of its func attr `inner`:
+  the function its caller binds there, else the attr's default."""
+  node = _call_in(functions["wrapper"])
+  node.attr["f"].Clear()
+  node.attr["f"].placeholder = "inner"
+  return functions["wrapper"].signature.attr.add(name="inner", type="func")
+
+
+def _bound_by_the_call(functions):
+  _wrapper_calls_inner(functions)
+  functions["call"].attr["f"].func.attr["inner"].func.name = (
+      functions["evil"].signature.name)
+
+
+def _signature_default(functions):
+  inner = _wrapper_calls_inner(functions)
+  inner.default_value.func.name = functions["evil"].signature.name
+
+
+LINKED = [
+    ("bound_by_the_call", _bound_by_the_call,
+     r"^saved graph op '[^']*PartitionedCall' -> function "
+     r"'__inference_evil_\d+' -> 'WriteFile' "),
+    ("signature_default", _signature_default,
+     r"^saved graph op '[^']*PartitionedCall' -> function "
+     r"'__inference_wrapper_\d+' \(the default of its attr 'inner'\) -> "
+     r"function '__inference_evil_\d+' -> 'WriteFile' "),
+]
+
+
+@pytest.mark.parametrize("plant, path", [l[1:] for l in LINKED],
+                         ids=[l[0] for l in LINKED])
+def test_a_function_that_no_node_names_is_checked(tmp_path, capsys,
+                                                  monkeypatch, plant, path):
+  target = tmp_path / "written"
+  meta = _library_meta(tmp_path, target, plant)
+  _forbid_sessions(monkeypatch)
+  line = error_line(capsys, ["grads", meta, "--loss", "loss"])
+  head = "graphgrad grads: error: "
+  assert line.startswith(head) and re.search(path, line[len(head):]), line
+  assert line.endswith("(WriteFile): writes a file; pass --allow-io to run "
+                       "it"), line
+  assert not target.exists()
+  monkeypatch.undo()
+  # TensorFlow does run `evil`: allowed, it writes the file.
+  assert _cli.main(["grads", meta, "--loss", "loss", "--allow-io"]) == 0
   assert target.exists()
 
 
