@@ -233,16 +233,24 @@ def linked_functions(name: str, library: Mapping) -> List[Tuple[str, str]]:
   node of it names them: ``(how, function name)`` pairs.
 
   They are the functions named in the attrs of its definition rather than
-  its nodes: a default of a signature attr, which a node's placeholder
-  takes when the call binds nothing, a function attr, an argument attr.
+  its nodes (a default of a signature attr, which a node's placeholder
+  takes when the call binds nothing, a function attr, an argument attr),
+  and the other library functions with the same ``api_implements``: at
+  run time, TensorFlow's implementation selector (Grappler) may swap a call
+  of one for another, the one whose ``api_preferred_device`` matches the
+  call's device.
 
   Example:
     >>> from tensorflow.core.framework import function_pb2
-    >>> lib = {n: function_pb2.FunctionDef() for n in ("inner", "f")}
-    >>> g = lib["f"].signature.attr.add(name="g", type="func")
-    >>> g.default_value.func.name = "inner"
+    >>> lib = {n: function_pb2.FunctionDef() for n in ("f", "gpu", "cpu")}
+    >>> attr = lib["f"].signature.attr.add(name="inner", type="func")
+    >>> attr.default_value.func.name = "gpu"
     >>> linked_functions("f", lib)
-    [("the default of its attr 'g'", 'inner')]
+    [("the default of its attr 'inner'", 'gpu')]
+    >>> for n in ("gpu", "cpu"):
+    ...   lib[n].attr["api_implements"].s = b"sum"
+    >>> linked_functions("gpu", lib)
+    [("may be swapped for another of api_implements 'sum'", 'cpu')]
   """
   fdef = library.get(name)
   if fdef is None:
@@ -256,7 +264,19 @@ def linked_functions(name: str, library: Mapping) -> List[Tuple[str, str]]:
     attrs = fdef.arg_attr[index].attr
     found += [(f"attr {key!r} of its argument {index}", n)
               for key in sorted(attrs) for n in attr_functions(attrs[key])]
+  api = _api_implements(fdef)
+  if api:
+    how = (f"may be swapped for another of api_implements "
+           f"{api.decode(errors='replace')!r}")
+    found += [(how, other) for other in sorted(library)
+              if other != name and _api_implements(library[other]) == api]
   return found
+
+
+def _api_implements(fdef) -> bytes:
+  """The function's ``api_implements`` attr, ``b""`` if it has none (read
+  without adding the key to the proto's map)."""
+  return fdef.attr["api_implements"].s if "api_implements" in fdef.attr else b""
 
 
 def called_node(calls: List[tf.Operation], match: Callable[[str], bool],

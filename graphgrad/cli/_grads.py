@@ -295,7 +295,8 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> int:
       _refuse(fetched_ops(fetches), variables, feed, args.checkpoint,
               args.allow_io)
     frozen = _metagraph.kind_of(args.model) == "frozen GraphDef"
-    with tf.compat.v1.Session(graph=graph) as sess:
+    with tf.compat.v1.Session(graph=graph,
+                              config=_untrusted.session_config()) as sess:
       restored = _restore(sess, graph, args.checkpoint, variables, frozen)
       report = _report.measure(sess, net, fetches, [feed])
   except gg.GraphGradError as e:

@@ -106,6 +106,22 @@ def refusal(ops: List[tf.Operation], allow_io: bool = False
   return min(found)[2] if found else None
 
 
+def session_config() -> tf.compat.v1.ConfigProto:
+  """The config of the Session ``grads`` runs a saved graph in.
+
+  TensorFlow's implementation selector (a Grappler pass) is off: it would
+  swap a function call for another function of the same
+  ``api_implements`` that prefers the call's device. :func:`refusal`
+  checks those too; with the selector off, a call also runs the function
+  it names, whose numbers ``grads`` reports.
+  """
+  from tensorflow.core.protobuf import rewriter_config_pb2  # pylint: disable=g-import-not-at-top
+  config = tf.compat.v1.ConfigProto()
+  config.graph_options.rewrite_options.implementation_selector = (
+      rewriter_config_pb2.RewriterConfig.OFF)
+  return config
+
+
 def variables_read(graph: tf.Graph, loss: tf.Tensor, feed) -> List:
   """The global variables whose ops the loss's computation runs: the only
   ones ``grads`` initializes."""

@@ -81,3 +81,21 @@ def test_linked_functions_reads_the_function_s_and_its_arguments_attrs():
   assert _graph_util.linked_functions("f", _library(f)) == [
       ("its attr 'hook'", "a"), ("attr 'hook' of its argument 0", "b")]
   assert _graph_util.linked_functions("missing", _library(f)) == []
+
+
+def test_called_node_finds_a_function_of_the_same_api_implements():
+  """TensorFlow's implementation selector may run ``cpu`` for a call of
+  ``gpu``; ``other`` implements another API."""
+  library = _library(_function("gpu", "Identity"),
+                     _function("cpu", "WriteFile"),
+                     _function("other", "ReadFile"))
+  for name, api in (("gpu", b"sum"), ("cpu", b"sum"), ("other", b"max")):
+    library[name].attr["api_implements"].s = api
+  assert _graph_util.linked_functions("gpu", library) == [
+      ("may be swapped for another of api_implements 'sum'", "cpu")]
+  op = _call(attr_value_pb2.NameAttrList(name="gpu"))
+  name, node = _graph_util.called_node([op], "WriteFile".__eq__, library)
+  assert (name, node.op) == ("cpu", "WriteFile")
+  assert _graph_util.called_node([op], "ReadFile".__eq__, library) is None
+  del library["gpu"].attr["api_implements"]
+  assert _graph_util.called_node([op], "WriteFile".__eq__, library) is None

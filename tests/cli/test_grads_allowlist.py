@@ -285,7 +285,7 @@ def _library_meta(tmp_path, target, plant):
       return twice(v)
     evil.get_concrete_function(tf.TensorSpec([], tf.float32)).add_to_graph()
     x = tf1.placeholder(tf.float32, [None, 3], name="x")
-    loss = _net(x, lambda h: _after(wrapper(tf.reduce_sum(h)).op, h))
+    loss = _net(x, lambda h: _plus(h, wrapper(tf.reduce_sum(h))))
     tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
     meta = tf1.train.export_meta_graph()
   functions = {name: f for f in meta.graph_def.library.function
@@ -357,6 +357,42 @@ def test_a_function_that_no_node_names_is_checked(tmp_path, capsys,
   monkeypatch.undo()
   # TensorFlow does run `evil`: allowed, it writes the file.
   assert _cli.main(["grads", meta, "--loss", "loss", "--allow-io"]) == 0
+  assert target.exists()
+
+
+def _same_api(functions):
+  """`twice` and `evil` implement one API, and `evil` prefers the CPU that
+  `wrapper`'s call of `twice` is placed on."""
+  for name, device in (("twice", b"GPU"), ("evil", b"CPU")):
+    functions[name].attr["api_implements"].s = b"times2"
+    functions[name].attr["api_preferred_device"].s = device
+  _call_in(functions["wrapper"]).device = "/device:CPU:0"
+
+
+def test_a_function_the_implementation_selector_may_swap_in_is_checked(
+    tmp_path, capsys, monkeypatch):
+  target = tmp_path / "written"
+  meta = _library_meta(tmp_path, target, _same_api)
+  _forbid_sessions(monkeypatch)
+  line = error_line(capsys, ["grads", meta, "--loss", "loss"])
+  assert re.fullmatch(
+      r"graphgrad grads: error: saved graph op '[^']*PartitionedCall' -> "
+      r"function '__inference_wrapper_\d+' -> function "
+      r"'__inference_twice_\d+' \(may be swapped for another of "
+      r"api_implements 'times2'\) -> function '__inference_evil_\d+' -> "
+      r"'WriteFile' \(WriteFile\): writes a file; pass --allow-io to run "
+      r"it", line), line
+  assert not target.exists()
+  monkeypatch.undo()
+  # grads turns the selector off, so even allowed, `twice` runs.
+  assert _cli.main(["grads", meta, "--loss", "loss", "--allow-io"]) == 0
+  assert not target.exists()
+  # A Session as TensorFlow configures it runs `evil` instead.
+  with tf.Graph().as_default():
+    tf1.train.import_meta_graph(meta)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      sess.run("loss:0", {"x:0": np.ones((2, 3), np.float32)})
   assert target.exists()
 
 
