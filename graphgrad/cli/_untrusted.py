@@ -2,10 +2,10 @@
 
 ``grads`` runs the variables' initializers, a restore of ``--checkpoint``
 by its own ``Saver``, and the loss's forward and backward pass: the ops the
-loss and those initializers depend on, through data inputs and control
-dependencies, fed placeholders cut off. A graph from elsewhere can hide
-anything there, also inside the functions those ops call, their ``cond``
-and ``case`` branches, ``while`` bodies and dataset functions.
+loss, those initializers and that restore depend on, through data inputs
+and control dependencies, fed placeholders cut off. A graph from elsewhere
+can hide anything there, also inside the functions those ops call, their
+``cond`` and ``case`` branches, ``while`` bodies and dataset functions.
 :func:`refusal` walks all of it and finds the first op that is not on the
 allowlist of pure compute ops (:mod:`graphgrad.cli._ops`); with
 ``allow_io``, the known I/O ops pass too.

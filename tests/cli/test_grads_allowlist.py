@@ -396,6 +396,43 @@ def test_a_function_the_implementation_selector_may_swap_in_is_checked(
   assert target.exists()
 
 
+def test_the_checkpoint_restore_and_what_it_runs_are_checked(
+    tmp_path, capsys, monkeypatch):
+  """grads' Saver restores every global variable: the handle op of one the
+  loss never reads waits for a write."""
+  target = tmp_path / "written"
+  with tf.Graph().as_default():
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    tf1.add_to_collection(tf1.GraphKeys.LOSSES, _net(x, tf.identity))
+    write = _write(target, tf.constant(1.0))
+    tf1.get_variable("unread", initializer=1.0)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      prefix = tf1.train.Saver().save(sess, str(tmp_path / "ckpt"))
+    meta = tf1.train.export_meta_graph()
+  # A variable's op ignores control dependencies (it is made in an
+  # init_scope), so the wait is planted in the proto.
+  next(n for n in meta.graph_def.node if n.name == "unread").input.append(
+      "^" + write.name)
+  path = tmp_path / "model.meta"
+  path.write_bytes(meta.SerializeToString())
+  _forbid_sessions(monkeypatch)
+  line = error_line(capsys, ["grads", str(path), "--checkpoint", prefix])
+  assert line == (
+      f"graphgrad grads: error: --checkpoint {prefix!r}: restoring it runs "
+      f"saved graph op 'WriteFile' (WriteFile): writes a file; pass "
+      f"--allow-io to run it"), line
+  assert not target.exists()
+  monkeypatch.undo()
+  # Without a checkpoint, grads initializes the variables the loss reads.
+  assert _cli.main(["grads", str(path)]) == 0
+  assert not target.exists()
+  # Allowed, the restore does run the write.
+  assert _cli.main(["grads", str(path), "--checkpoint", prefix,
+                    "--allow-io"]) == 0
+  assert target.exists()
+
+
 def _function_model(target):
   """A graph whose loss calls a tf.function that writes ``target``."""
   x = tf1.placeholder(tf.float32, [None, 3], name="x")
