@@ -36,15 +36,20 @@ def ops_run(fetches: Iterable[tf.Operation],
   return sorted(seen, key=lambda o: o.name)
 
 
-def _verdict(op_type: str, allow_io: bool) -> Optional[Tuple[int, str]]:
-  """Why an op of ``op_type`` is refused, ranked (0 most telling), or
-  ``None`` if it may run."""
-  if _ops.is_pure(op_type):
-    return None
-  kind = _ops.io_kind(op_type)
-  if kind is None:
-    return 0, ("not a pure compute op, so grads refuses it even with "
-               "--allow-io")
+def _verdict(node, allow_io: bool) -> Optional[Tuple[int, str]]:
+  """Why the op of ``node`` (a NodeDef) is refused, ranked (0 most
+  telling), or ``None`` if it may run."""
+  kind: Optional[str]
+  if _ops.is_pure(node.op):
+    attr = _ops.file_attr(node)
+    if attr is None:
+      return None
+    kind = f"opens the file its attr {attr!r} names"
+  else:
+    kind = _ops.io_kind(node.op)
+    if kind is None:
+      return 0, ("not a pure compute op, so grads refuses it even with "
+                 "--allow-io")
   if allow_io:
     return None
   rank = 2 if kind == _ops.PIPELINE else 1
@@ -77,10 +82,11 @@ def refusal(ops: List[tf.Operation], allow_io: bool = False
   todo: List[Tuple[str, str]] = []
   for op in ops:
     path = f"saved graph op {op.name!r}"
-    why = None if op.type in library else _verdict(op.type, allow_io)
+    node = op.node_def
+    why = None if op.type in library else _verdict(node, allow_io)
     if why:
       found.append((why[0], len(found), f"{path} ({op.type}): {why[1]}"))
-    todo += [(path, n) for n in called_functions(op.node_def, library)]
+    todo += [(path, n) for n in called_functions(node, library)]
   seen: Set[str] = set()
   while todo:
     path, name = todo.pop(0)
@@ -98,7 +104,7 @@ def refusal(ops: List[tf.Operation], allow_io: bool = False
                                    f"library, so grads cannot check it"))
       continue
     for node in library[name].node_def:
-      why = None if node.op in library else _verdict(node.op, allow_io)
+      why = None if node.op in library else _verdict(node, allow_io)
       if why:
         found.append((why[0], len(found),
                       f"{path} -> {node.name!r} ({node.op}): {why[1]}"))

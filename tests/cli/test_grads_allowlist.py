@@ -212,6 +212,24 @@ def _table_from_text_file(source):
   return hide
 
 
+def _sampler(vocab=None):
+  """A candidate sampler of two classes, weighted by the counts the file
+  ``vocab`` lists, or without one by counts given in its attrs."""
+  return tf.raw_ops.FixedUnigramCandidateSampler(
+      true_classes=tf.constant([[0]], tf.int64), num_true=1, num_sampled=1,
+      unique=True, range_max=2, vocab_file=str(vocab or ""),
+      unigrams=[] if vocab else [1.0, 3.0])[0]
+
+
+def _sampler_in_function(vocab):
+  def hide(h):
+    @tf.function
+    def f(v):
+      return _plus(v, _sampler(vocab))
+    return f(h)
+  return hide
+
+
 READS = [
     ("TFRecordDataset", lambda s: lambda h: _plus(h, tf.strings.length(
         tf.data.experimental.get_single_element(tf.data.TFRecordDataset(
@@ -225,6 +243,13 @@ READS = [
      "(ImmutableConst)", "reads a file (memory-mapped)"),
     ("lookup_table", _table_from_text_file,
      "(InitializeTableFromTextFileV2)", "reads a file (a lookup table's)"),
+    ("vocab_file", lambda s: lambda h: _plus(h, _sampler(s)),
+     "op 'FixedUnigramCandidateSampler' (FixedUnigramCandidateSampler)",
+     "opens the file its attr 'vocab_file' names"),
+    ("vocab_file_in_function", _sampler_in_function,
+     "-> function '__inference_f_", "'FixedUnigramCandidateSampler' "
+     "(FixedUnigramCandidateSampler): opens the file its attr 'vocab_file' "
+     "names"),
 ]
 
 
@@ -238,6 +263,18 @@ def test_a_hidden_read_is_refused_before_any_session(tmp_path, capsys,
   line = error_line(capsys, ["grads", meta])
   assert line.startswith("graphgrad grads: error: saved graph op '"), line
   assert where in line and why + "; pass --allow-io to run it" in line, line
+
+
+def test_an_allowlisted_op_that_names_a_file_runs_with_allow_io(tmp_path,
+                                                              capsys):
+  """FixedUnigramCandidateSampler is pure compute when its counts are in
+  its attrs, and known I/O when it reads them from a file."""
+  meta = _save_meta(tmp_path, lambda h: _plus(h, _sampler()))
+  assert _cli.main(["grads", meta]) == 0
+  vocab = tmp_path / "vocab.csv"
+  vocab.write_text("a,1\nb,3\n")
+  meta = _save_meta(tmp_path, lambda h: _plus(h, _sampler(vocab)))
+  assert _cli.main(["grads", meta, "--allow-io"]) == 0
 
 
 def test_an_op_neither_pure_nor_io_is_refused_even_with_allow_io(
