@@ -5,7 +5,7 @@ Shared by analysis and plan.
 
 import collections
 import weakref
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 import tensorflow as tf
 
@@ -186,23 +186,106 @@ def ops_behind(start: Iterable[tf.Operation], floor: int,
   return seen
 
 
+def attr_functions(value) -> List[str]:
+  """The functions an ``AttrValue`` names, at any depth.
+
+  A function-valued attr carries attrs of its own (the call's bindings of
+  the function's attrs), which can name more functions, also in lists;
+  the callee reaches those through a placeholder (``$inner``) in its body.
+
+  Example:
+    >>> from tensorflow.core.framework import attr_value_pb2
+    >>> value = attr_value_pb2.AttrValue()
+    >>> value.func.name = "outer"
+    >>> value.func.attr["inner"].list.func.add().name = "inner_fn"
+    >>> attr_functions(value)
+    ['outer', 'inner_fn']
+  """
+  funcs = list(value.list.func)
+  if value.WhichOneof("value") == "func":
+    funcs.insert(0, value.func)
+  names: List[str] = []
+  for func in funcs:
+    if func.name:
+      names.append(func.name)
+    for key in sorted(func.attr):
+      names += attr_functions(func.attr[key])
+  return names
+
+
 def called_functions(node_def, library: Mapping) -> List[str]:
-  """The library functions a node calls: by its op type, or through any
-  function-valued attr (a branch, a body, a dataset function, a list)."""
+  """The library functions a node calls: by its op type, or named anywhere
+  in its attrs (a branch, a body, a dataset function, a list, or a
+  function-valued attr inside another's attrs).
+
+  A function bound to a callee's attr only reaches a node of the callee
+  through a placeholder; counting every function named in the node's attrs
+  as called covers that binding without resolving placeholders.
+  """
   names = [node_def.op] if node_def.op in library else []
   for key in sorted(node_def.attr):
-    value = node_def.attr[key]
-    if value.func.name:
-      names.append(value.func.name)
-    names += [f.name for f in value.list.func]
+    names += attr_functions(node_def.attr[key])
   return names
+
+
+def linked_functions(name: str, library: Mapping) -> List[Tuple[str, str]]:
+  """The functions that can run as part of function ``name`` although no
+  node of it names them: ``(how, function name)`` pairs.
+
+  They are the functions named in the attrs of its definition rather than
+  its nodes (a default of a signature attr, which a node's placeholder
+  takes when the call binds nothing, a function attr, an argument attr),
+  and the other library functions with the same ``api_implements``: at
+  run time, TensorFlow's implementation selector (Grappler) may swap a call
+  of one for another, the one whose ``api_preferred_device`` matches the
+  call's device.
+
+  Example:
+    >>> from tensorflow.core.framework import function_pb2
+    >>> lib = {n: function_pb2.FunctionDef() for n in ("f", "gpu", "cpu")}
+    >>> attr = lib["f"].signature.attr.add(name="inner", type="func")
+    >>> attr.default_value.func.name = "gpu"
+    >>> linked_functions("f", lib)
+    [("the default of its attr 'inner'", 'gpu')]
+    >>> for n in ("gpu", "cpu"):
+    ...   lib[n].attr["api_implements"].s = b"sum"
+    >>> linked_functions("gpu", lib)
+    [("may be swapped for another of api_implements 'sum'", 'cpu')]
+  """
+  fdef = library.get(name)
+  if fdef is None:
+    return []
+  found = [(f"the default of its attr {a.name!r}", n)
+           for a in fdef.signature.attr
+           for n in attr_functions(a.default_value)]
+  found += [(f"its attr {key!r}", n) for key in sorted(fdef.attr)
+            for n in attr_functions(fdef.attr[key])]
+  for index in sorted(fdef.arg_attr):
+    attrs = fdef.arg_attr[index].attr
+    found += [(f"attr {key!r} of its argument {index}", n)
+              for key in sorted(attrs) for n in attr_functions(attrs[key])]
+  api = _api_implements(fdef)
+  if api:
+    how = (f"may be swapped for another of api_implements "
+           f"{api.decode(errors='replace')!r}")
+    found += [(how, other) for other in sorted(library)
+              if other != name and _api_implements(library[other]) == api]
+  return found
+
+
+def _api_implements(fdef) -> bytes:
+  """The function's ``api_implements`` attr, ``b""`` if it has none (read
+  without adding the key to the proto's map)."""
+  return fdef.attr["api_implements"].s if "api_implements" in fdef.attr else b""
 
 
 def called_node(calls: List[tf.Operation], match: Callable[[str], bool],
                 library: Optional[Mapping] = None):
   """The first node whose op type ``match`` accepts in a function that
   ``calls`` call (a ``tf.function``'s body, a v2 cond's branch), or in a
-  function those call: ``(the function's name, the NodeDef)``, or ``None``.
+  function those call or link to (:func:`called_functions`,
+  :func:`linked_functions`): ``(the function's name, the NodeDef)``, or
+  ``None``.
 
   Args:
     calls: ops of one tf.Graph that call functions.
@@ -225,6 +308,7 @@ def called_node(calls: List[tf.Operation], match: Callable[[str], bool],
       if match(node.op):
         return name, node
       todo += called_functions(node, library)
+    todo += [n for _, n in linked_functions(name, library)]
   return None
 
 
@@ -232,18 +316,3 @@ def calls_node(calls: List[tf.Operation], match: Callable[[str], bool]
                ) -> bool:
   """Whether :func:`called_node` finds a node ``match`` accepts."""
   return called_node(calls, match) is not None
-  library = {f.signature.name: f for f in
-             calls[0].graph.as_graph_def().library.function}
-  todo = [a.func.name for op in calls for a in op.node_def.attr.values()
-          if a.func.name]
-  seen: Set[str] = set()
-  while todo:
-    name = todo.pop()
-    if name in seen or name not in library:
-      continue
-    seen.add(name)
-    for node in library[name].node_def:
-      if match(node.op):
-        return True
-      todo += [a.func.name for a in node.attr.values() if a.func.name]
-  return False

@@ -333,7 +333,7 @@ def self_test(write_dirs: Sequence[str], unreadable: str) -> None:
   Raises:
     SandboxBroken: naming each attempt that was not refused.
   """
-  failures: List[str] = []
+  failures: List[Optional[str]] = []
   for d in write_dirs:
     failures.append(_refused(lambda d=d: _create(d),
                              f"creating a file in {d!r}"))
@@ -346,10 +346,10 @@ def self_test(write_dirs: Sequence[str], unreadable: str) -> None:
       lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close(),
       "opening a UNIX socket"))
   failures.append(_refused(_spawn, f"running {sys.executable}"))
-  failures = [f for f in failures if f]
-  if failures:
+  found = [f for f in failures if f]
+  if found:
     raise SandboxBroken(
-        "the sandbox's self-test failed: " + "; ".join(failures)
+        "the sandbox's self-test failed: " + "; ".join(found)
         + ". The kernel does not confine as graphgrad relies on")
 
 

@@ -11,7 +11,7 @@ picture and its numbers. The backward pass's ops are built before the
 import argparse
 import os
 import sys
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 from graphgrad.cli import _args
 
@@ -179,35 +179,82 @@ def build_feed(graph, loss, arrays: Dict, batch: int, seed: int) -> Dict:
   return feed
 
 
-def _restore(sess, graph, checkpoint: Optional[str], variables,
+class _Restore(NamedTuple):
+  """How ``grads`` restores ``--checkpoint``: the flag's value, the prefix
+  it names, and the ``Saver`` that restores it."""
+  checkpoint: str
+  prefix: str
+  saver: Any
+
+
+def _build_restore(graph, checkpoint: Optional[str], allow_io: bool,
+                   checks: bool = True) -> Optional[_Restore]:
+  """Builds the restore of ``checkpoint`` (``None`` without one) and,
+  with ``checks``, refuses it as :func:`_refuse` refuses the loss's ops.
+
+  ``grads``' own ``Saver`` restores every global variable, not only those
+  the loss reads: its restore runs their variable ops and what those depend
+  on through data inputs and control dependencies, all of which are the
+  saved graph's and are checked here. The ops the ``Saver`` adds (its
+  ``RestoreV2``, assigns and constants) are graphgrad's, and pass.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from graphgrad.cli import _untrusted  # pylint: disable=g-import-not-at-top
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
+  if checkpoint is None:
+    return None
+  tf1 = tf.compat.v1
+  prefix = checkpoint
+  if os.path.isdir(checkpoint):
+    prefix = tf.train.latest_checkpoint(checkpoint)
+  if not prefix or not tf1.train.checkpoint_exists(prefix):
+    raise CommandError(
+        f"--checkpoint {checkpoint!r}: no checkpoint there; pass the "
+        f"prefix Saver.save returned (model.ckpt, without .index) or its "
+        f"directory")
+  known = len(graph.get_operations())
+  with graph.as_default():
+    try:
+      saver = tf1.train.Saver()
+    except ValueError as e:
+      raise _cannot_restore(checkpoint, e) from None
+  own = set(graph.get_operations()[known:])
+  restore = graph.as_graph_element(saver.saver_def.restore_op_name)
+  filename = graph.as_graph_element(saver.saver_def.filename_tensor_name)
+  ops = [op for op in _untrusted.ops_run([restore], [filename])
+         if op not in own]
+  why = _untrusted.refusal(ops, allow_io) if checks else None
+  if why is not None:
+    raise CommandError(f"--checkpoint {checkpoint!r}: restoring it runs "
+                       f"{why}")
+  return _Restore(checkpoint, prefix, saver)
+
+
+def _cannot_restore(checkpoint: str, error: Exception) -> Exception:
+  """The error line of a ``Saver`` that cannot restore ``checkpoint``."""
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
+  first = (str(error).strip().splitlines() or [""])[0][:160]
+  return CommandError(f"--checkpoint {checkpoint!r}: cannot restore it "
+                      f"into this graph ({first})")
+
+
+def _restore(sess, graph, restore: Optional[_Restore], variables,
              frozen: bool) -> str:
   """Initializes ``variables`` (those the loss reads), or restores the
   checkpoint; returns what was done, for the report's first line."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
-  tf1 = tf.compat.v1
   with graph.as_default():
-    if checkpoint is None:
-      sess.run(tf1.variables_initializer(list(variables)))
+    if restore is None:
+      sess.run(tf.compat.v1.variables_initializer(list(variables)))
       if frozen:
         return "a frozen graph: the variables hold its frozen values"
       return "no --checkpoint: the variables have their initial values"
-    prefix = checkpoint
-    if os.path.isdir(checkpoint):
-      prefix = tf.train.latest_checkpoint(checkpoint)
-    if not prefix or not tf1.train.checkpoint_exists(prefix):
-      raise CommandError(
-          f"--checkpoint {checkpoint!r}: no checkpoint there; pass the "
-          f"prefix Saver.save returned (model.ckpt, without .index) or its "
-          f"directory")
     try:
-      tf1.train.Saver().restore(sess, prefix)
+      restore.saver.restore(sess, restore.prefix)
     except (tf.errors.OpError, ValueError) as e:
-      first = (str(e).strip().splitlines() or [""])[0][:160]
-      raise CommandError(f"--checkpoint {checkpoint!r}: cannot restore it "
-                         f"into this graph ({first})") from None
-    return f"restored {prefix}"
+      raise _cannot_restore(restore.checkpoint, e) from None
+    return f"restored {restore.prefix}"
 
 
 def check(args) -> None:
@@ -324,10 +371,12 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> Dict:
       if checks:
         _refuse(fetched_ops(fetches), variables, feed, args.checkpoint,
                 args.allow_io)
+      restore = _build_restore(graph, args.checkpoint, args.allow_io, checks)
     frozen = _metagraph.kind_of(args.model) == "frozen GraphDef"
     _args.phase("running the graph")
-    with tf.compat.v1.Session(graph=graph) as sess:
-      restored = _restore(sess, graph, args.checkpoint, variables, frozen)
+    with tf.compat.v1.Session(graph=graph,
+                              config=_untrusted.session_config()) as sess:
+      restored = _restore(sess, graph, restore, variables, frozen)
       report = _report.measure(sess, net, fetches, [feed])
   except gg.GraphGradError as e:
     raise CommandError(str(e)) from None
@@ -365,7 +414,8 @@ def fetched_ops(fetches) -> List:
 
 def _refuse(ops, variables, feed, checkpoint, allow_io: bool) -> None:
   """Refuses to run an op off the allowlist (cli._untrusted): ``ops``
-  and, without a checkpoint, the initializers of ``variables``."""
+  and, without a checkpoint, the initializers of ``variables``
+  (:func:`_build_restore` checks the checkpoint's restore)."""
   from graphgrad.cli import _untrusted  # pylint: disable=g-import-not-at-top
   from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   fetches = list(ops) + ([] if checkpoint else

@@ -8,7 +8,8 @@ gradient ops TensorFlow builds. It lists no op that touches a file, the
 network, another process, or stops the process (``ImmutableConst``,
 ``RemoteCall``, ``Abort``, ``PyFunc``).
 :func:`io_kind` names what a known I/O op does: those run with
-``--allow-io``. An op in neither list is refused whatever the flags.
+``--allow-io``, as does an allowlisted op that names a file in an attr
+(:func:`file_attr`). An op in neither list is refused whatever the flags.
 """
 
 import re
@@ -302,10 +303,58 @@ def io_kind(op_type: str) -> Optional[str]:
 
 
 def is_pure(op_type: str) -> bool:
-  """Whether ``grads`` runs an op of ``op_type`` without ``--allow-io``.
+  """Whether ``op_type`` is on the allowlist: ``grads`` runs an op of it
+  without ``--allow-io``, unless :func:`file_attr` finds that it names a
+  file.
 
   Example:
     >>> is_pure("MatMul"), is_pure("WriteFile"), is_pure("RemoteCall")
     (True, False, False)
   """
   return op_type in PURE_OPS
+
+
+# An attr whose name says it names a file or another location.
+_LOCATION = re.compile(r"file|path|dir|url|uri|source|stream|location")
+# Attrs of allowlisted ops that _LOCATION matches but that name something in
+# memory: a TensorArray gradient's ``source`` is the name tf.gradients keys
+# the gradient TensorArray by.
+IN_MEMORY_ATTRS: FrozenSet[Tuple[str, str]] = frozenset(
+    (op_type, "source") for op_type in (
+        "TensorArrayGrad", "TensorArrayGradV2", "TensorArrayGradV3",
+        "TensorArrayGradWithShape"))
+
+
+def file_attr(node_def) -> Optional[str]:
+  """The attr by which the op of ``node_def`` names a file it opens, or
+  ``None``.
+
+  An allowlisted op computes in memory, but a few take the name of a file
+  in an attr: ``FixedUnigramCandidateSampler`` reads its ``vocab_file``.
+  Such an op is I/O, found by structure rather than by name: an attr whose
+  name says it names a file or another location (file, path, dir, url,
+  uri, source, stream, location) and that holds a name, or a placeholder
+  its caller fills in (in a function's body). Attrs whose names start with
+  ``_`` are TensorFlow's bookkeeping, not the op's; :data:`IN_MEMORY_ATTRS`
+  name nothing outside the process. The attrs the op's registered OpDef
+  leaves out hold its defaults, which for every such attr of an
+  allowlisted op name nothing (tests/cli/test_grads_untrusted.py lists
+  them all, so a TensorFlow that adds one shows up).
+
+  Example:
+    >>> from tensorflow.core.framework import node_def_pb2
+    >>> node = node_def_pb2.NodeDef(op="FixedUnigramCandidateSampler")
+    >>> file_attr(node) is None
+    True
+    >>> node.attr["vocab_file"].s = b"/dev/zero"
+    >>> file_attr(node)
+    'vocab_file'
+  """
+  for key in sorted(node_def.attr):
+    if (key.startswith("_") or not _LOCATION.search(key)
+        or (node_def.op, key) in IN_MEMORY_ATTRS):
+      continue
+    value = node_def.attr[key]
+    if value.placeholder or value.s or any(value.list.s):
+      return key
+  return None

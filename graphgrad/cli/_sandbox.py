@@ -52,7 +52,7 @@ _child.run(orders, channel, _main.build_parser)
 _MAX_MESSAGES = 64 << 20
 _MAX_LOG = 1 << 20
 
-_SIGNALS = {
+_SIGNALS: Dict[int, str] = {
     signal.SIGSEGV: "crashed (SIGSEGV, a bad memory access inside "
                     "TensorFlow)",
     signal.SIGBUS: "crashed (SIGBUS, a bad memory access inside TensorFlow)",
@@ -451,7 +451,7 @@ def _signal_name(number: int) -> str:
     return str(number)
 
 
-def _tensorflow_check(log: bytes) -> str:
+def _tensorflow_check(log: bytearray) -> str:
   """TensorFlow's ``Check failed`` line before an abort, shortened."""
   for line in reversed(bytes(log).decode("utf-8", "replace").splitlines()):
     if "Check failed" in line or "terminate called" in line:
@@ -459,7 +459,7 @@ def _tensorflow_check(log: bytes) -> str:
   return ""
 
 
-def _last_log_line(log: bytes) -> str:
+def _last_log_line(log: bytearray) -> str:
   lines = bytes(log).decode("utf-8", "replace").strip().splitlines()
   return _text(lines[-1])[:200] if lines else "(it printed nothing)"
 

@@ -6,6 +6,7 @@ file it would write must not exist afterwards.
 """
 
 import os
+import re
 import sys
 
 import numpy as np
@@ -211,6 +212,24 @@ def _table_from_text_file(source):
   return hide
 
 
+def _sampler(vocab=None):
+  """A candidate sampler of two classes, weighted by the counts the file
+  ``vocab`` lists, or without one by counts given in its attrs."""
+  return tf.raw_ops.FixedUnigramCandidateSampler(
+      true_classes=tf.constant([[0]], tf.int64), num_true=1, num_sampled=1,
+      unique=True, range_max=2, vocab_file=str(vocab or ""),
+      unigrams=[] if vocab else [1.0, 3.0])[0]
+
+
+def _sampler_in_function(vocab):
+  def hide(h):
+    @tf.function
+    def f(v):
+      return _plus(v, _sampler(vocab))
+    return f(h)
+  return hide
+
+
 READS = [
     ("TFRecordDataset", lambda s: lambda h: _plus(h, tf.strings.length(
         tf.data.experimental.get_single_element(tf.data.TFRecordDataset(
@@ -224,6 +243,13 @@ READS = [
      "(ImmutableConst)", "reads a file (memory-mapped)"),
     ("lookup_table", _table_from_text_file,
      "(InitializeTableFromTextFileV2)", "reads a file (a lookup table's)"),
+    ("vocab_file", lambda s: lambda h: _plus(h, _sampler(s)),
+     "op 'FixedUnigramCandidateSampler' (FixedUnigramCandidateSampler)",
+     "opens the file its attr 'vocab_file' names"),
+    ("vocab_file_in_function", _sampler_in_function,
+     "-> function '__inference_f_", "'FixedUnigramCandidateSampler' "
+     "(FixedUnigramCandidateSampler): opens the file its attr 'vocab_file' "
+     "names"),
 ]
 
 
@@ -237,6 +263,18 @@ def test_a_hidden_read_is_refused_before_any_session(tmp_path, capsys,
   line = error_line(capsys, ["grads", meta])
   assert line.startswith("graphgrad grads: error: saved graph op '"), line
   assert where in line and why + "; pass --allow-io to run it" in line, line
+
+
+def test_an_allowlisted_op_that_names_a_file_runs_with_allow_io(tmp_path,
+                                                              capsys):
+  """FixedUnigramCandidateSampler is pure compute when its counts are in
+  its attrs, and known I/O when it reads them from a file."""
+  meta = _save_meta(tmp_path, lambda h: _plus(h, _sampler()))
+  assert _cli.main(["grads", meta]) == 0
+  vocab = tmp_path / "vocab.csv"
+  vocab.write_text("a,1\nb,3\n")
+  meta = _save_meta(tmp_path, lambda h: _plus(h, _sampler(vocab)))
+  assert _cli.main(["grads", meta, "--allow-io"]) == 0
 
 
 def test_an_op_neither_pure_nor_io_is_refused_even_with_allow_io(
@@ -262,6 +300,179 @@ def test_allow_io_runs_a_write_inside_a_function(tmp_path, capsys):
                          "the graph tried while running the graph ("), line
   assert not target.exists()
   assert _cli.main(["grads", meta, "--allow-io", "--no-sandbox"]) == 0
+  assert target.exists()
+
+
+# Functions that no node names. `wrapper` calls `twice`; `evil`, in the
+# library but called by nothing, writes the target. Each edit below plants
+# a way for TensorFlow to run `evil` all the same.
+
+
+def _library_meta(tmp_path, target, plant):
+  """x -> l1 -> (waits for a call of `wrapper`) -> l2 -> loss, saved as a
+  .meta after ``plant(functions)`` edited its protos: ``functions`` maps
+  "wrapper", "twice" and "evil" to their FunctionDefs, and "call" to the
+  graph's NodeDef that calls `wrapper`."""
+  with tf.Graph().as_default():
+    @tf.function
+    def evil(v):
+      _write(target, v)
+      return v * 2.0
+
+    @tf.function
+    def twice(v):
+      return v * 2.0
+
+    @tf.function
+    def wrapper(v):
+      return twice(v)
+    evil.get_concrete_function(tf.TensorSpec([], tf.float32)).add_to_graph()
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    loss = _net(x, lambda h: _plus(h, wrapper(tf.reduce_sum(h))))
+    tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
+    meta = tf1.train.export_meta_graph()
+  functions = {name: f for f in meta.graph_def.library.function
+               for name in ("wrapper", "twice", "evil")
+               if f.signature.name.startswith(f"__inference_{name}_")}
+  functions["call"] = next(
+      n for n in meta.graph_def.node if n.op.endswith("PartitionedCall")
+      and n.attr["f"].func.name == functions["wrapper"].signature.name)
+  # Stateful calls, so that TensorFlow keeps a callee's write when it
+  # inlines the call (a stateless one keeps only its outputs).
+  for node in (functions["call"], _call_in(functions["wrapper"])):
+    node.op = "StatefulPartitionedCall"
+  plant(functions)
+  path = tmp_path / "model.meta"
+  path.write_bytes(meta.SerializeToString())
+  return str(path)
+
+
+def _call_in(function):
+  """The node of ``function`` that calls another function."""
+  return next(n for n in function.node_def
+              if n.op.endswith("PartitionedCall"))
+
+
+def _wrapper_calls_inner(functions):
+  """`wrapper`'s call of `twice` becomes a call of its func attr `inner`:
+  the function its caller binds there, else the attr's default."""
+  node = _call_in(functions["wrapper"])
+  node.attr["f"].Clear()
+  node.attr["f"].placeholder = "inner"
+  return functions["wrapper"].signature.attr.add(name="inner", type="func")
+
+
+def _bound_by_the_call(functions):
+  _wrapper_calls_inner(functions)
+  functions["call"].attr["f"].func.attr["inner"].func.name = (
+      functions["evil"].signature.name)
+
+
+def _signature_default(functions):
+  inner = _wrapper_calls_inner(functions)
+  inner.default_value.func.name = functions["evil"].signature.name
+
+
+LINKED = [
+    ("bound_by_the_call", _bound_by_the_call,
+     r"^saved graph op '[^']*PartitionedCall' -> function "
+     r"'__inference_evil_\d+' -> 'WriteFile' "),
+    ("signature_default", _signature_default,
+     r"^saved graph op '[^']*PartitionedCall' -> function "
+     r"'__inference_wrapper_\d+' \(the default of its attr 'inner'\) -> "
+     r"function '__inference_evil_\d+' -> 'WriteFile' "),
+]
+
+
+@pytest.mark.parametrize("plant, path", [l[1:] for l in LINKED],
+                         ids=[l[0] for l in LINKED])
+def test_a_function_that_no_node_names_is_checked(tmp_path, capsys,
+                                                  monkeypatch, plant, path):
+  target = tmp_path / "written"
+  meta = _library_meta(tmp_path, target, plant)
+  _forbid_sessions(monkeypatch)
+  line = error_line(capsys, ["grads", meta, "--loss", "loss"])
+  head = "graphgrad grads: error: "
+  assert line.startswith(head) and re.search(path, line[len(head):]), line
+  assert line.endswith("(WriteFile): writes a file; pass --allow-io to run "
+                       "it"), line
+  assert not target.exists()
+  monkeypatch.undo()
+  # TensorFlow does run `evil`: allowed, it writes the file.
+  assert _cli.main(["grads", meta, "--loss", "loss", "--allow-io"]) == 0
+  assert target.exists()
+
+
+def _same_api(functions):
+  """`twice` and `evil` implement one API, and `evil` prefers the CPU that
+  `wrapper`'s call of `twice` is placed on."""
+  for name, device in (("twice", b"GPU"), ("evil", b"CPU")):
+    functions[name].attr["api_implements"].s = b"times2"
+    functions[name].attr["api_preferred_device"].s = device
+  _call_in(functions["wrapper"]).device = "/device:CPU:0"
+
+
+def test_a_function_the_implementation_selector_may_swap_in_is_checked(
+    tmp_path, capsys, monkeypatch):
+  target = tmp_path / "written"
+  meta = _library_meta(tmp_path, target, _same_api)
+  _forbid_sessions(monkeypatch)
+  line = error_line(capsys, ["grads", meta, "--loss", "loss"])
+  assert re.fullmatch(
+      r"graphgrad grads: error: saved graph op '[^']*PartitionedCall' -> "
+      r"function '__inference_wrapper_\d+' -> function "
+      r"'__inference_twice_\d+' \(may be swapped for another of "
+      r"api_implements 'times2'\) -> function '__inference_evil_\d+' -> "
+      r"'WriteFile' \(WriteFile\): writes a file; pass --allow-io to run "
+      r"it", line), line
+  assert not target.exists()
+  monkeypatch.undo()
+  # grads turns the selector off, so even allowed, `twice` runs.
+  assert _cli.main(["grads", meta, "--loss", "loss", "--allow-io"]) == 0
+  assert not target.exists()
+  # A Session as TensorFlow configures it runs `evil` instead.
+  with tf.Graph().as_default():
+    tf1.train.import_meta_graph(meta)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      sess.run("loss:0", {"x:0": np.ones((2, 3), np.float32)})
+  assert target.exists()
+
+
+def test_the_checkpoint_restore_and_what_it_runs_are_checked(
+    tmp_path, capsys, monkeypatch):
+  """grads' Saver restores every global variable: the handle op of one the
+  loss never reads waits for a write."""
+  target = tmp_path / "written"
+  with tf.Graph().as_default():
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    tf1.add_to_collection(tf1.GraphKeys.LOSSES, _net(x, tf.identity))
+    write = _write(target, tf.constant(1.0))
+    tf1.get_variable("unread", initializer=1.0)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      prefix = tf1.train.Saver().save(sess, str(tmp_path / "ckpt"))
+    meta = tf1.train.export_meta_graph()
+  # A variable's op ignores control dependencies (it is made in an
+  # init_scope), so the wait is planted in the proto.
+  next(n for n in meta.graph_def.node if n.name == "unread").input.append(
+      "^" + write.name)
+  path = tmp_path / "model.meta"
+  path.write_bytes(meta.SerializeToString())
+  _forbid_sessions(monkeypatch)
+  line = error_line(capsys, ["grads", str(path), "--checkpoint", prefix])
+  assert line == (
+      f"graphgrad grads: error: --checkpoint {prefix!r}: restoring it runs "
+      f"saved graph op 'WriteFile' (WriteFile): writes a file; pass "
+      f"--allow-io to run it"), line
+  assert not target.exists()
+  monkeypatch.undo()
+  # Without a checkpoint, grads initializes the variables the loss reads.
+  assert _cli.main(["grads", str(path)]) == 0
+  assert not target.exists()
+  # Allowed, the restore does run the write.
+  assert _cli.main(["grads", str(path), "--checkpoint", prefix,
+                    "--allow-io"]) == 0
   assert target.exists()
 
 

@@ -192,3 +192,21 @@ def test_checkpoint_of_another_model_and_unwritable_output(tmp_path, capsys):
   line = error_line(capsys, ["grads", meta, "--feed", feed, "--json",
                               str(tmp_path / "no" / "such" / "dir.json")])
   assert line.startswith("graphgrad grads: error: cannot write output:")
+
+
+def test_a_graph_grads_cannot_build_a_saver_for(tmp_path, capsys):
+  """A variable listed twice in GLOBAL_VARIABLES: the .meta's own Saver
+  predates the duplicate, grads' Saver fails on it."""
+  meta, prefix = _save_matmul(tmp_path, [None, 4])
+  with tf.Graph().as_default():
+    saver = tf1.train.import_meta_graph(meta)
+    tf1.add_to_collection(tf1.GraphKeys.GLOBAL_VARIABLES,
+                          tf1.global_variables()[0])
+    tf1.train.export_meta_graph(str(tmp_path / "twice.meta"),
+                                saver_def=saver.as_saver_def())
+  line = error_line(capsys, ["grads", str(tmp_path / "twice.meta"),
+                             "--loss", "loss", "--checkpoint", prefix])
+  assert line == (
+      f"graphgrad grads: error: --checkpoint {prefix!r}: cannot restore it "
+      f"into this graph (At least two variables have the same name: "
+      f"layer/w)"), line

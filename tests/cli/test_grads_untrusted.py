@@ -1,8 +1,11 @@
 """`graphgrad grads` runs only what it needs and refuses a saved graph's I/O."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework import node_def_pb2
 
 from graphgrad.cli import _main as _cli
 from graphgrad.cli import _ops, _untrusted
@@ -143,6 +146,61 @@ def test_the_allowlist_and_the_io_ops_do_not_overlap():
   for op_type in ("WriteFile", "ImmutableConst", "RemoteCall", "Abort",
                   "PyFunc", "DatasetFromGraph", "DebugIdentityV2"):
     assert not _ops.is_pure(op_type), op_type
+
+
+def _node(op_type, attr, value):
+  """A NodeDef of ``op_type`` whose ``attr`` holds ``value``: bytes, a list
+  of bytes, or ``"$name"`` for a placeholder."""
+  node = node_def_pb2.NodeDef(op=op_type)
+  if isinstance(value, list):
+    node.attr[attr].list.s.extend(value)
+  elif isinstance(value, str):
+    node.attr[attr].placeholder = value[1:]
+  else:
+    node.attr[attr].s = value
+  return node
+
+
+@pytest.mark.parametrize("op_type, attr, value, named", [
+    ("FixedUnigramCandidateSampler", "vocab_file", b"/dev/zero", True),
+    ("FixedUnigramCandidateSampler", "vocab_file", b"", False),
+    ("FixedUnigramCandidateSampler", "vocab_file", "$vocab", True),
+    ("SomeFutureOp", "log_dirs", [b"", b"/tmp"], True),
+    ("SomeFutureOp", "log_dirs", [b""], False),
+    ("SomeFutureOp", "_source_path", b"/tmp", False),
+    ("TensorArrayGradV3", "source", b"gradients", False),
+    ("SomeFutureOp", "source", b"http://example.com", True),
+    ("MatMul", "padding", b"SAME", False),
+], ids=["name", "empty", "placeholder", "list", "empty_list",
+        "bookkeeping", "tensor_array_gradient", "url", "not_a_location"])
+def test_file_attr(op_type, attr, value, named):
+  assert _ops.file_attr(_node(op_type, attr, value)) == (
+      attr if named else None)
+
+
+def test_every_allowlisted_attr_that_names_a_file_is_listed_here():
+  """Reads the registered OpDef of every allowlisted op: these string attrs
+  are the ones file_attr takes for a file's name, and by default they name
+  none (file_attr reads a NodeDef, which can leave defaults out). A
+  TensorFlow that adds such an attr, or a default, fails here."""
+  from tensorflow.python.framework import op_def_registry  # pylint: disable=g-import-not-at-top
+  names_a_file, in_memory, strings = {}, set(), set()
+  for op_type in sorted(_ops.PURE_OPS):
+    op_def = op_def_registry.get(op_type)
+    for attr in op_def.attr if op_def else ():
+      if attr.type not in ("string", "list(string)"):
+        continue
+      strings.add((op_type, attr.name))
+      value = [b"x"] if attr.type == "list(string)" else b"x"
+      if _ops.file_attr(_node(op_type, attr.name, value)):
+        names_a_file.setdefault(op_type, []).append(attr.name)
+        default = attr.default_value
+        assert not default.s and not any(default.list.s), (op_type, attr)
+      elif re.search("file|path|dir|url|source", attr.name):
+        in_memory.add((op_type, attr.name))
+  assert names_a_file == {"FixedUnigramCandidateSampler": ["vocab_file"]}
+  assert in_memory == _ops.IN_MEMORY_ATTRS
+  assert len(strings) > 100  # the registry did answer
 
 
 @pytest.mark.parametrize("op_type, kind", [
