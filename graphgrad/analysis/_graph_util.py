@@ -186,16 +186,42 @@ def ops_behind(start: Iterable[tf.Operation], floor: int,
   return seen
 
 
-def called_functions(node_def, library: Mapping) -> List[str]:
-  """The library functions a node calls: by its op type, or through any
-  function-valued attr (a branch, a body, a dataset function, a list)."""
-  names = [node_def.op] if node_def.op in library else []
-  for key in sorted(node_def.attr):
-    value = node_def.attr[key]
-    if value.func.name:
-      names.append(value.func.name)
-    names += [f.name for f in value.list.func]
+def function_names(values: Iterable) -> List[str]:
+  """The functions that attr values (``AttrValue`` protos) name, at any
+  depth, in order: a ``func``, each ``func`` of a list, and those that
+  their own attrs name (a ``NameAttrList`` carries attrs, which can be
+  functions too)."""
+  names: List[str] = []
+  # (True, a NameAttrList) or (False, an AttrValue), depth first.
+  stack: list = [(False, v) for v in values][::-1]
+  while stack:
+    is_func, item = stack.pop()
+    if is_func:
+      names.append(item.name)
+      stack += [(False, item.attr[k]) for k in sorted(item.attr, reverse=True)]
+      continue
+    kind = item.WhichOneof("value")
+    funcs = ([item.func] if kind == "func" else
+             list(item.list.func) if kind == "list" else [])
+    stack += [(True, f) for f in funcs[::-1]]
   return names
+
+
+def called_functions(node_def, library: Mapping) -> List[str]:
+  """The functions a node calls: by its op type (if ``library`` has it), or
+  through any function-valued attr (a branch, a body, a dataset function, a
+  list), at any depth (:func:`function_names`), in the library or not.
+
+  Example:
+    >>> node = tf.compat.v1.NodeDef(name="call", op="PartitionedCall")
+    >>> node.attr["f"].func.name = "g"
+    >>> node.attr["f"].func.attr["then"].func.name = "h"
+    >>> called_functions(node, {})
+    ['g', 'h']
+  """
+  names = [node_def.op] if node_def.op in library else []
+  return names + function_names(node_def.attr[k]
+                                for k in sorted(node_def.attr))
 
 
 def called_node(calls: List[tf.Operation], match: Callable[[str], bool],
