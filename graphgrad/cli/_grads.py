@@ -75,10 +75,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
   return p
 
 
-def load_model(path: str):
-  """The model at ``path`` as a new ``tf.Graph``, loaded as ``inspect`` does."""
-  from graphgrad.analysis import _metagraph  # pylint: disable=g-import-not-at-top
-  return _metagraph.load(path)
+def load_model(path: str, batch: int = 1, memory_bytes: Optional[int] = None):
+  """The model at ``path`` as a new ``tf.Graph``, loaded as ``inspect`` does.
+
+  Args:
+    path: a ``.meta`` file, a SavedModel directory, or a frozen ``.pb``.
+    batch: what an unknown dimension of a placeholder counts as when the
+      graph's sizes are checked before import: the random inputs' batch.
+    memory_bytes: the most one tensor may take, in bytes; ``None`` for the
+      default (``_graph_limits.DEFAULT_MEMORY_BYTES``).
+  """
+  from graphgrad.analysis import _graph_limits, _metagraph  # pylint: disable=g-import-not-at-top
+  if memory_bytes is None:
+    memory_bytes = _graph_limits.DEFAULT_MEMORY_BYTES
+  return _metagraph.load(path, memory_bytes=memory_bytes, batch=batch)
 
 
 def _int(flag: str, text: str, minimum: int) -> int:
@@ -265,7 +275,7 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> int:
   from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   from graphgrad.plan import _report  # pylint: disable=g-import-not-at-top
   try:
-    graph = load_model(args.model)
+    graph = load_model(args.model, batch=batch)
     with graph.as_default():
       if args.output:
         out = _metagraph.find_loss(graph, args.output, flag="--output")
