@@ -413,23 +413,34 @@ class _Limits:
     self.memory_bytes, self.batch, self.source = memory_bytes, batch, source
     self.prefix = f"{source}: " if source else ""
     self.op_defs: Dict[str, object] = {}
+    # Op type -> (has a shape attr, has an input named like a size).
+    self.sizing: Dict[str, tuple] = {}
 
   def op_def(self, op_type: str):
     if op_type not in self.op_defs:
-      self.op_defs[op_type] = _compat.op_def(op_type)
+      own = self.op_defs[op_type] = _compat.op_def(op_type)
+      self.sizing[op_type] = (
+          own is not None and any(a.type in ("shape", "list(shape)")
+                                  for a in own.attr),
+          own is not None and any(a.name in SIZE_ARGS
+                                  for a in own.input_arg))
     return self.op_defs[op_type]
 
   def nodes(self, nodes, function: str) -> None:
     """Checks the nodes of the graph (``function`` empty) or of a function
     body."""
     by_name = {n.name: n for n in nodes}
+    # The Const behind a node, and a Const's values, found once each.
     consts: Dict[str, object] = {}
+    values: Dict[str, Optional[List[int]]] = {}
     for node in nodes:
       own = self.op_def(node.op)
       self.tensors(node, function)
-      if own is not None:
+      shaped, sized = self.sizing[node.op]
+      if shaped:
         self.shapes(node, own, function)
-        self.sized_inputs(node, own, function, by_name, consts)
+      if sized:
+        self.sized_inputs(node, own, function, by_name, consts, values)
       self.override(node, own, function)
 
   def refuse(self, node, function: str, claim: str, size: int,
@@ -447,7 +458,7 @@ class _Limits:
       protos = ([value.tensor] if kind == "tensor" else
                 list(value.list.tensor) if kind == "list" else [])
       for proto in protos:
-        dims = [max(d.size, 1) for d in proto.tensor_shape.dim]
+        dims = _dims(proto)
         dtype = _dtype(proto.dtype)
         size = _product(dims + [_element_bytes(dtype)])
         if size > self.memory_bytes:
@@ -487,8 +498,8 @@ class _Limits:
                       f"declares `{a.name}` {_shape_text(dims)} of "
                       f"{_dtype_text(dtype)}{counted}", size, fix)
 
-  def sized_inputs(self, node, own, function: str, by_name,
-                   consts: Dict[str, object]) -> None:
+  def sized_inputs(self, node, own, function: str, by_name, consts,
+                   values) -> None:
     """An input named like a size, fed by a Const, sizes an allocation."""
     inputs = [i for i in node.input if not i.startswith("^")]
     handles = any(a.type in _HANDLES for a in own.output_arg)
@@ -507,26 +518,21 @@ class _Limits:
         for i in range(position, min(position + max(count, 0), len(inputs))):
           self.sized_input(node, own, function, arg.name, inputs[i],
                            handles and arg.name in _SLOT_ARGS, by_name,
-                           consts)
+                           consts, values)
       position += max(count, 0)
 
   def sized_input(self, node, own, function: str, arg: str, tensor: str,
-                  slots: bool, by_name, consts) -> None:
+                  slots: bool, by_name, consts, values_of) -> None:
     source = _const_behind(tensor.split(":")[0], by_name, consts)
-    if source is None or "value" not in source.attr:
+    if source is None:
       return
-    proto = source.attr["value"].tensor
-    dims = [max(d.size, 1) for d in proto.tensor_shape.dim]
-    dtype = _dtype(proto.dtype)
-    if (_product(dims) > _MAX_SHAPE_VALUES or dtype is None
-        or not (dtype.is_integer or dtype.is_bool)):
+    if source.name not in values_of:
+      values_of[source.name] = _shape_values(source)
+    values = values_of[source.name]
+    if values is None:
       return
-    try:
-      values = tf.make_ndarray(proto).reshape(-1).tolist()
-    except Exception:  # pylint: disable=broad-except
-      return  # not a readable tensor: the import refuses it
     # -1 stands for a dimension the op infers.
-    count = _product(1 if v < 0 else int(v) for v in values)
+    count = _product(1 if v < 0 else v for v in values)
     dtype = _output_dtype(node, own)
     element = _element_bytes(dtype)
     what = f"elements of {_dtype_text(dtype)}"
@@ -563,6 +569,28 @@ class _Limits:
         f"graphgrad does not import the graph. Remove the attr, or name a "
         f"gradient written for {node.op} (for a straight-through "
         f"estimator, gradient_override_map({{{node.op!r}: 'Identity'}})).")
+
+
+def _dims(tensor_proto) -> List[int]:
+  """A TensorProto's claimed dimensions (a negative one, which no tensor
+  has, as 1)."""
+  return [d.size if d.size >= 0 else 1 for d in tensor_proto.tensor_shape.dim]
+
+
+def _shape_values(const) -> Optional[List[int]]:
+  """The values of an integer or bool Const small enough to be a shape or
+  a count, or ``None``."""
+  if "value" not in const.attr:
+    return None
+  proto = const.attr["value"].tensor
+  dtype = _dtype(proto.dtype)
+  if (_product(_dims(proto)) > _MAX_SHAPE_VALUES or dtype is None
+      or not (dtype.is_integer or dtype.is_bool)):
+    return None
+  try:
+    return [int(v) for v in tf.make_ndarray(proto).reshape(-1).tolist()]
+  except Exception:  # pylint: disable=broad-except
+    return None  # not a readable tensor: the import refuses it
 
 
 def _const_behind(name: str, by_name, memo: Dict[str, object]):

@@ -282,6 +282,15 @@ def test_a_tiny_frozen_graph_whose_const_claims_1e10_floats(tmp_path, capsys,
       f"much; otherwise the file is corrupt or crafted.")
 
 
+def test_a_tensor_with_a_zero_dimension_takes_nothing():
+  graph_def = tf1.GraphDef()
+  empty = graph_def.node.add(name="empty", op="Const")
+  empty.attr["value"].tensor.dtype = FLOAT
+  for size in (0, 10 ** 12):
+    empty.attr["value"].tensor.tensor_shape.dim.add(size=size)
+  _graph_limits.check(graph_def, memory_bytes=1)
+
+
 def test_gg_thaw_checks_a_graph_def_before_reading_its_constants():
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
   graph_def = tf1.GraphDef()
