@@ -171,6 +171,18 @@ def check_calls(library: function_pb2.FunctionDefLibrary,
     GraphLimitError: if a function calls itself, directly or through
       others, or a chain of calls is more than :data:`MAX_CALL_DEPTH`
       functions deep.
+
+  Example:
+    >>> library = tf.compat.v1.GraphDef().library
+    >>> f = library.function.add()
+    >>> f.signature.name = "f"
+    >>> _ = f.node_def.add(name="again", op="f")
+    >>> try:
+    ...   check_calls(library)
+    ... except GraphLimitError as e:
+    ...   print(e)
+    function 'f' calls itself (f -> f): TensorFlow's import of a recursive
+    function recurses until the process crashes, ...
   """
   prefix = f"{source}: " if source else ""
   functions = {f.signature.name: f for f in library.function}
