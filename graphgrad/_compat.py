@@ -275,6 +275,24 @@ def registered_gradient(op: tf.Operation) -> Optional[Callable]:
     return None
 
 
+def gradient_named(name: str) -> Tuple[bool, Optional[Callable]]:
+  """Whether a gradient is registered under ``name``, and its function.
+
+  The function is ``None`` for a name registered as not differentiable.
+  Without a usable lookup no name counts as registered.
+
+  Example:
+    >>> gradient_named("Mul")[0], gradient_named("graphgrad/NoSuchGradient")
+    (True, (False, None))
+  """
+  if not usable("gradient_lookup"):
+    return False, None
+  try:
+    return True, _tf_ops.gradient_registry.lookup(name)
+  except LookupError:
+    return False, None
+
+
 def has_gradient_function(op: tf.Operation) -> bool:
   """False when ``tf.gradients`` would raise ``LookupError`` at ``op``.
 
@@ -325,11 +343,22 @@ def _check_gradient_lookup() -> None:
     mul = y.op.inputs[0].op
     if not callable(_ORIGINAL_LOOKUP(mul)):
       raise SelfTestError("no gradient function found for Mul")
+    by_name = getattr(getattr(_tf_ops, "gradient_registry", None), "lookup",
+                      None)
+    if by_name is None or by_name("Mul") is not _ORIGINAL_LOOKUP(mul):
+      raise SelfTestError("ops.gradient_registry does not give Mul's "
+                          "gradient function by name")
     with g.gradient_override_map({"Identity": "graphgrad/NoSuchGradient"}):
       unknown = tf.identity(x).op
     try:
       _ORIGINAL_LOOKUP(unknown)
       raise SelfTestError("an unregistered gradient raised no LookupError")
+    except LookupError:
+      pass
+    try:
+      by_name("graphgrad/NoSuchGradient")
+      raise SelfTestError("ops.gradient_registry has an entry for an "
+                          "unregistered name")
     except LookupError:
       pass
     stopped = tf.stop_gradient(x).op  # not differentiable: the lookup's None
@@ -564,6 +593,42 @@ def _check_control_flow_context() -> None:
       raise SelfTestError(f"an op inside a v1 while loop has context {ctx!r}")
 
 
+# -- tensorflow.python.framework.op_def_registry ----------------------------
+
+try:
+  from tensorflow.python.framework import op_def_registry as _op_def_registry  # pylint: disable=g-direct-tensorflow-import
+except ImportError:  # a TensorFlow that moved it: the self-test fails
+  _op_def_registry = None
+
+
+def op_def(op_type: str):
+  """The ``OpDef`` TensorFlow registers for ``op_type``, or ``None``.
+
+  ``None`` too for a function's name or a custom op this process has not
+  loaded, and for every op type when the registry cannot be read.
+
+  Example:
+    >>> [arg.name for arg in op_def("Fill").input_arg], op_def("NoSuchOp")
+    (['dims', 'value'], None)
+  """
+  if not usable("op_def_registry"):
+    return None
+  return _op_def_registry.get(op_type)
+
+
+def _check_op_def_registry() -> None:
+  get = getattr(_op_def_registry, "get", None)
+  if not callable(get):
+    raise SelfTestError("op_def_registry.get is missing")
+  with tf.Graph().as_default():
+    fill = tf.fill([2], 1.0).op
+  if get("Fill") != fill.op_def:
+    raise SelfTestError("op_def_registry.get('Fill') is not the op_def of a "
+                        "Fill op")
+  if get("graphgrad/NoSuchOp") is not None:
+    raise SelfTestError("an unknown op type has an OpDef")
+
+
 # -- Keras Layer._flatten_layers ---------------------------------------------
 
 
@@ -633,13 +698,16 @@ PRIVATE_APIS: Dict[str, PrivateApi] = {
     "gradient_lookup": PrivateApi(
         name="tensorflow.python.framework.ops.get_gradient_function",
         symbols=("tensorflow.python.framework.ops",),
-        why="graphgrad inspect lists ops without a registered gradient; the "
+        why="graphgrad inspect lists ops without a registered gradient, "
+        "and refuses a saved graph whose gradient override names a "
+        "registered gradient written for another op; the "
         "TF1 engine replaces the lookup, for one tf.gradients call on one "
         "thread, to give overridden ops the plan's gradient function and to "
         "weight what the ops of a chain of linearly rewritten layers pass "
         "below (graphgrad.plan._hooks)",
         self_test="in a scratch graph the lookup finds Mul's gradient and "
-        "raises LookupError for an unregistered one; with the replacement "
+        "raises LookupError for an unregistered one, and so does "
+        "ops.gradient_registry by name; with the replacement "
         "installed, tf.compat.v1.gradients calls it and its tripled input "
         "gradient changes the result from 2x to 4x, and an op with no "
         "registered gradient and a not-differentiable one get the function "
@@ -650,6 +718,21 @@ PRIVATE_APIS: Dict[str, PrivateApi] = {
         "a gradient; a GradientPlan with an overridden op raises "
         "GraphGradError",
         check=_check_gradient_lookup),
+    "op_def_registry": PrivateApi(
+        name="tensorflow.python.framework.op_def_registry",
+        symbols=("tensorflow.python.framework.op_def_registry",),
+        why="before a saved graph is imported, graphgrad reads each node's "
+        "op signature (its input names, attr types and outputs) to find "
+        "allocations sized by Const inputs or shape attrs, and whether a "
+        "borrowed gradient fits its op (graphgrad.analysis._graph_limits); "
+        "tf.Operation.op_def exists only once the graph is imported",
+        self_test="get('Fill') is the op_def of a Fill op built in a "
+        "scratch graph, and an unknown op type gives None",
+        fallback="no op signatures before import: the checks that need one "
+        "are skipped (recursion, call depth, constant sizes and the type of "
+        "a gradient override are still checked), and the memory limit of "
+        "the process that imports the graph bounds the rest",
+        check=_check_op_def_registry),
     "reached_walk": PrivateApi(
         name="tensorflow.python.ops.gradients_util._MarkReachedOps",
         symbols=("tensorflow.python.ops.gradients_util", "_MarkReachedOps"),

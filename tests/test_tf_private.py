@@ -108,10 +108,12 @@ def _private_names_read():
 def test_the_registry_lists_every_private_name_graphgrad_reads():
   listed = {s for api in _compat.PRIVATE_APIS.values() for s in api.symbols}
   assert _private_names_read() == listed
-  # The APIs and the private modules they live in: at most six names.
+  # The APIs and the private modules they live in: at most seven names (the
+  # op registry, which the checks of a saved graph before import read, is
+  # both an API and its module).
   names = {api.name for api in _compat.PRIVATE_APIS.values()}
   modules = {s for s in listed if s.startswith("tensorflow.")}
-  assert len(names | modules) <= 6, sorted(names | modules)
+  assert len(names | modules) <= 7, sorted(names | modules)
 
 
 def test_every_entry_says_why_what_it_proves_and_its_fallback():
@@ -121,7 +123,8 @@ def test_every_entry_says_why_what_it_proves_and_its_fallback():
 
 def test_every_self_test_passes_on_this_tensorflow(fresh, caplog):
   with caplog.at_level(logging.WARNING, logger="graphgrad"):
-    for key in ("gradient_lookup", "reached_walk", "control_flow_context"):
+    for key in ("gradient_lookup", "reached_walk", "control_flow_context",
+                "op_def_registry"):
       assert _compat.usable(key), key
     for flavour in FLAVOURS.values():
       package = flavour.__name__.split(".")[0]
@@ -408,3 +411,32 @@ def test_a_keras_without_flatten_layers_lists_attributes(flavour, fresh,
   _assert_close(got2, got)
   (record,) = _warnings(caplog, "flatten_layers")
   assert "hidden from graphgrad" in record.getMessage()
+
+
+def test_without_op_signatures_the_checks_before_import_that_need_them_skip(
+    fresh, monkeypatch, caplog):
+  from tensorflow.python.framework import op_def_registry  # pylint: disable=g-import-not-at-top
+
+  from graphgrad.analysis import _graph_limits  # pylint: disable=g-import-not-at-top
+  graph_def = tf1.GraphDef()
+  dims = graph_def.node.add(name="dims", op="Const")
+  dims.attr["dtype"].type = tf.int32.as_datatype_enum
+  dims.attr["value"].tensor.CopyFrom(tf.make_tensor_proto([1024, 1024]))
+  fill = graph_def.node.add(name="fill", op="Fill", input=["dims", "zero"])
+  fill.attr["T"].type = tf.float32.as_datatype_enum
+  with pytest.raises(_graph_limits.GraphLimitError,
+                     match=r"^node 'fill' \(Fill\) takes its `dims` input"):
+    _graph_limits.check(graph_def, memory_bytes=2 ** 20)
+  big = graph_def.node.add(name="big", op="Const")
+  big.attr["value"].tensor.dtype = tf.float32.as_datatype_enum
+  big.attr["value"].tensor.tensor_shape.dim.add(size=2 ** 20)
+  monkeypatch.delattr(op_def_registry, "get")
+  _compat.reset()
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    assert _compat.op_def("Fill") is None
+    # The Fill's size needs its signature: skipped. The Const's does not.
+    with pytest.raises(_graph_limits.GraphLimitError,
+                       match=r"^node 'big' \(Const\) holds in its `value`"):
+      _graph_limits.check(graph_def, memory_bytes=2 ** 20)
+  (record,) = _warnings(caplog, "op_def_registry")
+  assert "op_def_registry.get is missing" in record.getMessage()

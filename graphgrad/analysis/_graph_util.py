@@ -186,6 +186,27 @@ def ops_behind(start: Iterable[tf.Operation], floor: int,
   return seen
 
 
+def function_names(values: Iterable) -> List[str]:
+  """The functions that attr values (``AttrValue`` protos) name, at any
+  depth, in order: a ``func``, each ``func`` of a list, and those that
+  their own attrs name (a ``NameAttrList`` carries attrs, which can be
+  functions too)."""
+  names: List[str] = []
+  # (True, a NameAttrList) or (False, an AttrValue), depth first.
+  stack: list = [(False, v) for v in values][::-1]
+  while stack:
+    is_func, item = stack.pop()
+    if is_func:
+      names.append(item.name)
+      stack += [(False, item.attr[k]) for k in sorted(item.attr, reverse=True)]
+      continue
+    kind = item.WhichOneof("value")
+    funcs = ([item.func] if kind == "func" else
+             list(item.list.func) if kind == "list" else [])
+    stack += [(True, f) for f in funcs[::-1]]
+  return names
+
+
 def attr_functions(value) -> List[str]:
   """The functions an ``AttrValue`` names, at any depth.
 
@@ -201,16 +222,7 @@ def attr_functions(value) -> List[str]:
     >>> attr_functions(value)
     ['outer', 'inner_fn']
   """
-  funcs = list(value.list.func)
-  if value.WhichOneof("value") == "func":
-    funcs.insert(0, value.func)
-  names: List[str] = []
-  for func in funcs:
-    if func.name:
-      names.append(func.name)
-    for key in sorted(func.attr):
-      names += attr_functions(func.attr[key])
-  return names
+  return function_names([value])
 
 
 def called_functions(node_def, library: Mapping) -> List[str]:

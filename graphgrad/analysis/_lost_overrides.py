@@ -17,7 +17,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import tensorflow as tf
 
-from graphgrad.analysis import _no_gradient
+from graphgrad.analysis import _graph_limits, _no_gradient
 
 _REVERSAL = re.compile(r"flip|revers|grl|negat", re.IGNORECASE)
 _PASS = re.compile(r"straight|through|^ste|pass|identity", re.IGNORECASE)
@@ -54,12 +54,15 @@ class LostOverride:
 
 
 def override_name(op: tf.Operation) -> Optional[str]:
-  """The op's ``_gradient_op_type`` (its ``gradient_override_map`` name)."""
+  """The op's ``_gradient_op_type`` (its ``gradient_override_map`` name).
+
+  Raises:
+    GraphLimitError: if the attr holds no string, or bytes that are not
+      UTF-8 (a saved graph is refused before import; an op given such an
+      attr after it is refused here).
+  """
   # Reading the NodeDef is several times cheaper than a failing get_attr.
-  attr = op.node_def.attr
-  if "_gradient_op_type" not in attr:
-    return None
-  return attr["_gradient_op_type"].s.decode()
+  return _graph_limits.gradient_override(op.node_def)
 
 
 def find(fwd_ops: Sequence[tf.Operation], layer_of: Dict[str, Optional[str]],

@@ -4,7 +4,8 @@ Used by ``graphgrad inspect``, which reads the three forms a legacy TF1
 model comes in: a MetaGraph (``.meta``, from ``Saver``), a v1 SavedModel
 directory (``simple_save`` or ``SavedModelBuilder``; one of its MetaGraphs,
 chosen by tag), and a frozen GraphDef (``.pb``), which is thawed
-(:func:`graphgrad.thaw`) so that its weights form layers again.
+(:func:`graphgrad.thaw`) so that its weights form layers again. Each is
+decoded and checked (``_graph_limits``) before anything imports it.
 
 A legacy TF1 training graph rarely says which tensor is its loss, so
 :func:`guess_loss` looks where TF1 code puts it: the ``LOSSES`` collection
@@ -15,12 +16,12 @@ outputs are offered instead (:func:`output_candidates`).
 
 import os
 import re
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.analysis import _graph_util, _thaw
+from graphgrad.analysis import _graph_limits, _graph_util, _thaw
 
 _LOSS_NAME = re.compile(r"(loss|cost|objective)", re.IGNORECASE)
 # Scopes of ops that a training graph adds after the loss.
@@ -40,72 +41,153 @@ def kind_of(path: str) -> str:
   return "frozen GraphDef" if path.lower().endswith(".pb") else "MetaGraph"
 
 
-def load(path: str, tag: str = "serve") -> tf.Graph:
+def load(path: str, tag: str = "serve",
+         memory_bytes: int = _graph_limits.DEFAULT_MEMORY_BYTES,
+         batch: int = 1, checks: bool = True) -> tf.Graph:
   """Imports the MetaGraph, SavedModel or frozen graph at ``path``.
 
   Args:
     path: a ``.meta`` file, a SavedModel directory, or a frozen ``.pb``.
     tag: the tag of the SavedModel's MetaGraph to load.
+    memory_bytes: the most one tensor of the graph may take, in bytes
+      (:func:`graphgrad.analysis._graph_limits.check`).
+    batch: what an unknown placeholder dimension counts as in that check.
+    checks: ``False`` skips that check (``--no-checks``: the sandbox alone
+      confines the import; thawing a frozen graph still checks its
+      constants).
+    batch: what an unknown dimension of a placeholder counts as: the batch
+      of the random inputs ``graphgrad grads`` makes.
 
   Returns:
     A new ``tf.Graph``; a frozen graph's weights are variables in it.
 
   Raises:
     MetaGraphError: if the path is missing or is not what its form says.
+    GraphLimitError: if the graph asks for more than graphgrad imports
+      (recursion, deep calls, huge tensors, a broken gradient override).
     GraphGradError: if a frozen ``.pb`` cannot be thawed.
   """
   kind = kind_of(path)
   if kind == "SavedModel":
-    return _load_saved_model(path, tag)
-  if not os.path.isfile(path):
+    meta_graph = _read_saved_model(path, tag)
+  elif not os.path.isfile(path):
     raise MetaGraphError(
         f"no such file: {path!r}. Pass the .meta file that "
         f"tf.compat.v1.train.Saver.save wrote next to the checkpoint, a "
         f"SavedModel directory, or a frozen .pb.")
+  elif kind == "frozen GraphDef":
+    graph_def = _thaw.load_graph_def(path)
+    if checks:
+      _graph_limits.check(graph_def, memory_bytes, batch, repr(path))
+    graph = tf.Graph()
+    with graph.as_default():
+      _thaw.thaw(graph_def, memory_bytes=memory_bytes)
+    return graph
+  else:
+    meta_graph = _read_meta_graph(path)
+  if checks:
+    _graph_limits.check(meta_graph.graph_def, memory_bytes, batch,
+                        repr(path))
   graph = tf.Graph()
   with graph.as_default():
-    if kind == "frozen GraphDef":
-      _thaw.thaw(path)
-      return graph
     try:
-      tf.compat.v1.train.import_meta_graph(path, clear_devices=True)
+      tf.compat.v1.train.import_meta_graph(meta_graph, clear_devices=True)
     except Exception as e:  # pylint: disable=broad-except
-      first = (str(e).strip().splitlines() or [""])[0][:160]
       raise MetaGraphError(
-          f"cannot read {path!r} as a MetaGraph ({type(e).__name__}: "
-          f"{first}). Pass a .meta file written by "
-          f"tf.compat.v1.train.Saver or export_meta_graph.") from None
-  if not graph.get_operations():  # an empty file parses as an empty proto
-    raise MetaGraphError(
-        f"{path!r} is not a MetaGraph: it holds no graph (an empty file, or "
-        f"another kind of protocol buffer). Pass a .meta file written by "
-        f"tf.compat.v1.train.Saver or export_meta_graph.")
+          f"TensorFlow {tf.__version__} cannot import {path!r} "
+          f"({type(e).__name__}: {_first_line(e)}). Pass a {kind} written by "
+          f"TensorFlow whose ops this TensorFlow knows.") from None
   return graph
 
 
-def _load_saved_model(path: str, tag: str) -> tf.Graph:
-  """Imports the MetaGraph tagged ``tag`` of a SavedModel, without weights."""
+_META_FIX = ("Pass a .meta file written by tf.compat.v1.train.Saver or "
+             "export_meta_graph.")
+_SAVED_MODEL_FIX = ("Pass the directory that "
+                    "tf.compat.v1.saved_model.simple_save or "
+                    "SavedModelBuilder wrote, or a .meta or frozen .pb file.")
+
+
+def _first_line(e: Exception) -> str:
+  return (str(e).strip().splitlines() or [""])[0][:160]
+
+
+def _read_meta_graph(path: str):
+  """The ``MetaGraphDef`` in the file ``path``, binary or text, as
+  ``import_meta_graph`` reads it, without importing it."""
+  from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
+  from tensorflow.core.protobuf import meta_graph_pb2  # pylint: disable=g-import-not-at-top
+  with open(path, "rb") as f:
+    data = f.read()
+  meta_graph = meta_graph_pb2.MetaGraphDef()
+  try:
+    meta_graph.ParseFromString(data)
+  except Exception as e:  # pylint: disable=broad-except
+    error: Optional[Exception] = e
+    try:
+      text = data.decode("utf-8")
+    except UnicodeDecodeError:
+      text = None  # binary, so the binary parser's error is the one to tell
+    if text is not None:
+      meta_graph = meta_graph_pb2.MetaGraphDef()
+      try:
+        text_format.Merge(text, meta_graph)
+        error = None
+      except Exception as text_error:  # pylint: disable=broad-except
+        error = text_error
+    if error is not None:
+      raise MetaGraphError(
+          f"cannot read {path!r} as a MetaGraph ({type(error).__name__}: "
+          f"{_first_line(error)}). {_META_FIX}") from None
+  _check_nodes(meta_graph.graph_def, f"{path!r} is not a MetaGraph",
+               _META_FIX)
+  return meta_graph
+
+
+def _check_nodes(graph_def, what: str, fix: str) -> None:
+  """Refuses a graph with no nodes, or with a node without name or op: the
+  marks of an empty file or of another kind of protocol buffer."""
+  if not graph_def.node:
+    raise MetaGraphError(
+        f"{what}: it holds no graph (an empty file, or another kind of "
+        f"protocol buffer). {fix}")
+  if not all(n.name and n.op for n in graph_def.node):
+    raise MetaGraphError(
+        f"{what}: its graph has nodes without a name or an op type (another "
+        f"kind of protocol buffer, or a corrupt file). {fix}")
+
+
+def _read_saved_model(path: str, tag: str):
+  """The ``MetaGraphDef`` tagged ``tag`` of a SavedModel, without importing
+  it (nor its weights)."""
   from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
   file = os.path.join(path, "saved_model.pb")
   if not os.path.isfile(file):
     raise MetaGraphError(
         f"{path!r} is a directory without saved_model.pb, so not a "
-        f"SavedModel. Pass the directory that "
-        f"tf.compat.v1.saved_model.simple_save or SavedModelBuilder wrote, "
-        f"or a .meta or frozen .pb file.")
+        f"SavedModel. {_SAVED_MODEL_FIX}")
   model = saved_model_pb2.SavedModel()
   with open(file, "rb") as f:
-    model.ParseFromString(f.read())
+    data = f.read()
+  try:
+    model.ParseFromString(data)
+  except Exception as e:  # pylint: disable=broad-except
+    raise MetaGraphError(
+        f"cannot read {file!r} as a SavedModel ({type(e).__name__}: "
+        f"{_first_line(e)}). {_SAVED_MODEL_FIX}") from None
+  if not model.meta_graphs:
+    raise MetaGraphError(
+        f"{file!r} is not a SavedModel: it holds no MetaGraph (an empty "
+        f"file, or another kind of protocol buffer). {_SAVED_MODEL_FIX}")
   tags = [sorted(m.meta_info_def.tags) for m in model.meta_graphs]
   found = [m for m in model.meta_graphs if tag in m.meta_info_def.tags]
   if not found:
     raise MetaGraphError(
         f"--tag {tag!r}: the SavedModel {path!r} has no MetaGraph with that "
         f"tag; its MetaGraphs have the tags {tags}. Pass one with --tag.")
-  graph = tf.Graph()
-  with graph.as_default():
-    tf.compat.v1.train.import_meta_graph(found[0], clear_devices=True)
-  return graph
+  _check_nodes(found[0].graph_def,
+               f"the MetaGraph tagged {tag!r} of {file!r} is not a graph",
+               _SAVED_MODEL_FIX)
+  return found[0]
 
 
 def _scalar_float(t: tf.Tensor) -> bool:

@@ -23,6 +23,7 @@ import tensorflow as tf
 from google.protobuf import message as pb_message
 
 from graphgrad import _errors
+from graphgrad.analysis import _graph_limits
 
 log = logging.getLogger("graphgrad")
 
@@ -220,8 +221,9 @@ def _by_names(graph_def, names) -> List[tf.compat.v1.NodeDef]:
   return [n for n in graph_def.node if n.name in keep]
 
 
-def thaw(graph_def_or_path, select: Select = None,
-         name: str = "") -> List[tf.Variable]:
+def thaw(graph_def_or_path, select: Select = None, name: str = "",
+         memory_bytes: int = _graph_limits.DEFAULT_MEMORY_BYTES
+         ) -> List[tf.Variable]:
   """Imports a frozen graph and turns its weights back into variables.
 
   Each selected floating-point ``Const`` becomes a resource variable whose
@@ -247,6 +249,9 @@ def thaw(graph_def_or_path, select: Select = None,
       :func:`select_constants` for what each picks.
     name: the import prefix, as in ``import_graph_def`` (``""`` imports the
       names unchanged; ``"net"`` gives ``net/dense/kernel``).
+    memory_bytes: the most one tensor of the graph may take, in bytes. The
+      graph is checked before anything of it is read or imported
+      (:func:`graphgrad.analysis._graph_limits.check`).
 
   Returns:
     The created variables, in the GraphDef's node order.
@@ -255,6 +260,9 @@ def thaw(graph_def_or_path, select: Select = None,
     ThawError (a GraphGradError): if the path is not a GraphDef, ``select``
       matches nothing or matches non-floating-point constants, or a
       variable name is already taken in the default graph.
+    GraphLimitError (a GraphGradError): if the graph asks for more than
+      graphgrad imports: recursive or deeply nested functions, a tensor
+      larger than ``memory_bytes``, a broken gradient override.
 
   Example:
     >>> import tensorflow as tf, graphgrad as gg
@@ -272,6 +280,10 @@ def thaw(graph_def_or_path, select: Select = None,
     ['dense/kernel'] [3.]
   """
   graph_def = load_graph_def(graph_def_or_path)
+  _graph_limits.check(
+      graph_def, memory_bytes, source=(
+          "" if isinstance(graph_def_or_path, tf.compat.v1.GraphDef)
+          else repr(os.fspath(graph_def_or_path))))
   chosen = select_constants(graph_def, select)
   variables = _import_as_variables(graph_def, chosen, name)
   trainable = sum(1 for v in variables if v.trainable)

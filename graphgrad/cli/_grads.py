@@ -72,10 +72,23 @@ def add_parser(sub) -> argparse.ArgumentParser:
   return p
 
 
-def load_model(path: str):
-  """The model at ``path`` as a new ``tf.Graph``, loaded as ``inspect`` does."""
-  from graphgrad.analysis import _metagraph  # pylint: disable=g-import-not-at-top
-  return _metagraph.load(path)
+def load_model(path: str, batch: int = 1, memory_bytes: Optional[int] = None,
+               checks: bool = True):
+  """The model at ``path`` as a new ``tf.Graph``, loaded as ``inspect`` does.
+
+  Args:
+    path: a ``.meta`` file, a SavedModel directory, or a frozen ``.pb``.
+    batch: what an unknown dimension of a placeholder counts as when the
+      graph's sizes are checked before import: the random inputs' batch.
+    memory_bytes: the most one tensor may take, in bytes; ``None`` for the
+      default (``_graph_limits.DEFAULT_MEMORY_BYTES``).
+    checks: ``False`` skips the checks before import (``--no-checks``).
+  """
+  from graphgrad.analysis import _graph_limits, _metagraph  # pylint: disable=g-import-not-at-top
+  if memory_bytes is None:
+    memory_bytes = _graph_limits.DEFAULT_MEMORY_BYTES
+  return _metagraph.load(path, memory_bytes=memory_bytes, batch=batch,
+                         checks=checks)
 
 
 def _int(flag: str, text: str, minimum: int) -> int:
@@ -338,7 +351,8 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> Dict:
   checks = not args.no_checks
   try:
     _args.phase("reading the model")
-    graph = load_model(args.model)
+    graph = load_model(args.model, batch=batch, memory_bytes=args.memory,
+                       checks=checks)
     _args.phase("analysing the graph")
     with graph.as_default():
       if args.output:

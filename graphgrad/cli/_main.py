@@ -216,7 +216,8 @@ def _inspect_compute(args) -> dict:
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
   from graphgrad.analysis import _draw, _metagraph  # pylint: disable=g-import-not-at-top
   _args.phase("reading the model")
-  graph = _metagraph.load(args.path, tag=args.tag)
+  graph = _metagraph.load(args.path, tag=args.tag, memory_bytes=args.memory,
+                          checks=not args.no_checks)
   _args.phase("analysing the graph")
   with graph.as_default():
     if args.output:

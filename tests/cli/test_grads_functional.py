@@ -84,8 +84,9 @@ def _check(tmp_path, monkeypatch, model, types):
   out = tmp_path / "g.json"
   loaded = []
   load = _grads.load_model
-  monkeypatch.setattr(_grads, "load_model",
-                      lambda path: loaded.append(load(path)) or loaded[-1])
+  monkeypatch.setattr(
+      _grads, "load_model",
+      lambda path, **limits: loaded.append(load(path, **limits)) or loaded[-1])
   # In this process, to compare with the very graph grads imported.
   assert _cli.main(["grads", model, "--feed", str(tmp_path / "feed.npz"),
                     "--json", str(out), "--no-sandbox"]) == 0
@@ -246,7 +247,7 @@ def test_the_backward_pass_is_checked_before_it_runs(tmp_path, capsys,
     loss = tf.reduce_mean(tf.square(dense(h, 2, "l2")), name="loss")
     tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
   assert "WriteFile" not in {op.type for op in graph.get_operations()}
-  monkeypatch.setattr(_grads, "load_model", lambda path: graph)
+  monkeypatch.setattr(_grads, "load_model", lambda path, **limits: graph)
   line = error_line(capsys, ["grads", "model.meta", "--no-sandbox"])
   assert line.startswith("graphgrad grads: error: saved graph op "
                          "'gradient_report/gradients/"), line
