@@ -288,9 +288,15 @@ def check(args) -> None:
 
 
 def reads(args) -> List[str]:
-  """The files the sandboxed ``grads`` may read: the model, the
-  checkpoint's files and the feed."""
+  """The files the sandboxed ``grads`` may read: the model (with
+  ``--allow-io``, its whole directory), the checkpoint's files and the
+  feed."""
   found = [args.model]
+  if args.allow_io:
+    # A graph's own I/O may read next to it (a vocabulary, assets): the
+    # model's directory, and nothing outside it.
+    model = os.path.abspath(args.model)
+    found.append(model if os.path.isdir(model) else os.path.dirname(model))
   if args.checkpoint:
     found += checkpoint_files(args.checkpoint)
   if args.feed:

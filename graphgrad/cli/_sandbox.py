@@ -219,7 +219,10 @@ def read_paths(model_reads: List[str]) -> List[str]:
   root = os.path.dirname(os.path.dirname(here))
   paths = [sys.prefix, sys.base_prefix, sys.exec_prefix,
            sys.base_exec_prefix, root]
-  paths += [p for p in sys.path if p and os.path.isabs(p)]
+  # Not the working directory, which ``python -m`` puts on sys.path.
+  cwd = os.getcwd()
+  paths += [p for p in sys.path if p and os.path.isabs(p)
+            and os.path.abspath(p) != cwd]
   paths += ["/lib", "/lib32", "/lib64", "/usr/lib", "/usr/lib64",
             "/usr/local/lib", "/etc/ld.so.cache", "/proc/self",
             "/proc/stat", "/proc/cpuinfo", "/proc/meminfo",

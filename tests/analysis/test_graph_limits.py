@@ -25,9 +25,15 @@ FLOAT = tf.float32.as_datatype_enum
 INT32 = tf.int32.as_datatype_enum
 
 
+def _here(command):
+  """``command`` in this process (--no-sandbox), where ``no_import`` sees
+  it: these tests are of the checks before import, not of the sandbox."""
+  return [command, "--no-sandbox"]
+
+
 @pytest.fixture
 def no_import(monkeypatch):
-  """Fails the test if anything imports a graph."""
+  """Fails the test if anything imports a graph (in this process)."""
   def refuse(*args, **kwargs):
     raise AssertionError("a crafted graph reached the import")
   monkeypatch.setattr(tf1.train, "import_meta_graph", refuse)
@@ -157,7 +163,7 @@ def test_a_chain_of_5000_functions_is_refused(tmp_path, capsys, no_import):
   meta.graph_def.library.CopyFrom(_chain(5000))
   _call(meta.graph_def, "f0")
   path = _write(tmp_path, meta)
-  assert error_line(capsys, ["inspect", path]) == (
+  assert error_line(capsys, ["inspect", "--no-sandbox", path]) == (
       f"graphgrad inspect: error: {path!r}: function 'f0' starts a chain of "
       f"5000 functions, each calling the next (f0 -> f1 -> ... -> f4999): "
       f"more than the 100 nested functions graphgrad imports, as "
@@ -200,7 +206,7 @@ def test_a_tensor_array_of_2_31_slots_is_refused(tmp_path, capsys,
   _allocating(meta.graph_def.node, "TensorArrayV3", 2 ** 31 - 1, "dtype")
   path = _write(tmp_path, meta)
   want = (2 ** 31 - 1) * _graph_limits.OBJECT_BYTES / GIB
-  assert error_line(capsys, ["inspect", path]) == (
+  assert error_line(capsys, ["inspect", "--no-sandbox", path]) == (
       f"graphgrad inspect: error: {path!r}: node 'alloc' (TensorArrayV3) "
       f"takes its `size` input from Const 'n' = [2147483647]: 2,147,483,647 "
       f"slots of float32 tensors, at least 24 bytes each: {want:.1f} GiB, "
@@ -223,7 +229,7 @@ def test_fill_and_empty_of_a_huge_shape_are_refused(tmp_path, capsys,
     node.input.append("zero")
   path = _write(tmp_path, meta)
   want = 100000 * 100000 * 10 * 4 / GIB
-  assert error_line(capsys, ["grads", path]) == (
+  assert error_line(capsys, ["grads", "--no-sandbox", path]) == (
       f"graphgrad grads: error: {path!r}: node 'alloc' ({op}) takes its "
       f"`{arg}` input from Const 'n' = [100000, 100000, 10]: "
       f"100,000,000,000 elements of float32: {want:.1f} GiB, more than the "
@@ -272,7 +278,7 @@ def test_a_tiny_frozen_graph_whose_const_claims_1e10_floats(tmp_path, capsys,
     f.write(graph_def.SerializeToString())
   assert os.path.getsize(path) < 400
   stored = big.attr["value"].tensor.ByteSize()
-  assert error_line(capsys, ["inspect", path, "--output", "y"]) == (
+  assert error_line(capsys, [*_here("inspect"), path, "--output", "y"]) == (
       f"graphgrad inspect: error: {path!r}: node 'big' (Const) holds in its "
       f"`value` attr a float32 tensor of shape [10000000000] "
       f"(10,000,000,000 elements; its proto stores {stored} bytes and "
@@ -311,7 +317,7 @@ def test_a_placeholder_of_10_12_floats_is_refused_by_grads(tmp_path, capsys,
   for size in (100000, 100000, 100):
     x.attr["shape"].shape.dim.add(size=size)
   path = _write(tmp_path, meta)
-  assert error_line(capsys, ["grads", path]) == (
+  assert error_line(capsys, ["grads", "--no-sandbox", path]) == (
       f"graphgrad grads: error: {path!r}: node 'x' (Placeholder) declares "
       f"`shape` [100000, 100000, 100] of float32: {4e12 / GIB:.1f} GiB, more "
       f"than the {LIMIT} memory limit (memory_bytes), so graphgrad does not "
@@ -343,7 +349,7 @@ def test_unknown_dimensions_count_as_the_batch(tmp_path, capsys, no_import):
   x.attr["shape"].shape.dim[1].size = 2 ** 29  # [?, 2**29]: 2 GiB a row
   path = _write(tmp_path, meta)
   _graph_limits.check(meta.graph_def, batch=4)
-  assert error_line(capsys, ["grads", path, "--batch", "5"]) == (
+  assert error_line(capsys, [*_here("grads"), path, "--batch", "5"]) == (
       f"graphgrad grads: error: {path!r}: node 'x' (Placeholder) declares "
       f"`shape` [?, 536870912] of float32, unknown dimensions counted as "
       f"the batch 5: {5 * 2 ** 31 / GIB:.1f} GiB, more than the {LIMIT} "
@@ -389,13 +395,13 @@ def test_a_corrupt_saved_model_is_one_line(tmp_path, capsys, no_import):
         f"graphgrad {command}: error: cannot read {str(file)!r} as a "
         f"SavedModel ({why}). {fix}")
   file.write_bytes(b"")
-  assert error_line(capsys, ["inspect", str(tmp_path / "sm")]) == (
+  assert error_line(capsys, [*_here("inspect"), str(tmp_path / "sm")]) == (
       f"graphgrad inspect: error: {str(file)!r} is not a SavedModel: it "
       f"holds no MetaGraph (an empty file, or another kind of protocol "
       f"buffer). {fix}")
   # A GraphDef parses as a SavedModel without MetaGraphs.
   file.write_bytes(_model().graph_def.SerializeToString())
-  assert error_line(capsys, ["inspect", str(tmp_path / "sm")]).endswith(
+  assert error_line(capsys, [*_here("inspect"), str(tmp_path / "sm")]).endswith(
       "is not a SavedModel: it holds no MetaGraph (an empty file, or another "
       f"kind of protocol buffer). {fix}")
 
@@ -409,7 +415,7 @@ def test_a_saved_model_whose_meta_graph_has_nameless_nodes(tmp_path, capsys,
   (tmp_path / "sm").mkdir()
   file = tmp_path / "sm" / "saved_model.pb"
   file.write_bytes(model.SerializeToString())
-  assert error_line(capsys, ["inspect", str(tmp_path / "sm")]) == (
+  assert error_line(capsys, [*_here("inspect"), str(tmp_path / "sm")]) == (
       f"graphgrad inspect: error: the MetaGraph tagged 'serve' of "
       f"{str(file)!r} is not a graph: its graph has nodes without a name or "
       f"an op type (another kind of protocol buffer, or a corrupt file). "
@@ -425,13 +431,13 @@ def test_a_corrupt_meta_graph_is_one_line(tmp_path, capsys, no_import):
   why = _decode_error(meta_graph_pb2.MetaGraphDef(), data)
   fix = ("Pass a .meta file written by tf.compat.v1.train.Saver or "
          "export_meta_graph.")
-  assert error_line(capsys, ["grads", str(path)]) == (
+  assert error_line(capsys, ["grads", "--no-sandbox", str(path)]) == (
       f"graphgrad grads: error: cannot read {str(path)!r} as a MetaGraph "
       f"({why}). {fix}")
   meta = meta_graph_pb2.MetaGraphDef()
   meta.graph_def.node.add(name="x")
   path.write_bytes(meta.SerializeToString())
-  assert error_line(capsys, ["inspect", str(path)]) == (
+  assert error_line(capsys, ["inspect", "--no-sandbox", str(path)]) == (
       f"graphgrad inspect: error: {str(path)!r} is not a MetaGraph: its "
       f"graph has nodes without a name or an op type (another kind of "
       f"protocol buffer, or a corrupt file). {fix}")
@@ -440,7 +446,7 @@ def test_a_corrupt_meta_graph_is_one_line(tmp_path, capsys, no_import):
 def test_a_corrupt_frozen_graph_is_one_line(tmp_path, capsys, no_import):
   path = tmp_path / "bad.pb"
   path.write_bytes(np.random.default_rng(0).bytes(300))
-  line = error_line(capsys, ["inspect", str(path)])
+  line = error_line(capsys, ["inspect", "--no-sandbox", str(path)])
   assert line == (
       f"graphgrad inspect: error: `graph_def_or_path` {str(path)!r} is not a "
       f"binary GraphDef. Pass a frozen graph written by "

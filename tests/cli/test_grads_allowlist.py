@@ -22,6 +22,9 @@ tf1 = tf.compat.v1
 def _forbid_sessions(monkeypatch):
   """From now on, a Session the command line creates fails the test.
 
+  The tests that use it run the command in this process (--no-sandbox),
+  where the patch can see it: they test the allowlist, which refuses
+  before any Session; tests/cli/test_sandbox.py tests the sandbox.
   graphgrad's one-time self-tests of TensorFlow may still make theirs.
   """
   real = tf1.Session
@@ -195,7 +198,7 @@ def test_a_hidden_write_is_refused_before_any_session(tmp_path, capsys,
                                                       where, why):
   target = tmp_path / "written"
   meta = _save_meta(tmp_path, build(target))
-  line = error_line(capsys, ["grads", meta])
+  line = error_line(capsys, ["grads", "--no-sandbox", meta])
   assert line.startswith("graphgrad grads: error: saved graph op '"), line
   assert where in line and why in line, line
   assert line.endswith("; pass --allow-io to run it"), line
@@ -260,7 +263,7 @@ def test_a_hidden_read_is_refused_before_any_session(tmp_path, capsys,
                                                      where, why):
   """No Session exists, so the file (absent here) is never opened."""
   meta = _save_meta(tmp_path, build(tmp_path / "secret"))
-  line = error_line(capsys, ["grads", meta])
+  line = error_line(capsys, ["grads", "--no-sandbox", meta])
   assert line.startswith("graphgrad grads: error: saved graph op '"), line
   assert where in line and why + "; pass --allow-io to run it" in line, line
 
@@ -268,7 +271,8 @@ def test_a_hidden_read_is_refused_before_any_session(tmp_path, capsys,
 def test_an_allowlisted_op_that_names_a_file_runs_with_allow_io(tmp_path,
                                                               capsys):
   """FixedUnigramCandidateSampler is pure compute when its counts are in
-  its attrs, and known I/O when it reads them from a file."""
+  its attrs, and known I/O when it reads them from a file: with --allow-io
+  the sandbox lets it read the model's own directory."""
   meta = _save_meta(tmp_path, lambda h: _plus(h, _sampler()))
   assert _cli.main(["grads", meta]) == 0
   vocab = tmp_path / "vocab.csv"
@@ -283,7 +287,7 @@ def test_an_op_neither_pure_nor_io_is_refused_even_with_allow_io(
   graph_def = tf.Graph().as_graph_def().SerializeToString()
   meta = _save_meta(tmp_path, lambda h: _after(
       tf.raw_ops.DatasetFromGraph(graph_def=graph_def).op, h))
-  line = error_line(capsys, ["grads", meta, "--allow-io"])
+  line = error_line(capsys, ["grads", "--no-sandbox", meta, "--allow-io"])
   assert line == (
       "graphgrad grads: error: saved graph op 'DatasetFromGraph' "
       "(DatasetFromGraph): not a pure compute op, so grads refuses it even "
@@ -391,7 +395,7 @@ def test_a_function_that_no_node_names_is_checked(tmp_path, capsys,
   target = tmp_path / "written"
   meta = _library_meta(tmp_path, target, plant)
   _forbid_sessions(monkeypatch)
-  line = error_line(capsys, ["grads", meta, "--loss", "loss"])
+  line = error_line(capsys, ["grads", "--no-sandbox", meta, "--loss", "loss"])
   head = "graphgrad grads: error: "
   assert line.startswith(head) and re.search(path, line[len(head):]), line
   assert line.endswith("(WriteFile): writes a file; pass --allow-io to run "
@@ -399,7 +403,8 @@ def test_a_function_that_no_node_names_is_checked(tmp_path, capsys,
   assert not target.exists()
   monkeypatch.undo()
   # TensorFlow does run `evil`: allowed, it writes the file.
-  assert _cli.main(["grads", meta, "--loss", "loss", "--allow-io"]) == 0
+  assert _cli.main(["grads", "--no-sandbox", meta, "--loss", "loss",
+                    "--allow-io"]) == 0
   assert target.exists()
 
 
@@ -417,7 +422,7 @@ def test_a_function_the_implementation_selector_may_swap_in_is_checked(
   target = tmp_path / "written"
   meta = _library_meta(tmp_path, target, _same_api)
   _forbid_sessions(monkeypatch)
-  line = error_line(capsys, ["grads", meta, "--loss", "loss"])
+  line = error_line(capsys, ["grads", "--no-sandbox", meta, "--loss", "loss"])
   assert re.fullmatch(
       r"graphgrad grads: error: saved graph op '[^']*PartitionedCall' -> "
       r"function '__inference_wrapper_\d+' -> function "
@@ -428,7 +433,8 @@ def test_a_function_the_implementation_selector_may_swap_in_is_checked(
   assert not target.exists()
   monkeypatch.undo()
   # grads turns the selector off, so even allowed, `twice` runs.
-  assert _cli.main(["grads", meta, "--loss", "loss", "--allow-io"]) == 0
+  assert _cli.main(["grads", "--no-sandbox", meta, "--loss", "loss",
+                    "--allow-io"]) == 0
   assert not target.exists()
   # A Session as TensorFlow configures it runs `evil` instead.
   with tf.Graph().as_default():
@@ -460,7 +466,8 @@ def test_the_checkpoint_restore_and_what_it_runs_are_checked(
   path = tmp_path / "model.meta"
   path.write_bytes(meta.SerializeToString())
   _forbid_sessions(monkeypatch)
-  line = error_line(capsys, ["grads", str(path), "--checkpoint", prefix])
+  line = error_line(capsys, ["grads", "--no-sandbox", str(path),
+                             "--checkpoint", prefix])
   assert line == (
       f"graphgrad grads: error: --checkpoint {prefix!r}: restoring it runs "
       f"saved graph op 'WriteFile' (WriteFile): writes a file; pass "
@@ -468,10 +475,10 @@ def test_the_checkpoint_restore_and_what_it_runs_are_checked(
   assert not target.exists()
   monkeypatch.undo()
   # Without a checkpoint, grads initializes the variables the loss reads.
-  assert _cli.main(["grads", str(path)]) == 0
+  assert _cli.main(["grads", "--no-sandbox", str(path)]) == 0
   assert not target.exists()
   # Allowed, the restore does run the write.
-  assert _cli.main(["grads", str(path), "--checkpoint", prefix,
+  assert _cli.main(["grads", "--no-sandbox", str(path), "--checkpoint", prefix,
                     "--allow-io"]) == 0
   assert target.exists()
 
@@ -493,7 +500,7 @@ def test_a_write_in_a_saved_model_function_is_refused(tmp_path, capsys,
     tf1.saved_model.simple_save(sess, str(tmp_path / "sm"), {"x": x},
                                 {"loss": loss})
   _forbid_sessions(monkeypatch)
-  line = error_line(capsys, ["grads", str(tmp_path / "sm")])
+  line = error_line(capsys, ["grads", "--no-sandbox", str(tmp_path / "sm")])
   assert "-> function '__inference_f_" in line, line
   assert line.endswith("'WriteFile' (WriteFile): writes a file; pass "
                        "--allow-io to run it"), line
@@ -510,8 +517,8 @@ def test_a_write_in_a_frozen_graph_function_is_refused(tmp_path, capsys,
         sess, g.as_graph_def(), ["loss"])
   tf.io.write_graph(frozen, str(tmp_path), "frozen.pb", as_text=False)
   _forbid_sessions(monkeypatch)
-  line = error_line(capsys, ["grads", str(tmp_path / "frozen.pb"),
-                             "--loss", "loss"])
+  line = error_line(capsys, ["grads", "--no-sandbox",
+                             str(tmp_path / "frozen.pb"), "--loss", "loss"])
   assert "-> function '__inference_f_" in line, line
   assert line.endswith("(WriteFile): writes a file; pass --allow-io to run "
                        "it"), line
@@ -644,7 +651,7 @@ def test_inspect_runs_nothing_of_a_hostile_saved_model(tmp_path, capsys,
     builder.save()
   assert not main_target.exists() and not loss_target.exists()
   _forbid_sessions(monkeypatch)
-  assert _cli.main(["inspect", str(tmp_path / "sm")]) == 0
+  assert _cli.main(["inspect", "--no-sandbox", str(tmp_path / "sm")]) == 0
   assert "loss:0" in capsys.readouterr().out
   assert not main_target.exists() and not loss_target.exists()
 
@@ -653,6 +660,6 @@ def test_inspect_runs_nothing_of_a_hostile_meta_graph(tmp_path, capsys,
                                                       no_session):
   target = tmp_path / "written"
   meta = _save_meta(tmp_path, _dataset_map(target))
-  assert _cli.main(["inspect", meta]) == 0
+  assert _cli.main(["inspect", "--no-sandbox", meta]) == 0
   assert "l1" in capsys.readouterr().out
   assert not target.exists()
