@@ -208,3 +208,97 @@ EXHAUSTING = {
     "endless_allocation": endless_allocation,
     "endless_loop": endless_loop,
 }
+
+
+def write_by_signature_default(folder, target):
+  """The function that writes is only the default of a signature attr of
+  the function the graph calls; no node names it."""
+  path = write_in_nested_function(folder, target)
+  meta = tf1.MetaGraphDef()
+  with open(path, "rb") as f:
+    meta.ParseFromString(f.read())
+  outer = next(f for f in meta.graph_def.library.function
+               if f.signature.name == "outer")
+  outer.signature.attr[0].default_value.func.name = "evil"
+  node = next(n for n in meta.graph_def.node if n.name == "call_site")
+  node.attr["f"].func.attr.clear()
+  path = os.path.join(str(folder), "write_by_signature_default.meta")
+  with open(path, "wb") as f:
+    f.write(meta.SerializeToString())
+  return path
+
+
+def write_on_restore(folder, target):
+  """A variable's handle op waits for a write: restoring the checkpoint
+  runs it. Returns ``(meta, checkpoint prefix)``."""
+  prefix = os.path.join(str(folder), "restore.ckpt")
+  with tf.Graph().as_default():
+    w = tf1.get_variable("l1/kernel", [3, 2],
+                         initializer=tf1.constant_initializer(0.5))
+    with tf1.Session() as sess:
+      sess.run(w.initializer)
+      tf1.train.Saver().save(sess, prefix)
+
+  def attack(h):
+    tf.io.write_file(str(target), "written", name="hidden_write")
+    return h
+
+  def edit(meta):
+    handle = next(n for n in meta.graph_def.node if n.name == "l1/kernel")
+    handle.input.append("^hidden_write")
+  return _save(folder, "write_on_restore", attack, edit), prefix
+
+
+def huge_placeholder(folder, target=None):
+  """A placeholder of [100000, 100000, 100] floats: grads would feed as
+  much."""
+  del target
+  return _save(folder, "huge_placeholder", lambda h: _uses(
+      h, tf1.placeholder(tf.float32, [100000, 100000, 100], name="big")))
+
+
+def gradient_override_of_int(folder, target=None):
+  """``_gradient_op_type`` must be a string; this one is an int."""
+  del target
+
+  def edit(meta):
+    node = next(n for n in meta.graph_def.node if n.name == "l1/MatMul")
+    node.attr["_gradient_op_type"].i = 7
+  return _save(folder, "gradient_override_of_int", lambda h: h, edit)
+
+
+def chain_of_functions(folder, target=None, length=5000):
+  """f0 calls f1 calls ... f4999."""
+  del target
+
+  def edit(meta):
+    lib = meta.graph_def.library
+    for i in range(length):
+      f = lib.function.add()
+      f.signature.name = f"f{i}"
+      _signature(f)
+      node = f.node_def.add()
+      node.name = "next"
+      if i + 1 < length:
+        node.op = f"f{i + 1}"
+        node.input.append("a")
+        f.ret["o"] = "next:o:0"
+      else:
+        node.op = "Identity"
+        node.input.append("a")
+        node.attr["T"].type = types_pb2.DT_FLOAT
+        f.ret["o"] = "next:output:0"
+    node = next(n for n in meta.graph_def.node if n.name == "call_site")
+    node.op = "f0"
+    node.attr.clear()
+  return _save(folder, "chain_of_functions",
+               lambda h: tf.identity(h, name="call_site"), edit)
+
+
+def corrupt_saved_model(folder, target=None):
+  del target
+  path = os.path.join(str(folder), "corrupt_saved_model")
+  os.makedirs(path)
+  with open(os.path.join(path, "saved_model.pb"), "wb") as f:
+    f.write(b"\x0a\xff\xff\xff\xff\x0f not a protocol buffer")
+  return path

@@ -336,6 +336,47 @@ def test_a_graph_that_crashes_or_exhausts_the_child_is_one_line(
 
 
 @needs_sandbox
+@needs_strace
+@pytest.mark.parametrize("name", ["write_by_signature_default",
+                                  "write_on_restore"])
+def test_a_write_by_a_hidden_route_is_contained(tmp_path, name):
+  """Routes to an I/O op that graphgrad's checks once missed; the kernel
+  does not care which route an op came by, so the sandbox alone holds."""
+  (tmp_path / "model").mkdir()
+  (tmp_path / "out").mkdir()
+  target = tmp_path / "out" / "written.txt"
+  built = getattr(adversarial, name)(tmp_path / "model", target)
+  meta, more = (built[0], ["--checkpoint", built[1]]) if isinstance(
+      built, tuple) else (built, [])
+  for flags in ([], ["--no-checks", "--allow-io"]):
+    code, _, stderr, trace = run_traced(["grads", meta, *more, *flags],
+                                        tmp_path)
+    assert not target.exists()
+    assert code == 2 and _one_line(stderr), stderr
+    assert violations(trace, str(target)) == []
+
+
+@needs_sandbox
+@needs_strace
+@pytest.mark.parametrize("name, argv", [
+    ("huge_placeholder", ["grads"]),
+    ("gradient_override_of_int", ["grads"]),
+    ("chain_of_functions", ["inspect"]),
+    ("recursive_function", ["inspect"]),
+    ("corrupt_saved_model", ["inspect"]),
+])
+def test_a_crafted_file_is_one_line_with_the_sandbox_alone(tmp_path, name,
+                                                           argv):
+  path = getattr(adversarial, name)(tmp_path)
+  code, _, stderr, trace = run_traced(
+      [*argv, path, "--no-checks", "--memory", "2G"], tmp_path)
+  assert code in (0, 2), stderr
+  if code == 2:
+    _one_line(stderr)
+  assert violations(trace) == []
+
+
+@needs_sandbox
 def test_allow_io_reads_the_models_directory_and_nothing_else(tmp_path):
   """A vocabulary beside the model is read with --allow-io; the same
   vocabulary one directory up is refused by the kernel."""
