@@ -379,8 +379,13 @@ class _Child:
 def _in_child(command: ModelCommand, args, argv: List[str]
               ) -> Dict[str, Any]:
   prog = f"graphgrad {args.command}"
-  child = _Child(orders(command, args, argv), getattr(args, "verbose",
-                                                      False))
+  try:
+    child = _Child(orders(command, args, argv),
+                   getattr(args, "verbose", False))
+  except OSError as e:
+    raise CommandError(
+        f"cannot start the sandboxed process ({e}); pass --no-sandbox to "
+        f"open the model in this process, only if you trust it") from None
   deadline = time.monotonic() + args.timeout
   try:
     finished = child.read_until_done(deadline)

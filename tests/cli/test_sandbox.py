@@ -408,3 +408,52 @@ def test_orders_read_only_the_model_and_the_installation(tmp_path):
   assert home not in orders["read"] and "/etc" not in orders["read"]
   assert "/tmp" not in orders["read"]
   assert orders["unreadable"] not in orders["read"]
+
+
+def _with_orders(monkeypatch, **changes):
+  """The parent sends the child its orders with ``changes``."""
+  real = _sandbox.orders
+  monkeypatch.setattr(_sandbox, "orders",
+                      lambda *a: dict(real(*a), **changes))
+
+
+@needs_sandbox
+def test_a_self_test_that_fails_in_the_child_refuses_the_model(
+    tmp_path, capsys, monkeypatch):
+  """The child is told that a file it may read is unreadable: its
+  self-test finds the read allowed, and the model is never opened."""
+  meta = adversarial.write_file(tmp_path, tmp_path / "written")
+  _with_orders(monkeypatch, unreadable=meta)
+  line = error_line(capsys, ["grads", meta])
+  assert line == (
+      f"graphgrad grads: error: the sandbox could not be set up: the "
+      f"sandbox's self-test failed: reading {meta!r} succeeded. The kernel "
+      f"does not confine as graphgrad relies on. Pass --no-sandbox to open "
+      f"the model in this process, only if you trust it"), line
+
+
+def test_a_child_that_ends_before_it_is_confined_is_one_line(
+    tmp_path, capsys, monkeypatch):
+  meta = adversarial.write_file(tmp_path, tmp_path / "written")
+  _with_orders(monkeypatch, confine=str(tmp_path / "missing.py"))
+  line = error_line(capsys, ["grads", meta])
+  assert line.startswith(
+      "graphgrad grads: error: the sandboxed process ended with exit status "
+      "1 before it was confined: FileNotFoundError: "), line
+  assert line.endswith("Pass --no-sandbox to open the model in this "
+                       "process, only if you trust it"), line
+
+
+def test_a_child_that_cannot_start_is_one_line(tmp_path, capsys,
+                                               monkeypatch):
+  meta = adversarial.write_file(tmp_path, tmp_path / "written")
+
+  def cannot(*args, **kwargs):
+    raise OSError(8, "Exec format error")
+  monkeypatch.setattr(_sandbox.subprocess, "Popen", cannot)
+  monkeypatch.setattr(_confine, "missing", lambda: None)
+  line = error_line(capsys, ["grads", meta])
+  assert line == (
+      "graphgrad grads: error: cannot start the sandboxed process ([Errno "
+      "8] Exec format error); pass --no-sandbox to open the model in this "
+      "process, only if you trust it"), line
