@@ -302,3 +302,41 @@ def corrupt_saved_model(folder, target=None):
   with open(os.path.join(path, "saved_model.pb"), "wb") as f:
     f.write(b"\x0a\xff\xff\xff\xff\x0f not a protocol buffer")
   return path
+
+
+def gradient_override_not_utf8(folder, target=None):
+  del target
+
+  def edit(meta):
+    node = next(n for n in meta.graph_def.node if n.name == "l1/MatMul")
+    node.attr["_gradient_op_type"].s = b"\xff\xfe"
+  return _save(folder, "gradient_override_not_utf8", lambda h: h, edit)
+
+
+def gradient_borrowed_from_conv2d(folder, target=None):
+  """MatMul claims Conv2D's registered gradient, which reads attrs a
+  MatMul lacks."""
+  del target
+
+  def edit(meta):
+    node = next(n for n in meta.graph_def.node if n.name == "l1/MatMul")
+    node.attr["_gradient_op_type"].s = b"Conv2D"
+  return _save(folder, "gradient_borrowed_from_conv2d", lambda h: h, edit)
+
+
+def frozen_const_bomb(folder, target=None):
+  """A frozen GraphDef of a few hundred bytes whose Const claims 1e10
+  floats."""
+  del target
+  graph_def = tf1.GraphDef()
+  const = graph_def.node.add(name="big", op="Const")
+  const.attr["dtype"].type = types_pb2.DT_FLOAT
+  const.attr["value"].tensor.dtype = types_pb2.DT_FLOAT
+  const.attr["value"].tensor.tensor_shape.dim.add().size = 10**10
+  const.attr["value"].tensor.float_val.append(1.0)
+  out = graph_def.node.add(name="y", op="Identity", input=["big"])
+  out.attr["T"].type = types_pb2.DT_FLOAT
+  path = os.path.join(str(folder), "frozen_const_bomb.pb")
+  with open(path, "wb") as f:
+    f.write(graph_def.SerializeToString())
+  return path

@@ -364,12 +364,15 @@ def test_a_write_by_a_hidden_route_is_contained(tmp_path, name):
     ("chain_of_functions", ["inspect"]),
     ("recursive_function", ["inspect"]),
     ("corrupt_saved_model", ["inspect"]),
+    ("gradient_override_not_utf8", ["grads"]),
+    ("gradient_borrowed_from_conv2d", ["grads"]),
+    ("frozen_const_bomb", ["inspect", "--output", "y"]),
 ])
 def test_a_crafted_file_is_one_line_with_the_sandbox_alone(tmp_path, name,
                                                            argv):
   path = getattr(adversarial, name)(tmp_path)
   code, _, stderr, trace = run_traced(
-      [*argv, path, "--no-checks", "--memory", "2G"], tmp_path)
+      [argv[0], path, *argv[1:], "--no-checks", "--memory", "2G"], tmp_path)
   assert code in (0, 2), stderr
   if code == 2:
     _one_line(stderr)
