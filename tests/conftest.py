@@ -117,6 +117,15 @@ SECONDS = {
     "tests/cli/test_cli_errors.py::test_verbose_shows_tensorflow_logs": 7,
     "tests/cli/test_inspect_legacy.py::"
     "test_names_lost_overrides_of_a_graph_from_another_process": 6,
+    # Each a command line in a process of its own, under strace.
+    "tests/cli/test_sandbox.py::"
+    "test_a_graph_that_crashes_or_exhausts_the_child_is_one_line": 20,
+    "tests/cli/test_sandbox.py::test_a_write_by_a_hidden_route_is_contained":
+        18,
+    "tests/cli/test_sandbox.py::test_a_graph_that_touches_files_is_contained":
+        10,
+    "tests/cli/test_sandbox.py::"
+    "test_a_crafted_file_is_one_line_with_the_sandbox_alone": 9,
 }
 
 
