@@ -40,7 +40,9 @@ def describe(e: BaseException, phase: str, memory: Optional[str]) -> str:
   Args:
     e: the exception.
     phase: what the child was doing.
-    memory: the sandbox's memory limit (``"8G"``), ``None`` without one.
+    memory: the sandbox's memory limit (``"8G"``); ``None`` outside the
+      sandbox, where a refused permission is the system's, not the
+      sandbox's.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -54,8 +56,9 @@ def describe(e: BaseException, phase: str, memory: Optional[str]) -> str:
     return (f"the graph ran out of memory while {phase}: the sandbox allows "
             f"--memory {memory}; pass a larger --memory if the model needs "
             f"it")
-  if isinstance(e, tf.errors.PermissionDeniedError) or (
-      isinstance(e, OSError) and getattr(e, "errno", None) in (1, 13)):
+  if memory is not None and (
+      isinstance(e, tf.errors.PermissionDeniedError) or (
+          isinstance(e, OSError) and getattr(e, "errno", None) in (1, 13))):
     what = _op_error(e) if isinstance(e, tf.errors.OpError) else \
         _first_line(e)
     return (f"the sandbox refused what the graph tried while {phase} "
