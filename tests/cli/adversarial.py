@@ -148,6 +148,18 @@ def _signature(fdef: function_pb2.FunctionDef) -> None:
   out.name, out.type = "o", types_pb2.DT_FLOAT
 
 
+def _call_site(h):
+  """An identity named ``call_site``, which an edit turns into a call."""
+  return tf.identity(h, name="call_site")
+
+
+def _call_site_calls(meta, function: str) -> None:
+  """``call_site`` becomes a call of the library function ``function``."""
+  node = next(n for n in meta.graph_def.node if n.name == "call_site")
+  node.op = function
+  node.attr.clear()
+
+
 def recursive_function(folder, target=None):
   """A function that calls itself: TensorFlow recurses while importing."""
   del target
@@ -160,11 +172,8 @@ def recursive_function(folder, target=None):
     call.name, call.op = "again", "rec"
     call.input.append("a")
     rec.ret["o"] = "again:o:0"
-    node = next(n for n in meta.graph_def.node if n.name == "call_site")
-    node.op = "rec"
-    node.attr.clear()
-  return _save(folder, "recursive_function",
-               lambda h: tf.identity(h, name="call_site"), edit)
+    _call_site_calls(meta, "rec")
+  return _save(folder, "recursive_function", _call_site, edit)
 
 
 def huge_tensor_array(folder, target=None):
@@ -257,14 +266,21 @@ def huge_placeholder(folder, target=None):
       h, tf1.placeholder(tf.float32, [100000, 100000, 100], name="big")))
 
 
-def gradient_override_of_int(folder, target=None):
-  """``_gradient_op_type`` must be a string; this one is an int."""
-  del target
+def _gradient_override(folder, name, value):
+  """l1's MatMul carries ``value`` (an ``AttrValue`` field and its
+  content) as its ``_gradient_op_type``."""
+  field, content = value
 
   def edit(meta):
     node = next(n for n in meta.graph_def.node if n.name == "l1/MatMul")
-    node.attr["_gradient_op_type"].i = 7
-  return _save(folder, "gradient_override_of_int", lambda h: h, edit)
+    setattr(node.attr["_gradient_op_type"], field, content)
+  return _save(folder, name, lambda h: h, edit)
+
+
+def gradient_override_of_int(folder, target=None):
+  """``_gradient_op_type`` must be a string; this one is an int."""
+  del target
+  return _gradient_override(folder, "gradient_override_of_int", ("i", 7))
 
 
 def chain_of_functions(folder, target=None, length=5000):
@@ -288,11 +304,8 @@ def chain_of_functions(folder, target=None, length=5000):
         node.input.append("a")
         node.attr["T"].type = types_pb2.DT_FLOAT
         f.ret["o"] = "next:output:0"
-    node = next(n for n in meta.graph_def.node if n.name == "call_site")
-    node.op = "f0"
-    node.attr.clear()
-  return _save(folder, "chain_of_functions",
-               lambda h: tf.identity(h, name="call_site"), edit)
+    _call_site_calls(meta, "f0")
+  return _save(folder, "chain_of_functions", _call_site, edit)
 
 
 def corrupt_saved_model(folder, target=None):
@@ -306,22 +319,16 @@ def corrupt_saved_model(folder, target=None):
 
 def gradient_override_not_utf8(folder, target=None):
   del target
-
-  def edit(meta):
-    node = next(n for n in meta.graph_def.node if n.name == "l1/MatMul")
-    node.attr["_gradient_op_type"].s = b"\xff\xfe"
-  return _save(folder, "gradient_override_not_utf8", lambda h: h, edit)
+  return _gradient_override(folder, "gradient_override_not_utf8",
+                            ("s", b"\xff\xfe"))
 
 
 def gradient_borrowed_from_conv2d(folder, target=None):
   """MatMul claims Conv2D's registered gradient, which reads attrs a
   MatMul lacks."""
   del target
-
-  def edit(meta):
-    node = next(n for n in meta.graph_def.node if n.name == "l1/MatMul")
-    node.attr["_gradient_op_type"].s = b"Conv2D"
-  return _save(folder, "gradient_borrowed_from_conv2d", lambda h: h, edit)
+  return _gradient_override(folder, "gradient_borrowed_from_conv2d",
+                            ("s", b"Conv2D"))
 
 
 def frozen_const_bomb(folder, target=None):
