@@ -256,7 +256,7 @@ def _inspect_finish(args, outcome: dict) -> int:
   try:
     for i, path in enumerate(written):
       _draw.write_picture(outcome["picture"], path)
-      print(f"{'' if i else chr(10)}wrote {path}")
+      print(("" if i else "\n") + f"wrote {path}")
   except GraphGradError as e:
     raise CommandError(str(e)) from None
   except OSError as e:
