@@ -127,7 +127,8 @@ c = importlib.util.module_from_spec(spec); spec.loader.exec_module(c)
 allowed, secret, folder = sys.argv[2], sys.argv[3], sys.argv[4]
 paths = [sys.prefix, sys.base_prefix, allowed] + [
     p for p in sys.path if p and os.path.isabs(p) and os.path.exists(p)]
-paths += ["/lib", "/lib64", "/usr/lib", "/etc/ld.so.cache"]
+paths += ["/lib", "/lib64", "/usr/lib", "/etc/ld.so.cache", "/proc/self"]
+os.chdir(folder)
 c.confine([p for p in paths if os.path.exists(p)], c.Limits(1 << 30, 60))
 out = {}
 def attempt(name, fn):
@@ -143,6 +144,9 @@ attempt("rename", lambda: os.rename(allowed, allowed + ".moved"))
 attempt("chmod", lambda: os.chmod(allowed, 0o777))
 attempt("read_allowed", lambda: open(allowed).read())
 attempt("read_secret", lambda: open(secret).read())
+# /proc/self is readable, but its links lead to paths that are not.
+attempt("through_root", lambda: open("/proc/self/root" + secret).read())
+attempt("through_cwd", lambda: open("/proc/self/cwd/secret.txt").read())
 attempt("tcp", lambda: socket.create_connection(("127.0.0.1", 9), 1))
 attempt("unix", lambda: socket.socket(socket.AF_UNIX))
 attempt("exec", lambda: os.execv("/bin/true", ["true"]))
@@ -165,6 +169,7 @@ def test_the_kernel_refuses_each_kind_of_touch(tmp_path):
       "write": "PermissionError", "remove": "PermissionError",
       "rename": "PermissionError", "chmod": "PermissionError",
       "read_allowed": "done", "read_secret": "PermissionError",
+      "through_root": "PermissionError", "through_cwd": "PermissionError",
       "tcp": "PermissionError", "unix": "PermissionError",
       "exec": "PermissionError", "allocate": "MemoryError"}
   assert sorted(os.listdir(tmp_path)) == ["model.meta", "secret.txt"]
