@@ -469,3 +469,17 @@ def test_a_child_that_cannot_start_is_one_line(tmp_path, capsys,
       "graphgrad grads: error: cannot start the sandboxed process ([Errno "
       "8] Exec format error); pass --no-sandbox to open the model in this "
       "process, only if you trust it"), line
+
+
+@needs_sandbox
+def test_the_cpu_time_limit_ends_the_child_in_one_line(tmp_path, capsys,
+                                                       monkeypatch):
+  """A CPU-time limit of 1 s: the child's own start of TensorFlow uses it
+  up, and the kernel's SIGXCPU is named."""
+  meta = adversarial.endless_loop(tmp_path)
+  _with_orders(monkeypatch, cpu_seconds=1)
+  line = error_line(capsys, ["grads", meta])
+  assert line.startswith(
+      "graphgrad grads: error: the sandboxed process used up its CPU-time "
+      "limit (SIGXCPU) while "), line
+  assert line.endswith("; nothing outside it was touched"), line
