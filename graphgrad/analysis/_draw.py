@@ -127,6 +127,16 @@ def _format_of(path: str) -> str:
   return ext
 
 
+def can_render() -> bool:
+  """Whether a picture can be drawn here: Graphviz's ``dot`` program with
+  ``pydot`` or ``graphviz``, or else matplotlib."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  if _compat.has_module("matplotlib"):
+    return True
+  return shutil.which("dot") is not None and (
+      _compat.has_module("pydot") or _compat.has_module("graphviz"))
+
+
 def _graphviz_render(dot: str, path: str, fmt: str) -> bool:
   """Renders with the Graphviz ``dot`` program; False when unavailable."""
   try:

@@ -111,6 +111,15 @@ def _check_paths(args) -> None:
   if args.json and not args.json.lower().endswith(".json"):
     raise CommandError(f"--json {args.json!r}: the file name must end in "
                        f".json")
+  if args.png:
+    from graphgrad import _compat  # pylint: disable=g-import-not-at-top
+    if not _compat.has_module("matplotlib"):
+      raise CommandError(
+          "--png needs matplotlib: pip install 'graphgrad[draw]', or leave "
+          "--png out (--json writes the numbers)")
+  for flag, path in (("--png", args.png), ("--json", args.json)):
+    if path:
+      _args.check_output(flag, path)
   if args.feed and not os.path.isfile(args.feed):
     raise CommandError(f"--feed {args.feed!r}: no such file; pass an .npz "
                        f"written by numpy.savez(path, x=array, ...)")

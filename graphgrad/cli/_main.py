@@ -198,6 +198,13 @@ def _inspect_check(args) -> None:
       raise CommandError(f"{flag} {value!r}: the file name must end in {ext}")
     if value:
       _args.check_output(flag, value)
+  if args.png:
+    from graphgrad.analysis import _draw  # pylint: disable=g-import-not-at-top
+    if not _draw.can_render():
+      raise CommandError(
+          "--png needs Graphviz's `dot` program (with pydot or graphviz) or "
+          "matplotlib: pip install 'graphgrad[draw]', or write --dot "
+          "instead")
   if args.loss and args.output:
     raise CommandError(
         f"--loss {args.loss!r} and --output {args.output!r}: pass one; "

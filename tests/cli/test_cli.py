@@ -212,3 +212,16 @@ def test_demo_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
   err = capsys.readouterr().err.strip().splitlines()
   assert err == ["graphgrad demo: error: --plot needs matplotlib: "
                  "pip install 'graphgrad[draw]'"]
+
+
+def test_inspect_png_without_a_renderer_is_refused_before_any_work(
+    tmp_path, capsys, monkeypatch):
+  import sys  # pylint: disable=g-import-not-at-top
+  for name in ("matplotlib", "pydot", "graphviz"):
+    monkeypatch.setitem(sys.modules, name, None)
+  line = error_line(capsys, ["inspect", str(tmp_path / "missing.meta"),
+                             "--png", str(tmp_path / "layers.png")])
+  assert line == (
+      "graphgrad inspect: error: --png needs Graphviz's `dot` program (with "
+      "pydot or graphviz) or matplotlib: pip install 'graphgrad[draw]', or "
+      "write --dot instead"), line

@@ -2,6 +2,7 @@
 
 import json
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -182,16 +183,23 @@ def test_unknown_rank_and_runtime_errors(tmp_path, capsys):
                          "at op "), line
 
 
-def test_checkpoint_of_another_model_and_unwritable_output(tmp_path, capsys):
+def test_checkpoint_of_another_model_and_unwritable_output(tmp_path, capsys,
+                                                           monkeypatch):
   meta, _, feed, _ = _save_resnet(tmp_path)
   _, other = _save_matmul(tmp_path, [None, 4])
   line = error_line(capsys, ["grads", meta, "--feed", feed,
                               "--checkpoint", other])
   assert re.search(r"--checkpoint '.*matmul': cannot restore it into this "
                    r"graph", line)
+  # A write that fails after the work (a full disk): the command line's own
+  # process writes the file, so the failure is seen there.
+  def full(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(json, "dump", full)
   line = error_line(capsys, ["grads", meta, "--feed", feed, "--json",
-                              str(tmp_path / "no" / "such" / "dir.json")])
-  assert line.startswith("graphgrad grads: error: cannot write output:")
+                              str(tmp_path / "g.json")])
+  assert line == ("graphgrad grads: error: cannot write output: [Errno 28] "
+                  "No space left on device"), line
 
 
 def test_a_graph_grads_cannot_build_a_saver_for(tmp_path, capsys):
@@ -210,3 +218,24 @@ def test_a_graph_grads_cannot_build_a_saver_for(tmp_path, capsys):
       f"graphgrad grads: error: --checkpoint {prefix!r}: cannot restore it "
       f"into this graph (At least two variables have the same name: "
       f"layer/w)"), line
+
+
+def test_png_without_matplotlib_is_refused_before_any_work(tmp_path, capsys,
+                                                           monkeypatch):
+  """The model does not even exist: the --png check comes first."""
+  monkeypatch.setitem(sys.modules, "matplotlib", None)
+  line = error_line(capsys, ["grads", str(tmp_path / "missing.meta"),
+                             "--png", str(tmp_path / "g.png")])
+  assert line == (
+      "graphgrad grads: error: --png needs matplotlib: pip install "
+      "'graphgrad[draw]', or leave --png out (--json writes the numbers)"), \
+      line
+
+
+def test_an_output_in_a_missing_directory_is_refused_before_any_work(
+    tmp_path, capsys):
+  line = error_line(capsys, ["grads", str(tmp_path / "missing.meta"),
+                             "--json", str(tmp_path / "no" / "g.json")])
+  assert line == (
+      f"graphgrad grads: error: --json {str(tmp_path / 'no' / 'g.json')!r}: "
+      f"the directory {str(tmp_path / 'no')!r} does not exist"), line
