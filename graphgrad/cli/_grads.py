@@ -227,9 +227,10 @@ def _build_restore(graph, checkpoint: Optional[str], allow_io: bool,
   if checkpoint is None:
     return None
   tf1 = tf.compat.v1
-  prefix = checkpoint
+  prefix: Optional[str] = checkpoint
   if os.path.isdir(checkpoint):
-    prefix = tf.train.latest_checkpoint(checkpoint)
+    prefix = tf.train.latest_checkpoint(checkpoint) or _only_prefix(
+        checkpoint)
   if not prefix or not tf1.train.checkpoint_exists(prefix):
     raise CommandError(
         f"--checkpoint {checkpoint!r}: no checkpoint there; pass the "
@@ -251,6 +252,27 @@ def _build_restore(graph, checkpoint: Optional[str], allow_io: bool,
     raise CommandError(f"--checkpoint {checkpoint!r}: restoring it runs "
                        f"{why}")
   return _Restore(checkpoint, prefix, saver)
+
+
+def own_checkpoint(model: str) -> Optional[str]:
+  """A SavedModel's own variables, ``MODEL/variables/variables``, which
+  ``grads`` restores when no ``--checkpoint`` is given; ``None`` for other
+  forms, or a SavedModel saved without variables."""
+  prefix = os.path.join(model, "variables", "variables")
+  if os.path.isdir(model) and os.path.isfile(prefix + ".index"):
+    return prefix
+  return None
+
+
+def _only_prefix(folder: str) -> Optional[str]:
+  """The one checkpoint in ``folder`` that has no ``checkpoint`` file (a
+  SavedModel's ``variables/``), or ``None``."""
+  try:
+    found = sorted(n[:-len(".index")] for n in os.listdir(folder)
+                   if n.endswith(".index"))
+  except OSError:
+    return None
+  return os.path.join(folder, found[0]) if len(found) == 1 else None
 
 
 def _cannot_restore(checkpoint: str, error: Exception) -> Exception:
@@ -364,6 +386,7 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> Dict:
   from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
   from graphgrad.plan import _report  # pylint: disable=g-import-not-at-top
   checks = not args.no_checks
+  checkpoint = args.checkpoint or own_checkpoint(args.model)
   try:
     _args.phase("reading the model")
     graph = load_model(args.model, batch=batch, memory_bytes=args.memory,
@@ -384,7 +407,7 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> Dict:
       feed = build_feed(graph, loss, arrays, batch, seed)
       variables = _untrusted.variables_read(graph, loss, feed)
       if checks:
-        _refuse([loss.op], variables, feed, args.checkpoint, args.allow_io)
+        _refuse([loss.op], variables, feed, checkpoint, args.allow_io)
       _args.phase("building the backward pass")
       # Built before the Session exists (a functional While's or If's
       # gradient adds outputs to the forward op), and checked in turn: a
@@ -398,9 +421,9 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> Dict:
         raise CommandError(f"building the backward pass failed "
                            f"({type(e).__name__}: {first})") from None
       if checks:
-        _refuse(fetched_ops(fetches), variables, feed, args.checkpoint,
+        _refuse(fetched_ops(fetches), variables, feed, checkpoint,
                 args.allow_io)
-      restore = _build_restore(graph, args.checkpoint, args.allow_io, checks)
+      restore = _build_restore(graph, checkpoint, args.allow_io, checks)
     frozen = _metagraph.kind_of(args.model) == "frozen GraphDef"
     _args.phase("running the graph")
     with tf.compat.v1.Session(graph=graph,
@@ -409,6 +432,9 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> Dict:
       report = _report.measure(sess, net, fetches, [feed])
   except gg.GraphGradError as e:
     raise CommandError(str(e)) from None
+  if checkpoint and not args.checkpoint:
+    restored = restored.replace("restored ", "restored its own variables, ",
+                                1)
   print(f"{args.model}: loss {loss.name} ({reason}); {restored}")
   print()
   print(report.table())

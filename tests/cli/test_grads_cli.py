@@ -239,3 +239,49 @@ def test_an_output_in_a_missing_directory_is_refused_before_any_work(
   assert line == (
       f"graphgrad grads: error: --json {str(tmp_path / 'no' / 'g.json')!r}: "
       f"the directory {str(tmp_path / 'no')!r} does not exist"), line
+
+
+def _trained_saved_model(tmp_path):
+  """A v1 SavedModel whose saved weights differ from its initializers; the
+  per-layer gradient norms tf.gradients gives at the saved weights."""
+  rng = np.random.default_rng(3)
+  feed = rng.normal(size=(5, 3)).astype(np.float32)
+  np.savez(tmp_path / "feed.npz", x=feed)
+  with tf.Graph().as_default():
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    h = tf.tanh(tf.matmul(x, tf1.get_variable("l1/kernel", [3, 4])))
+    loss = tf.reduce_mean(tf.square(tf.matmul(
+        h, tf1.get_variable("l2/kernel", [4, 2]))), name="loss")
+    tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
+    variables = tf1.trainable_variables()
+    grads = tf.gradients(loss, variables)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      sess.run([v.assign(rng.normal(size=v.shape).astype(np.float32) * 3)
+                for v in variables])
+      values = sess.run(grads, {x: feed})
+      tf1.saved_model.simple_save(sess, str(tmp_path / "sm"), {"x": x},
+                                  {"loss": loss})
+  return {v.op.name.split("/")[0]: float(np.linalg.norm(g))
+          for v, g in zip(variables, values)}
+
+
+@pytest.mark.parametrize("flags", [[], ["--checkpoint", "variables"]],
+                         ids=["by_default", "variables_directory"])
+def test_a_saved_models_own_variables_are_restored(tmp_path, capsys, flags):
+  want = _trained_saved_model(tmp_path)
+  sm = str(tmp_path / "sm")
+  flags = [f if f != "variables" else str(tmp_path / "sm" / "variables")
+           for f in flags]
+  out = tmp_path / "g.json"
+  assert _cli.main(["grads", sm, "--loss", "loss", "--feed",
+                    str(tmp_path / "feed.npz"), "--json", str(out),
+                    *flags]) == 0
+  first = capsys.readouterr().out.splitlines()[0]
+  own = "its own variables, " if not flags else ""
+  assert first.endswith(f"; restored {own}"
+                        f"{tmp_path / 'sm' / 'variables' / 'variables'}"), first
+  rows = {r["name"]: r for r in json.loads(out.read_text())["layers"]}
+  for layer, norm in want.items():
+    np.testing.assert_allclose(rows[layer]["grad_norm"]["before"], norm,
+                               rtol=1e-5)
