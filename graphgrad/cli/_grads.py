@@ -39,8 +39,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                       "a SavedModel directory")
   p.add_argument("--checkpoint", metavar="CKPT",
                  help="checkpoint prefix or directory to restore (default: "
-                      "the variables' initial values; a frozen .pb's "
-                      "frozen values)")
+                      "a SavedModel's own variables; a frozen .pb's frozen "
+                      "values; a MetaGraph's initial values)")
   p.add_argument("--loss", metavar="NAME",
                  help="name of the scalar loss tensor or op (default: "
                       "guessed)")
