@@ -34,11 +34,39 @@ class MetaGraphError(_errors.GraphGradError, ValueError):
   """A MetaGraph file that is missing, unreadable, or has no usable loss."""
 
 
+_GRAPH_DEF_FIELDS = ("node", "library", "versions", "version")
+
+
 def kind_of(path: str) -> str:
-  """``"SavedModel"``, ``"frozen GraphDef"`` or ``"MetaGraph"``, by path."""
+  """``"SavedModel"``, ``"frozen GraphDef"`` or ``"MetaGraph"``.
+
+  A directory is a SavedModel, a ``.pb`` a frozen GraphDef; a ``.pbtxt``
+  is a frozen GraphDef when its first field is one of a GraphDef's
+  (``node``, ``library``, ``versions``), else a MetaGraph; anything else is
+  a MetaGraph.
+  """
   if os.path.isdir(path):
     return "SavedModel"
-  return "frozen GraphDef" if path.lower().endswith(".pb") else "MetaGraph"
+  lower = path.lower()
+  if lower.endswith(".pb"):
+    return "frozen GraphDef"
+  if lower.endswith(".pbtxt") and _first_field(path) in _GRAPH_DEF_FIELDS:
+    return "frozen GraphDef"
+  return "MetaGraph"
+
+
+def _first_field(path: str) -> str:
+  """The name of the first field of a text-format protocol buffer file."""
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      head = f.read(4096)
+  except OSError:
+    return ""
+  for line in head.splitlines():
+    line = line.strip()
+    if line and not line.startswith("#"):
+      return re.split(r"[\s:{<]", line, maxsplit=1)[0]
+  return ""
 
 
 def load(path: str, tag: str = "serve",
@@ -159,17 +187,24 @@ def _check_nodes(graph_def, what: str, fix: str) -> None:
 def _read_saved_model(path: str, tag: str):
   """The ``MetaGraphDef`` tagged ``tag`` of a SavedModel, without importing
   it (nor its weights)."""
+  from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
   from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
   file = os.path.join(path, "saved_model.pb")
+  text = not os.path.isfile(file)
+  if text:
+    file = os.path.join(path, "saved_model.pbtxt")
   if not os.path.isfile(file):
     raise MetaGraphError(
-        f"{path!r} is a directory without saved_model.pb, so not a "
-        f"SavedModel. {_SAVED_MODEL_FIX}")
+        f"{path!r} is a directory without saved_model.pb or "
+        f"saved_model.pbtxt, so not a SavedModel. {_SAVED_MODEL_FIX}")
   model = saved_model_pb2.SavedModel()
   with open(file, "rb") as f:
     data = f.read()
   try:
-    model.ParseFromString(data)
+    if text:
+      text_format.Merge(data.decode("utf-8"), model)
+    else:
+      model.ParseFromString(data)
   except Exception as e:  # pylint: disable=broad-except
     raise MetaGraphError(
         f"cannot read {file!r} as a SavedModel ({type(e).__name__}: "

@@ -53,7 +53,8 @@ class ThawError(_errors.GraphGradError, ValueError):
 
 
 def load_graph_def(graph_def_or_path) -> tf.compat.v1.GraphDef:
-  """A ``GraphDef`` from itself or from the path of a binary ``.pb`` file.
+  """A ``GraphDef`` from itself or from the path of a ``.pb`` (binary) or
+  ``.pbtxt`` (text) file.
 
   Raises:
     ThawError: if the path is missing or the file is not a GraphDef.
@@ -83,14 +84,28 @@ def load_graph_def(graph_def_or_path) -> tf.compat.v1.GraphDef:
     ok = bool(graph_def.node) and all(n.name and n.op for n in graph_def.node)
   except (pb_message.DecodeError, RuntimeWarning, ValueError):
     ok = False
+  if not ok:  # tf.io.write_graph(..., as_text=True) writes text
+    graph_def, ok = _text_graph_def(data)
   if not ok:
     raise ThawError(
-        f"`graph_def_or_path` {path!r} is not a binary GraphDef. Pass a "
-        f"frozen graph written by tf.io.write_graph(graph_def, dir, name, "
-        f"as_text=False); a .meta file is a MetaGraph "
+        f"`graph_def_or_path` {path!r} is not a GraphDef, binary or text. "
+        f"Pass a frozen graph written by tf.io.write_graph(graph_def, dir, "
+        f"name); a .meta file is a MetaGraph "
         f"(tf.compat.v1.train.import_meta_graph) and a saved_model.pb a "
         f"SavedModel (tf.compat.v1.saved_model.loader.load).")
   return graph_def
+
+
+def _text_graph_def(data: bytes):
+  """``(graph_def, ok)`` from the text format of a GraphDef."""
+  from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
+  graph_def = tf.compat.v1.GraphDef()
+  try:
+    text_format.Merge(data.decode("utf-8"), graph_def)
+  except (UnicodeDecodeError, text_format.ParseError):
+    return graph_def, False
+  return graph_def, bool(graph_def.node) and all(
+      n.name and n.op for n in graph_def.node)
 
 
 def _shape(node) -> List[int]:

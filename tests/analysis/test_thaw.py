@@ -163,8 +163,9 @@ def test_a_path_that_is_not_a_graph_def(tmp_path):
   text.write_text("this is not a protobuf\n")
   with tf.Graph().as_default():
     with pytest.raises(gg.GraphGradError,
-                       match=r"notes\.pb' is not a binary GraphDef\. Pass a "
-                             r"frozen graph written by tf\.io\.write_graph"):
+                       match=r"notes\.pb' is not a GraphDef, binary or text\. "
+                             r"Pass a frozen graph written by "
+                             r"tf\.io\.write_graph"):
       gg.thaw(str(text))
     with pytest.raises(gg.GraphGradError, match=r"no such file: .*nope\.pb"):
       gg.thaw(str(tmp_path / "nope.pb"))

@@ -3,6 +3,7 @@
 import re
 
 import legacy_graphs
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -77,7 +78,8 @@ def test_a_non_float_output(tmp_path, capsys):
 
 def test_a_directory_that_is_not_a_saved_model(tmp_path, capsys):
   line = error_line(capsys, ["inspect", str(tmp_path)])
-  assert "is a directory without saved_model.pb, so not a SavedModel" in line
+  assert ("is a directory without saved_model.pb or saved_model.pbtxt, so "
+          "not a SavedModel") in line
 
 
 def test_frozen_graph_is_thawed_and_needs_an_output(tmp_path, capsys):
@@ -101,7 +103,7 @@ def test_output_errors(tmp_path, capsys):
   bad = tmp_path / "notes.pb"
   bad.write_text("not a graph")
   line = error_line(capsys, ["inspect", str(bad)])
-  assert "notes.pb' is not a binary GraphDef" in line
+  assert "notes.pb' is not a GraphDef, binary or text" in line
 
 
 def test_reports_ops_without_gradient(tmp_path, capsys):
@@ -143,3 +145,36 @@ def test_names_lost_overrides_of_a_graph_from_another_process(tmp_path,
   assert "  quantize  type Round  glue  override 'StraightThroughRound'" in out
   assert "    plan.straight_through('quantize')" in out
   assert "    plan.override_gradient('squash', fn)" in out
+
+
+def test_text_formats_open_as_their_binary_twins(tmp_path, capsys):
+  """A frozen GraphDef as .pbtxt, and a SavedModel whose graph is
+  saved_model.pbtxt, give what their binary forms give."""
+  from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
+  from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default() as g:
+    x = tf1.placeholder(tf.float32, [None, 3], name="x")
+    w = tf1.get_variable("l1/kernel", initializer=np.ones((3, 2), "f4"))
+    y = tf.identity(tf.matmul(x, w), name="y")
+    with tf1.Session() as sess:
+      sess.run(w.initializer)
+      frozen = tf1.graph_util.convert_variables_to_constants(
+          sess, g.as_graph_def(), ["y"])
+      tf1.saved_model.simple_save(sess, str(tmp_path / "sm"), {"x": x},
+                                  {"y": y})
+  tf.io.write_graph(frozen, str(tmp_path), "frozen.pb", as_text=False)
+  tf.io.write_graph(frozen, str(tmp_path), "frozen.pbtxt", as_text=True)
+  outs = []
+  for path in ("frozen.pb", "frozen.pbtxt"):
+    assert _cli.main(["inspect", str(tmp_path / path), "--output", "y"]) == 0
+    outs.append(capsys.readouterr().out.replace(path, "MODEL"))
+  assert outs[0] == outs[1] and "(frozen GraphDef)" in outs[1]
+  assert _cli.main(["inspect", str(tmp_path / "sm"), "--output", "y"]) == 0
+  binary = capsys.readouterr().out
+  model = saved_model_pb2.SavedModel()
+  model.ParseFromString((tmp_path / "sm" / "saved_model.pb").read_bytes())
+  (tmp_path / "sm" / "saved_model.pbtxt").write_text(
+      text_format.MessageToString(model))
+  (tmp_path / "sm" / "saved_model.pb").unlink()
+  assert _cli.main(["inspect", str(tmp_path / "sm"), "--output", "y"]) == 0
+  assert capsys.readouterr().out == binary
