@@ -449,8 +449,8 @@ def test_a_corrupt_frozen_graph_is_one_line(tmp_path, capsys, no_import):
   line = error_line(capsys, ["inspect", "--no-sandbox", str(path)])
   assert line == (
       f"graphgrad inspect: error: `graph_def_or_path` {str(path)!r} is not a "
-      f"binary GraphDef. Pass a frozen graph written by "
-      f"tf.io.write_graph(graph_def, dir, name, as_text=False); a .meta "
+      f"GraphDef, binary or text. Pass a frozen graph written by "
+      f"tf.io.write_graph(graph_def, dir, name); a .meta "
       f"file is a MetaGraph (tf.compat.v1.train.import_meta_graph) and a "
       f"saved_model.pb a SavedModel (tf.compat.v1.saved_model.loader.load).")
 
