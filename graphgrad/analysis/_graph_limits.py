@@ -149,12 +149,9 @@ def _callees(function, library: Mapping) -> List[str]:
   names = []
   for node in function.node_def:
     names += _graph_util.called_functions(node, library)
-  values = [a.default_value for a in function.signature.attr]
-  values += [function.attr[k] for k in sorted(function.attr)]
-  for i in sorted(function.arg_attr):
-    attrs = function.arg_attr[i].attr
-    values += [attrs[k] for k in sorted(attrs)]
-  names += _graph_util.function_names(values)
+  # Not linked_functions: an api_implements alternative is no call, and two
+  # alternatives would look like a cycle.
+  names += [n for _, n in _graph_util.definition_functions(function)]
   # A function the library lacks calls nothing; importing it fails.
   return [n for n in names if n in library]
 

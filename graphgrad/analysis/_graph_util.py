@@ -190,7 +190,17 @@ def function_names(values: Iterable) -> List[str]:
   """The functions that attr values (``AttrValue`` protos) name, at any
   depth, in order: a ``func``, each ``func`` of a list, and those that
   their own attrs name (a ``NameAttrList`` carries attrs, which can be
-  functions too)."""
+  functions too: the call's bindings of the function's attrs, which the
+  callee reaches through a placeholder, ``$inner``, in its body).
+
+  Example:
+    >>> from tensorflow.core.framework import attr_value_pb2
+    >>> value = attr_value_pb2.AttrValue()
+    >>> value.func.name = "outer"
+    >>> value.func.attr["inner"].list.func.add().name = "inner_fn"
+    >>> function_names([value])
+    ['outer', 'inner_fn']
+  """
   names: List[str] = []
   # (True, a NameAttrList) or (False, an AttrValue), depth first.
   stack: list = [(False, v) for v in values][::-1]
@@ -207,24 +217,6 @@ def function_names(values: Iterable) -> List[str]:
   return names
 
 
-def attr_functions(value) -> List[str]:
-  """The functions an ``AttrValue`` names, at any depth.
-
-  A function-valued attr carries attrs of its own (the call's bindings of
-  the function's attrs), which can name more functions, also in lists;
-  the callee reaches those through a placeholder (``$inner``) in its body.
-
-  Example:
-    >>> from tensorflow.core.framework import attr_value_pb2
-    >>> value = attr_value_pb2.AttrValue()
-    >>> value.func.name = "outer"
-    >>> value.func.attr["inner"].list.func.add().name = "inner_fn"
-    >>> attr_functions(value)
-    ['outer', 'inner_fn']
-  """
-  return function_names([value])
-
-
 def called_functions(node_def, library: Mapping) -> List[str]:
   """The library functions a node calls: by its op type, or named anywhere
   in its attrs (a branch, a body, a dataset function, a list, or a
@@ -235,9 +227,8 @@ def called_functions(node_def, library: Mapping) -> List[str]:
   as called covers that binding without resolving placeholders.
   """
   names = [node_def.op] if node_def.op in library else []
-  for key in sorted(node_def.attr):
-    names += attr_functions(node_def.attr[key])
-  return names
+  return names + function_names(node_def.attr[k]
+                                for k in sorted(node_def.attr))
 
 
 def linked_functions(name: str, library: Mapping) -> List[Tuple[str, str]]:
@@ -267,21 +258,29 @@ def linked_functions(name: str, library: Mapping) -> List[Tuple[str, str]]:
   fdef = library.get(name)
   if fdef is None:
     return []
-  found = [(f"the default of its attr {a.name!r}", n)
-           for a in fdef.signature.attr
-           for n in attr_functions(a.default_value)]
-  found += [(f"its attr {key!r}", n) for key in sorted(fdef.attr)
-            for n in attr_functions(fdef.attr[key])]
-  for index in sorted(fdef.arg_attr):
-    attrs = fdef.arg_attr[index].attr
-    found += [(f"attr {key!r} of its argument {index}", n)
-              for key in sorted(attrs) for n in attr_functions(attrs[key])]
+  found = definition_functions(fdef)
   api = _api_implements(fdef)
   if api:
     how = (f"may be swapped for another of api_implements "
            f"{api.decode(errors='replace')!r}")
     found += [(how, other) for other in sorted(library)
               if other != name and _api_implements(library[other]) == api]
+  return found
+
+
+def definition_functions(fdef) -> List[Tuple[str, str]]:
+  """The functions a ``FunctionDef``'s definition names rather than its
+  nodes: ``(how, function name)`` pairs, from the defaults of its
+  signature's attrs, its own attrs and its arguments' attrs."""
+  found = [(f"the default of its attr {a.name!r}", n)
+           for a in fdef.signature.attr
+           for n in function_names([a.default_value])]
+  found += [(f"its attr {key!r}", n) for key in sorted(fdef.attr)
+            for n in function_names([fdef.attr[key]])]
+  for index in sorted(fdef.arg_attr):
+    attrs = fdef.arg_attr[index].attr
+    found += [(f"attr {key!r} of its argument {index}", n)
+              for key in sorted(attrs) for n in function_names([attrs[key]])]
   return found
 
 

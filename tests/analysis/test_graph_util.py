@@ -37,15 +37,16 @@ def _library(*functions):
   return {f.signature.name: f for f in functions}
 
 
-def test_attr_functions_reads_a_call_s_bindings_at_any_depth():
+def test_function_names_reads_a_call_s_bindings_at_any_depth():
   value = attr_value_pb2.AttrValue()
   value.func.name = "outer"
   inner = value.func.attr["inner"].func
   inner.name = "middle"
   inner.attr["deeper"].list.func.add(name="a")
   inner.attr["deeper"].list.func.add(name="b")
-  assert _graph_util.attr_functions(value) == ["outer", "middle", "a", "b"]
-  assert _graph_util.attr_functions(attr_value_pb2.AttrValue(s=b"f")) == []
+  assert _graph_util.function_names([value]) == ["outer", "middle", "a",
+                                                  "b"]
+  assert _graph_util.function_names([attr_value_pb2.AttrValue(s=b"f")]) == []
 
 
 def test_called_node_finds_a_function_bound_in_the_call_s_attrs():
