@@ -79,12 +79,11 @@ def load(path: str, tag: str = "serve",
     tag: the tag of the SavedModel's MetaGraph to load.
     memory_bytes: the most one tensor of the graph may take, in bytes
       (:func:`graphgrad.analysis._graph_limits.check`).
-    batch: what an unknown placeholder dimension counts as in that check.
+    batch: what an unknown placeholder dimension counts as in that check:
+      the batch of the random inputs ``graphgrad grads`` makes.
     checks: ``False`` skips that check (``--no-checks``: the sandbox alone
       confines the import; thawing a frozen graph still checks its
       constants).
-    batch: what an unknown dimension of a placeholder counts as: the batch
-      of the random inputs ``graphgrad grads`` makes.
 
   Returns:
     A new ``tf.Graph``; a frozen graph's weights are variables in it.

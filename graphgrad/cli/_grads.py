@@ -203,14 +203,17 @@ def build_feed(graph, loss, arrays: Dict, batch: int, seed: int) -> Dict:
 
 class _Restore(NamedTuple):
   """How ``grads`` restores ``--checkpoint``: the flag's value, the prefix
-  it names, and the ``Saver`` that restores it."""
+  it names, the ``Saver`` that restores it, and whether it is the model's
+  own (a SavedModel's ``variables/``, restored without the flag)."""
   checkpoint: str
   prefix: str
   saver: Any
+  own: bool
 
 
 def _build_restore(graph, checkpoint: Optional[str], allow_io: bool,
-                   checks: bool = True) -> Optional[_Restore]:
+                   checks: bool = True, own: bool = False
+                   ) -> Optional[_Restore]:
   """Builds the restore of ``checkpoint`` (``None`` without one) and,
   with ``checks``, refuses it as :func:`_refuse` refuses the loss's ops.
 
@@ -242,16 +245,16 @@ def _build_restore(graph, checkpoint: Optional[str], allow_io: bool,
       saver = tf1.train.Saver()
     except ValueError as e:
       raise _cannot_restore(checkpoint, e) from None
-  own = set(graph.get_operations()[known:])
+  added = set(graph.get_operations()[known:])
   restore = graph.as_graph_element(saver.saver_def.restore_op_name)
   filename = graph.as_graph_element(saver.saver_def.filename_tensor_name)
   ops = [op for op in _untrusted.ops_run([restore], [filename])
-         if op not in own]
+         if op not in added]
   why = _untrusted.refusal(ops, allow_io) if checks else None
   if why is not None:
     raise CommandError(f"--checkpoint {checkpoint!r}: restoring it runs "
                        f"{why}")
-  return _Restore(checkpoint, prefix, saver)
+  return _Restore(checkpoint, prefix, saver, own)
 
 
 def own_checkpoint(model: str) -> Optional[str]:
@@ -298,7 +301,8 @@ def _restore(sess, graph, restore: Optional[_Restore], variables,
       restore.saver.restore(sess, restore.prefix)
     except (tf.errors.OpError, ValueError) as e:
       raise _cannot_restore(restore.checkpoint, e) from None
-    return f"restored {restore.prefix}"
+    return (f"restored {'its own variables, ' if restore.own else ''}"
+            f"{restore.prefix}")
 
 
 def check(args) -> None:
@@ -314,8 +318,6 @@ def check(args) -> None:
         f"--loss {args.loss!r} and --output {args.output!r}: pass one; "
         f"--output reports the gradients of an output's sum when the graph "
         f"has no loss.")
-  if args.feed:
-    _read_npz(args.feed)
 
 
 def reads(args) -> List[str]:
@@ -423,7 +425,8 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> Dict:
       if checks:
         _refuse(fetched_ops(fetches), variables, feed, checkpoint,
                 args.allow_io)
-      restore = _build_restore(graph, checkpoint, args.allow_io, checks)
+      restore = _build_restore(graph, checkpoint, args.allow_io, checks,
+                               own=not args.checkpoint)
     frozen = _metagraph.kind_of(args.model) == "frozen GraphDef"
     _args.phase("running the graph")
     with tf.compat.v1.Session(graph=graph,
@@ -432,9 +435,6 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> Dict:
       report = _report.measure(sess, net, fetches, [feed])
   except gg.GraphGradError as e:
     raise CommandError(str(e)) from None
-  if checkpoint and not args.checkpoint:
-    restored = restored.replace("restored ", "restored its own variables, ",
-                                1)
   print(f"{args.model}: loss {loss.name} ({reason}); {restored}")
   print()
   print(report.table())
