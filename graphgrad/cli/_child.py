@@ -69,6 +69,20 @@ def describe(e: BaseException, phase: str, memory: Optional[str]) -> str:
   return f"{phase} failed ({type(e).__name__}: {_first_line(e)})"
 
 
+class _Phases:
+  """What the work is doing now (``now``); each change is also told to
+  ``tell``, if given (the child's message to the parent)."""
+
+  def __init__(self, tell=None):
+    self.now = "starting TensorFlow"
+    self.tell = tell
+
+  def enter(self, text: str) -> None:
+    self.now = text
+    if self.tell is not None:
+      self.tell(text)
+
+
 def run(spec: dict, channel, build_parser) -> None:
   """Runs the command of ``spec["argv"]`` and reports on ``channel``.
 
@@ -81,24 +95,17 @@ def run(spec: dict, channel, build_parser) -> None:
   """
   from graphgrad.cli import _confine  # pylint: disable=g-import-not-at-top
 
-  phase = "starting TensorFlow"
-
-  def enter(text: str) -> None:
-    nonlocal phase
-    phase = text
-    _confine.send(channel, "phase", phase=text)
-
+  phases = _Phases(lambda text: _confine.send(channel, "phase", phase=text))
   try:
-    _args.set_phase_listener(enter)
-    enter("starting TensorFlow")
+    _args.set_phase_listener(phases.enter)
+    phases.enter(phases.now)
     args = build_parser().parse_args(spec["argv"])
-    args.sandboxed = True
     outcome = compute(args)
   except BaseException as e:  # pylint: disable=broad-except
     try:
-      message = describe(e, phase, spec["memory_text"])
+      message = describe(e, phases.now, spec["memory_text"])
     except BaseException:  # pylint: disable=broad-except
-      message = f"{phase} failed ({type(e).__name__})"
+      message = f"{phases.now} failed ({type(e).__name__})"
     _confine.send(channel, "error", message=message)
     return
   _confine.send(channel, "result", outcome=outcome)
@@ -124,18 +131,13 @@ def compute_here(args) -> dict:
   Raises:
     CommandError: for any exception of the work.
   """
-  phase = "starting TensorFlow"
-
-  def enter(text: str) -> None:
-    nonlocal phase
-    phase = text
-
-  _args.set_phase_listener(enter)
+  phases = _Phases()
+  _args.set_phase_listener(phases.enter)
   try:
     return compute(args)
   except (KeyboardInterrupt, SystemExit):
     raise
   except BaseException as e:  # pylint: disable=broad-except
-    raise _args.CommandError(describe(e, phase, None)) from None
+    raise _args.CommandError(describe(e, phases.now, None)) from None
   finally:
     _args.set_phase_listener(None)

@@ -25,8 +25,12 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from graphgrad.cli import _confine
+from graphgrad.cli import _args, _confine
 from graphgrad.cli._args import CommandError
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# The directory graphgrad is imported from: site-packages, or a checkout.
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
 
 # The child's first lines: it imports nothing of graphgrad (whose package
 # loads TensorFlow, which starts threads) until it has confined itself.
@@ -104,7 +108,6 @@ def add_flags(parser, runs_graph: bool) -> None:
     runs_graph: whether the command runs the graph (``grads``) or only
       reads it (``inspect``).
   """
-  from graphgrad.cli import _args  # pylint: disable=g-import-not-at-top
   memory = default_memory()
   parser.add_argument(
       "--memory", metavar="SIZE", type=_args.memory_size, default=memory,
@@ -160,7 +163,6 @@ def run(command: ModelCommand, args, argv: List[str]) -> int:
         "model and this process")
   args.memory_text = format_size(args.memory)
   command.check(args)
-  from graphgrad.cli import _args  # pylint: disable=g-import-not-at-top
   _args.quiet_tensorflow(getattr(args, "verbose", False))
   if args.no_sandbox:
     return _in_process(command, args)
@@ -175,7 +177,6 @@ def run(command: ModelCommand, args, argv: List[str]) -> int:
 
 def _in_process(command: ModelCommand, args) -> int:
   from graphgrad.cli import _child  # pylint: disable=g-import-not-at-top
-  args.sandboxed = False
   timer = _stop_after(args.timeout, f"graphgrad {args.command}")
   try:
     outcome = _child.compute_here(args)
@@ -215,10 +216,8 @@ def read_paths(model_reads: List[str]) -> List[str]:
   (the CPU count, this process's own ``/proc`` entries). Not the user's
   home, ``/etc``, ``/tmp`` or the working directory.
   """
-  here = os.path.dirname(os.path.abspath(__file__))
-  root = os.path.dirname(os.path.dirname(here))
   paths = [sys.prefix, sys.base_prefix, sys.exec_prefix,
-           sys.base_exec_prefix, root]
+           sys.base_exec_prefix, _ROOT]
   # Not the working directory, which ``python -m`` puts on sys.path.
   cwd = os.getcwd()
   paths += [p for p in sys.path if p and os.path.isabs(p)
@@ -255,7 +254,6 @@ def orders(command: ModelCommand, args, argv: List[str]) -> Dict[str, Any]:
   reads = [os.path.abspath(p) for p in command.reads(args)]
   paths = read_paths(reads)
   model = os.path.abspath(reads[0]) if reads else os.getcwd()
-  here = os.path.dirname(os.path.abspath(__file__))
   return {
       "argv": list(argv),
       "read": paths,
@@ -266,8 +264,8 @@ def orders(command: ModelCommand, args, argv: List[str]) -> Dict[str, Any]:
       "memory_bytes": args.memory,
       "memory_text": args.memory_text,
       "cpu_seconds": cpu_seconds(args.timeout),
-      "confine": os.path.join(here, "_confine.py"),
-      "root": os.path.dirname(os.path.dirname(here)),
+      "confine": os.path.join(_HERE, "_confine.py"),
+      "root": _ROOT,
   }
 
 
