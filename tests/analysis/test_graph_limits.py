@@ -100,7 +100,7 @@ def test_a_self_recursive_function_is_refused(tmp_path, capsys, no_import,
   meta.graph_def.library.function.append(_function("f", ["f"]))
   _call(meta.graph_def, "f")
   path = _write(tmp_path, meta)
-  assert error_line(capsys, [command, path]) == (
+  assert error_line(capsys, [*_here(command), path]) == (
       f"graphgrad {command}: error: {path!r}: function 'f' calls itself "
       f"(f -> f): TensorFlow's import of a recursive function recurses "
       f"until the process crashes, so graphgrad imports no recursion in the "
@@ -391,7 +391,7 @@ def test_a_corrupt_saved_model_is_one_line(tmp_path, capsys, no_import):
   fix = ("Pass the directory that tf.compat.v1.saved_model.simple_save or "
          "SavedModelBuilder wrote, or a .meta or frozen .pb file.")
   for command in ("inspect", "grads"):
-    assert error_line(capsys, [command, str(tmp_path / "sm")]) == (
+    assert error_line(capsys, [*_here(command), str(tmp_path / "sm")]) == (
         f"graphgrad {command}: error: cannot read {str(file)!r} as a "
         f"SavedModel ({why}). {fix}")
   file.write_bytes(b"")
@@ -491,7 +491,7 @@ def test_a_gradient_override_that_is_an_int(tmp_path, capsys, no_import,
   meta = _model()
   _node(meta.graph_def, "h").attr["_gradient_op_type"].i = 5
   path = _write(tmp_path, meta)
-  assert error_line(capsys, [command, path]) == (
+  assert error_line(capsys, [*_here(command), path]) == (
       f"graphgrad {command}: error: {path!r}: node 'h' (Identity) has a "
       f"`_gradient_op_type` attr holding an int (5), not a string: "
       f"gradient_override_map records the name of a registered gradient "
@@ -517,7 +517,7 @@ def test_a_gradient_override_that_is_not_utf_8(tmp_path, capsys, no_import,
   meta = _model()
   _node(meta.graph_def, "h").attr["_gradient_op_type"].s = b"\xff\xfeFlip"
   path = _write(tmp_path, meta)
-  assert error_line(capsys, [command, path]) == (
+  assert error_line(capsys, [*_here(command), path]) == (
       f"graphgrad {command}: error: {path!r}: node 'h' (Identity) has a "
       f"`_gradient_op_type` attr b'\\xff\\xfeFlip' that is not UTF-8 text, "
       f"so it names no gradient function: the file is corrupt or crafted. "
@@ -530,7 +530,7 @@ def test_a_gradient_borrowed_from_conv2d_is_refused(tmp_path, capsys,
   meta = _model()
   _node(meta.graph_def, "h").attr["_gradient_op_type"].s = b"Conv2D"
   path = _write(tmp_path, meta)
-  assert error_line(capsys, [command, path]) == (
+  assert error_line(capsys, [*_here(command), path]) == (
       f"graphgrad {command}: error: {path!r}: node 'h' (Identity) has "
       f"`_gradient_op_type` 'Conv2D', the gradient TensorFlow registered for "
       f"Conv2D ops, which reads a Conv2D's attrs and inputs, but an Identity "
