@@ -1,11 +1,11 @@
 """Saved graphs: load one into a fresh graph and find its loss.
 
-Used by ``graphgrad inspect``, which reads the three forms a legacy TF1
-model comes in: a MetaGraph (``.meta``, from ``Saver``), a v1 SavedModel
-directory (``simple_save`` or ``SavedModelBuilder``; one of its MetaGraphs,
-chosen by tag), and a frozen GraphDef (``.pb``), which is thawed
-(:func:`graphgrad.thaw`) so that its weights form layers again. Each is
-decoded and checked (``_graph_limits``) before anything imports it.
+Used by ``graphgrad inspect`` and ``grads``, which read a MetaGraph
+(``.meta``, from ``Saver``), a SavedModel directory (one of its MetaGraphs,
+chosen by tag; a TF2 one's signature is inlined by ``_signature_graph``),
+and a frozen GraphDef (``.pb``), thawed (:func:`graphgrad.thaw`) so that its
+weights form layers again; each binary or text. Each is decoded and checked
+(``_graph_limits``) before anything imports it.
 
 A legacy TF1 training graph rarely says which tensor is its loss, so
 :func:`guess_loss` looks where TF1 code puts it: the ``LOSSES`` collection
@@ -16,12 +16,17 @@ outputs are offered instead (:func:`output_candidates`).
 
 import os
 import re
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.analysis import _graph_limits, _graph_util, _thaw
+from graphgrad.analysis import (
+  _graph_limits,
+  _graph_util,
+  _signature_graph,
+  _thaw,
+)
 
 _LOSS_NAME = re.compile(r"(loss|cost|objective)", re.IGNORECASE)
 # Scopes of ops that a training graph adds after the loss.
@@ -35,10 +40,26 @@ class MetaGraphError(_errors.GraphGradError, ValueError):
 
 
 _GRAPH_DEF_FIELDS = ("node", "library", "versions", "version")
+TF2 = "TF2 SavedModel"
+
+
+class Model(NamedTuple):
+  """A loaded model.
+
+  Attributes:
+    graph: the new ``tf.Graph`` it was imported into.
+    kind: ``"MetaGraph"``, ``"SavedModel"`` (TF1), ``"TF2 SavedModel"`` or
+      ``"frozen GraphDef"``.
+    signature: a TF2 SavedModel's inlined signature, else ``None``.
+  """
+  graph: tf.Graph
+  kind: str
+  signature: Optional[_signature_graph.Signature] = None
 
 
 def kind_of(path: str) -> str:
-  """``"SavedModel"``, ``"frozen GraphDef"`` or ``"MetaGraph"``.
+  """``"SavedModel"``, ``"frozen GraphDef"`` or ``"MetaGraph"``: the form
+  of ``path`` by its name (a SavedModel's MetaGraph says if TF2 saved it).
 
   A directory is a SavedModel, a ``.pb`` a frozen GraphDef; a ``.pbtxt``
   is a frozen GraphDef when its first field is one of a GraphDef's
@@ -71,12 +92,15 @@ def _first_field(path: str) -> str:
 
 def load(path: str, tag: str = "serve",
          memory_bytes: int = _graph_limits.DEFAULT_MEMORY_BYTES,
-         batch: int = 1, checks: bool = True) -> tf.Graph:
+         batch: int = 1, checks: bool = True,
+         signature: Optional[str] = None) -> Model:
   """Imports the MetaGraph, SavedModel or frozen graph at ``path``.
 
   Args:
     path: a ``.meta`` file, a SavedModel directory, or a frozen ``.pb``.
     tag: the tag of the SavedModel's MetaGraph to load.
+    signature: the signature of a TF2 SavedModel to inline (default
+      ``serving_default``); refused for the other forms.
     memory_bytes: the most one tensor of the graph may take, in bytes
       (:func:`graphgrad.analysis._graph_limits.check`).
     batch: what an unknown placeholder dimension counts as in that check:
@@ -86,35 +110,51 @@ def load(path: str, tag: str = "serve",
       constants).
 
   Returns:
-    A new ``tf.Graph``; a frozen graph's weights are variables in it.
+    The :class:`Model`; a frozen graph's weights and a TF2 SavedModel's
+    captured variables are variables in its graph.
 
   Raises:
     MetaGraphError: if the path is missing or is not what its form says.
+    SignatureError: if a TF2 SavedModel's signature cannot be inlined.
     GraphLimitError: if the graph asks for more than graphgrad imports
       (recursion, deep calls, huge tensors, a broken gradient override).
     GraphGradError: if a frozen ``.pb`` cannot be thawed.
   """
   kind = kind_of(path)
-  if kind == "SavedModel":
-    meta_graph = _read_saved_model(path, tag)
-  elif not os.path.isfile(path):
+  if kind != "SavedModel" and not os.path.isfile(path):
     raise MetaGraphError(
         f"no such file: {path!r}. Pass the .meta file that "
         f"tf.compat.v1.train.Saver.save wrote next to the checkpoint, a "
         f"SavedModel directory, or a frozen .pb.")
-  elif kind == "frozen GraphDef":
+  if kind == "SavedModel":
+    meta_graph = _read_saved_model(path, tag)
+    if _signature_graph.is_tf2(meta_graph):
+      kind = TF2
+  elif kind == "MetaGraph":
+    meta_graph = _read_meta_graph(path)
+  else:
+    meta_graph = None
+  if signature is not None and kind != TF2:
+    raise MetaGraphError(
+        f"--signature {signature!r}: {path!r} is a "
+        f"{'TF1 SavedModel' if kind == 'SavedModel' else kind}, whose "
+        f"tensors are named with --loss or --output NAME; --signature "
+        f"chooses a TF2 SavedModel's signature. Leave it out.")
+  if meta_graph is None:  # a frozen GraphDef
     graph_def = _thaw.load_graph_def(path)
     if checks:
       _graph_limits.check(graph_def, memory_bytes, batch, repr(path))
     graph = tf.Graph()
     with graph.as_default():
       _thaw.thaw(graph_def, memory_bytes=memory_bytes)
-    return graph
-  else:
-    meta_graph = _read_meta_graph(path)
+    return Model(graph, kind)
   if checks:
     _graph_limits.check(meta_graph.graph_def, memory_bytes, batch,
                         repr(path))
+  if kind == TF2:
+    found = _signature_graph.load(meta_graph, signature or "serving_default",
+                                  source=repr(path))
+    return Model(found.graph, kind, found)
   graph = tf.Graph()
   with graph.as_default():
     try:
@@ -124,7 +164,7 @@ def load(path: str, tag: str = "serve",
           f"TensorFlow {tf.__version__} cannot import {path!r} "
           f"({type(e).__name__}: {_first_line(e)}). Pass a {kind} written by "
           f"TensorFlow whose ops this TensorFlow knows.") from None
-  return graph
+  return Model(graph, kind)
 
 
 _META_FIX = ("Pass a .meta file written by tf.compat.v1.train.Saver or "
@@ -339,3 +379,57 @@ def find_loss(graph: tf.Graph, name: str, flag: str = "--loss") -> tf.Tensor:
         f"{flag} {name!r}: {t.name} has dtype {t.dtype.name}; {what} must be "
         f"a floating-point tensor. Pass a float tensor's name.")
   return t
+
+
+class Target(NamedTuple):
+  """What ``inspect`` and ``grads`` differentiate.
+
+  Attributes:
+    tensor: the loss, or the output whose sum is differentiated.
+    is_output: True for an output (``grads`` differentiates its sum).
+    reason: why it was chosen, for the report's first line.
+  """
+  tensor: tf.Tensor
+  is_output: bool
+  reason: str
+
+
+def choose_target(model: Model, loss: Optional[str] = None,
+                  output: Optional[str] = None) -> Target:
+  """The loss or output of ``model`` that ``--loss``/``--output`` name.
+
+  A TF2 SavedModel's ``output`` is a key of its signature's outputs, and
+  without flags its only output is taken; the other forms name tensors,
+  and without flags the loss is guessed (:func:`guess_loss`).
+
+  Raises:
+    MetaGraphError: if the name matches nothing, or a TF2 signature has
+      several outputs and none is named.
+  """
+  graph, signature = model.graph, model.signature
+  if loss:
+    return Target(find_loss(graph, loss), False, "given with --loss")
+  if signature is None:
+    if output:
+      return Target(find_loss(graph, output, flag="--output"), True,
+                    "given with --output")
+    found, reason = guess_loss(graph)
+    return Target(found, False, reason)
+  keys = sorted(signature.outputs)
+  where = f"signature {signature.key!r}"
+  if output:
+    if output not in signature.outputs:
+      raise MetaGraphError(
+          f"--output {output!r}: the {where} has no such output; its "
+          f"outputs: {', '.join(keys) or '(none)'}. Pass one of them.")
+    return Target(signature.outputs[output], True,
+                  f"output {output!r} of the {where}")
+  floats = [k for k in keys if signature.outputs[k].dtype.is_floating]
+  if len(floats) != 1:
+    raise MetaGraphError(
+        f"the {where} has {len(floats)} floating-point outputs "
+        f"({', '.join(floats) or 'none'}): pass the one to analyse with "
+        f"--output KEY, or another signature with --signature KEY.")
+  return Target(signature.outputs[floats[0]], True,
+                f"the only floating-point output, {floats[0]!r}, of the "
+                f"{where}")

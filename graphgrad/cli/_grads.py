@@ -35,8 +35,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                   "pure compute op (known I/O ops pass with --allow-io), "
                   "and stops after --timeout seconds.")
   p.add_argument("model", metavar="MODEL",
-                 help="a MetaGraph (.meta file), a frozen GraphDef (.pb) or "
-                      "a SavedModel directory")
+                 help="a MetaGraph (.meta file), a frozen GraphDef (.pb), "
+                      "binary or text, or a SavedModel directory (TF1 or "
+                      "TF2)")
   p.add_argument("--checkpoint", metavar="CKPT",
                  help="checkpoint prefix or directory to restore (default: "
                       "a SavedModel's own variables; a frozen .pb's frozen "
@@ -46,7 +47,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                       "guessed)")
   p.add_argument("--output", metavar="NAME",
                  help="for a graph without a loss: report the gradients of "
-                      "the sum of this output")
+                      "the sum of this output (a TF2 SavedModel: a key of "
+                      "the signature's outputs, default its only one)")
+  p.add_argument("--signature", metavar="KEY",
+                 help="the signature of a TF2 SavedModel to open (default: "
+                      "serving_default)")
+  p.add_argument("--tag", default="serve",
+                 help="tag of the SavedModel MetaGraph to load (default: "
+                      "serve)")
   p.add_argument("--allow-io", action="store_true",
                  help="also run the known I/O ops: ops that read, write or "
                       "list files, run an input pipeline, save or restore "
@@ -55,7 +63,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                       "them). Ops that are neither pure compute nor known "
                       "I/O are refused even so")
   p.add_argument("--feed", metavar="FEED.npz",
-                 help="arrays keyed by placeholder name")
+                 help="arrays keyed by placeholder name (a TF2 SavedModel: "
+                      "by the signature's input names)")
   p.add_argument("--depth", metavar="N",
                  help="group nested variable scopes to depth N")
   p.add_argument("--batch", metavar="N", default="8",
@@ -73,11 +82,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def load_model(path: str, batch: int = 1, memory_bytes: Optional[int] = None,
-               checks: bool = True):
-  """The model at ``path`` as a new ``tf.Graph``, loaded as ``inspect`` does.
+               checks: bool = True, tag: str = "serve",
+               signature: Optional[str] = None):
+  """The model at ``path`` (an ``analysis._metagraph.Model``, its graph
+  new), loaded as ``inspect`` does.
 
   Args:
     path: a ``.meta`` file, a SavedModel directory, or a frozen ``.pb``.
+    tag: the tag of a SavedModel's MetaGraph.
+    signature: a TF2 SavedModel's signature (``None``: serving_default).
     batch: what an unknown dimension of a placeholder counts as when the
       graph's sizes are checked before import: the random inputs' batch.
     memory_bytes: the most one tensor may take, in bytes; ``None`` for the
@@ -87,8 +100,8 @@ def load_model(path: str, batch: int = 1, memory_bytes: Optional[int] = None,
   from graphgrad.analysis import _graph_limits, _metagraph  # pylint: disable=g-import-not-at-top
   if memory_bytes is None:
     memory_bytes = _graph_limits.DEFAULT_MEMORY_BYTES
-  return _metagraph.load(path, memory_bytes=memory_bytes, batch=batch,
-                         checks=checks)
+  return _metagraph.load(path, tag=tag, memory_bytes=memory_bytes,
+                         batch=batch, checks=checks, signature=signature)
 
 
 def _int(flag: str, text: str, minimum: int) -> int:
@@ -212,8 +225,8 @@ class _Restore(NamedTuple):
 
 
 def _build_restore(graph, checkpoint: Optional[str], allow_io: bool,
-                   checks: bool = True, own: bool = False
-                   ) -> Optional[_Restore]:
+                   checks: bool = True, own: bool = False,
+                   signature=None) -> Optional[_Restore]:
   """Builds the restore of ``checkpoint`` (``None`` without one) and,
   with ``checks``, refuses it as :func:`_refuse` refuses the loss's ops.
 
@@ -221,7 +234,10 @@ def _build_restore(graph, checkpoint: Optional[str], allow_io: bool,
   the loss reads: its restore runs their variable ops and what those depend
   on through data inputs and control dependencies, all of which are the
   saved graph's and are checked here. The ops the ``Saver`` adds (its
-  ``RestoreV2``, assigns and constants) are graphgrad's, and pass.
+  ``RestoreV2``, assigns and constants) are graphgrad's, and pass. A TF2
+  SavedModel's ``signature`` (``_signature_graph.Signature``) restores its
+  rebuilt variables, by their keys in the TF2 checkpoint; the model's own
+  restore function is never run.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -240,9 +256,18 @@ def _build_restore(graph, checkpoint: Optional[str], allow_io: bool,
         f"prefix Saver.save returned (model.ckpt, without .index) or its "
         f"directory")
   known = len(graph.get_operations())
+  var_list = None
+  if signature is not None:
+    from graphgrad.analysis import _signature_graph  # pylint: disable=g-import-not-at-top
+    try:
+      var_list = _signature_graph.checkpoint_variables(
+          signature, tf.train.load_checkpoint(prefix),
+          f"--checkpoint {checkpoint!r}")
+    except tf.errors.OpError as e:
+      raise _cannot_restore(checkpoint, e) from None
   with graph.as_default():
     try:
-      saver = tf1.train.Saver()
+      saver = tf1.train.Saver(var_list)
     except ValueError as e:
       raise _cannot_restore(checkpoint, e) from None
   added = set(graph.get_operations()[known:])
@@ -391,20 +416,26 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> Dict:
   checkpoint = args.checkpoint or own_checkpoint(args.model)
   try:
     _args.phase("reading the model")
-    graph = load_model(args.model, batch=batch, memory_bytes=args.memory,
-                       checks=checks)
+    model = load_model(args.model, batch=batch, memory_bytes=args.memory,
+                       checks=checks, tag=args.tag, signature=args.signature)
+    graph = model.graph
     _args.phase("analysing the graph")
     with graph.as_default():
-      if args.output:
-        out = _metagraph.find_loss(graph, args.output, flag="--output")
-        loss = tf.reduce_sum(out, name="graphgrad_output_sum")
-        reason = f"the sum of --output {out.name}"
-      elif args.loss:
-        loss, reason = _metagraph.find_loss(graph, args.loss), "--loss"
-        _check_scalar(loss)
+      target = _metagraph.choose_target(model, args.loss, args.output)
+      if target.is_output:
+        loss = tf.reduce_sum(target.tensor, name="graphgrad_output_sum")
+        reason = (f"the sum of --output {target.tensor.name}"
+                  if args.output and model.signature is None else
+                  f"the sum of {target.tensor.name}, {target.reason}")
       else:
-        loss, reason = _metagraph.guess_loss(graph)
+        loss, reason = target.tensor, target.reason
         _check_scalar(loss)
+      if (model.signature is not None and model.signature.variables
+          and checkpoint is None):
+        raise CommandError(
+            f"{args.model!r} has no variables/ checkpoint, and a TF2 "
+            f"SavedModel's variables have no initial values of their own: "
+            f"pass --checkpoint with a TF2 checkpoint of the same model")
       net = gg.analyze(loss, depth=depth)
       feed = build_feed(graph, loss, arrays, batch, seed)
       variables = _untrusted.variables_read(graph, loss, feed)
@@ -426,8 +457,9 @@ def _run(args, arrays: Dict, depth, batch: int, seed: int) -> Dict:
         _refuse(fetched_ops(fetches), variables, feed, checkpoint,
                 args.allow_io)
       restore = _build_restore(graph, checkpoint, args.allow_io, checks,
-                               own=not args.checkpoint)
-    frozen = _metagraph.kind_of(args.model) == "frozen GraphDef"
+                               own=not args.checkpoint,
+                               signature=model.signature)
+    frozen = model.kind == "frozen GraphDef"
     _args.phase("running the graph")
     with tf.compat.v1.Session(graph=graph,
                               config=_untrusted.session_config()) as sess:

@@ -223,22 +223,17 @@ def _inspect_compute(args) -> dict:
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
   from graphgrad.analysis import _draw, _metagraph  # pylint: disable=g-import-not-at-top
   _args.phase("reading the model")
-  graph = _metagraph.load(args.path, tag=args.tag, memory_bytes=args.memory,
-                          checks=not args.no_checks)
+  model = _metagraph.load(args.path, tag=args.tag, memory_bytes=args.memory,
+                          checks=not args.no_checks, signature=args.signature)
   _args.phase("analysing the graph")
-  with graph.as_default():
-    if args.output:
-      loss = _metagraph.find_loss(graph, args.output, flag="--output")
-      what, reason = "output", "given with --output: the layers it depends on"
-    elif args.loss:
-      loss = _metagraph.find_loss(graph, args.loss)
-      what, reason = "loss", "given with --loss"
-    else:
-      loss, reason = _metagraph.guess_loss(graph)
-      what = "loss"
+  with model.graph.as_default():
+    target = _metagraph.choose_target(model, args.loss, args.output)
+    loss, reason = target.tensor, target.reason
+    what = "output" if target.is_output else "loss"
+    if args.output and model.signature is None:
+      reason += ": the layers it depends on"
     net = gg.analyze(loss)
-    print(f"{args.path} ({_metagraph.kind_of(args.path)}): {what} "
-          f"{loss.name} ({reason})")
+    print(f"{args.path} ({model.kind}): {what} {loss.name} ({reason})")
     if not (args.loss or args.output):
       print("  pass --loss NAME to analyse another tensor")
     print()
@@ -388,7 +383,11 @@ def _add_inspect(sub, common: argparse.ArgumentParser) -> None:
   inspect.add_argument("--output", metavar="NAME",
                        help="for a graph with no loss (an inference graph, a "
                             "frozen .pb): analyse the layers this output "
-                            "depends on")
+                            "depends on (a TF2 SavedModel: a key of the "
+                            "signature's outputs, default its only one)")
+  inspect.add_argument("--signature", metavar="KEY",
+                       help="the signature of a TF2 SavedModel to open "
+                            "(default: serving_default)")
   inspect.add_argument("--tag", default="serve",
                        help="tag of the SavedModel MetaGraph to load "
                             "(default: serve)")

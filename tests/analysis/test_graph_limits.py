@@ -475,7 +475,7 @@ def test_a_text_meta_graph_still_loads(tmp_path):
   meta = _model()
   path = tmp_path / "model.meta"
   path.write_text(str(meta))
-  graph = _metagraph.load(str(path))
+  graph = _metagraph.load(str(path)).graph
   assert graph.get_tensor_by_name("loss:0").shape.rank == 0
 
 

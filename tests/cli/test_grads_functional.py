@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
+from graphgrad.analysis import _metagraph
 from graphgrad.cli import _grads
 from graphgrad.cli import _main as _cli
 from helpers import dense, error_line
@@ -90,7 +91,7 @@ def _check(tmp_path, monkeypatch, model, types):
   # In this process, to compare with the very graph grads imported.
   assert _cli.main(["grads", model, "--feed", str(tmp_path / "feed.npz"),
                     "--json", str(out), "--no-sandbox"]) == 0
-  (graph,) = loaded
+  (graph,) = [m.graph for m in loaded]
   assert types & {op.type for op in graph.get_operations()}
   rows = {r["name"]: r for r in json.loads(out.read_text())["layers"]}
   for scope, norm in _reference(graph, feed).items():
@@ -178,7 +179,7 @@ def test_a_loop_in_an_imported_tf_function_is_refused(tmp_path, capsys):
     tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
     tf1.train.export_meta_graph(str(tmp_path / "model.meta"))
     own = tf.gradients(loss, tf1.trainable_variables(scope="l1"))
-  imported = _grads.load_model(str(tmp_path / "model.meta"))
+  imported = _grads.load_model(str(tmp_path / "model.meta")).graph
   with imported.as_default():
     symbolic = tf.gradients(imported.get_tensor_by_name("loss:0"),
                             tf1.trainable_variables(scope="l1"))
@@ -201,11 +202,11 @@ def test_a_second_import_differentiated_elsewhere_is_named(tmp_path):
   with tf.Graph().as_default(), _v2():
     _model("while")
     tf1.train.export_meta_graph(str(tmp_path / "model.meta"))
-  first = _grads.load_model(str(tmp_path / "model.meta"))
+  first = _grads.load_model(str(tmp_path / "model.meta")).graph
   with first.as_default():
     tf.gradients(first.get_tensor_by_name("loss:0"),
                  tf1.trainable_variables())
-  second = _grads.load_model(str(tmp_path / "model.meta"))
+  second = _grads.load_model(str(tmp_path / "model.meta")).graph
   with second.as_default():
     net = gg.analyze(second.get_tensor_by_name("loss:0"))
     with tf1.Session() as sess:
@@ -247,7 +248,8 @@ def test_the_backward_pass_is_checked_before_it_runs(tmp_path, capsys,
     loss = tf.reduce_mean(tf.square(dense(h, 2, "l2")), name="loss")
     tf1.add_to_collection(tf1.GraphKeys.LOSSES, loss)
   assert "WriteFile" not in {op.type for op in graph.get_operations()}
-  monkeypatch.setattr(_grads, "load_model", lambda path, **limits: graph)
+  monkeypatch.setattr(_grads, "load_model",
+                      lambda path, **_: _metagraph.Model(graph, "MetaGraph"))
   line = error_line(capsys, ["grads", "model.meta", "--no-sandbox"])
   assert line.startswith("graphgrad grads: error: saved graph op "
                          "'gradient_report/gradients/"), line
