@@ -88,8 +88,10 @@ SAME_WORKER = {
     "mtl-digits": ("tests/methods/test_mtl_digits.py::",),
     # setup_module / teardown_module: one parity matrix per run.
     "parity": ("tests/keras/test_parity.py::",),
+    "tf2-saved-models": ("tests/cli/test_tf2_saved_models.py::",),
 }
 SECONDS = {
+    "tests/cli/test_tf2_saved_models.py": 80,
     "tests/test_notebooks.py::test_notebook_runs_top_to_bottom": 154,
     "tests/test_notebook_tf2.py::test_notebook_06_executes": 35,
     "tests/test_notebook_tf2.py::test_notebook_04_executes": 20,
