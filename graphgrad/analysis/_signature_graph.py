@@ -175,8 +175,8 @@ def _captured(node_id: int, name: str, meta_graph, nodes, variables,
     if 0 <= index < len(files):
       return tf.constant(files[index].filename, name="asset")
   raise SignatureError(
-      f"the signature captures {name!r}, a {kind or 'nameless object'} of "
-      f"{source}'s object graph; graphgrad rebuilds captured variables, "
+      f"the signature captures {name!r}, a {kind or 'nameless object'} in "
+      f"the object graph of {source}; graphgrad rebuilds captured variables, "
       f"constants and assets only (a lookup table or another resource is "
       f"not rebuilt). Open a model whose signature captures none.")
 

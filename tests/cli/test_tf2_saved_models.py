@@ -26,7 +26,8 @@ _SEQ = np.random.default_rng(1).standard_normal((6, 5, 3)).astype(np.float32)
 
 
 class _Module(tf.Module):
-  """Two dense layers, a non-trainable scale, and two outputs."""
+  """Two dense layers, a non-trainable scale, a captured constant, and two
+  outputs."""
 
   def __init__(self):
     super().__init__()
@@ -34,12 +35,14 @@ class _Module(tf.Module):
     self.b1 = tf.Variable(tf.random.normal([5], seed=2), name="b1")
     self.w2 = tf.Variable(tf.random.normal([5, 3], seed=3), name="w2")
     self.scale = tf.Variable(1.5, trainable=False, name="scale")
+    self.offset = tf.constant([1.0, -2.0, 0.5])
 
   @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32,
                                               name="x")])
   def __call__(self, x):
     h = tf.nn.relu(x @ self.w1 + self.b1)
-    return {"out": h @ self.w2 * self.scale, "hidden": h}
+    return {"out": (h @ self.w2 + self.offset) ** 2 * self.scale,
+            "hidden": h}
 
 
 class _Control(tf.Module):
@@ -305,3 +308,35 @@ def test_a_tf1_checkpoint_is_refused_for_a_tf2_model(models, tmp_path,
                              "--no-sandbox"])
   assert "is a name-based (TF1) checkpoint, which keys variables by name" \
       in line
+
+
+def test_a_captured_lookup_table_is_refused(tmp_path, capsys):
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("a\nb\n")
+
+  class Table(tf.Module):
+
+    def __init__(self):
+      super().__init__()
+      self.table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+          str(vocab), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
+          tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER), -1)
+      self.w = tf.Variable([[2.0]], name="w")
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
+                                  tf.TensorSpec([None, 1], tf.float32)])
+    def __call__(self, s, x):
+      ids = tf.cast(self.table.lookup(s)[:, None], tf.float32)
+      return {"y": x @ self.w * ids}
+
+  table = Table()
+  tf.saved_model.save(table, str(tmp_path / "table"),
+                      signatures=table.__call__)
+  line = error_line(capsys, ["inspect", str(tmp_path / "table"),
+                             "--no-sandbox"])
+  assert "the signature captures 'hash_table', a resource in the object " \
+         "graph of" in line
+  assert line.endswith("graphgrad rebuilds captured variables, constants "
+                       "and assets only (a lookup table or another resource "
+                       "is not rebuilt). Open a model whose signature "
+                       "captures none.")
