@@ -76,6 +76,12 @@ def load(meta_graph, key: str = "serving_default",
       constant nor an asset.
   """
   keys = signature_keys(meta_graph)
+  if not keys:
+    raise SignatureError(
+        f"{source} was saved without signatures, so it has no inputs and "
+        f"outputs to open. Save it with one: tf.saved_model.save(obj, path, "
+        f"signatures=obj.f.get_concrete_function(tf.TensorSpec(...))), or "
+        f"a Keras model with model.export(path).")
   if key not in meta_graph.signature_def or key not in keys:
     raise SignatureError(
         f"--signature {key!r}: {source} has no such signature; its "

@@ -235,7 +235,8 @@ def _inspect_compute(args) -> dict:
     net = gg.analyze(loss)
     print(f"{args.path} ({model.kind}): {what} {loss.name} ({reason})")
     if not (args.loss or args.output):
-      print("  pass --loss NAME to analyse another tensor")
+      print("  pass --loss NAME to analyse another tensor" + (
+          ", --output KEY another output" if model.signature else ""))
     print()
     print(net.summary())
     _print_ops_without_gradient(net)

@@ -340,3 +340,13 @@ def test_a_captured_lookup_table_is_refused(tmp_path, capsys):
                        "and assets only (a lookup table or another resource "
                        "is not rebuilt). Open a model whose signature "
                        "captures none.")
+
+
+def test_a_model_saved_without_signatures(tmp_path, capsys):
+  module = tf.Module()
+  module.w = tf.Variable([1.0], name="w")
+  tf.saved_model.save(module, str(tmp_path / "bare"))
+  line = error_line(capsys, ["grads", str(tmp_path / "bare"),
+                             "--no-sandbox"])
+  assert "was saved without signatures, so it has no inputs and outputs " \
+         "to open. Save it with one" in line
