@@ -86,6 +86,8 @@ SAME_WORKER = {
     "cluster-sync-run": ("tests/distributed/test_cluster.py::",),
     "methods-digits": ("tests/methods/test_methods_digits.py::",),
     "mtl-digits": ("tests/methods/test_mtl_digits.py::",),
+    # One folder of models, built once.
+    "scan-models": ("tests/cli/test_scan.py::",),
     # setup_module / teardown_module: one parity matrix per run.
     "parity": ("tests/keras/test_parity.py::",),
     "tf2-saved-models": ("tests/cli/test_tf2_saved_models.py::",),
@@ -128,6 +130,9 @@ SECONDS = {
         10,
     "tests/cli/test_sandbox.py::"
     "test_a_crafted_file_is_one_line_with_the_sandbox_alone": 9,
+    "tests/cli/test_sandbox.py::"
+    "test_a_saved_model_that_touches_files_is_contained": 120,
+    "tests/cli/test_scan.py": 40,
 }
 
 

@@ -226,6 +226,23 @@ def _check_nodes(graph_def, what: str, fix: str) -> None:
 def _read_saved_model(path: str, tag: str):
   """The ``MetaGraphDef`` tagged ``tag`` of a SavedModel, without importing
   it (nor its weights)."""
+  file, model = _saved_model_proto(path)
+  tags = [sorted(m.meta_info_def.tags) for m in model.meta_graphs]
+  found = [m for m in model.meta_graphs if tag in m.meta_info_def.tags]
+  if not found:
+    raise MetaGraphError(
+        f"--tag {tag!r}: the SavedModel {path!r} has no MetaGraph with that "
+        f"tag; its MetaGraphs have the tags {tags}. Pass one with --tag.")
+  _check_nodes(found[0].graph_def,
+               f"the MetaGraph tagged {tag!r} of {file!r} is not a graph",
+               _SAVED_MODEL_FIX)
+  return found[0]
+
+
+def _saved_model_proto(path: str):
+  """``(file, SavedModel proto)`` of the SavedModel directory ``path``:
+  its ``saved_model.pb``, else its ``saved_model.pbtxt``, as TensorFlow's
+  loader picks them."""
   from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
   from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
   file = os.path.join(path, "saved_model.pb")
@@ -252,16 +269,44 @@ def _read_saved_model(path: str, tag: str):
     raise MetaGraphError(
         f"{file!r} is not a SavedModel: it holds no MetaGraph (an empty "
         f"file, or another kind of protocol buffer). {_SAVED_MODEL_FIX}")
-  tags = [sorted(m.meta_info_def.tags) for m in model.meta_graphs]
-  found = [m for m in model.meta_graphs if tag in m.meta_info_def.tags]
-  if not found:
+  return file, model
+
+
+def read_meta_graphs(path: str, tag: Optional[str] = None) -> List[tuple]:
+  """The MetaGraphs at ``path``, decoded and not imported: ``(label,
+  MetaGraphDef)`` pairs.
+
+  A SavedModel gives every MetaGraph (labelled by its tags, e.g.
+  ``"serve"``), or the one tagged ``tag``; a ``.meta`` file its one
+  MetaGraph, labelled ``"MetaGraph"``; a frozen GraphDef one MetaGraph
+  that holds it, labelled ``"GraphDef"``.
+
+  Raises:
+    MetaGraphError: if the path is missing or is not what its form says.
+    GraphGradError: if a frozen GraphDef cannot be read.
+  """
+  kind = kind_of(path)
+  if kind == "SavedModel" and tag is not None:
+    return [(tag, _read_saved_model(path, tag))]
+  if kind == "SavedModel":
+    file, model = _saved_model_proto(path)
+    found = []
+    for meta_graph in model.meta_graphs:
+      label = ",".join(sorted(meta_graph.meta_info_def.tags)) or "(no tag)"
+      _check_nodes(meta_graph.graph_def,
+                   f"the MetaGraph tagged {label!r} of {file!r} is not a "
+                   f"graph", _SAVED_MODEL_FIX)
+      found.append((label, meta_graph))
+    return found
+  if not os.path.isfile(path):
     raise MetaGraphError(
-        f"--tag {tag!r}: the SavedModel {path!r} has no MetaGraph with that "
-        f"tag; its MetaGraphs have the tags {tags}. Pass one with --tag.")
-  _check_nodes(found[0].graph_def,
-               f"the MetaGraph tagged {tag!r} of {file!r} is not a graph",
-               _SAVED_MODEL_FIX)
-  return found[0]
+        f"no such file: {path!r}. Pass a .meta file, a SavedModel "
+        f"directory, or a frozen .pb or .pbtxt.")
+  if kind == "MetaGraph":
+    return [("MetaGraph", _read_meta_graph(path))]
+  meta_graph = tf.compat.v1.MetaGraphDef()
+  meta_graph.graph_def.CopyFrom(_thaw.load_graph_def(path))
+  return [("GraphDef", meta_graph)]
 
 
 def _scalar_float(t: tf.Tensor) -> bool:

@@ -335,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
   _add_inspect(sub, common)
   from graphgrad.cli import _grads  # pylint: disable=g-import-not-at-top
   _grads.add_parser(sub)
+  from graphgrad.cli import _scan  # pylint: disable=g-import-not-at-top
+  _scan.add_parser(sub)
   return parser
 
 

@@ -347,3 +347,216 @@ def frozen_const_bomb(folder, target=None):
   with open(path, "wb") as f:
     f.write(graph_def.SerializeToString())
   return path
+
+
+# -- SavedModels: the attack inside functions, the restore and the init op --
+
+
+class _Module(tf.Module):
+  """A tf.Module whose ``f(x)`` is ``body(x, v)`` for its variable ``v``."""
+
+  def __init__(self, body):
+    super().__init__()
+    self.v = tf.Variable([[0.5, -0.5], [1.0, 2.0]], name="v")
+    self.body = body
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32)])
+  def f(self, x):
+    return self.body(x, self.v)
+
+
+def _save_module(folder, name, body):
+  """``tf.saved_model.save`` of a :class:`_Module` to ``folder/name``."""
+  path = os.path.join(str(folder), name)
+  tf.saved_model.save(_Module(body), path)
+  return path
+
+
+def clean_functional_control_flow(folder, target=None):
+  """A TF2 SavedModel whose function holds a ``cond`` and a ``while``."""
+  del target
+
+  def body(x, v):
+    y = tf.cond(tf.reduce_sum(x) > 0, lambda: tf.matmul(x, v),
+                lambda: tf.matmul(x, -v))
+    return tf.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2.0),
+                         [tf.constant(0), y])[1]
+  return _save_module(folder, "clean_functional_control_flow", body)
+
+
+def print_in_cond_branch(folder, target):
+  """PrintV2 to ``file://target`` in the true branch of a ``cond`` of a
+  ``tf.function``."""
+  def body(x, v):
+    def then():
+      tf.print("written", output_stream=f"file://{target}")
+      return tf.matmul(x, v)
+    return tf.cond(tf.reduce_sum(x) > 0, then, lambda: tf.matmul(x, -v))
+  return _save_module(folder, "print_in_cond_branch", body)
+
+
+def save_in_while_body(folder, target):
+  """SaveV2 of ``target`` in the body of a ``while`` of a ``tf.function``."""
+  def body(x, v):
+    def step(i, y):
+      tf.raw_ops.SaveV2(prefix=str(target), tensor_names=["y"],
+                        shape_and_slices=[""], tensors=[y])
+      return i + 1, y * 2.0
+    return tf.while_loop(lambda i, y: i < 2, step,
+                         [tf.constant(0), tf.matmul(x, v)])[1]
+  return _save_module(folder, "save_in_while_body", body)
+
+
+def write_in_dataset_function(folder, target):
+  """WriteFile in the ``map`` function of a dataset a ``tf.function``
+  reduces."""
+  def body(x, v):
+    def write(i):
+      with tf.control_dependencies([tf.io.write_file(str(target), "w")]):
+        return tf.identity(i)
+    total = tf.data.Dataset.range(2).map(write).reduce(
+        tf.constant(0, tf.int64), lambda a, b: a + b)
+    return tf.matmul(x, v) + tf.cast(total, tf.float32)
+  return _save_module(folder, "write_in_dataset_function", body)
+
+
+def as_pbtxt(saved_model, name=None):
+  """A copy of the SavedModel directory ``saved_model`` whose graph is
+  ``saved_model.pbtxt`` (text format) instead of ``saved_model.pb``."""
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
+  from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.dirname(saved_model),
+                      name or os.path.basename(saved_model) + "_pbtxt")
+  shutil.copytree(saved_model, path)
+  model = saved_model_pb2.SavedModel()
+  with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+    model.ParseFromString(f.read())
+  os.remove(os.path.join(path, "saved_model.pb"))
+  with open(os.path.join(path, "saved_model.pbtxt"), "w",
+            encoding="utf-8") as f:
+    f.write(text_format.MessageToString(model))
+  return path
+
+
+def _edit_saved_model(path, edit):
+  """Rewrites ``path/saved_model.pb`` with ``edit(meta_graph_def)``."""
+  from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
+  file = os.path.join(path, "saved_model.pb")
+  model = saved_model_pb2.SavedModel()
+  with open(file, "rb") as f:
+    model.ParseFromString(f.read())
+  edit(model.meta_graphs[0])
+  with open(file, "wb") as f:
+    f.write(model.SerializeToString())
+  return path
+
+
+def _string_const(nodes, name, value):
+  const = nodes.add()
+  const.name, const.op = name, "Const"
+  const.attr["dtype"].type = types_pb2.DT_STRING
+  const.attr["value"].tensor.dtype = types_pb2.DT_STRING
+  const.attr["value"].tensor.string_val.append(value.encode())
+  return const
+
+
+def write_in_restore_function(folder, target):
+  """A TF2 SavedModel whose checkpoint restore function also writes
+  ``target``: every loader that runs the graph's restore runs it."""
+  path = clean_functional_control_flow(folder)
+  final = os.path.join(str(folder), "write_in_restore_function")
+  os.rename(path, final)
+
+  def edit(meta):
+    restore = _name_of(meta.saver_def.restore_op_name)
+    call = next(n for n in meta.graph_def.node if n.name == restore)
+    fdef = next(f for f in meta.graph_def.library.function
+                if f.signature.name == call.attr["f"].func.name)
+    _string_const(fdef.node_def, "target", str(target))
+    _string_const(fdef.node_def, "contents", "written")
+    write = fdef.node_def.add()
+    write.name, write.op = "hidden_write", "WriteFile"
+    write.input.extend(["target:output:0", "contents:output:0"])
+    fdef.control_ret["hidden_write"] = "hidden_write"
+    fdef.signature.control_output.append("hidden_write")
+  return _edit_saved_model(final, edit)
+
+
+def _name_of(text):
+  return text.lstrip("^").split(":")[0]
+
+
+def clean_v1_saved_model(folder, target=None, name="clean_v1_saved_model",
+                         legacy_init_op=None):
+  """``simple_save`` of a v1 graph with v1 control flow (``Switch``,
+  ``Merge``, ``Enter``, ``Exit``, ``NextIteration``): a ``cond`` and a
+  ``while_loop``, a resource and a ref variable."""
+  del target
+  from tensorflow.python.ops import control_flow_util  # pylint: disable=g-import-not-at-top
+  path = os.path.join(str(folder), name)
+  was = control_flow_util.ENABLE_CONTROL_FLOW_V2
+  control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+  try:
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [None, 2], name="x")
+      w = tf1.get_variable("w", [2, 2], use_resource=True)
+      r = tf1.get_variable("r", [2], use_resource=False)
+      y = tf1.cond(tf.reduce_sum(x) > 0, lambda: tf.matmul(x, w),
+                   lambda: -tf.matmul(x, w)) + r
+      y = tf1.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2.0),
+                         [tf.constant(0), y])[1]
+      init = legacy_init_op() if legacy_init_op else None
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        tf1.saved_model.simple_save(sess, path, {"x": x}, {"y": y},
+                                    legacy_init_op=init)
+  finally:
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = was
+  return path
+
+
+def write_in_legacy_init_op(folder, target):
+  """A v1 SavedModel whose ``legacy_init_op`` writes ``target``."""
+  return clean_v1_saved_model(
+      folder, name="write_in_legacy_init_op",
+      legacy_init_op=lambda: tf.group(
+          tf.io.write_file(str(target), "written", name="init_write"),
+          name="legacy_init"))
+
+
+def print_in_v1_restore(folder, target):
+  """A v1 SavedModel whose ``save/restore_all`` also waits for a PrintV2
+  to ``file://target``."""
+  path = clean_v1_saved_model(folder, name="print_in_v1_restore")
+
+  def edit(meta):
+    _string_const(meta.graph_def.node, "hidden_text", "written")
+    printed = meta.graph_def.node.add()
+    printed.name, printed.op = "hidden_print", "PrintV2"
+    printed.input.append("hidden_text")
+    printed.attr["output_stream"].s = f"file://{target}".encode()
+    printed.attr["end"].s = b"\n"
+    restore = _name_of(meta.saver_def.restore_op_name)
+    node = next(n for n in meta.graph_def.node if n.name == restore)
+    node.input.append("^hidden_print")
+  return _edit_saved_model(path, edit)
+
+
+def unknown_op(folder, target=None):
+  """A ``.meta`` whose graph holds an op type no TensorFlow defines."""
+  del target
+
+  def edit(meta):
+    node = next(n for n in meta.graph_def.node if n.name == "call_site")
+    node.op = "GraphgradCustomOp"
+    node.attr.clear()
+  return _save(folder, "unknown_op", _call_site, edit)
+
+
+def save_v1(folder, target):
+  """The v1 ``Save`` op (not SaveV2) writes ``target``."""
+  return _save(folder, "save_v1", lambda h: _after(
+      h, tf.raw_ops.Save(filename=str(target), tensor_names=["h"],
+                         data=[h])))

@@ -483,3 +483,47 @@ def test_the_cpu_time_limit_ends_the_child_in_one_line(tmp_path, capsys,
       "graphgrad grads: error: the sandboxed process used up its CPU-time "
       "limit (SIGXCPU) while "), line
   assert line.endswith("; nothing outside it was touched"), line
+
+
+def _signature_output(saved_model):
+  """The tensor the ``serving_default`` signature of a SavedModel returns."""
+  from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
+  model = saved_model_pb2.SavedModel()
+  with open(os.path.join(saved_model, "saved_model.pb"), "rb") as f:
+    model.ParseFromString(f.read())
+  signature = model.meta_graphs[0].signature_def["serving_default"]
+  (out,) = signature.outputs.values()
+  return out.name
+
+
+@needs_sandbox
+@needs_strace
+@pytest.mark.parametrize("name, command", [
+    ("print_in_cond_branch_pbtxt", "grads"),
+    ("print_in_cond_branch_pbtxt", "scan"),
+    ("save_in_while_body", "grads"),
+    ("print_in_v1_restore", "grads"),
+])
+def test_a_saved_model_that_touches_files_is_contained(tmp_path, name,
+                                                       command):
+  """SavedModels whose I/O hides in a function, a restore or an init op
+  (tests/cli/test_scan.py finds each), and a saved_model.pbtxt: the
+  sandbox alone contains grads, and scan reads without running."""
+  (tmp_path / "model").mkdir()
+  target = _target(tmp_path, name)
+  before = sorted(os.listdir(target.parent))
+  built = name.removesuffix("_pbtxt")
+  path = getattr(adversarial, built)(tmp_path / "model", target)
+  argv = [command, path]
+  if command == "grads":
+    argv += ["--output", _signature_output(path), "--no-checks",
+             "--allow-io"]
+  if name.endswith("_pbtxt"):
+    argv[1] = adversarial.as_pbtxt(path)
+  code, _, stderr, trace = run_traced(argv, tmp_path)
+  _untouched(target, before)
+  assert violations(trace, str(target)) == []
+  if command == "scan":
+    assert code == 1, stderr
+  elif code != 0:
+    assert code == 2 and _one_line(stderr), stderr
