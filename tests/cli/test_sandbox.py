@@ -486,14 +486,15 @@ def test_the_cpu_time_limit_ends_the_child_in_one_line(tmp_path, capsys,
 
 
 def _signature_output(saved_model):
-  """The tensor the ``serving_default`` signature of a SavedModel returns."""
+  """What ``--output`` names for the ``serving_default`` signature of a
+  SavedModel: its output's key (TF2), or its tensor (TF1)."""
   from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
   model = saved_model_pb2.SavedModel()
   with open(os.path.join(saved_model, "saved_model.pb"), "rb") as f:
     model.ParseFromString(f.read())
-  signature = model.meta_graphs[0].signature_def["serving_default"]
-  (out,) = signature.outputs.values()
-  return out.name
+  meta_graph = model.meta_graphs[0]
+  ((key, out),) = meta_graph.signature_def["serving_default"].outputs.items()
+  return key if meta_graph.object_graph_def.nodes else out.name
 
 
 @needs_sandbox
