@@ -109,9 +109,12 @@ def compute(args) -> Dict[str, Any]:
     findings += scanned["findings"]
     on_load += scanned["on_load"]
     standard += scanned["standard"]
+  from graphgrad.analysis import _signature_graph  # pylint: disable=g-import-not-at-top
+  kind = _metagraph.kind_of(args.path)
+  if saved_model and all(_signature_graph.is_tf2(m) for _, m in meta_graphs):
+    kind = _metagraph.TF2
   return {"scan": {
-      "version": VERSION, "model": args.path,
-      "kind": _metagraph.kind_of(args.path),
+      "version": VERSION, "model": args.path, "kind": kind,
       "meta_graphs": [label for label, _ in meta_graphs],
       "clean": not findings, "findings": findings, "on_load": on_load,
       "standard": standard}}

@@ -325,7 +325,7 @@ def test_json_is_a_stable_document(models, tmp_path):
                          "on_load", "standard", "version"]
   assert sorted(doc["findings"][0]) == ["function", "meta_graph", "on_load",
                                         "op", "path", "type", "why"]
-  assert doc["meta_graphs"] == ["serve"] and doc["kind"] == "SavedModel"
+  assert doc["meta_graphs"] == ["serve"] and doc["kind"] == "TF2 SavedModel"
 
 
 # -- forms and errors ---------------------------------------------------------
