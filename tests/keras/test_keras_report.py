@@ -163,6 +163,27 @@ def test_layers_feed_each_other_through_layers_without_variables():
   _assert_same(report, expected)
 
 
+@pytest.mark.parametrize("name", sorted(keras_cases.FLAGGED_CHAINS))
+def test_flags_say_where_the_gradient_vanishes_or_explodes(name):
+  """keras_cases.FLAGGED_CHAINS, whose gradients tests/plan/test_report.py
+  checks against their construction."""
+  chain, expected = keras_cases.FLAGGED_CHAINS[name]
+  model = chain.keras_model(FLAVOURS["keras3"])
+  x, labels = keras_cases.batch(chain)
+  loss = _loss(chain, model, labels)
+  report = gg.gradient_report(model, loss, tf.constant(x))
+  with tf.GradientTape() as tape:
+    value = loss(tf.constant(x))
+  layers = [model.get_layer(n) for n in chain.weights]
+  grads = tape.gradient(value, [l.trainable_variables for l in layers])
+  assert [r["name"] for r in report.layers] == list(chain.weights)
+  for layer, g in zip(layers, grads):
+    np.testing.assert_allclose(report[layer.name]["grad_norm"]["before"],
+                               float(tf.linalg.global_norm(g)), rtol=RTOL,
+                               err_msg=layer.name)
+  assert report.flagged() == expected
+
+
 def _tf1_report_plain(case, weights, x, labels):
   with tf.Graph().as_default():
     outs = case.forward(keras_cases.TF1Ops(weights), tf.constant(x))
