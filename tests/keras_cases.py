@@ -169,6 +169,67 @@ CASES = {"chain": Chain, "skip": Skip, "two_heads": TwoHeads,
          "glue_edge": GlueEdge}
 
 
+class ReluChain:
+  """fc0 -> fc1 -> ... with ReLU between and a squared error, He-initialised
+  (normal kernels of variance 2 / fan-in, biases of scale 0.1); ``scaled``
+  maps a layer to the factors of its kernel and bias."""
+  inputs = 8
+
+  def __init__(self, depth, scaled=None, width=16, seed=0):
+    rng = np.random.default_rng(seed)
+    widths = [self.inputs] + [width] * (depth - 1) + [4]
+    self.classes = (widths[-1],)
+    self.weights = {}
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+      kernel, bias = (rng.normal(size=(a, b)) * np.sqrt(2 / a),
+                      rng.normal(size=b) * 0.1)
+      k, c = (scaled or {}).get(f"fc{i}", (1, 1))
+      self.weights[f"fc{i}"] = [(kernel * k).astype(np.float32),
+                                (bias * c).astype(np.float32)]
+
+  def forward(self, ops, x):
+    last = len(self.weights) - 1
+    for i, (name, (kernel, _)) in enumerate(self.weights.items()):
+      x = ops.dense(x, kernel.shape[1], name, "relu" if i < last else None)
+    return [x]
+
+  @staticmethod
+  def loss(outputs, labels):
+    return tf.reduce_mean(tf.square(outputs[0] - labels[0]))
+
+  def keras_model(self, K):
+    model = keras_model(self, K)
+    for name, values in self.weights.items():
+      model.get_layer(name).set_weights(values)
+    return model
+
+
+# Chains whose gradient flow is known by construction, and the flags a
+# person reading their gradient norms would set.
+FLAGGED_CHAINS = {
+    # fc3's kernel is 1e-4 of its initial value: every gradient below it
+    # passes through that kernel and shrinks 1e4-fold; fc3's own gradient
+    # depends on its input, not on its weights, and stays normal.
+    "tiny_top": (ReluChain(4, {"fc3": (1e-4, 1)}),
+                 {"fc0": "vanishing", "fc1": "vanishing",
+                  "fc2": "vanishing"}),
+    # fc4's kernel 1e4 times larger, fc3's kernel and bias 1e4 times
+    # smaller: ReLU is positively homogeneous, so the forward pass and the
+    # loss stay the same, but the gradient grows 1e4-fold through fc4's
+    # kernel into fc3 (and shrinks back through fc3's kernel). fc3's
+    # gradient jumps by four orders of magnitude; fc4's own is then mostly
+    # its bias's, and every other layer's is unchanged.
+    "exploding_middle": (ReluChain(8, {"fc4": (1e4, 1), "fc3": (1e-4, 1e-4)}),
+                         {"fc3": "exploding"}),
+    # He initialisation, eight layers: nothing to flag.
+    "he_init": (ReluChain(8), {}),
+    # fc1's kernel is 1e-4 of its initial value; its bias carries the
+    # forward pass, so its own gradient is normal (and its gradient to
+    # weight ratio huge). Only fc0's gradient passes through the kernel.
+    "small_middle": (ReluChain(4, {"fc1": (1e-4, 1)}), {"fc0": "vanishing"}),
+}
+
+
 def keras_model(case, K):
   inp = K.Input((case.inputs,))
   return K.Model(inp, case.forward(KerasOps(K), inp))

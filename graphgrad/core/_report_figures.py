@@ -1,21 +1,23 @@
 """The gradient-flow report both plans make: its figures and its flags.
 
-``gg.gradient_report`` measures, for every layer, ``grad_norm`` (the global
-norm of its parameter gradients), ``grad_to_weight`` (that norm over its
-variables' norm), ``upstream_norm`` (the norm of the upstream gradient at
-its outputs) and ``zero_upstream`` (the fraction of exact zeros in it), the
-mean over the batches; with a plan each comes twice, ``before`` by the chain
-rule and ``after`` (where it exists) from the plan. ``plan/_report`` runs
-it in a ``Session``, ``keras/_tape_report`` in a ``tf.function``. A layer is
-*vanishing* (*exploding*) when ``log10`` of its parameter-gradient norm lies
-more than ``threshold`` below (above) the median ``log10`` of its
-neighbours' non-zero norms, ``after`` norms with a plan (never without
-neighbours); *no gradient* when none of its variables gets one.
+``gg.gradient_report`` measures, per layer, ``grad_norm`` (the global norm
+of its parameter gradients), ``grad_to_weight`` (that over its variables'
+norm), ``upstream_norm`` (the norm of the upstream gradient at its outputs)
+and ``zero_upstream`` (its fraction of exact zeros), the mean over the
+batches; with a plan each comes ``before`` (the chain rule) and ``after``
+(where it exists). ``plan/_report`` runs it in a ``Session``,
+``keras/_tape_report`` in a ``tf.function``. A layer is *vanishing* when
+``log10`` of its grad norm (``after`` with a plan) lies more than
+``threshold`` below the median ``log10`` norm of the output layers (those
+that feed no layer) its outputs reach, *exploding* when more than that
+above both that and the median of all layers; an output layer is never
+flagged but for *no gradient*, when none of its variables gets one.
 """
 
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
+import networkx as nx
 import numpy as np
 
 from graphgrad import _errors
@@ -120,10 +122,11 @@ class GradientReport:
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append(f"loss {self.loss}; mean over {self.batches} batch(es); "
-                 f"flagged when log10(grad norm) is more than "
-                 f"{self.threshold:g} from the median log10 of its "
-                 f"neighbours', 'no gradient' when none of its variables "
-                 f"gets one")
+                 f"vanishing when log10(grad norm) is more than "
+                 f"{self.threshold:g} below that of the output layers it "
+                 f"reaches, exploding when more than {self.threshold:g} "
+                 f"above both theirs and the median of all layers, 'no "
+                 f"gradient' when none of its variables gets one")
     return "\n".join(lines)
 
   def _cell(self, pair: Dict[str, Optional[float]], percent=False) -> str:
@@ -231,27 +234,49 @@ def layer_row(name: str, params: int, runs: List[Dict[str, Any]]):
   return row
 
 
-def flag(rows: List[Dict[str, Any]], neighbours: Callable[[str], Set[str]],
+def flag(rows: List[Dict[str, Any]], feeds: Callable[[str], Set[str]],
          threshold: float) -> None:
-  """Sets ``row["flag"]`` by the rule in the module docstring;
-  ``neighbours(name)`` are the layers that feed it or that it feeds."""
+  """Sets ``row["flag"]`` by the rule in the module docstring.
+
+  Vanishing and exploding gradients shrink or grow as they flow from the
+  loss down through the layers, so each layer is measured against the
+  layers the gradient starts from: the output layers on its output side.
+  A layer deep under a tiny output layer is vanishing however many layers
+  share its fate; exploding also asks for more than the typical layer,
+  so that one output layer with a small gradient of its own (a small
+  input) does not make every other layer exploding.
+
+  Args:
+    rows: the report's rows, from :func:`layer_row`.
+    feeds: layer name -> the layers its outputs feed directly.
+    threshold: orders of magnitude.
+  """
   key = "after" if any(r["grad_norm"]["after"] is not None for r in rows) else (
       "before")
   norm = {r["name"]: r["grad_norm"][key] for r in rows}
+  logs = {n: math.log10(x) for n, x in norm.items() if x}
+  flow = nx.DiGraph()
+  flow.add_nodes_from(norm)
+  flow.add_edges_from((n, m) for n in norm for m in feeds(n)
+                      if m in norm and m != n)
+  outputs = {n for n in flow if not flow.out_degree(n)}
+  typical = float(np.median(list(logs.values()))) if logs else 0.0
   for r in rows:
     name = r["name"]
-    others = [norm[n] for n in sorted(neighbours(name)) if norm.get(n)]
     mine = norm[name]
     if mine is None:  # not one variable of the layer has a gradient
       r["flag"] = "no gradient"
       continue
-    if not others:
+    ends = [logs[n] for n in sorted(nx.descendants(flow, name) & outputs)
+            if n in logs]
+    if not ends:  # an output layer, or one only zero gradients reach
       continue
     if mine == 0:
       r["flag"] = "vanishing"
       continue
-    log_ratio = math.log10(mine) - float(np.median(np.log10(others)))
-    if log_ratio < -threshold:
+    reference = float(np.median(ends))
+    if logs[name] < reference - threshold:
       r["flag"] = "vanishing"
-    elif log_ratio > threshold:
+    elif logs[name] > max(reference, typical) + threshold:
       r["flag"] = "exploding"
+

@@ -6,10 +6,10 @@ row), in the model's layer order. One traced step per batch shape takes the
 plain gradients under a ``tf.GradientTape``, reading each call's outputs of
 those layers; with a :class:`~graphgrad.KerasPlan` it takes the plan's step
 as well, whose parameter gradients and trace (the gradient after each
-upstream rewrite) are the ``after`` figures. Two layers are neighbours, for
-the flags, when an output of one reaches an input of the other through ops
-of no such layer, in the traced graph. Variables a step updates (batch-norm
-statistics, a method's state) get their values back.
+upstream rewrite) are the ``after`` figures. For the flags, one layer
+feeds another when an output of the one reaches an input of the other
+through ops of no such layer, in the traced graph. Variables a step
+updates (batch-norm statistics, a method's state) get their values back.
 """
 
 import collections
@@ -56,8 +56,8 @@ def gradient_report(model, loss: Callable, feed: Any = None, plan=None,
   layers = [layer_row(p, sum(int(v.shape.num_elements() or 0)
                              for v in _own(index[p])),
                       [r[p] for r in runs]) for p in rows]
-  near = step.neighbours
-  flag(layers, lambda p: near.get(p, set()), threshold)
+  feeds = step.feeds
+  flag(layers, lambda p: feeds.get(p, set()), threshold)
   return GradientReport(_loss_name(loss), layers, batches, threshold,
                         plan is not None)
 
@@ -160,7 +160,7 @@ class _Step:
   def __init__(self, index: LayerIndex, rows: List[str], loss: Callable,
                plan):
     self.index, self.rows, self.loss, self.plan = index, rows, loss, plan
-    self.neighbours: Dict[str, Set[str]] = {}
+    self.feeds: Dict[str, Set[str]] = {}
     self._fn = tf.function(self._measure)
 
   def __call__(self, args: Tuple) -> Dict[str, Dict[str, Any]]:
@@ -177,7 +177,7 @@ class _Step:
     grads = TapeVJP.outer(tape).backprop(value, flat_v + flat_o)
     by_var = dict(zip([v.ref() for v in flat_v], grads[:len(flat_v)]))
     by_out = grads[len(flat_v):]
-    self.neighbours = _neighbours(rows, calls)
+    self.feeds = _feeds(rows, calls)
     after: Optional[Tuple[Dict, Dict]] = None
     if self.plan is not None:
       after = self._planned(args)
@@ -230,9 +230,9 @@ def _or(g, none):
   return none if g is None else g
 
 
-def _neighbours(rows: List[str], calls: _Calls) -> Dict[str, Set[str]]:
-  """Row -> the rows whose outputs reach its inputs, or that its outputs
-  reach, through ops of no row (in the traced graph)."""
+def _feeds(rows: List[str], calls: _Calls) -> Dict[str, Set[str]]:
+  """Row -> the rows whose inputs its outputs reach through ops of no row
+  (in the traced graph)."""
   made_by = {}
   for p in rows:
     for t in calls.outputs[p]:
@@ -255,12 +255,11 @@ def _neighbours(rows: List[str], calls: _Calls) -> Dict[str, Set[str]]:
     memo[t.ref()] = found
     return found
 
-  near: Dict[str, Set[str]] = {p: set() for p in rows}
+  feeds: Dict[str, Set[str]] = {p: set() for p in rows}
   for p in rows:
     for x in calls.inputs[p]:
       if not tf.is_symbolic_tensor(x):
         continue
       for q in sources(x) - {p}:
-        near[p].add(q)
-        near[q].add(p)
-  return near
+        feeds[q].add(p)
+  return feeds

@@ -3,9 +3,9 @@
 :func:`gradient_report` runs the backward pass of an analysed loss in a
 ``Session`` and measures, for every layer in topological order, the figures
 of ``core._report`` (with a :class:`~graphgrad.GradientPlan`, ``before`` and
-``after`` it); a layer's neighbours for the flags are those of the layer
-graph. A layer gets *no gradient* when, e.g., ``tf.round`` lies between it
-and the loss.
+``after`` it); the flags follow the layer graph's edges from each layer
+to the output layers. A layer gets *no gradient* when, e.g., ``tf.round``
+lies between it and the loss.
 """
 
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
@@ -159,8 +159,7 @@ def measure(sess: tf.compat.v1.Session, net: LayerGraph,
   runs = [sess.run(fetches, feed_dict=f) for f in feeds]
   layers = [layer_row(name, net[name].num_params, [r[name] for r in runs])
             for name in net.names]
-  flag(layers, lambda name: set(net.graph.predecessors(name)) | set(
-      net.graph.successors(name)), threshold)
+  flag(layers, lambda name: set(net.graph.successors(name)), threshold)
   return GradientReport(net.loss.name, layers, len(feeds), threshold,
                         has_plan)
 

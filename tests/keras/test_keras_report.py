@@ -142,10 +142,11 @@ def test_a_layer_without_any_gradient_is_flagged():
   assert with_plan.flagged() == {}
 
 
-def test_neighbours_skip_layers_without_variables():
-  """l1 -> l2, and add(l1, l2) -> l3: l1 and l3 are neighbours through the
-  addition, as in the graph's layer graph. With l3's kernel tiny, l1 and
-  l2 get tiny gradients: l1 is vanishing only beside l3 too."""
+def test_layers_feed_each_other_through_layers_without_variables():
+  """l1 -> l2, and add(l1, l2) -> l3: l2 feeds l3 only through the
+  addition, as in the graph's layer graph. With l3's kernel tiny, the
+  gradients of l1 and l2 pass through it and vanish; l3's own, with its
+  small weights, is normal."""
   case = keras_cases.Skip
   model = keras_cases.keras_model(case, FLAVOURS["keras3"])
   x, labels = keras_cases.batch(case)
@@ -157,8 +158,30 @@ def test_neighbours_skip_layers_without_variables():
   expected = _tf1_report_plain(case, keras_cases.layer_weights(model), x,
                                labels)
   assert report.flagged() == expected.flagged() == {
-      "l1": "vanishing", "l2": "vanishing", "l3": "exploding"}
+      "l1": "vanishing", "l2": "vanishing"}
+  assert report["l3"]["grad_norm"]["before"] > 0.1
   _assert_same(report, expected)
+
+
+@pytest.mark.parametrize("name", sorted(keras_cases.FLAGGED_CHAINS))
+def test_flags_say_where_the_gradient_vanishes_or_explodes(name):
+  """keras_cases.FLAGGED_CHAINS, whose gradients tests/plan/test_report.py
+  checks against their construction."""
+  chain, expected = keras_cases.FLAGGED_CHAINS[name]
+  model = chain.keras_model(FLAVOURS["keras3"])
+  x, labels = keras_cases.batch(chain)
+  loss = _loss(chain, model, labels)
+  report = gg.gradient_report(model, loss, tf.constant(x))
+  with tf.GradientTape() as tape:
+    value = loss(tf.constant(x))
+  layers = [model.get_layer(n) for n in chain.weights]
+  grads = tape.gradient(value, [l.trainable_variables for l in layers])
+  assert [r["name"] for r in report.layers] == list(chain.weights)
+  for layer, g in zip(layers, grads):
+    np.testing.assert_allclose(report[layer.name]["grad_norm"]["before"],
+                               float(tf.linalg.global_norm(g)), rtol=RTOL,
+                               err_msg=layer.name)
+  assert report.flagged() == expected
 
 
 def _tf1_report_plain(case, weights, x, labels):

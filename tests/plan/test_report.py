@@ -8,7 +8,9 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
+import keras_cases
 from helpers import dense, global_norm, trainable
+from keras_cases import FLAGGED_CHAINS, ReluChain
 
 tf1 = tf.compat.v1
 
@@ -120,13 +122,64 @@ def test_flags_follow_the_documented_rule(factor, flag):
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
       report = gg.gradient_report(sess, net, {x: _batch(2)}, plan=plan)
-  norms = {r["name"]: r["grad_norm"]["after"] for r in report.layers}
-  # l2's neighbours in the layer graph are l1 and l3.
-  log_ratio = math.log10(norms["l2"]) - np.median(
-      np.log10([norms["l1"], norms["l3"]]))
-  assert (log_ratio < -2 or log_ratio > 2) == (flag is not None)
+  logs = {r["name"]: math.log10(r["grad_norm"]["after"])
+          for r in report.layers}
+  # l2 feeds l3, the output layer: its gradient comes from there.
+  below = logs["l2"] < logs["l3"] - 2
+  above = logs["l2"] > max(logs["l3"], np.median(list(logs.values()))) + 2
+  assert (below, above) == (flag == "vanishing", flag == "exploding")
   assert report["l2"]["flag"] == flag
-  assert report.flagged().get("l2") == flag
+  assert report.flagged() == ({"l2": flag} if flag else {})
+
+
+def _chain_report(chain):
+  """The report of ``chain``'s tf.Graph, and each layer's gradient norm by
+  tf.gradients."""
+  x, labels = keras_cases.batch(chain)
+  with tf.Graph().as_default():
+    outs = chain.forward(keras_cases.TF1Ops(chain.weights), tf.constant(x))
+    loss = chain.loss(outs, [tf.constant(l) for l in labels])
+    net = gg.analyze(loss)
+    grads = {n: tf.gradients(loss, trainable(n)) for n in chain.weights}
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      report = gg.gradient_report(sess, net)
+      by_hand = sess.run(grads)
+  return report, {n: global_norm(g) for n, g in by_hand.items()}
+
+
+@pytest.mark.parametrize("name", sorted(FLAGGED_CHAINS))
+def test_flags_say_where_the_gradient_vanishes_or_explodes(name):
+  chain, expected = FLAGGED_CHAINS[name]
+  report, norms = _chain_report(chain)
+  assert [r["name"] for r in report.layers] == list(chain.weights)
+  for n, value in norms.items():
+    np.testing.assert_allclose(report[n]["grad_norm"]["before"], value,
+                               rtol=1e-5, err_msg=n)
+  assert report.flagged() == expected
+
+
+def test_the_flagged_chains_have_the_gradients_they_are_built_for():
+  """The gradient norms of keras_cases.FLAGGED_CHAINS, by tf.gradients, are
+  what their construction says, whatever the flag rule."""
+  he = _chain_report(ReluChain(8))[1]
+  assert max(he.values()) < 10 * min(he.values())
+  exploding = _chain_report(FLAGGED_CHAINS["exploding_middle"][0])[1]
+  for n, value in he.items():
+    if n == "fc3":
+      assert exploding[n] == pytest.approx(1e4 * value, rel=1e-3)
+    elif n == "fc4":  # its kernel's gradient is 1e-4 of what it was
+      assert 0.1 * value < exploding[n] < value
+    else:
+      assert exploding[n] == pytest.approx(value, rel=1e-3), n
+  tiny = _chain_report(FLAGGED_CHAINS["tiny_top"][0])[1]
+  assert max(tiny["fc0"], tiny["fc1"], tiny["fc2"]) < 1e-3 * tiny["fc3"]
+  assert tiny["fc3"] == pytest.approx(_chain_report(ReluChain(4))[1]["fc3"],
+                                      rel=1.0)
+  small = _chain_report(FLAGGED_CHAINS["small_middle"][0])[1]
+  assert small["fc0"] < 1e-3 * min(small["fc1"], small["fc2"], small["fc3"])
+  assert max(small.values()) < 10 * min(small["fc1"], small["fc2"],
+                                         small["fc3"])
 
 
 def test_sparse_gradient_norm_sums_duplicate_rows():
