@@ -22,7 +22,7 @@ with _startup.quiet_when_command_line():  # TF's start-up lines, see _startup
   import tensorflow as _tf  # noqa: F401
 del _tf
 
-from graphgrad import _compat, backward, cluster, demo, dp, mtl, transforms
+from graphgrad import backward, cluster, demo, dp, mtl, transforms
 from graphgrad._errors import (
   GraphGradError,
   IncompatibleGradientError,
@@ -45,9 +45,6 @@ from graphgrad.plan._gradient_plan import (
 )
 
 __version__ = "0.4.0"
-
-if not _startup.is_command_line():  # the command line checks after its args
-  _compat.check_tensorflow()  # logs a warning outside the tested range
 
 __all__ = [
     "AfterAggregation",

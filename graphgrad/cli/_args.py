@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-from graphgrad import _startup
+from graphgrad import _installed, _startup
 
 
 class CommandError(Exception):
@@ -112,20 +112,27 @@ def check_output(flag: str, path: str) -> None:
         f"{flag} {path!r}: the directory {folder!r} is not writable")
 
 
+def check_tensorflow() -> None:
+  """In the command line, logs graphgrad's warning for a TensorFlow outside
+  the tested range, reading its version without importing it.
+
+  Here, not at import: a bad argument stays one line.
+  """
+  if _startup.is_command_line():
+    _installed.check_tensorflow()
+
+
 def quiet_tensorflow(verbose: bool) -> None:
   """Imports TensorFlow with its start-up and deprecation logs off.
 
   Also logs graphgrad's warning for a TensorFlow outside the tested range
-  (which ``import graphgrad`` leaves to the command line, so that a bad
-  argument is still reported as one line). With ``verbose`` nothing is
-  hidden. Otherwise ``TF_CPP_MIN_LOG_LEVEL``
+  (:func:`check_tensorflow`; ``graphgrad._compat`` leaves it to the command
+  line, so that a bad argument is still reported as one line). With
+  ``verbose`` nothing is hidden. Otherwise ``TF_CPP_MIN_LOG_LEVEL``
   defaults to 3, the C++ start-up lines are dropped, and the Python loggers
   of TensorFlow and absl and TensorFlow's warnings show errors only.
   """
-  if _startup.is_command_line():
-    # Checked here, not at import: a bad argument stays one line.
-    from graphgrad import _compat  # pylint: disable=g-import-not-at-top
-    _compat.check_tensorflow()
+  check_tensorflow()
   if verbose:
     return
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -112,8 +112,8 @@ def _check_paths(args) -> None:
     raise CommandError(f"--json {args.json!r}: the file name must end in "
                        f".json")
   if args.png:
-    from graphgrad import _compat  # pylint: disable=g-import-not-at-top
-    if not _compat.has_module("matplotlib"):
+    from graphgrad import _installed  # pylint: disable=g-import-not-at-top
+    if not _installed.has_module("matplotlib"):
       raise CommandError(
           "--png needs matplotlib: pip install 'graphgrad[draw]', or leave "
           "--png out (--json writes the numbers)")

@@ -102,8 +102,8 @@ def _check_demo_args(args) -> None:
         f"--plot {args.plot!r}: the file name must end in "
         f"{', '.join(_PLOT_FORMATS)}, e.g. --plot curves.png")
   if args.plot:
-    from graphgrad import _compat  # pylint: disable=g-import-not-at-top
-    if not _compat.has_module("matplotlib"):
+    from graphgrad import _installed  # pylint: disable=g-import-not-at-top
+    if not _installed.has_module("matplotlib"):
       raise CommandError(
           "--plot needs matplotlib: pip install 'graphgrad[draw]'")
     _args.check_output("--plot", args.plot)
