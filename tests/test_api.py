@@ -6,12 +6,19 @@ that ``graphgrad.__all__`` holds (``gg.transforms``, ``gg.backward``,
 is listed when the page has an mkdocstrings entry ``::: graphgrad.mod.name``
 or names it in backticks (the ``GATE_*`` constants, which have no
 docstring of their own).
+
+``import graphgrad`` imports no TensorFlow: each public name is imported on
+first use, and resolves to the object its module defines.
 """
 
 import importlib
 import os
 import re
+import subprocess
+import sys
 import types
+
+import pytest
 
 import graphgrad
 
@@ -139,3 +146,64 @@ def test_a_member_left_out_of_a_members_list_is_found_missing():
   listed = _names(_options(text)["graphgrad.GradientPlan"]["members"])
   assert "override_gradient" not in listed
   assert set(listed) != _public_members(graphgrad.GradientPlan)
+
+
+_HOMES = {
+    "GraphGradError": "graphgrad._errors",
+    "analyze": "graphgrad.analysis._analyze",
+    "LayerGraph": "graphgrad.analysis._layer_graph",
+    "GradientPlan": "graphgrad.plan._gradient_plan",
+    "GATE_OP": "graphgrad.plan._gradient_plan",
+    "KerasPlan": "graphgrad.keras._keras_plan",
+    "gradient_report": "graphgrad._gradient_report",
+}
+
+
+def test_every_public_name_resolves_to_its_definition():
+  for name in graphgrad.__all__:
+    assert getattr(graphgrad, name) is not None, name
+  for name, home in _HOMES.items():
+    assert getattr(graphgrad, name) is getattr(
+        importlib.import_module(home), name), name
+  assert graphgrad.transforms is importlib.import_module(
+      "graphgrad.transforms")
+  assert len(graphgrad.__all__) == len(set(graphgrad.__all__))
+
+
+def test_dir_lists_the_public_names():
+  assert set(graphgrad.__all__) <= set(dir(graphgrad))
+  assert "__version__" in dir(graphgrad)
+  assert "importlib" not in dir(graphgrad)
+
+
+def test_an_unknown_name_is_an_attribute_error():
+  with pytest.raises(AttributeError, match="has no attribute 'analyse'"):
+    graphgrad.analyse  # noqa: B018  pylint: disable=pointless-statement
+  assert not hasattr(graphgrad, "_no_such_module")
+
+
+_FRESH = """
+import sys
+import graphgrad
+import graphgrad.cli._main
+assert graphgrad.__version__
+imported = sorted(m for m in sys.modules
+                  if m == "tensorflow" or m.startswith("tensorflow."))
+print(len(imported))
+graphgrad.GraphGradError
+print(int("tensorflow" in sys.modules))
+graphgrad.analyze
+print(int("tensorflow" in sys.modules))
+"""
+
+
+def test_import_graphgrad_imports_no_tensorflow():
+  """In a fresh process: TensorFlow comes with the first name that needs
+  it, not with ``import graphgrad`` (nor with the command line's module)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="3")
+  done = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True,
+                        text=True, env=env, cwd=root, timeout=300,
+                        check=False)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.split() == ["0", "0", "1"]
