@@ -20,7 +20,6 @@ from typing import Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 import networkx as nx
 
 from graphgrad import _errors, _installed
-from graphgrad.analysis import _graph_util
 
 log = logging.getLogger("graphgrad")
 
@@ -60,6 +59,9 @@ def elements(net, highlights: Optional[Highlights] = None):
     ``None``, ``"edge"`` (an edge transform) or ``"upstream"`` (the edge
     carries the rewritten upstream gradient of ``b``).
   """
+  # Here, not at the top: the command line checks and writes pictures in a
+  # process that never imports TensorFlow.
+  from graphgrad.analysis import _graph_util  # pylint: disable=g-import-not-at-top
   marks = highlights or Highlights()
   layer_marks, edge_marks = marks.layers, marks.edges
   nodes = {}

@@ -123,6 +123,9 @@ def _check_paths(args) -> None:
   if args.feed and not os.path.isfile(args.feed):
     raise CommandError(f"--feed {args.feed!r}: no such file; pass an .npz "
                        f"written by numpy.savez(path, x=array, ...)")
+  if args.checkpoint and not (os.path.exists(args.checkpoint)
+                              or checkpoint_files(args.checkpoint)):
+    raise _no_checkpoint(args.checkpoint)
 
 
 def _read_npz(path: str) -> Dict:
@@ -235,10 +238,7 @@ def _build_restore(graph, checkpoint: Optional[str], allow_io: bool,
     prefix = tf.train.latest_checkpoint(checkpoint) or _only_prefix(
         checkpoint)
   if not prefix or not tf1.train.checkpoint_exists(prefix):
-    raise CommandError(
-        f"--checkpoint {checkpoint!r}: no checkpoint there; pass the "
-        f"prefix Saver.save returned (model.ckpt, without .index) or its "
-        f"directory")
+    raise _no_checkpoint(checkpoint)
   known = len(graph.get_operations())
   with graph.as_default():
     try:
@@ -276,6 +276,14 @@ def _only_prefix(folder: str) -> Optional[str]:
   except OSError:
     return None
   return os.path.join(folder, found[0]) if len(found) == 1 else None
+
+
+def _no_checkpoint(checkpoint: str) -> Exception:
+  """The error line of a ``--checkpoint`` that names no checkpoint."""
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
+  return CommandError(
+      f"--checkpoint {checkpoint!r}: no checkpoint there; pass the prefix "
+      f"Saver.save returned (model.ckpt, without .index) or its directory")
 
 
 def _cannot_restore(checkpoint: str, error: Exception) -> Exception:
