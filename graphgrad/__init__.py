@@ -15,39 +15,35 @@ The whole public API::
 ``gg.demo`` and the errors (all ``gg.GraphGradError``) complete it.
 """
 
-# pylint: disable=g-bad-import-order,g-import-not-at-top
+import importlib
+from typing import TYPE_CHECKING, Any, List
+
 from graphgrad import _startup
 
-with _startup.quiet_when_command_line():  # TF's start-up lines, see _startup
-  import tensorflow as _tf  # noqa: F401
-del _tf
-
-from graphgrad import _compat, backward, cluster, demo, dp, mtl, transforms
-from graphgrad._errors import (
-  GraphGradError,
-  IncompatibleGradientError,
-  LayerNotFoundError,
-  NotConnectedError,
-  UnsupportedGraphError,
-)
-from graphgrad._gradient_report import gradient_report
-from graphgrad.analysis._analyze import analyze
-from graphgrad.analysis._layer_graph import Layer, LayerGraph
-from graphgrad.analysis._thaw import thaw
-from graphgrad.core._report_figures import GradientReport
-from graphgrad.distributed._after_aggregation import AfterAggregation
-from graphgrad.keras._keras_plan import KerasPlan
-from graphgrad.plan._gradient_plan import (
-  GATE_GRAPH,
-  GATE_NONE,
-  GATE_OP,
-  GradientPlan,
-)
+if TYPE_CHECKING:  # what type checkers and the API reference read
+  from graphgrad import backward, cluster, demo, dp, mtl, transforms
+  from graphgrad._errors import (
+    GraphGradError,
+    IncompatibleGradientError,
+    LayerNotFoundError,
+    NotConnectedError,
+    UnsupportedGraphError,
+  )
+  from graphgrad._gradient_report import gradient_report
+  from graphgrad.analysis._analyze import analyze
+  from graphgrad.analysis._layer_graph import Layer, LayerGraph
+  from graphgrad.analysis._thaw import thaw
+  from graphgrad.core._report_figures import GradientReport
+  from graphgrad.distributed._after_aggregation import AfterAggregation
+  from graphgrad.keras._keras_plan import KerasPlan
+  from graphgrad.plan._gradient_plan import (
+    GATE_GRAPH,
+    GATE_NONE,
+    GATE_OP,
+    GradientPlan,
+  )
 
 __version__ = "0.4.0"
-
-if not _startup.is_command_line():  # the command line checks after its args
-  _compat.check_tensorflow()  # logs a warning outside the tested range
 
 __all__ = [
     "AfterAggregation",
@@ -74,3 +70,45 @@ __all__ = [
     "thaw",
     "transforms",
 ]
+
+# Each public name, and the module it is imported from on first use.
+_MODULES = ("backward", "cluster", "demo", "dp", "mtl", "transforms")
+_HOMES = {
+    "GraphGradError": "graphgrad._errors",
+    "IncompatibleGradientError": "graphgrad._errors",
+    "LayerNotFoundError": "graphgrad._errors",
+    "NotConnectedError": "graphgrad._errors",
+    "UnsupportedGraphError": "graphgrad._errors",
+    "gradient_report": "graphgrad._gradient_report",
+    "analyze": "graphgrad.analysis._analyze",
+    "Layer": "graphgrad.analysis._layer_graph",
+    "LayerGraph": "graphgrad.analysis._layer_graph",
+    "thaw": "graphgrad.analysis._thaw",
+    "GradientReport": "graphgrad.core._report_figures",
+    "AfterAggregation": "graphgrad.distributed._after_aggregation",
+    "KerasPlan": "graphgrad.keras._keras_plan",
+    "GATE_GRAPH": "graphgrad.plan._gradient_plan",
+    "GATE_NONE": "graphgrad.plan._gradient_plan",
+    "GATE_OP": "graphgrad.plan._gradient_plan",
+    "GradientPlan": "graphgrad.plan._gradient_plan",
+}
+
+
+def __getattr__(name: str) -> Any:
+  """Imports a public name on first use (PEP 562), so that ``import
+  graphgrad`` imports no TensorFlow until the API is used."""
+  if name in _MODULES:
+    home, attribute = f"graphgrad.{name}", None
+  elif name in _HOMES:
+    home, attribute = _HOMES[name], name
+  else:
+    raise AttributeError(f"module 'graphgrad' has no attribute {name!r}")
+  with _startup.quiet_when_command_line():  # TF's start-up lines, see _startup
+    module = importlib.import_module(home)
+  value = module if attribute is None else getattr(module, attribute)
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> List[str]:
+  return sorted([*__all__, "__version__"])

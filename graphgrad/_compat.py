@@ -2,7 +2,9 @@
 
 graphgrad supports TensorFlow 2.15 (the last release that bundles Keras 2)
 through 2.21; within that range the ``tf.compat.v1`` graph API it builds on
-is the same. This module holds the range and its check, and every private
+is the same. The range and its check live in :mod:`graphgrad._installed`,
+which the command line reads before it imports TensorFlow; this module
+checks the imported version once, at import. It holds every private
 TensorFlow or Keras API graphgrad uses (:data:`PRIVATE_APIS`): why each is
 needed, a self-test run once at first use that proves on this TensorFlow the
 behaviour graphgrad relies on (for a replaced lookup, that ``tf.gradients``
@@ -16,67 +18,20 @@ import contextlib
 import dataclasses
 import importlib
 import logging
-import re
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from graphgrad import _installed, _startup
+
 log = logging.getLogger("graphgrad")
 
-# Oldest and newest tested (major, minor); the README and setup.cfg agree.
-OLDEST = (2, 15)
-NEWEST = (2, 21)
+TF_VERSION = _installed.parse_version(tf.__version__)
 
-
-def parse_version(version: str) -> Tuple[int, int]:
-  """``"2.15.1"`` or ``"2.16.0rc0"`` -> ``(2, 15)`` / ``(2, 16)``.
-
-  Example:
-    >>> parse_version("2.21.0-dev20251101")
-    (2, 21)
-  """
-  m = re.match(r"(\d+)\.(\d+)", version)
-  return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
-
-TF_VERSION = parse_version(tf.__version__)
-
-
-def check_tensorflow(version: str = tf.__version__) -> bool:
-  """Logs a warning when TensorFlow is outside the tested range.
-
-  Returns:
-    True when the version is supported.
-
-  Example:
-    >>> check_tensorflow("2.18.0")
-    True
-  """
-  v = parse_version(version)
-  if OLDEST <= v <= NEWEST:
-    return True
-  log.warning(
-      "graphgrad is tested with TensorFlow %d.%d to %d.%d; found %s. "
-      "tf.compat.v1 behaviour may differ: install a tested version, e.g. "
-      "pip install 'tensorflow>=%d.%d,<%d.%d'.", *OLDEST, *NEWEST, version,
-      *OLDEST, NEWEST[0], NEWEST[1] + 1)
-  return False
-
-
-def has_module(name: str) -> bool:
-  """True when the optional package ``name`` can be imported.
-
-  Example:
-    >>> has_module("networkx")
-    True
-  """
-  try:
-    importlib.import_module(name)
-  except ImportError:
-    return False
-  return True
+if not _startup.is_command_line():  # the command line checks after its args
+  _installed.check_tensorflow(tf.__version__)
 
 
 # --------------------------------------------------------------------------

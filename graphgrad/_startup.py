@@ -2,13 +2,13 @@
 
 TensorFlow's libraries write ``absl::InitializeLog``, oneDNN and CUDA lines
 straight to file descriptor 2 while they load, before
-``TF_CPP_MIN_LOG_LEVEL`` is read. ``import graphgrad`` loads TensorFlow, and
-the ``graphgrad`` command imports the package before its ``main`` runs, so
-``graphgrad/__init__.py`` loads TensorFlow inside
-:func:`quiet_when_command_line`:
-in the command line without ``--verbose`` the descriptor goes to a
-temporary file for the import; in any other program (a notebook, a training
-script) nothing changes. This module imports no TensorFlow.
+``TF_CPP_MIN_LOG_LEVEL`` is read. ``import graphgrad`` loads no TensorFlow;
+the first public name that needs it does (the package's ``__getattr__``),
+inside :func:`quiet_when_command_line`: in the command line without
+``--verbose`` the descriptor goes to a temporary file for the import; in any
+other program (a notebook, a training script) nothing changes. The command
+line's own commands import TensorFlow the same way, through
+``graphgrad.cli._args.quiet_tensorflow``. This module imports no TensorFlow.
 """
 
 import contextlib

@@ -6,12 +6,21 @@ that ``graphgrad.__all__`` holds (``gg.transforms``, ``gg.backward``,
 is listed when the page has an mkdocstrings entry ``::: graphgrad.mod.name``
 or names it in backticks (the ``GATE_*`` constants, which have no
 docstring of their own).
+
+``import graphgrad`` imports no TensorFlow: each public name is imported on
+first use, and resolves to the object its module defines.
 """
 
+import ast
 import importlib
+import inspect
 import os
 import re
+import subprocess
+import sys
 import types
+
+import pytest
 
 import graphgrad
 
@@ -139,3 +148,68 @@ def test_a_member_left_out_of_a_members_list_is_found_missing():
   listed = _names(_options(text)["graphgrad.GradientPlan"]["members"])
   assert "override_gradient" not in listed
   assert set(listed) != _public_members(graphgrad.GradientPlan)
+
+
+def _typed_imports():
+  """``(module, name)`` of each import in the package's TYPE_CHECKING block,
+  which type checkers and the API reference read instead of the runtime
+  lookup."""
+  tree = ast.parse(inspect.getsource(graphgrad))
+  block = next(n for n in tree.body if isinstance(n, ast.If)
+               and getattr(n.test, "id", None) == "TYPE_CHECKING")
+  found = []
+  for node in block.body:
+    assert isinstance(node, ast.ImportFrom), ast.dump(node)
+    found += [(node.module, a.name) for a in node.names]
+  return found
+
+
+def test_every_public_name_resolves_to_its_definition():
+  typed = _typed_imports()
+  assert sorted(name for _, name in typed) == sorted(graphgrad.__all__)
+  for module, name in typed:
+    try:  # a public module
+      expected = importlib.import_module(f"{module}.{name}")
+    except ModuleNotFoundError:
+      expected = getattr(importlib.import_module(module), name)
+    assert getattr(graphgrad, name) is expected, name
+  assert len(graphgrad.__all__) == len(set(graphgrad.__all__))
+
+
+def test_dir_lists_the_public_names():
+  assert set(graphgrad.__all__) <= set(dir(graphgrad))
+  assert "__version__" in dir(graphgrad)
+  assert "importlib" not in dir(graphgrad)
+
+
+def test_an_unknown_name_is_an_attribute_error():
+  with pytest.raises(AttributeError, match="has no attribute 'analyse'"):
+    graphgrad.analyse  # noqa: B018  pylint: disable=pointless-statement
+  assert not hasattr(graphgrad, "_no_such_module")
+
+
+_FRESH = """
+import sys
+import graphgrad
+import graphgrad.cli._main
+assert graphgrad.__version__
+imported = sorted(m for m in sys.modules
+                  if m == "tensorflow" or m.startswith("tensorflow."))
+print(len(imported))
+graphgrad.GraphGradError
+print(int("tensorflow" in sys.modules))
+graphgrad.analyze
+print(int("tensorflow" in sys.modules))
+"""
+
+
+def test_import_graphgrad_imports_no_tensorflow():
+  """In a fresh process: TensorFlow comes with the first name that needs
+  it, not with ``import graphgrad`` (nor with the command line's module)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="3")
+  done = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True,
+                        text=True, env=env, cwd=root, timeout=300,
+                        check=False)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.split() == ["0", "0", "1"]

@@ -19,8 +19,7 @@ from typing import Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
 import networkx as nx
 
-from graphgrad import _compat, _errors
-from graphgrad.analysis import _graph_util
+from graphgrad import _errors, _installed
 
 log = logging.getLogger("graphgrad")
 
@@ -60,6 +59,9 @@ def elements(net, highlights: Optional[Highlights] = None):
     ``None``, ``"edge"`` (an edge transform) or ``"upstream"`` (the edge
     carries the rewritten upstream gradient of ``b``).
   """
+  # Here, not at the top: the command line checks and writes pictures in a
+  # process that never imports TensorFlow.
+  from graphgrad.analysis import _graph_util  # pylint: disable=g-import-not-at-top
   marks = highlights or Highlights()
   layer_marks, edge_marks = marks.layers, marks.edges
   nodes = {}
@@ -131,10 +133,10 @@ def can_render() -> bool:
   """Whether a picture can be drawn here: Graphviz's ``dot`` program with
   ``pydot`` or ``graphviz``, or else matplotlib."""
   import shutil  # pylint: disable=g-import-not-at-top
-  if _compat.has_module("matplotlib"):
+  if _installed.has_module("matplotlib"):
     return True
   return shutil.which("dot") is not None and (
-      _compat.has_module("pydot") or _compat.has_module("graphviz"))
+      _installed.has_module("pydot") or _installed.has_module("graphviz"))
 
 
 def _graphviz_render(dot: str, path: str, fmt: str) -> bool:
@@ -280,7 +282,7 @@ def write_picture(data: Mapping, path, graphviz: bool = True) -> str:
   if graphviz and _graphviz_render(dot, path, fmt):
     log.info("wrote %s with Graphviz", path)
     return path
-  if not _compat.has_module("matplotlib"):
+  if not _installed.has_module("matplotlib"):
     tried = "Graphviz's `dot` program" if graphviz else "Graphviz (off)"
     raise _errors.GraphGradError(
         f"cannot write {path}: neither {tried} nor "

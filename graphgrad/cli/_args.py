@@ -3,8 +3,10 @@
 Every bad argument ends as one line on stderr and exit code 2, never a
 traceback: argparse's own errors go through :class:`Parser`, the value checks
 here raise ``argparse.ArgumentTypeError`` (which argparse reports as
-``argument --steps: ...``), and :func:`check_output` refuses an output file
-that cannot be written before any work starts.
+``argument --steps: ...``), and :func:`check_output` and :func:`check_model`
+refuse a path before any work starts. Nothing here imports TensorFlow but
+:func:`quiet_tensorflow`, so all of that, ``--help`` and ``--version``
+answer at once.
 """
 
 import argparse
@@ -13,7 +15,7 @@ import os
 import sys
 import warnings
 
-from graphgrad import _startup
+from graphgrad import _installed, _startup
 
 
 class CommandError(Exception):
@@ -112,20 +114,58 @@ def check_output(flag: str, path: str) -> None:
         f"{flag} {path!r}: the directory {folder!r} is not writable")
 
 
+def check_model(path: str) -> None:
+  """Refuses a model path that does not exist, before TensorFlow is imported.
+
+  Raises:
+    CommandError: naming the path and what to pass instead.
+  """
+  if not os.path.exists(path):
+    raise CommandError(
+        f"no such file: {path!r}. Pass the .meta file that "
+        f"tf.compat.v1.train.Saver.save wrote next to the checkpoint, a "
+        f"SavedModel directory, or a frozen .pb.")
+
+
+class Version(argparse.Action):
+  """``--version``: graphgrad's version and TensorFlow's, found when asked
+  for and without importing TensorFlow."""
+
+  def __init__(self, option_strings, dest=argparse.SUPPRESS,
+               default=argparse.SUPPRESS,
+               help="show program's version number and exit"):  # pylint: disable=redefined-builtin
+    super().__init__(option_strings=option_strings, dest=dest,
+                     default=default, nargs=0, help=help)
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    import graphgrad  # pylint: disable=g-import-not-at-top
+    found = _installed.tensorflow_version()
+    tensorflow = f"TensorFlow {found}" if found else "TensorFlow not installed"
+    print(f"graphgrad {graphgrad.__version__} ({tensorflow})")
+    parser.exit()
+
+
+def check_tensorflow() -> None:
+  """In the command line, logs graphgrad's warning for a TensorFlow outside
+  the tested range, reading its version without importing it.
+
+  Here, not at import: a bad argument stays one line.
+  """
+  if _startup.is_command_line():
+    _installed.check_tensorflow()
+
+
 def quiet_tensorflow(verbose: bool) -> None:
   """Imports TensorFlow with its start-up and deprecation logs off.
 
   Also logs graphgrad's warning for a TensorFlow outside the tested range
-  (which ``import graphgrad`` leaves to the command line, so that a bad
-  argument is still reported as one line). With ``verbose`` nothing is
-  hidden. Otherwise ``TF_CPP_MIN_LOG_LEVEL``
+  (:func:`check_tensorflow`; ``graphgrad._compat`` leaves it to the command
+  line, so that a bad argument is still reported as one line). With
+  ``verbose`` nothing is hidden. Otherwise ``TF_CPP_MIN_LOG_LEVEL``
   defaults to 3, the C++ start-up lines are dropped, and the Python loggers
   of TensorFlow and absl and TensorFlow's warnings show errors only.
   """
-  if _startup.is_command_line():
-    # Checked here, not at import: a bad argument stays one line.
-    from graphgrad import _compat  # pylint: disable=g-import-not-at-top
-    _compat.check_tensorflow()
+  check_tensorflow()
   if verbose:
     return
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -2,7 +2,7 @@
 
 The child starts as :data:`graphgrad.cli._sandbox.BOOT`, confines itself
 while it still has one thread (:func:`graphgrad.cli._confine.enter`), then
-imports TensorFlow and calls :func:`run`. It speaks JSON lines on the
+calls :func:`run`, which imports TensorFlow. It speaks JSON lines on the
 descriptor the parent passed: ``confined`` (or ``sandbox`` and why not),
 ``phase`` as the work goes on (a crash is named with it), then one
 ``result`` (the printed text and the data the parent writes files from) or
@@ -99,6 +99,10 @@ def run(spec: dict, channel, build_parser) -> None:
   try:
     _args.set_phase_listener(phases.enter)
     phases.enter(phases.now)
+    # Imported here, confined, with its start-up lines on the log the
+    # parent shows with --verbose: quiet_tensorflow then has nothing to
+    # silence (which takes a temporary file, and the child may write none).
+    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
     args = build_parser().parse_args(spec["argv"])
     outcome = compute(args)
   except BaseException as e:  # pylint: disable=broad-except

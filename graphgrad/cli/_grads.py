@@ -125,8 +125,8 @@ def _check_paths(args) -> None:
     raise CommandError(f"--json {args.json!r}: the file name must end in "
                        f".json")
   if args.png:
-    from graphgrad import _compat  # pylint: disable=g-import-not-at-top
-    if not _compat.has_module("matplotlib"):
+    from graphgrad import _installed  # pylint: disable=g-import-not-at-top
+    if not _installed.has_module("matplotlib"):
       raise CommandError(
           "--png needs matplotlib: pip install 'graphgrad[draw]', or leave "
           "--png out (--json writes the numbers)")
@@ -136,6 +136,9 @@ def _check_paths(args) -> None:
   if args.feed and not os.path.isfile(args.feed):
     raise CommandError(f"--feed {args.feed!r}: no such file; pass an .npz "
                        f"written by numpy.savez(path, x=array, ...)")
+  if args.checkpoint and not (os.path.exists(args.checkpoint)
+                              or checkpoint_files(args.checkpoint)):
+    raise _no_checkpoint(args.checkpoint)
 
 
 def _read_npz(path: str) -> Dict:
@@ -251,10 +254,7 @@ def _build_restore(graph, checkpoint: Optional[str], allow_io: bool,
     prefix = tf.train.latest_checkpoint(checkpoint) or _only_prefix(
         checkpoint)
   if not prefix or not tf1.train.checkpoint_exists(prefix):
-    raise CommandError(
-        f"--checkpoint {checkpoint!r}: no checkpoint there; pass the "
-        f"prefix Saver.save returned (model.ckpt, without .index) or its "
-        f"directory")
+    raise _no_checkpoint(checkpoint)
   known = len(graph.get_operations())
   var_list = None
   if signature is not None:
@@ -301,6 +301,14 @@ def _only_prefix(folder: str) -> Optional[str]:
   except OSError:
     return None
   return os.path.join(folder, found[0]) if len(found) == 1 else None
+
+
+def _no_checkpoint(checkpoint: str) -> Exception:
+  """The error line of a ``--checkpoint`` that names no checkpoint."""
+  from graphgrad.cli._args import CommandError  # pylint: disable=g-import-not-at-top
+  return CommandError(
+      f"--checkpoint {checkpoint!r}: no checkpoint there; pass the prefix "
+      f"Saver.save returned (model.ckpt, without .index) or its directory")
 
 
 def _cannot_restore(checkpoint: str, error: Exception) -> Exception:

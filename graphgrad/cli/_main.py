@@ -102,8 +102,8 @@ def _check_demo_args(args) -> None:
         f"--plot {args.plot!r}: the file name must end in "
         f"{', '.join(_PLOT_FORMATS)}, e.g. --plot curves.png")
   if args.plot:
-    from graphgrad import _compat  # pylint: disable=g-import-not-at-top
-    if not _compat.has_module("matplotlib"):
+    from graphgrad import _installed  # pylint: disable=g-import-not-at-top
+    if not _installed.has_module("matplotlib"):
       raise CommandError(
           "--plot needs matplotlib: pip install 'graphgrad[draw]'")
     _args.check_output("--plot", args.plot)
@@ -318,13 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
       description="Rewrite gradients at layer boundaries of TF1 graphs.")
   parser.add_argument("--verbose", action="store_true",
                       help="show TensorFlow's start-up and deprecation logs")
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  import graphgrad  # pylint: disable=g-import-not-at-top
-  parser.add_argument(
-      "--version", action="version",
-      version=f"graphgrad {graphgrad.__version__} (TensorFlow "
-              f"{tf.__version__})")
+  parser.add_argument("--version", action=_args.Version)
   sub = parser.add_subparsers(dest="command", metavar="command")
   # Also accepted after the command; SUPPRESS keeps a --verbose given before.
   common = _args.Parser(add_help=False)

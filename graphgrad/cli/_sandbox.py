@@ -4,12 +4,13 @@ A saved graph is a program, so ``inspect`` and ``grads`` parse, import and
 run it in a child that the kernel confines before the model's first byte is
 read (:mod:`graphgrad.cli._confine`). The parent only checks arguments,
 reads the child's JSON messages (never pickle: the child is not trusted once
-it has read the model), writes the output files and prints. Every ending of
-the child (an error it reports, a crash, a limit, ``--timeout``) is one line
-and exit code 2, and the parent lives on. A :class:`ModelCommand` splits a
-command into the parent's ``check`` and ``reads``, the child's ``compute``
-and the parent's ``finish``; ``--no-sandbox`` runs ``compute`` in the
-parent. The threat model is in docs/security.md.
+it has read the model), writes the output files and prints; it imports no
+TensorFlow. Every ending of the child (an error it reports, a crash, a
+limit, ``--timeout``) is one line and exit code 2, and the parent lives on.
+A :class:`ModelCommand` splits a command into the parent's ``check`` and
+``reads``, the child's ``compute`` and the parent's ``finish``;
+``--no-sandbox`` runs ``compute`` in the parent. The threat model is in
+docs/security.md.
 """
 
 import dataclasses
@@ -32,8 +33,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 # The directory graphgrad is imported from: site-packages, or a checkout.
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
 
-# The child's first lines: it imports nothing of graphgrad (whose package
-# loads TensorFlow, which starts threads) until it has confined itself.
+# The child's first lines: it imports nothing of graphgrad until it has
+# confined itself (TensorFlow, which the command's work imports, starts
+# threads).
 BOOT = """\
 import importlib.util, json, sys
 orders = json.loads(sys.stdin.read())
@@ -78,7 +80,7 @@ class ModelCommand:
     check: ``check(args)``, in the parent before anything runs: argument
       checks that need no TensorFlow.
     reads: ``reads(args)``, in the parent: the files and directories the
-      child may read (the model, a checkpoint, a feed file).
+      child may read, the model first (then a checkpoint, a feed file).
     compute: ``compute(args) -> dict``, in the child: the work; what it
       prints is captured, what it returns must be JSON.
     finish: ``finish(args, outcome) -> int``, in the parent: shows
@@ -163,9 +165,12 @@ def run(command: ModelCommand, args, argv: List[str]) -> int:
         "model and this process")
   args.memory_text = format_size(args.memory)
   command.check(args)
-  _args.quiet_tensorflow(getattr(args, "verbose", False))
+  _args.check_model(command.reads(args)[0])
   if args.no_sandbox:
+    _args.quiet_tensorflow(getattr(args, "verbose", False))
     return _in_process(command, args)
+  # This process imports no TensorFlow: the child does, once confined.
+  _args.check_tensorflow()
   why = _confine.missing()
   if why:
     raise CommandError(

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from graphgrad import _compat, _errors
+from graphgrad import _errors, _installed
 
 _FORMATS = (".png", ".svg", ".pdf")
 _SERIES = (("grad_norm", "parameter-gradient norm", "C0"),
@@ -33,7 +33,7 @@ def plot(report, path: str, title=None) -> str:
     raise _errors.GraphGradError(
         f"GradientReport.plot: `path` {path!r} must end in "
         f"{', '.join(_FORMATS)}, e.g. 'grads.png'.")
-  if not _compat.has_module("matplotlib"):
+  if not _installed.has_module("matplotlib"):
     raise _errors.GraphGradError(
         "GradientReport.plot needs matplotlib: pip install 'graphgrad[draw]'.")
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top

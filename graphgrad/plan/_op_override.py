@@ -28,7 +28,7 @@ from typing import (
 
 import tensorflow as tf
 
-from graphgrad import _compat, _errors
+from graphgrad import _errors, _installed
 from graphgrad.analysis import _lost_overrides
 from graphgrad.analysis._no_gradient import ops_on_path, ops_without_gradient
 from graphgrad.core._declaration_model import Declarations
@@ -226,8 +226,9 @@ def substitutions(loss: tf.Tensor, sources,
         f"TensorFlow {tf.__version__} fails graphgrad's self-test of its "
         f"gradient-function lookup (see the logged warning), through which a "
         f"plan gives the ops {', '.join(sorted(found))} their overridden "
-        f"backward pass. Install a tested TensorFlow ({_compat.OLDEST[0]}."
-        f"{_compat.OLDEST[1]} to {_compat.NEWEST[0]}.{_compat.NEWEST[1]}), or "
+        f"backward pass. Install a tested TensorFlow "
+        f"({_installed.OLDEST[0]}.{_installed.OLDEST[1]} to "
+        f"{_installed.NEWEST[0]}.{_installed.NEWEST[1]}), or "
         f"build those ops with gradient_override_map instead of "
         f"override_gradient / straight_through.")
   return Substitutions(

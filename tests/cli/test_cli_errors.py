@@ -182,10 +182,11 @@ def test_verbose_shows_tensorflow_logs():
 
 def test_version_check_comes_after_the_arguments(capsys, monkeypatch):
   """On an untested TensorFlow, a bad argument is still one line."""
-  from graphgrad import _compat, _startup  # pylint: disable=g-import-not-at-top
+  from graphgrad import _installed, _startup  # pylint: disable=g-import-not-at-top
   calls = []
   monkeypatch.setattr(_startup, "is_command_line", lambda: True)
-  monkeypatch.setattr(_compat, "check_tensorflow", lambda: calls.append(1))
+  monkeypatch.setattr(_installed, "check_tensorflow",
+                      lambda: calls.append(1))
   error_line(capsys, ["demo", "--noise", "-1"])
   assert not calls
   _args.quiet_tensorflow(verbose=True)

@@ -250,7 +250,9 @@ def test_the_backward_pass_is_checked_before_it_runs(tmp_path, capsys,
   assert "WriteFile" not in {op.type for op in graph.get_operations()}
   monkeypatch.setattr(_grads, "load_model",
                       lambda path, **_: _metagraph.Model(graph, "MetaGraph"))
-  line = error_line(capsys, ["grads", "model.meta", "--no-sandbox"])
+  (tmp_path / "model.meta").write_bytes(b"")  # the path must exist
+  line = error_line(capsys, ["grads", str(tmp_path / "model.meta"),
+                             "--no-sandbox"])
   assert line.startswith("graphgrad grads: error: saved graph op "
                          "'gradient_report/gradients/"), line
   assert line.endswith("(WriteFile): writes a file; pass --allow-io to "

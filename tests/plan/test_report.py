@@ -255,14 +255,14 @@ def test_bad_arguments():
 
 
 def test_plot_without_matplotlib_is_an_error(monkeypatch, tmp_path):
-  from graphgrad import _compat  # pylint: disable=g-import-not-at-top
+  from graphgrad import _installed  # pylint: disable=g-import-not-at-top
   with tf.Graph().as_default():
     x, loss, _ = _net()
     net = gg.analyze(loss)
     with tf1.Session() as sess:
       sess.run(tf1.global_variables_initializer())
       report = gg.gradient_report(sess, net, {x: _batch(0)})
-  monkeypatch.setattr(_compat, "has_module", lambda name: False)
+  monkeypatch.setattr(_installed, "has_module", lambda name: False)
   with pytest.raises(gg.GraphGradError, match="needs matplotlib"):
     report.plot(str(tmp_path / "grads.png"))
 
