@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import warnings
+from typing import Optional
 
 from graphgrad import _installed, _startup
 
@@ -114,8 +115,10 @@ def check_output(flag: str, path: str) -> None:
         f"{flag} {path!r}: the directory {folder!r} is not writable")
 
 
-def check_model(path: str) -> None:
-  """Refuses a model path that does not exist, before TensorFlow is imported.
+def check_model(path: str, signature: Optional[str] = None) -> None:
+  """Refuses a model path that does not exist, and a ``--signature`` for a
+  file (only a SavedModel directory has signatures), before TensorFlow is
+  imported.
 
   Raises:
     CommandError: naming the path and what to pass instead.
@@ -125,6 +128,12 @@ def check_model(path: str) -> None:
         f"no such file: {path!r}. Pass the .meta file that "
         f"tf.compat.v1.train.Saver.save wrote next to the checkpoint, a "
         f"SavedModel directory, or a frozen .pb.")
+  if signature is not None and not os.path.isdir(path):
+    raise CommandError(
+        f"--signature {signature!r}: {path!r} is a file, not a SavedModel "
+        f"directory; its tensors are named with --loss or --output NAME, "
+        f"and --signature chooses a TF2 SavedModel's signature. Leave it "
+        f"out.")
 
 
 class Version(argparse.Action):

@@ -165,7 +165,7 @@ def run(command: ModelCommand, args, argv: List[str]) -> int:
         "model and this process")
   args.memory_text = format_size(args.memory)
   command.check(args)
-  _args.check_model(command.reads(args)[0])
+  _args.check_model(command.reads(args)[0], getattr(args, "signature", None))
   if args.no_sandbox:
     _args.quiet_tensorflow(getattr(args, "verbose", False))
     return _in_process(command, args)

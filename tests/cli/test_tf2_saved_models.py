@@ -280,19 +280,31 @@ def test_feed_is_keyed_by_signature_input(models, tmp_path, capsys):
 
 
 def test_signature_flag_on_a_tf1_model(tmp_path, capsys):
+  """A file is refused before anything is read; a TF1 SavedModel when its
+  MetaGraph shows it has no object graph."""
   with tf.Graph().as_default():
     x = tf.compat.v1.placeholder(tf.float32, [None, 2], name="x")
     w = tf.compat.v1.get_variable("w", [2, 1])
-    tf.identity(x @ w, name="y")
+    y = tf.identity(x @ w, name="y")
     saver = tf.compat.v1.train.Saver()
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       saver.save(sess, str(tmp_path / "model"))
-  line = error_line(capsys, ["inspect", str(tmp_path / "model.meta"),
-                             "--signature", "serving_default",
-                             "--no-sandbox"])
-  assert "is a MetaGraph, whose tensors are named with --loss or --output " \
-         "NAME; --signature chooses a TF2 SavedModel's signature" in line
+      tf.compat.v1.saved_model.simple_save(
+          sess, str(tmp_path / "v1"), {"x": x}, {"y": y})
+  meta = str(tmp_path / "model.meta")
+  line = error_line(capsys, ["inspect", meta, "--signature",
+                             "serving_default"])
+  assert line.endswith(f"--signature 'serving_default': {meta!r} is a file, "
+                       f"not a SavedModel directory; its tensors are named "
+                       f"with --loss or --output NAME, and --signature "
+                       f"chooses a TF2 SavedModel's signature. Leave it "
+                       f"out."), line
+  line = error_line(capsys, ["grads", str(tmp_path / "v1"), "--signature",
+                             "serving_default", "--no-sandbox"])
+  assert "is a TF1 SavedModel, whose tensors are named with --loss or " \
+         "--output NAME; --signature chooses a TF2 SavedModel's " \
+         "signature" in line
 
 
 def test_a_tf1_checkpoint_is_refused_for_a_tf2_model(models, tmp_path,
