@@ -16,6 +16,7 @@ its state through functions, never its globals (:func:`as_at_import`).
 import collections
 import contextlib
 import dataclasses
+import functools
 import importlib
 import logging
 import threading
@@ -594,6 +595,26 @@ def _keras_package(layer) -> str:
     if root in ("keras", "tf_keras"):
       return root
   return "keras"
+
+
+def is_keras3(package: str) -> bool:
+  """True when the installed Keras package ``package`` is Keras 3.
+
+  ``"keras"`` is Keras 3 from TensorFlow 2.16 on; TensorFlow 2.15 bundles
+  Keras 2 under that name, with tf-keras' API (its ``train_step``, no
+  ``keras.tree``). ``"tf_keras"`` is always Keras 2.
+
+  Example:
+    >>> is_keras3("tf_keras")
+    False
+  """
+  return package == "keras" and _keras_major() >= 3
+
+
+@functools.lru_cache(maxsize=None)
+def _keras_major() -> int:
+  keras: Any = importlib.import_module("keras")
+  return int(str(keras.__version__).split(".", 1)[0])
 
 
 def has_sublayers_api(layer) -> bool:

@@ -15,8 +15,16 @@ import tensorflow as tf
 tf1 = tf.compat.v1
 
 # The two Keras flavours every KerasPlan test runs on: tf-keras (tf.keras
-# under TF_USE_LEGACY_KERAS=1) and Keras 3.
+# under TF_USE_LEGACY_KERAS=1) and Keras 3. On TensorFlow 2.15 both are the
+# Keras 2 it bundles as keras (is_keras3 tells them apart).
 FLAVOURS = {"tf_keras": tf.keras, "keras3": keras}
+
+
+def is_keras3(K) -> bool:
+  """True when the Keras module ``K`` is Keras 3; False for tf-keras and for
+  TensorFlow 2.15's Keras 2."""
+  return (K.__name__.split(".", 1)[0] == "keras"
+          and keras.__version__.startswith("3."))
 
 _ACT = {None: None, "tanh": tf.tanh, "relu": tf.nn.relu}
 

@@ -1,7 +1,8 @@
 """``model.fit`` through a KerasPlan: ``plan.attach()`` and ``plan.detach()``.
 
 ``attach()`` sets, on the plan's model instance only, a ``train_step`` that
-is the Keras flavour's own (Keras 3's or tf-keras') with ``plan.tape`` in
+is the Keras flavour's own (Keras 3's, or tf-keras' and that of the Keras 2
+TensorFlow 2.15 bundles) with ``plan.tape`` in
 place of ``tf.GradientTape``: compiled losses, metrics and loss weights,
 sample weights, a loss-scale optimizer and every ``fit`` argument work as
 without a plan. For task combinations the compiled per-output losses are
@@ -22,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
-from graphgrad import _errors
+from graphgrad import _compat, _errors
 from graphgrad.keras import _step_summaries
 
 log = logging.getLogger("graphgrad")
@@ -37,12 +38,16 @@ _INSTALLED: "weakref.WeakValueDictionary[int, Attachment]" = (
 
 
 def flavour(model) -> str:
-  """``"keras3"`` or ``"tf_keras"``: which Keras the model's class is of."""
+  """Which Keras the model's class is of: ``"keras3"``, ``"tf_keras"``, or
+  ``"keras2"`` for the Keras 2 that TensorFlow 2.15 bundles as ``keras``
+  (tf-keras' API and ``train_step``)."""
   if callable(getattr(model, "train_step", None)):
     for cls in type(model).__mro__:
       top = cls.__module__.split(".", 1)[0]
-      if top in ("keras", "tf_keras"):
-        return "keras3" if top == "keras" else "tf_keras"
+      if top == "tf_keras":
+        return "tf_keras"
+      if top == "keras":
+        return "keras3" if _compat.is_keras3(top) else "keras2"
   raise _errors.GraphGradError(
       f"plan.attach(): the plan's model must be a Keras 3 or tf-keras Model "
       f"with a train_step; got {type(model).__name__}. Build the plan on "
@@ -236,7 +241,7 @@ def _first_batch(x, y, batch_size):
 
 def _package(which: str):
   """The Keras package of a flavour: ``keras`` or ``tf_keras``."""
-  return importlib.import_module("keras" if which == "keras3" else "tf_keras")
+  return importlib.import_module("tf_keras" if which == "tf_keras" else "keras")
 
 
 def _unpack(which: str, data):
@@ -478,7 +483,7 @@ def _resolved(which: str, model, loss, reduce: bool, head: str):
     fn = _keras3_function_loss(fn, loss if isinstance(loss, str) else
                                getattr(fn, "__name__", "loss"))
     return fn if reduce else _unreduced(fn)
-  return _tf_keras_function_loss(fn, reduce)
+  return _tf_keras_function_loss(_package(which), fn, reduce)
 
 
 def _keras3_function_loss(fn, name: str):
@@ -505,13 +510,13 @@ def _same_rank(a, b):
   return a, b
 
 
-def _tf_keras_function_loss(fn, reduce: bool = True):
-  """tf-keras' wrapper of a loss function, with its mean over the batch
-  spelled out: tf-keras refuses that reduction in a replica context unless
-  the loss comes from compile(). Unreduced when not ``reduce``."""
-  import tf_keras  # pylint: disable=g-import-not-at-top
+def _tf_keras_function_loss(package, fn, reduce: bool = True):
+  """tf-keras' wrapper of a loss function (``package``: tf-keras, or
+  TensorFlow 2.15's Keras 2), with its mean over the batch spelled out:
+  tf-keras refuses that reduction in a replica context unless the loss
+  comes from compile(). Unreduced when not ``reduce``."""
 
-  class PerExample(tf_keras.losses.Loss):
+  class PerExample(package.losses.Loss):
 
     def call(self, y_true, y_pred):
       ry, rp = len(y_true.shape), len(y_pred.shape)
@@ -521,7 +526,7 @@ def _tf_keras_function_loss(fn, reduce: bool = True):
         y_true = tf.squeeze(y_true, -1)
       return fn(y_true, y_pred)
 
-  per_example = PerExample(reduction=tf_keras.losses.Reduction.NONE)
+  per_example = PerExample(reduction=package.losses.Reduction.NONE)
   if not reduce:
     return _unreduced(per_example)
 
@@ -599,14 +604,14 @@ def _validated(model, y, loss):
 
 
 def _tf_keras_step(att: Attachment, data):
-  """tf-keras' ``Model.train_step`` with the plan.
+  """tf-keras' ``Model.train_step`` (and Keras 2's) with the plan.
 
   ``optimizer.minimize(loss, tape=tape)`` is spelled out: scale the loss
   (a loss-scale optimizer), take the plan's gradients, unscale, apply.
   """
   model = att.model
   optimizer = model.optimizer
-  x, y, sample_weight = _unpack("tf_keras", data)
+  x, y, sample_weight = _unpack(att.flavour, data)
   scaling = hasattr(optimizer, "get_scaled_loss")
   with att.tape(x, y) as tape:
     y_pred = model(x, training=True)

@@ -6,11 +6,13 @@ after BackupAndRestore's backup) or ``resume`` (the same fit again, which
 BackupAndRestore resumes). The final weights go to OUT (.npz).
 """
 
+import importlib.util
 import os
 import sys
 
 FLAVOUR, PHASE, OUT, BACKUP = sys.argv[1:5]
-if FLAVOUR == "tf_keras":
+# TensorFlow 2.15's tf.keras is the Keras 2 it bundles, without tf-keras.
+if FLAVOUR == "tf_keras" and importlib.util.find_spec("tf_keras"):
   os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 

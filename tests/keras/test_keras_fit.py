@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from keras_cases import normal_rows
+from keras_cases import is_keras3, normal_rows
 
 ROWS, BATCH = 32, 8
 # TensorBoard's callback needs the tensorboard package's summary ops.
@@ -237,7 +237,7 @@ def test_task_losses_refuse_what_they_cannot_resolve(K):
   with pytest.raises(gg.GraphGradError, match=r"one loss per model output.*"
                      r"received loss=.*'mse'.*: a nested structure"):
     model.fit(x, [ya, yb], batch_size=BATCH, epochs=1, verbose=0)
-  if K.__name__ == "keras":
+  if is_keras3(K):
     model = _model(K, outputs=2)
     gg.KerasPlan(model).project_conflicts("l2").attach()
     model.compile(K.optimizers.SGD(0.1), loss=["crossentropy", "mse"])

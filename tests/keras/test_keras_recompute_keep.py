@@ -59,7 +59,9 @@ def test_kept_output_is_read_by_the_replay(K):
   x = normal_rows(4, (4, 5))
   plan = gg.KerasPlan(model).recompute(keep=[model.get_layer("d1").output])
   grads = tf.function(lambda: _plan_step(plan, model, x))()
-  for g, w in zip(grads, _reference(model, x)):
+  # The reference traced too: TF 2.15's eager kernels round differently.
+  reference = tf.function(lambda: _reference(model, x))()
+  for g, w in zip(grads, reference):
     np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6, atol=1e-6)
   kept = plan.kept_tensors()
   assert [t.shape.as_list() for t in kept] == [[4, 5]]

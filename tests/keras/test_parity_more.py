@@ -185,7 +185,7 @@ def _plain(shape, weights, x, labels, relu=False):
 
 
 def _loss_scale_optimizer(flavour, K):
-  if flavour == "keras3":
+  if keras_cases.is_keras3(K):
     return K.optimizers.LossScaleOptimizer(K.optimizers.SGD(0.1),
                                            initial_scale=SCALE)
   return K.mixed_precision.LossScaleOptimizer(
