@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 . tools/_venv.sh
 
 fresh_venv "${VENV:-.venv-tf215}"
-python -m pip install --quiet "tensorflow==2.15.*" ".[test-base]"
+python -m pip install --quiet "tensorflow==2.15.*" ".[test-base,dp]"
 python - <<'PY'
 import importlib.metadata as md, importlib.util
 print("tensorflow", md.version("tensorflow"), "| keras", md.version("keras"),
