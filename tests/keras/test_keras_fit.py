@@ -75,6 +75,16 @@ def _close(a, b):
     np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7)
 
 
+def test_the_train_step_follows_the_keras_version(K):
+  # TensorFlow 2.15's keras is Keras 2: tf-keras' train step, not Keras 3's.
+  from graphgrad.keras import _fit
+  if is_keras3(K):
+    want = "keras3"
+  else:
+    want = "tf_keras" if K.__name__.startswith("tf_keras") else "keras2"
+  assert _fit.flavour(_model(K)) == want
+
+
 def test_identity_plan_fit_equals_plain_fit(K):
   model = _model(K)
   plain = _twin(K, model)
