@@ -146,6 +146,14 @@ def _tape(path, arrays, output=None, signature="serving_default"):
   return {v.name.split(":")[0]: g.numpy() for v, g in zip(variables, grads)}
 
 
+def _input_name(path):
+  """The one input of the ``serving_default`` signature of ``path``."""
+  proto = saved_model_pb2.SavedModel()
+  proto.ParseFromString((path / "saved_model.pb").read_bytes())
+  (name,) = proto.meta_graphs[0].signature_def["serving_default"].inputs
+  return name
+
+
 def _grads(path, feed, tmp_path, *flags):
   out = tmp_path / "report.json"
   assert _cli.main(["grads", str(path), "--feed", feed, "--json", str(out),
@@ -162,9 +170,10 @@ def _total(norms):
                                   "keras_export", "keras_saved"])
 def test_grads_norm_is_gradient_tapes(models, tmp_path, name):
   path = models[name]
-  # tf.saved_model.save names a Keras model's input after its call's
-  # argument; export() after the Input.
-  arrays = {"inputs" if name == "keras_saved" else "x": _X}
+  # tf.saved_model.save names a Keras 3 model's input after its call's
+  # argument (Keras 2 after the Input, as export() does): read it.
+  binary = models["module"] if name == "module_text" else path
+  arrays = {_input_name(binary): _X}
   output = "out" if name.startswith("module") else None
   flags = ["--output", output] if output else []
   rows = _grads(path, _feed(tmp_path, **arrays), tmp_path, "--no-sandbox",
