@@ -90,6 +90,8 @@ LAYERS = {
     "Conv1D": ((6, 2), lambda K, x: K.layers.Conv1D(3, 2)(x)),
     "Conv2D": ((5, 5, 2), lambda K, x: K.layers.Conv2D(3, 2)(x)),
     "Conv3D": ((3, 3, 3, 1), lambda K, x: K.layers.Conv3D(2, 2)(x)),
+    "Conv2DTranspose": ((3, 3, 2), lambda K, x: K.layers.Conv2DTranspose(
+        2, 2, strides=2)(x)),
     "DepthwiseConv2D": ((4, 4, 2), lambda K, x: K.layers.DepthwiseConv2D(
         2)(x)),
     "SeparableConv2D": ((4, 4, 2), lambda K, x: K.layers.SeparableConv2D(
