@@ -7,9 +7,10 @@ gradient at every recorded output; each layer type supplies its boundary
 tensors to the shared rules of :mod:`graphgrad.core._clipping`: ``Dense``
 (input, pre-activation gradient), ``Conv2D`` (the same, and its
 strides), ``Embedding`` (ids, gradient), ``LayerNormalization``
-(normalized input times gradient). Another layer gets the exact
-per-example gradients of its own variables through its own call
-(``TapeVJP.per_example``), logged once. The recorder is the tape's
+(normalized input times gradient). Another layer (a recurrent or
+``TimeDistributed`` one for its sublayers' variables too) gets exact
+per-example gradients through its own call, run on each example's rows of
+its inputs (``TapeVJP.per_example``), logged once. The recorder is the tape's
 :class:`~graphgrad.core._privacy.Uses`; the algorithm is
 :func:`graphgrad.core._privacy.private_gradients`, as for a GradientPlan.
 """
@@ -73,7 +74,7 @@ class Recorder:
       if id(layer) in seen:
         continue
       seen.add(id(layer))
-      if not _is_rnn(layer):  # an RNN's cell is recorded in its call
+      if not _is_unit(layer):  # its sublayers are recorded in its call
         stack += _compat.sublayers(layer)
       if _kind(layer) == "BatchNormalization" and layer.trainable:
         raise _errors.UnsupportedGraphError(
@@ -94,7 +95,7 @@ class Recorder:
     def wrapped_call(*args, **kwargs):
       act = _activation_to_split(layer, args)
       if act is None:
-        pre = out = call(*args, **kwargs)
+        pre = out = _apart(call(*args, **kwargs))
       else:  # the pre-activation's gradient comes from the one backward pass
         layer.activation = _identity
         try:
@@ -188,31 +189,48 @@ class Recorder:
 # -- the boundary tensors of each layer type -----------------------------------
 
 
-def _is_rnn(layer) -> bool:
-  """A Keras recurrent layer (``LSTM``, ``GRU``, ``SimpleRNN``, ``RNN``):
-  its cell's variables are its own, and its call is the unit recorded
-  (tf-keras' fused ``LSTM`` and ``GRU`` never call their cell)."""
-  return any(c.__name__ == "RNN" and c.__module__.split(".")[0]
-             in ("keras", "tf_keras") for c in type(layer).__mro__)
+def _is_unit(layer) -> bool:
+  """A layer whose call is recorded for the variables of its sublayers too.
+
+  A Keras recurrent layer (``LSTM``, ``GRU``, ``SimpleRNN``, ``RNN``)
+  calls its cell inside a loop on ``(inputs, states)``, and tf-keras' fused
+  ``LSTM`` and ``GRU`` never call it. A ``TimeDistributed`` layer calls the
+  layer it wraps on the rows of every example at once (tf-keras merges
+  them into ``[B*T, ...]``), so a call of the wrapped layer is not one row
+  per example.
+  """
+  return _kind(layer) == "TimeDistributed" or any(
+      c.__name__ == "RNN" and c.__module__.split(".")[0]
+      in ("keras", "tf_keras") for c in type(layer).__mro__)
 
 
 def _owns_variables(layer) -> bool:
   """Whether a recorded call of ``layer`` stands for its variables."""
-  return _is_rnn(layer) or holds_variables(layer)
+  return _is_unit(layer) or holds_variables(layer)
 
 
 def _own_variables(layer) -> List[tf.Variable]:
   """The trainable variables a call of ``layer`` stands for."""
   trainable = {v.ref() for v in map(tf_variable, layer.trainable_weights)
                if v is not None}
-  held = ([tf_variable(v) for v in layer.trainable_weights] if _is_rnn(layer)
-          else direct_variables(layer))
+  held = ([tf_variable(v) for v in layer.trainable_weights]
+          if _is_unit(layer) else direct_variables(layer))
   return [v for v in held if v is not None and v.ref() in trainable]
 
 
 def _flat_outputs(call: Dict[str, Any]) -> List[tf.Tensor]:
   """The tensors a recorded call returned (a tensor, a tuple, a dict)."""
   return [y for y in tf.nest.flatten(call["out"]) if isinstance(y, tf.Tensor)]
+
+
+def _apart(out):
+  """A nested output whose tensors no other one depends on: the gradient
+  at each is then what reaches it from outside the call alone (an RNN's
+  last output is computed from its last state, and may be that tensor)."""
+  if len(tf.nest.flatten(out)) < 2:
+    return out
+  return tf.nest.map_structure(
+      lambda y: tf.identity(y) if isinstance(y, tf.Tensor) else y, out)
 
 
 def _forms(call: Dict[str, Any], dys, batch) -> Forms:
@@ -379,6 +397,10 @@ def _fallback(call: Dict[str, Any], dys, batch) -> Forms:
 
   dtype = _clipping.norm_dtype(variables[0].dtype)
   vjp = TapeVJP.of_call(run, [flat[i] for i in at])
-  per = vjp.per_example(call["out"], dys, variables, batch,
-                        loop=_is_rnn(layer))
+  # The gradients at the flattened output, a non-tensor's None.
+  grads = iter(dys)
+  per = vjp.per_example(call["out"], [
+      next(grads) if isinstance(y, tf.Tensor) else None
+      for y in tf.nest.flatten(call["out"])], variables, batch,
+                        loop=_is_unit(layer))
   return [(v, ("example", tf.cast(p, dtype))) for v, p in zip(variables, per)]

@@ -105,6 +105,14 @@ LAYERS = {
         K.layers.GRU(2))(x)),
     "TimeDistributed-Dense": ((4, 3), lambda K, x: K.layers.TimeDistributed(
         K.layers.Dense(5))(x)),
+    "TimeDistributed-Conv2D": ((2, 4, 4, 1), lambda K, x:
+                               K.layers.TimeDistributed(K.layers.Conv2D(
+                                   2, 2))(x)),
+    "TimeDistributed-LSTM": ((2, 3, 2), lambda K, x: K.layers.TimeDistributed(
+        K.layers.LSTM(2))(x)),
+    # the last output is the last state: each one's gradient counted once
+    "LSTM-return_state": ((3, 2), lambda K, x: K.layers.Concatenate()(
+        K.layers.LSTM(2, return_state=True)(x))),
 }
 
 
@@ -182,3 +190,23 @@ def test_lstm_in_fit_is_exact(K):
   for v, s, a in zip(model.trainable_variables, start, total):
     np.testing.assert_allclose(v.numpy(), s - lr * a / B, rtol=1e-5,
                                atol=1e-6)
+
+
+def test_a_layer_without_examples_along_the_first_axis_is_refused(K):
+  class Transposed(K.layers.Layer):
+    def build(self, shape):
+      self.w = self.add_weight(name="w", shape=(3,), initializer="ones")
+
+    def call(self, a):
+      return tf.transpose(tf.sin(a * self.w))  # [3, B]
+
+  a = K.Input((3,), batch_size=B)
+  y = K.layers.Lambda(tf.transpose)(Transposed(name="flip")(a))
+  model = K.Model(a, y)
+  plan = gg.KerasPlan(model).privatize(1.0, 0.0)
+  with plan.tape() as tape:
+    loss = square_sum(model(tf.constant(normal(B, 3))))
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match=r"layer 'flip' \(Transposed\) has no norm rule, "
+                     r"and no tensor argument .* \[batch, \.\.\.\]"):
+    tape.gradient(loss)
