@@ -364,10 +364,11 @@ def _fallback(call: Dict[str, Any], dys, batch) -> Forms:
 
   The call runs once per example on row ``i`` of every tensor argument
   whose leading axis is the examples' (that of its first output); the
-  other arguments (nested in lists and dicts too) pass whole.
+  other arguments (nested in lists and dicts too) pass whole. It runs
+  through the layer itself, in the scope the layer opens around its call:
+  there tf-keras' autocast reads float32 variables as float16.
   """
-  layer, fn, args, kwargs = (call["layer"], call["call"], call["args"],
-                             call["kwargs"])
+  layer, args, kwargs = call["layer"], call["args"], call["kwargs"]
   variables = _own_variables(layer)
   flat = tf.nest.flatten((args, kwargs))
   outs = _flat_outputs(call)
@@ -393,7 +394,7 @@ def _fallback(call: Dict[str, Any], dys, batch) -> Forms:
     for i, x in zip(at, xs):
       values[i] = x
     a, kw = tf.nest.pack_sequence_as((args, kwargs), values)
-    return fn(*a, **kw)
+    return layer(*a, **kw)
 
   dtype = _clipping.norm_dtype(variables[0].dtype)
   vjp = TapeVJP.of_call(run, [flat[i] for i in at])

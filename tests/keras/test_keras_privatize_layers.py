@@ -235,3 +235,24 @@ def test_a_layer_without_examples_along_the_first_axis_is_refused(K):
                      match=r"layer 'flip' \(Transposed\) has no norm rule, "
                      r"and no tensor argument .* \[batch, \.\.\.\]"):
     tape.gradient(loss)
+
+
+def test_a_mixed_float16_lstm_computes_in_its_autocast_scope(K, policy):
+  # The per-example call runs through the layer, whose autocast scope reads
+  # tf-keras' float32 variables as float16 (its bare call mixed the two).
+  x = normal(B, 3, 2, seed=1)
+  exact = K.Sequential([K.Input((3, 2)), K.layers.LSTM(4)])
+  _, norms = reference(exact, [x], 1.0)
+  clip = float(np.median(norms))
+  expected, _ = reference(exact, [x], clip)
+  policy("mixed_float16")
+  model = K.Sequential([K.Input((3, 2)), K.layers.LSTM(4)])
+  model.set_weights(exact.get_weights())
+  plan = gg.KerasPlan(model).privatize(clip, 0.0)
+  with plan.tape() as tape:
+    loss = square_sum(tf.cast(model(tf.constant(x)), tf.float32))
+  got = tape.gradient(loss)
+  for g, e in zip(got, expected):
+    # float16 forward values: a few roundings of 4.9e-4 each
+    np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(), e,
+                               atol=4e-3 * np.abs(e).max())
