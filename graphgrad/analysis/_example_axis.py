@@ -59,7 +59,11 @@ _SPATIAL = frozenset({
     "Conv2D", "Conv3D", "Conv1D", "DepthwiseConv2dNative", "MaxPool",
     "MaxPoolV2", "AvgPool", "MaxPool3D", "AvgPool3D", "LRN",
     "ResizeBilinear", "ResizeNearestNeighbor", "ExtractImagePatches",
-    "Conv2DBackpropInput"})
+    "Conv2DBackpropInput", "Conv3DBackpropInputV2",
+    "DepthwiseConv2dNativeBackpropInput"})
+# Transposed convolutions: (output shape, filter, data).
+_BACKPROP_INPUT = frozenset({"Conv2DBackpropInput", "Conv3DBackpropInputV2",
+                             "DepthwiseConv2dNativeBackpropInput"})
 
 _FIX = ("Use a per-example operation instead (LayerNormalization or "
         "GroupNormalization instead of batch statistics, a reduction over "
@@ -410,13 +414,19 @@ def _rows(w: _Walk, op, out, k):
 
 
 def _spatial(w: _Walk, op, out, k):
+  """A spatial op on ``[B, ...]`` data and shared filters. A transposed
+  convolution (``*BackpropInput``) reads its data third; its first input
+  is the output's shape (``tf.stack([tf.shape(x)[0], h, w, c])``), which
+  holds no example's values, so it is demanded nothing."""
   data_format = (op.get_attr("data_format").decode()
                  if "data_format" in op.node_def.attr else "NHWC")
   if k != 0 or not data_format.startswith("N"):
     return _unknown(w, op, out, k)
-  w.demand(op.inputs[0], 0, op)
-  for x in op.inputs[1:]:
-    w.demand(x, SHARED, op)
+  data = 2 if op.type in _BACKPROP_INPUT else 0
+  w.demand(op.inputs[data], 0, op)
+  for i, x in enumerate(op.inputs):
+    if i != data and not (data and i == 0):
+      w.demand(x, SHARED, op)
   return None
 
 

@@ -7,9 +7,10 @@ gradient at every recorded output; each layer type supplies its boundary
 tensors to the shared rules of :mod:`graphgrad.core._clipping`: ``Dense``
 (input, pre-activation gradient), ``Conv2D`` (the same, and its
 strides), ``Embedding`` (ids, gradient), ``LayerNormalization``
-(normalized input times gradient). Another layer gets the exact
-per-example gradients of its own variables through its own call
-(``TapeVJP.per_example``), logged once. The recorder is the tape's
+(normalized input times gradient). Another layer (a recurrent or
+``TimeDistributed`` one for its sublayers' variables too) gets exact
+per-example gradients through its own call, run on each example's rows of
+its inputs (``TapeVJP.per_example``), logged once. The recorder is the tape's
 :class:`~graphgrad.core._privacy.Uses`; the algorithm is
 :func:`graphgrad.core._privacy.private_gradients`, as for a GradientPlan.
 """
@@ -73,7 +74,8 @@ class Recorder:
       if id(layer) in seen:
         continue
       seen.add(id(layer))
-      stack += _compat.sublayers(layer)
+      if not _is_unit(layer):  # its sublayers are recorded in its call
+        stack += _compat.sublayers(layer)
       if _kind(layer) == "BatchNormalization" and layer.trainable:
         raise _errors.UnsupportedGraphError(
             f"privatize: the BatchNormalization layer {layer.name!r} "
@@ -83,7 +85,7 @@ class Recorder:
             f"or GroupNormalization, or freeze it (layer.trainable = False).")
       # An unbuilt layer may make its variables in its first call.
       if (not getattr(layer, "built", True)
-          or (holds_variables(layer) and layer.trainable_weights)):
+          or (_owns_variables(layer) and layer.trainable_weights)):
         self._patches.replace(layer, self._wrapper(layer, layer.call))
 
   def unpatch(self) -> None:
@@ -93,7 +95,7 @@ class Recorder:
     def wrapped_call(*args, **kwargs):
       act = _activation_to_split(layer, args)
       if act is None:
-        pre = out = call(*args, **kwargs)
+        pre = out = _apart(call(*args, **kwargs))
       else:  # the pre-activation's gradient comes from the one backward pass
         layer.activation = _identity
         try:
@@ -112,7 +114,7 @@ class Recorder:
   def _holding(self) -> List[Dict[str, Any]]:
     """The recorded calls of layers that hold trainable variables."""
     return [c for c in self.calls
-            if holds_variables(c["layer"]) and c["layer"].trainable_weights]
+            if _owns_variables(c["layer"]) and c["layer"].trainable_weights]
 
   # -- ops that mix examples, in an eager step ------------------------------
 
@@ -151,16 +153,19 @@ class Recorder:
   # -- the Uses of core._privacy.private_gradients ---------------------------
 
   def outputs(self) -> List[tf.Tensor]:
-    return [c["out"] for c in self._holding()]
+    return [y for c in self._holding() for y in _flat_outputs(c)]
 
   def forms(self, grads, batch) -> Dict[Any, list]:
     forms: Dict[Any, list] = {}
-    for c, dy in zip(self._holding(), grads):
-      if dy is None:
+    grads = list(grads)
+    for c in self._holding():
+      n = len(_flat_outputs(c))
+      dys, grads = grads[:n], grads[n:]
+      dys = [tf.convert_to_tensor(dy) if isinstance(dy, tf.IndexedSlices)
+             else dy for dy in dys]
+      if all(dy is None for dy in dys):
         continue
-      if isinstance(dy, tf.IndexedSlices):
-        dy = tf.convert_to_tensor(dy)
-      for var, form in _forms(c, dy, batch):
+      for var, form in _forms(c, dys, batch):
         forms.setdefault(var.ref(), []).append(form)
     if not forms:
       raise _errors.NotConnectedError(
@@ -184,17 +189,63 @@ class Recorder:
 # -- the boundary tensors of each layer type -----------------------------------
 
 
-def _forms(call: Dict[str, Any], dy, batch) -> Forms:
-  """``(variable, (kind, ...))``: the form of each use in one layer call."""
+def _is_unit(layer) -> bool:
+  """A layer whose call is recorded for the variables of its sublayers too.
+
+  A Keras recurrent layer (``LSTM``, ``GRU``, ``SimpleRNN``, ``RNN``)
+  calls its cell inside a loop on ``(inputs, states)``, and tf-keras' fused
+  ``LSTM`` and ``GRU`` never call it. A ``TimeDistributed`` layer calls the
+  layer it wraps on the rows of every example at once (tf-keras merges
+  them into ``[B*T, ...]``), so a call of the wrapped layer is not one row
+  per example.
+  """
+  return _kind(layer) == "TimeDistributed" or any(
+      c.__name__ == "RNN" and c.__module__.split(".")[0]
+      in ("keras", "tf_keras") for c in type(layer).__mro__)
+
+
+def _owns_variables(layer) -> bool:
+  """Whether a recorded call of ``layer`` stands for its variables."""
+  return _is_unit(layer) or holds_variables(layer)
+
+
+def _own_variables(layer) -> List[tf.Variable]:
+  """The trainable variables a call of ``layer`` stands for."""
+  trainable = {v.ref() for v in map(tf_variable, layer.trainable_weights)
+               if v is not None}
+  held = ([tf_variable(v) for v in layer.trainable_weights]
+          if _is_unit(layer) else direct_variables(layer))
+  return [v for v in held if v is not None and v.ref() in trainable]
+
+
+def _flat_outputs(call: Dict[str, Any]) -> List[tf.Tensor]:
+  """The tensors a recorded call returned (a tensor, a tuple, a dict)."""
+  return [y for y in tf.nest.flatten(call["out"]) if isinstance(y, tf.Tensor)]
+
+
+def _apart(out):
+  """A nested output whose tensors no other one depends on: the gradient
+  at each is then what reaches it from outside the call alone (an RNN's
+  last output is computed from its last state, and may be that tensor)."""
+  if len(tf.nest.flatten(out)) < 2:
+    return out
+  return tf.nest.map_structure(
+      lambda y: tf.identity(y) if isinstance(y, tf.Tensor) else y, out)
+
+
+def _forms(call: Dict[str, Any], dys, batch) -> Forms:
+  """``(variable, (kind, ...))``: the form of each use in one layer call,
+  from the gradients ``dys`` at its :func:`_flat_outputs`."""
   layer = call["layer"]
   kind = _kind(layer)
   x = call["args"][0] if call["args"] else None
   rule = _RULES.get(kind)
-  if rule is not None and isinstance(x, tf.Tensor) and len(call["args"]) == 1:
-    out = rule(layer, x, dy, batch)
+  if (rule is not None and isinstance(x, tf.Tensor)
+      and len(call["args"]) == 1 and len(dys) == 1 and dys[0] is not None):
+    out = rule(layer, x, dys[0], batch)
     if out is not None:
       return out
-  return _fallback(call, dy, batch)
+  return _fallback(call, dys, batch)
 
 
 def _identity(x):
@@ -230,8 +281,10 @@ def _kernel_forms(layer, dy, batch, kernel_form):
   g = dy
   out = [(kernel, kernel_form(g, dtype))]
   if bias is not None:
+    # The rows of an example (a tf-keras TimeDistributed layer merges them
+    # into the leading axis, [B*T, units]) first, as rows() reads the input.
     out.append((bias, ("example", _clipping.broadcast_per_example(
-        tf.cast(g, dtype), bias.shape, batch))))
+        _clipping.rows(g, batch, dtype), bias.shape, batch))))
   return out
 
 
@@ -306,25 +359,49 @@ _RULES = {"Dense": _dense, "Conv2D": _conv2d, "Embedding": _embedding,
 _KERNEL_RULES = {"Dense": _dense_ok, "Conv2D": _conv2d_ok}
 
 
-def _fallback(call: Dict[str, Any], dy, batch) -> Forms:
-  """Exact per-example gradients of the layer's own variables."""
-  layer, fn, args, kwargs = (call["layer"], call["call"], call["args"],
-                             call["kwargs"])
-  trainable = {v.ref() for v in map(tf_variable, layer.trainable_weights)
-               if v is not None}
-  variables = [v for v in direct_variables(layer) if v.ref() in trainable]
-  if not args or not isinstance(args[0], tf.Tensor):
+def _fallback(call: Dict[str, Any], dys, batch) -> Forms:
+  """Exact per-example gradients of the layer's own variables.
+
+  The call runs once per example on row ``i`` of every tensor argument
+  whose leading axis is the examples' (that of its first output); the
+  other arguments (nested in lists and dicts too) pass whole. It runs
+  through the layer itself, in the scope the layer opens around its call:
+  there tf-keras' autocast reads float32 variables as float16.
+  """
+  layer, args, kwargs = call["layer"], call["args"], call["kwargs"]
+  variables = _own_variables(layer)
+  flat = tf.nest.flatten((args, kwargs))
+  outs = _flat_outputs(call)
+  rows = outs[0].shape[0] if outs and outs[0].shape.rank else -1
+  at = [i for i, x in enumerate(flat)
+        if isinstance(x, tf.Tensor) and x.shape.rank and x.shape[0] == rows]
+  if not at:
     raise _errors.UnsupportedGraphError(
         f"privatize: layer {layer.name!r} ({type(layer).__name__}) has no "
-        f"norm rule, and its call takes no tensor of examples as first "
-        f"argument, so its per-example gradients cannot be computed.")
+        f"norm rule, and no tensor argument of its call has the examples "
+        f"along its first axis (as its output does), so its per-example "
+        f"gradients cannot be computed. Pass the examples to the layer as "
+        f"tensors of shape [batch, ...].")
   key = type(layer).__name__
   if key not in _warned:
     _warned.add(key)
     log.warning("privatize: no norm rule for %s layers (%r); their "
                 "per-example gradients are computed through their own call, "
                 "one example at a time.", key, layer.name)
+
+  def run(*xs):
+    values = list(flat)
+    for i, x in zip(at, xs):
+      values[i] = x
+    a, kw = tf.nest.pack_sequence_as((args, kwargs), values)
+    return layer(*a, **kw)
+
   dtype = _clipping.norm_dtype(variables[0].dtype)
-  vjp = TapeVJP.of_call(lambda x: fn(x, *args[1:], **kwargs), [args[0]])
-  per = vjp.per_example([call["out"]], [dy], variables, batch)
+  vjp = TapeVJP.of_call(run, [flat[i] for i in at])
+  # The gradients at the flattened output, a non-tensor's None.
+  grads = iter(dys)
+  per = vjp.per_example(call["out"], [
+      next(grads) if isinstance(y, tf.Tensor) else None
+      for y in tf.nest.flatten(call["out"])], variables, batch,
+                        loop=_is_unit(layer))
   return [(v, ("example", tf.cast(p, dtype))) for v, p in zip(variables, per)]

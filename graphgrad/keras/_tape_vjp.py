@@ -178,28 +178,38 @@ class TapeVJP:
     return [self.vjp([l], [w], xs) for l, w in zip(losses, weights)]
 
   def per_example(self, ys: Sequence, grads: Sequence, xs: Sequence,
-                  batch) -> List[tf.Tensor]:
+                  batch, loop: bool = False) -> List[tf.Tensor]:
     """Per-example gradients of ``xs``, each ``[batch, *x.shape]``.
 
-    The call runs once per example (``tf.vectorized_map``), on row ``i`` of
-    its first input with the other inputs as they are, and is
-    differentiated with row ``i`` of ``grads``: exact for a call that
-    treats each example alone. ``ys`` are its outputs (one tensor); a
-    variable it does not reach gets zeros.
+    The call runs once per example (``tf.vectorized_map``, or with
+    ``loop`` ``tf.map_fn``: a call whose ops ``vectorized_map`` cannot
+    convert, such as tf-keras' fused recurrent loops), on row ``i``
+    of each of its inputs (the tensors of examples; the call holds the
+    others), and is differentiated with row ``i`` of ``grads``: exact for a
+    call that treats each example alone. ``ys`` are its outputs, a nested
+    structure whose flattened tensors ``grads`` match one to one (``None``:
+    nothing flows from that one); a variable the call does not reach gets
+    zeros.
     """
-    del ys, batch  # the call's outputs, one row per example
+    del batch  # the inputs' rows are the examples
     if self.call is None:
       raise ValueError("per_example needs the call (TapeVJP.of_call)")
     xs = list(xs)
-    rest = self.inputs[1:]
+    at = [i for i, g in enumerate(grads) if g is not None]
+    del ys  # its structure is the call's: read again from each example's
 
     def one(elems):
-      xi, gi = elems
-      vjp, yi = TapeVJP.record(lambda x: self.call(x, *rest), [xi[None]],
-                               watch=xs, persistent=False)
-      got = vjp.vjp([yi], [gi[None]], xs)
+      rows, gs = elems
+      vjp, yi = TapeVJP.record(lambda *a: self.call(*a),
+                               [r[None] for r in rows], watch=xs,
+                               persistent=False)
+      flat = tf.nest.flatten(yi)
+      got = vjp.vjp([flat[i] for i in at], [g[None] for g in gs], xs)
       return [tf.zeros(x.shape, x.dtype) if g is None else
               tf.convert_to_tensor(g) for g, x in zip(got, xs)]
 
-    return tf.vectorized_map(one, (self.inputs[0],
-                                   tf.convert_to_tensor(grads[0])))
+    elems = (list(self.inputs), [tf.convert_to_tensor(grads[i]) for i in at])
+    if loop:
+      return tf.map_fn(one, elems, fn_output_signature=[
+          tf.TensorSpec(x.shape, x.dtype) for x in xs])
+    return tf.vectorized_map(one, elems)

@@ -434,6 +434,11 @@ def _per_example(h):
     (lambda h: tf.slice(h, [1, 0], [-1, -1]), "Slice"),
     (lambda h: h * tf.reduce_sum(
         h, axis=tf1.placeholder_with_default(1, []), keepdims=True), "Sum"),
+    # seen through a transposed convolution's data, not its output shape
+    (lambda h: tf.reshape(tf.nn.conv2d_transpose(
+        tf.reshape(h - tf.reduce_mean(h, axis=0), [-1, 1, 1, 5]),
+        tf.ones([1, 1, 5, 5]), tf.stack([tf.shape(h)[0], 1, 1, 5]), 1),
+        [-1, 5]), "Mean"),
 ])
 def test_ops_that_mix_examples_are_refused_by_name(graph, mix, op):
   loss = _per_example(mix(_mlp_hidden()))
@@ -469,3 +474,14 @@ def test_per_example_reductions_over_other_axes_pass(graph, per_example):
   got, _ = private(loss, None, clip)
   for g, e in zip(got, expected):
     np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_conv2d_transpose_with_a_run_time_output_shape(graph):
+  x = tf1.placeholder(tf.float32, [None, 3, 3, 2])
+  w = tf1.get_variable("deconv/kernel", initializer=normal(2, 2, 4, 2, seed=1))
+  # The output shape is built from the batch size: a shape, not examples.
+  shape = tf.stack([tf.shape(x)[0], 6, 6, 4])
+  y = tf.nn.conv2d_transpose(x, w, shape, strides=2)
+  assert y.op.type == "Conv2DBackpropInput"
+  loss = tf.reduce_sum(tf.square(tf.tanh(y)), axis=[1, 2, 3])
+  check(loss, {x: normal(B, 3, 3, 2, seed=2)})
