@@ -56,7 +56,8 @@ class Privacy:
       system's entropy when the noise is built (the seed is for tests).
     expected_batch_size: the divisor of the noised sum when given (the
       expected batch size of Poisson sampling); ``None`` divides by the
-      realized global batch size.
+      executor's fixed batch size (``fit``'s) or else the realized global
+      batch size.
   """
   l2_norm_clip: float
   noise_multiplier: float
@@ -212,7 +213,8 @@ class Reduction:
 def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
                       uses: Uses, noise: "Noise",
                       reduction: Optional[Reduction] = None,
-                      scale=None, seed=None
+                      scale=None, seed=None,
+                      batch_size: Optional[float] = None
                       ) -> List[Gradient]:
   """DP-SGD's gradient of each of ``variables``: ``(1/B)(sum_i
   clip_C(grad_i) + noise)``, ``None`` for those the loss does not reach.
@@ -244,6 +246,9 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
       makes every result NaN, so that the optimizer skips the step.
     seed: what ``loss`` is backpropagated with; ``None`` for ones (a loss
       already scaled by ``S``), ``S`` where ``loss`` is not.
+    batch_size: the divisor ``B`` when the plan declares no
+      ``expected_batch_size`` (``fit``'s batch size), the same every step;
+      ``None`` divides by the realized global batch size.
   """
   if not tf.executing_eagerly():
     _example_axis.refuse_mixing(loss)
@@ -275,8 +280,9 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
                               for n in sq_norms])
       c = tf.where(finite, c, tf.constant(float("nan"), c.dtype))
     if reduction is None:  # the mean's division folded into c: [B] values
-      divisor, first = _global_batch(batch,
-                                     noise.privacy.expected_batch_size)
+      expected = noise.privacy.expected_batch_size
+      divisor, first = _global_batch(
+          batch, batch_size if expected is None else expected)
       c = c / tf.cast(divisor, c.dtype)
     sums = {k: clipped_sum(forms[k], c, v.shape, batch, v.dtype)
             for k, v in known}
