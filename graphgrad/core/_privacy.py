@@ -32,7 +32,7 @@ from graphgrad.analysis import _example_axis
 from graphgrad.core._clipping import (
   clip_factors,
   clipped_sum,
-  combined_sq_norms,
+  example_norms,
   norm_dtype,
   unscaled_forms,
 )
@@ -271,14 +271,14 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
           uses.refuse_outside(v)
     if not known:
       return [None] * len(keys)
-    sq_norms = [combined_sq_norms(forms[k], v.shape, batch,
-                                  norm_dtype(v.dtype)) for k, v in known]
-    c = clip_factors(sq_norms, noise.privacy.l2_norm_clip,
+    # A non-finite norm (an overflow of the backward pass under a loss
+    # scale, a NaN example) makes every clip factor NaN: no factor hides it.
+    norms = example_norms([forms[k] for k, _ in known],
+                          [v.shape for _, v in known],
+                          [norm_dtype(v.dtype) for _, v in known], batch,
+                          noise.privacy.l2_norm_clip)
+    c = clip_factors(norms, noise.privacy.l2_norm_clip,
                      norm_dtype(loss.dtype))
-    if scale is not None:  # an overflow: no clip factor may hide it (0 * inf)
-      finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(n))
-                              for n in sq_norms])
-      c = tf.where(finite, c, tf.constant(float("nan"), c.dtype))
     if reduction is None:  # the mean's division folded into c: [B] values
       expected = noise.privacy.expected_batch_size
       divisor, first = _global_batch(

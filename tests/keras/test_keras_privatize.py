@@ -510,3 +510,55 @@ def test_tape_batch_size_is_the_divisor_of_a_smaller_batch():
     with pytest.raises(gg.GraphGradError, match=r"KerasPlan.tape: "
                        r"`batch_size` must be a positive finite number"):
       plan.tape(batch_size=bad)
+
+
+# -- norms that cannot overflow ------------------------------------------------
+
+def _scaled_batch():
+  """Inputs and output weights of four examples: one of scale 1e11 (its
+  kernel gradient's entries near 1e22, whose squares overflow float32),
+  one of scale 1e-15 (entries near 1e-30, whose squares underflow)."""
+  x, t = normal(4, 3, seed=3), normal(4, 2, seed=4)
+  x[1] *= 1e11
+  t[1] *= 1e11
+  x[2] *= 1e-15
+  t[2] *= 1e-15
+  return x, t
+
+
+def _dense_reference(x, t, clip):
+  """(1/B) sum_i clip_C(grad l_i) of ``l_i = (x_i W + b) . t_i`` in float64:
+  the kernel's gradient is ``x_i t_i^T``, the bias' ``t_i``."""
+  x, t = x.astype(np.float64), t.astype(np.float64)
+  kernel, bias = np.zeros((x.shape[1], t.shape[1])), np.zeros(t.shape[1])
+  for xi, ti in zip(x, t):
+    gk, gb = np.outer(xi, ti), ti
+    c = min(1.0, clip / np.sqrt(np.sum(gk * gk) + np.sum(gb * gb)))
+    kernel, bias = kernel + c * gk, bias + c * gb
+  return kernel / len(x), bias / len(x)
+
+
+@pytest.mark.parametrize("function", [False, True])
+def test_an_example_of_any_finite_scale_is_clipped_to_c(K, function):
+  x, t = _scaled_batch()
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(2)])
+  plan = gg.KerasPlan(model).privatize(0.5, 0.0)
+
+  def step(x, t):
+    with plan.tape() as tape:
+      loss = tf.reduce_sum(model(x) * t, axis=1)
+    return tape.gradient(loss)
+
+  if function:
+    step = tf.function(step)
+  for rows in ([0, 1, 2, 3], [1], [2]):
+    got = [g.numpy() for g in step(tf.constant(x[rows]), tf.constant(t[rows]))]
+    for g, e in zip(got, _dense_reference(x[rows], t[rows], 0.5)):
+      np.testing.assert_allclose(g, e, rtol=1e-5, atol=0)
+    if rows == [1]:  # the 1e22 example alone: a gradient of norm C exactly
+      norm = np.sqrt(sum(np.sum(np.square(g.astype(np.float64)))
+                         for g in got))
+      assert norm == pytest.approx(0.5, rel=1e-5)
+  x[3, 0] = np.nan  # one NaN example: every gradient NaN, nothing dropped
+  for g in step(tf.constant(x), tf.constant(t)):
+    assert np.isnan(g.numpy()).all()
