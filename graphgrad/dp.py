@@ -66,7 +66,16 @@ def _check(batch_size, dataset_size, delta, accountant, caller,
         f"{accountant!r}. 'pld' gives a tighter epsilon, 'rdp' is faster.")
 
 
-def _steps(epochs, steps, batch_size, dataset_size, caller) -> int:
+def _steps(epochs, steps, batch_size, dataset_size, caller,
+           drop_remainder: bool = False) -> int:
+  """The steps of ``epochs`` as ``fit`` takes them: ``ceil(N / B)`` batches
+  an epoch, the last one partial (``floor(N / B)`` with
+  ``drop_remainder``), and a fraction of an epoch rounded up; or
+  ``steps``."""
+  if not isinstance(drop_remainder, bool):
+    raise _errors.GraphGradError(
+        f"{caller}: `drop_remainder` must be a bool, whether each epoch "
+        f"drops its last partial batch; got {drop_remainder!r}.")
   if (epochs is None) == (steps is None):
     raise _errors.GraphGradError(
         f"{caller}: pass exactly one of `epochs` and `steps`; got "
@@ -79,7 +88,9 @@ def _steps(epochs, steps, batch_size, dataset_size, caller) -> int:
   if not isinstance(epochs, (int, float)) or epochs < 0:
     raise _errors.GraphGradError(
         f"{caller}: `epochs` must be a number >= 0; got {epochs!r}.")
-  return int(math.ceil(epochs * dataset_size / batch_size))
+  per_epoch = (dataset_size // batch_size if drop_remainder
+               else -(-dataset_size // batch_size))
+  return int(math.ceil(epochs * per_epoch))
 
 
 def _event(sigma: float, q: float, steps: int):
@@ -95,13 +106,16 @@ def _accountant(name: str):
 
 def epsilon(noise_multiplier: float, batch_size: int, dataset_size: int,
             epochs: Optional[float] = None, delta: float = 1e-5, *,
-            accountant: str = "rdp", steps: Optional[int] = None) -> float:
+            accountant: str = "rdp", steps: Optional[int] = None,
+            drop_remainder: bool = False) -> float:
   """The epsilon of DP-SGD with Poisson sampling, at ``delta``.
 
   Each step samples each example with probability ``q = batch_size /
   dataset_size`` and adds Gaussian noise of multiplier ``noise_multiplier``
-  (``plan.privatize``'s ``sigma``); ``epochs`` make ``ceil(epochs *
-  dataset_size / batch_size)`` steps.
+  (``plan.privatize``'s ``sigma``). ``epochs`` count the steps ``fit``
+  takes: ``epochs * ceil(dataset_size / batch_size)`` (the last batch of
+  each epoch partial), or ``epochs * floor(dataset_size / batch_size)``
+  with ``drop_remainder``; a fraction of an epoch is rounded up.
 
   Args:
     noise_multiplier: ``sigma``.
@@ -112,16 +126,24 @@ def epsilon(noise_multiplier: float, batch_size: int, dataset_size: int,
     accountant: ``"rdp"`` (Renyi DP, Mironov 2017) or ``"pld"`` (privacy
       loss distributions, tighter).
     steps: the number of steps, instead of ``epochs``.
+    drop_remainder: whether each epoch drops its last partial batch (a
+      dataset batched with ``drop_remainder=True``).
 
   Returns:
     epsilon (``inf`` for ``noise_multiplier == 0``).
+
+  Example:
+    >>> import graphgrad as gg  # 4 epochs of 35 examples in batches of 16
+    >>> gg.dp.epsilon(1.1, 16, 35, epochs=4) == gg.dp.epsilon(
+    ...     1.1, 16, 35, steps=12)  # 3 batches an epoch, as fit takes them
+    True
 
   Raises:
     GraphGradError: for a bad argument, or without dp-accounting.
   """
   caller = "gg.dp.epsilon"
   _check(batch_size, dataset_size, delta, accountant, caller)
-  n = _steps(epochs, steps, batch_size, dataset_size, caller)
+  n = _steps(epochs, steps, batch_size, dataset_size, caller, drop_remainder)
   if not isinstance(noise_multiplier, (int, float)) or noise_multiplier < 0:
     raise _errors.GraphGradError(
         f"{caller}: `noise_multiplier` must be a number >= 0; got "
@@ -138,7 +160,8 @@ def epsilon(noise_multiplier: float, batch_size: int, dataset_size: int,
 def noise_multiplier(target_epsilon: float, batch_size: int,
                      dataset_size: int, epochs: Optional[float] = None,
                      delta: float = 1e-5, *, accountant: str = "rdp",
-                     steps: Optional[int] = None) -> float:
+                     steps: Optional[int] = None,
+                     drop_remainder: bool = False) -> float:
   """The smallest noise multiplier whose :func:`epsilon` is at most
   ``target_epsilon`` (``dp_accounting.calibrate_dp_mechanism``).
 
@@ -150,6 +173,7 @@ def noise_multiplier(target_epsilon: float, batch_size: int,
     delta: as for :func:`epsilon`.
     accountant: as for :func:`epsilon`.
     steps: as for :func:`epsilon`.
+    drop_remainder: as for :func:`epsilon`.
 
   Returns:
     ``sigma`` for ``plan.privatize``.
@@ -165,7 +189,7 @@ def noise_multiplier(target_epsilon: float, batch_size: int,
   """
   caller = "gg.dp.noise_multiplier"
   _check(batch_size, dataset_size, delta, accountant, caller)
-  n = _steps(epochs, steps, batch_size, dataset_size, caller)
+  n = _steps(epochs, steps, batch_size, dataset_size, caller, drop_remainder)
   if not isinstance(target_epsilon, (int, float)) or target_epsilon <= 0:
     raise _errors.GraphGradError(
         f"{caller}: `target_epsilon` must be a number > 0; got "
@@ -241,8 +265,8 @@ class PoissonSampling:
     Args:
       data: what ``tf.data.Dataset.from_tensor_slices`` takes: a tensor,
         an array, or a nested structure of them, each with ``N`` rows.
-      epochs: how many epochs of batches (``ceil(epochs N / B)``, as
-        :func:`epsilon` counts steps); ``None`` for an endless dataset.
+      epochs: how many epochs of batches (``ceil(epochs * ceil(N / B))``,
+        as :func:`epsilon` counts steps); ``None`` for an endless dataset.
 
     Returns:
       The batches, each the rows of ``data`` an independent draw kept.

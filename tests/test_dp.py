@@ -25,9 +25,10 @@ def direct(sigma, q, steps, delta, accountant):
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
 def test_epsilon_equals_dp_accounting(accountant):
   # The MNIST setting of TF Privacy's tutorial: 60 epochs of 60000 examples
-  # in batches of 256 are ceil(60 * 60000 / 256) = 14063 steps.
+  # in batches of 256 are 60 * ceil(60000 / 256) = 14100 steps, as fit
+  # takes them (the last batch of each epoch partial).
   got = gg.dp.epsilon(1.1, 256, 60000, 60, 1e-5, accountant=accountant)
-  assert got == pytest.approx(direct(1.1, 256 / 60000, 14063, 1e-5,
+  assert got == pytest.approx(direct(1.1, 256 / 60000, 14100, 1e-5,
                                      accountant), rel=1e-9)
   assert 2.0 < got < 3.1
 
@@ -37,6 +38,42 @@ def test_pld_is_tighter_than_rdp_and_more_noise_is_more_private():
   pld = gg.dp.epsilon(1.0, 100, 10000, 5, 1e-5, accountant="pld")
   assert pld < rdp
   assert gg.dp.epsilon(2.0, 100, 10000, 5, 1e-5) < rdp
+
+
+def test_epochs_count_the_steps_fit_takes_with_a_partial_batch():
+  # 35 examples in batches of 16: 3 batches an epoch (16, 16, 3), 2 when
+  # the remainder is dropped; not ceil(4 * 35 / 16) = 9 steps, which would
+  # report 8.89 instead of 10.23.
+  assert gg.dp.epsilon(1.1, 16, 35, epochs=4) == pytest.approx(
+      direct(1.1, 16 / 35, 12, 1e-5, "rdp"), rel=1e-9)
+  assert gg.dp.epsilon(1.1, 16, 35, epochs=4) > direct(
+      1.1, 16 / 35, 9, 1e-5, "rdp") + 1.0
+  assert gg.dp.epsilon(1.1, 16, 35, epochs=4, drop_remainder=True) == (
+      pytest.approx(direct(1.1, 16 / 35, 8, 1e-5, "rdp"), rel=1e-9))
+  # half an epoch of 3 batches is 2 steps, rounded up
+  assert gg.dp.epsilon(1.1, 16, 35, epochs=0.5) == pytest.approx(
+      direct(1.1, 16 / 35, 2, 1e-5, "rdp"), rel=1e-9)
+  sigma = gg.dp.noise_multiplier(3.0, 16, 35, epochs=4)
+  assert gg.dp.epsilon(sigma, 16, 35, steps=12) <= 3.0
+
+
+@pytest.mark.parametrize("flavour", sorted(FLAVOURS))
+@pytest.mark.parametrize("drop", [False, True])
+def test_callback_and_epsilon_count_the_same_steps_of_fit(flavour, drop):
+  K = FLAVOURS[flavour]
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(1)])
+  model.compile(optimizer="sgd", loss="mse")
+  x = np.random.default_rng(0).normal(size=(35, 3)).astype(np.float32)
+  ds = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(
+      16, drop_remainder=drop)
+  callback = gg.dp.epsilon_callback(1.1, 16, 35, keras=K)
+  model.fit(ds, epochs=4, verbose=0, callbacks=[callback])
+  steps = 8 if drop else 12
+  assert callback.steps == steps
+  expected = direct(1.1, 16 / 35, steps, 1e-5, "rdp")
+  assert callback.epsilon == pytest.approx(expected, rel=1e-9)
+  assert gg.dp.epsilon(1.1, 16, 35, epochs=4, drop_remainder=drop) == (
+      pytest.approx(expected, rel=1e-9))
 
 
 def test_steps_instead_of_epochs_and_neutral_values():
@@ -62,6 +99,8 @@ def test_noise_multiplier_round_trips(accountant):
     (lambda: gg.dp.epsilon(1.0, 100, 10000), "exactly one of `epochs`"),
     (lambda: gg.dp.epsilon(1.0, 100, 10000, steps=-1), "`steps` must be"),
     (lambda: gg.dp.epsilon(1.0, 100, 10000, epochs=-1), "`epochs` must be"),
+    (lambda: gg.dp.epsilon(1.0, 100, 10000, 1, drop_remainder=1),
+     "`drop_remainder` must be a bool"),
     (lambda: gg.dp.epsilon(1.0, 20000, 10000, 1), "`batch_size` must be"),
     (lambda: gg.dp.epsilon(1.0, 10, 0, 1), "`dataset_size` must be"),
     (lambda: gg.dp.epsilon(1.0, 10, 100, 1, delta=1.0), "`delta` must be"),
@@ -165,9 +204,11 @@ def test_poisson_sampling_epsilon_is_dp_accounting_of_its_rate():
   sampling = gg.dp.PoissonSampling(60000, 256)
   acc = dpa.rdp.RdpAccountant()
   acc.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(
-      256 / 60000, dpa.GaussianDpEvent(1.1)), 469))  # ceil(2 * 60000 / 256)
+      256 / 60000, dpa.GaussianDpEvent(1.1)), 470))  # 2 * ceil(60000 / 256)
   assert sampling.epsilon(1.1, epochs=2) == pytest.approx(
       acc.get_epsilon(1e-5), rel=1e-9)
+  assert len(list(gg.dp.PoissonSampling(100, 30, seed=0).batches(
+      np.zeros(100, np.float32), epochs=2))) == 8  # the steps counted
 
 
 @pytest.mark.parametrize("kwargs, match", [

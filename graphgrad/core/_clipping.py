@@ -18,7 +18,7 @@ import tensorflow as tf
 
 __all__ = ["broadcast_per_example", "clip_factors", "clipped_sum",
            "combined_sq_norms", "conv_form", "dense_sq_norms",
-           "embedding_sq_norms", "norm_dtype", "patches",
+           "embedding_sq_norms", "example_norms", "norm_dtype", "patches",
            "per_example_sq_norms", "rows", "unscaled_forms"]
 
 
@@ -362,25 +362,117 @@ def _conv_clipped_sum(form, c: tf.Tensor, shape) -> tf.Tensor:
       x, shape.as_list(), g, list(strides), padding)
 
 
-def clip_factors(sq_norms: Sequence[tf.Tensor], l2_norm_clip: float,
-                 dtype, name: Optional[str] = None) -> tf.Tensor:
-  """``c_i = min(1, C / ||g_i||)`` from the parts of each squared norm.
+def _scaled(forms, batch, dtype):
+  """``forms`` divided, example by example, so that their largest entries
+  are at most about 1, and ``k`` (``[B]``) with ``grad_i(forms) = k_i
+  grad_i(scaled forms)``.
 
-  The result is a constant of the backward pass (``stop_gradient``): the
-  gradient of ``sum_i c_i l_i`` is ``sum_i clip_C(grad l_i)``.
+  The inputs of dense and conv uses are divided by their largest entry
+  ``u_i``, the gradients at their outputs by ``w_i``, and an embedding's
+  rows and a per-example gradient by ``u_i w_i``: ``w_i`` is the largest
+  of those entries (after the ``u_i``), so ``k_i = u_i w_i``. A zero
+  example keeps a factor 1; a NaN or an infinity stays in the forms.
+  """
+  def peak(x):
+    m = tf.reduce_max(tf.abs(tf.reshape(x, [tf.shape(x)[0], -1])), axis=1)
+    return tf.where(m > 0, m, tf.ones_like(m))
+
+  def over(x, m):
+    x = tf.cast(x, dtype)
+    return x / tf.reshape(m, tf.concat([[-1], tf.ones([tf.rank(x) - 1],
+                                                       tf.int32)], 0))
+
+  ones = tf.ones(tf.reshape(batch, [1]), dtype)
+  inputs = [peak(tf.cast(f[1], dtype)) for f in forms
+            if f[0] in ("dense", "conv")]
+  u = tf.reduce_max(tf.stack(inputs), axis=0) if inputs else ones
+  rest = [peak(tf.cast(f[2], dtype)) for f in forms
+          if f[0] in ("dense", "conv")]
+  rest += [peak(over(f[2] if f[0] == "embedding" else f[1], u))
+           for f in forms if f[0] in ("embedding", "example")]
+  w = tf.reduce_max(tf.stack(rest), axis=0) if rest else ones
+  out: List[tuple] = []
+  for f in forms:
+    if f[0] == "dense":
+      out.append(("dense", over(f[1], u), over(f[2], w)))
+    elif f[0] == "conv":
+      out.append(("conv", over(f[1], u), over(f[2], w), f[3]))
+    elif f[0] == "embedding":
+      out.append(("embedding", f[1], over(over(f[2], u), w)))
+    else:
+      out.append((f[0], over(over(f[1], u), w)))
+  return out, u * w
+
+
+def example_norms(forms: Sequence[Sequence[tuple]], shapes, dtypes, batch,
+                  l2_norm_clip: float, name: Optional[str] = None
+                  ) -> tf.Tensor:
+  """``[B]`` norms of each example's whole gradient, over the variables
+  whose uses are ``forms`` (one list per variable, of shape ``shapes``).
+
+  The squared norms of the variables are summed as they come. Where that
+  sum is not finite (a finite gradient with entries past about ``1e19`` in
+  float32 overflows when squared, and would get a clip factor 0 instead of
+  norm ``C``), it is taken again with each example's forms scaled to
+  entries of about 1 (:func:`_scaled`), each variable's norm multiplied
+  back and the variables combined by a scaled hypot: a finite gradient
+  gets its norm whatever its scale. So does one whose squares underflow
+  (a norm below a tiny ``C``). A NaN or an infinity in an example's
+  gradient keeps its norm non-finite.
 
   Example:
     >>> import tensorflow as tf
-    >>> c = clip_factors([tf.constant([1.0, 16.0]), tf.constant([0.0, 9.0])],
-    ...                  1.0, tf.float32)
-    >>> [round(float(x), 3) for x in c]  # norms 1 and 5
+    >>> a, g = tf.fill([1, 1, 4], 1e30), tf.fill([1, 1, 1], 1e-20)
+    >>> n = example_norms([[("dense", a, g)]], [[4, 1]], [tf.float32], 1, 1.)
+    >>> round(float(n[0]) / 2e10, 4)  # ||(1e10, 1e10, 1e10, 1e10)||
+    1.0
+  """
+  with tf.name_scope(name or "example_norms"):
+    def scaled():
+      norms = []
+      for f, shape, dtype in zip(forms, shapes, dtypes):
+        small, k = _scaled(f, batch, dtype)
+        norms.append(tf.cast(k * tf.sqrt(combined_sq_norms(
+            small, shape, batch, dtype)), dtypes[0]))
+      top = tf.reduce_max(tf.stack(norms), axis=0)
+      safe = tf.where(top > 0, top, tf.ones_like(top))
+      return top * tf.sqrt(tf.add_n([tf.square(n / safe) for n in norms]))
+
+    tiny = np.finfo(dtypes[0].as_numpy_dtype).tiny
+    if l2_norm_clip < np.sqrt(tiny) * 2.0 ** 12:  # C^2 near underflow
+      return scaled()
+    total = tf.add_n([tf.cast(combined_sq_norms(f, shape, batch, dtype),
+                              dtypes[0])
+                      for f, shape, dtype in zip(forms, shapes, dtypes)])
+    return tf.cond(tf.reduce_all(tf.math.is_finite(total)),
+                   lambda: tf.sqrt(total), scaled)
+
+
+def clip_factors(norms: tf.Tensor, l2_norm_clip: float, dtype,
+                 name: Optional[str] = None) -> tf.Tensor:
+  """``c_i = min(1, C / ||g_i||)`` from each example's norm
+  (:func:`example_norms`); all NaN when a norm is not finite.
+
+  A NaN or an infinity in one example's gradient makes every clip factor,
+  and so every gradient of the step, NaN: visible, never dropped (a factor
+  0 would hide it, and ``0 * inf`` in a sum is NaN anyway). The result is a
+  constant of the backward pass (``stop_gradient``): the gradient of
+  ``sum_i c_i l_i`` is ``sum_i clip_C(grad l_i)``.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> c = clip_factors(tf.constant([1.0, 5.0]), 1.0, tf.float32)
+    >>> [round(float(x), 3) for x in c]
     [1.0, 0.2]
+    >>> clip_factors(tf.constant([1.0, float("inf")]), 1.0, tf.float32)
+    ... # doctest: +ELLIPSIS
+    <tf.Tensor: ... numpy=array([nan, nan], dtype=float32)>
   """
   with tf.name_scope(name or "clip_factors"):
-    total = tf.add_n(list(sq_norms))
-    norms = tf.sqrt(total)
-    clip = tf.constant(l2_norm_clip, total.dtype)
+    clip = tf.constant(l2_norm_clip, norms.dtype)
     c = clip / tf.maximum(norms, clip)
+    finite = tf.reduce_all(tf.math.is_finite(norms))
+    c = tf.where(finite, c, tf.constant(float("nan"), c.dtype))
     return tf.stop_gradient(tf.cast(c, dtype))
 
 

@@ -282,6 +282,8 @@ class Declaring:
         (1/B) (sum_i clip_C(grad l_i) + N(0, sigma^2 C^2 I)),
 
     with ``B`` the global batch size: ``expected_batch_size`` when given,
+    else in ``fit`` (a KerasPlan's ``attach``) fit's batch size, the same
+    for the partial last batch of an epoch, or ``plan.tape(batch_size=B)``'s,
     else the realized size, summed over the replicas inside
     ``strategy.run``, where the first replica alone adds the noise (one
     draw per global batch), or over a GradientPlan's ``reduce_fn``, which
@@ -308,8 +310,9 @@ class Declaring:
         noise is drawn from a key the operating system makes unpredictable.
         Either way a step counter makes every step's noise new.
       expected_batch_size: the divisor ``B`` under Poisson sampling (the
-        sampling rate times the dataset size); ``None`` divides by the
-        realized global batch size.
+        sampling rate times the dataset size); ``None`` divides by
+        ``fit``'s batch size in ``fit``, else by the realized global batch
+        size.
 
     Returns:
       The plan, for chaining.

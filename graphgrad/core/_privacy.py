@@ -32,7 +32,7 @@ from graphgrad.analysis import _example_axis
 from graphgrad.core._clipping import (
   clip_factors,
   clipped_sum,
-  combined_sq_norms,
+  example_norms,
   norm_dtype,
   unscaled_forms,
 )
@@ -56,7 +56,8 @@ class Privacy:
       system's entropy when the noise is built (the seed is for tests).
     expected_batch_size: the divisor of the noised sum when given (the
       expected batch size of Poisson sampling); ``None`` divides by the
-      realized global batch size.
+      executor's fixed batch size (``fit``'s) or else the realized global
+      batch size.
   """
   l2_norm_clip: float
   noise_multiplier: float
@@ -212,7 +213,8 @@ class Reduction:
 def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
                       uses: Uses, noise: "Noise",
                       reduction: Optional[Reduction] = None,
-                      scale=None, seed=None
+                      scale=None, seed=None,
+                      batch_size: Optional[float] = None
                       ) -> List[Gradient]:
   """DP-SGD's gradient of each of ``variables``: ``(1/B)(sum_i
   clip_C(grad_i) + noise)``, ``None`` for those the loss does not reach.
@@ -244,6 +246,9 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
       makes every result NaN, so that the optimizer skips the step.
     seed: what ``loss`` is backpropagated with; ``None`` for ones (a loss
       already scaled by ``S``), ``S`` where ``loss`` is not.
+    batch_size: the divisor ``B`` when the plan declares no
+      ``expected_batch_size`` (``fit``'s batch size), the same every step;
+      ``None`` divides by the realized global batch size.
   """
   if not tf.executing_eagerly():
     _example_axis.refuse_mixing(loss)
@@ -266,17 +271,18 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
           uses.refuse_outside(v)
     if not known:
       return [None] * len(keys)
-    sq_norms = [combined_sq_norms(forms[k], v.shape, batch,
-                                  norm_dtype(v.dtype)) for k, v in known]
-    c = clip_factors(sq_norms, noise.privacy.l2_norm_clip,
+    # A non-finite norm (an overflow of the backward pass under a loss
+    # scale, a NaN example) makes every clip factor NaN: no factor hides it.
+    norms = example_norms([forms[k] for k, _ in known],
+                          [v.shape for _, v in known],
+                          [norm_dtype(v.dtype) for _, v in known], batch,
+                          noise.privacy.l2_norm_clip)
+    c = clip_factors(norms, noise.privacy.l2_norm_clip,
                      norm_dtype(loss.dtype))
-    if scale is not None:  # an overflow: no clip factor may hide it (0 * inf)
-      finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(n))
-                              for n in sq_norms])
-      c = tf.where(finite, c, tf.constant(float("nan"), c.dtype))
     if reduction is None:  # the mean's division folded into c: [B] values
-      divisor, first = _global_batch(batch,
-                                     noise.privacy.expected_batch_size)
+      expected = noise.privacy.expected_batch_size
+      divisor, first = _global_batch(
+          batch, batch_size if expected is None else expected)
       c = c / tf.cast(divisor, c.dtype)
     sums = {k: clipped_sum(forms[k], c, v.shape, batch, v.dtype)
             for k, v in known}

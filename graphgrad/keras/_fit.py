@@ -65,6 +65,8 @@ class Attachment:
     self._saved: Dict[str, Any] = {}
     self._recorded: List[Any] = []
     self._loss_weights: Any = None
+    # The divisor of privatize's noised sum in this fit (fit_batch_size).
+    self._batch_size: Optional[float] = None
     step = (_keras3_step if self.flavour == "keras3" else _tf_keras_step)
     self._step = lambda data: step(self, data)
 
@@ -90,13 +92,17 @@ class Attachment:
     fit, train_on_batch = model.fit, model.train_on_batch
 
     def planned_fit(*args, **kwargs):
-      self._prepare(args[0] if args else kwargs.get("x"),
-                    kwargs.get("y", args[1] if len(args) > 1 else None),
-                    kwargs.get("batch_size"))
+      x = args[0] if args else kwargs.get("x")
+      batch_size = kwargs.get("batch_size",
+                              args[2] if len(args) > 2 else None)
+      self._divide_by(fit_batch_size(self.plan, x, batch_size))
+      self._prepare(x, kwargs.get("y", args[1] if len(args) > 1 else None),
+                    batch_size)
       kwargs["callbacks"] = self._with_state(kwargs.get("callbacks"))
       return fit(*args, **kwargs)
 
     def planned_train_on_batch(x, y=None, *args, **kwargs):
+      self._divide_by(None)  # the caller's batch is the batch
       self._prepare(x, y, None)
       return train_on_batch(x, y, *args, **kwargs)
 
@@ -125,7 +131,15 @@ class Attachment:
 
   def tape(self, x, y):
     labels = self.labels(x, y) if callable(self.labels) else self.labels
-    return self.plan.tape(labels=labels, loss_scale=self.model.optimizer)
+    return self.plan.tape(labels=labels, loss_scale=self.model.optimizer,
+                          batch_size=self._batch_size)
+
+  def _divide_by(self, batch_size: Optional[float]) -> None:
+    """Sets the divisor of the noised sum; a new one retraces the step,
+    whose trace holds it as a constant."""
+    if batch_size != self._batch_size:
+      self._batch_size = batch_size
+      _reset_functions(self.model)
 
   @property
   def has_tasks(self) -> bool:
@@ -226,6 +240,49 @@ def _built(optimizer) -> bool:
   if getattr(optimizer, "built", False):
     return True
   return inner is not None and _built(inner)
+
+
+def fit_batch_size(plan, x, batch_size) -> Optional[float]:
+  """The divisor ``B`` of a private plan's noised sum in ``fit(x, ...,
+  batch_size=batch_size)``, the same for every batch: a partial last batch
+  of ``b`` examples gets the noise ``sigma C / B`` of a full one, not
+  ``sigma C / b``.
+
+  ``None`` (the plan's own rule) without ``privatize`` or with its
+  ``expected_batch_size``. Arrays are cut into ``batch_size`` (Keras'
+  default 32, at most the number of examples) rows; a ``tf.data.Dataset``
+  gives its batch size when its element spec knows it (batched with
+  ``drop_remainder=True``).
+
+  Raises:
+    GraphGradError: when the batch size cannot be known (a dataset of
+      unknown batch size, a generator): pass ``expected_batch_size``.
+  """
+  privacy = plan.rules.privacy
+  if privacy is None or privacy.expected_batch_size is not None:
+    return None
+  if isinstance(x, tf.data.Dataset):
+    sizes = {s.shape[0] if s.shape.rank else None
+             for s in tf.nest.flatten(x.element_spec)
+             if isinstance(s, tf.TensorSpec)}
+    known = sizes.pop() if len(sizes) == 1 else None
+    if known is not None:
+      return float(known)
+    what = "a tf.data.Dataset whose batch size its element spec does not know"
+  else:
+    leaves = tf.nest.flatten(x)
+    if leaves and all(getattr(a, "shape", None) is not None
+                      and len(a.shape) > 0 for a in leaves):
+      n = leaves[0].shape[0]
+      size = batch_size or 32
+      return float(size if n is None else min(size, int(n)))
+    what = f"{type(x).__name__} data"
+  raise _errors.GraphGradError(
+      f"model.fit with privatize: the noised sum is divided by the batch "
+      f"size B, the same for every batch (a partial batch divided by its own "
+      f"size would carry more noise), but fit was given {what}. Pass "
+      f"privatize(..., expected_batch_size=B) with the batch size, or batch "
+      f"the dataset with drop_remainder=True.")
 
 
 def _first_batch(x, y, batch_size):

@@ -398,7 +398,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
 
   def tape(self, persistent: bool = False,
            watch_accessed_variables: bool = True, labels=None,
-           loss_scale=None) -> PlanTape:
+           loss_scale=None, batch_size: Optional[float] = None) -> PlanTape:
     """A ``tf.GradientTape`` that applies this plan.
 
     Run the forward pass inside ``with plan.tape() as tape:``, then call
@@ -417,10 +417,27 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
         gradient is taken of. Transforms then see the unscaled gradient in
         float32; the returned gradients stay scaled, for the optimizer to
         unscale and check (see docs/training-at-scale.md).
+      batch_size: under ``privatize`` without ``expected_batch_size``: the
+        divisor ``B`` of the noised sum, the same whatever the batch holds
+        (``fit`` passes its batch size, so that a partial last batch gets
+        the noise of a full one); ``None`` divides by the realized batch
+        size.
 
     Returns:
       A :class:`PlanTape` context manager.
+
+    Raises:
+      GraphGradError: for a ``batch_size`` that is not a positive finite
+        number or ``None``.
     """
+    if batch_size is not None and (
+        not isinstance(batch_size, (int, float)) or isinstance(batch_size, bool)
+        or not 0 < batch_size < float("inf")):
+      raise _errors.GraphGradError(
+          f"KerasPlan.tape: `batch_size` must be a positive finite number "
+          f"or None, the divisor of privatize's noised sum; got "
+          f"{batch_size!r}. Pass the batch size of the training loop, e.g. "
+          f"batch_size=64.")
     if not self._declarations.frozen:
       self._declarations.freeze()
       log.info("graphgrad KerasPlan on %s: %s", self._model.name,
@@ -441,7 +458,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     if loss_scale is None and not self._unscaled_warned:
       self._unscaled_warned = _loss_scale.warn_unscaled(self.model, rules)
     return PlanTape(self._view(rules), persistent, watch_accessed_variables,
-                    labels)
+                    labels, batch_size)
 
   def check_optimizer(self, optimizer) -> bool:
     """Logs once when ``optimizer`` largely cancels the plan's scales.

@@ -14,7 +14,7 @@ training methods own.
 import dataclasses
 import functools
 import logging
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -182,8 +182,10 @@ class PlanTape:
   """
 
   def __init__(self, plan: PlanView, persistent: bool,
-               watch_accessed_variables: bool, labels=None):
+               watch_accessed_variables: bool, labels=None,
+               batch_size: Optional[float] = None):
     self._plan = plan
+    self._batch_size = batch_size
     self._run = Interceptor(plan, labels)
     rules = plan.rules
     self._private = (None if rules.privacy is None else
@@ -345,7 +347,8 @@ class PlanTape:
         # The target is the scaled loss under a loss scale: S times
         # DP-SGD's gradient, for the optimizer to unscale.
         flat_g = private_gradients(self._vjp, target, flat_s, self._private,
-                                   self._plan.noise, scale=_scaled.current())
+                                   self._plan.noise, scale=_scaled.current(),
+                                   batch_size=self._batch_size)
         if unconnected_gradients == tf.UnconnectedGradients.ZERO:
           flat_g = [tf.zeros_like(tf.convert_to_tensor(s)) if g is None
                     else g for g, s in zip(flat_g, flat_s)]

@@ -436,3 +436,130 @@ def test_fit_names_privatize_when_the_loss_structure_is_refused(K):
                            r"nested structure"):
     model.fit(normal(4, 3), [normal(4, 2), normal(4, 2)], batch_size=4,
               verbose=0)
+
+
+# -- the divisor of the noised sum: fit's batch size, not the realized one ----
+
+def _kernel_steps(K, fit, width=100):
+  """The kernel's change at each step of ``fit(model)``, from a model whose
+  kernel gets no gradient (zero inputs): the change is the noise over B
+  times the learning rate 1."""
+  model = K.Sequential([K.Input((width,)), K.layers.Dense(width)])
+  model.compile(optimizer=K.optimizers.SGD(1.0), loss="mse")
+  kernels = [model.layers[-1].kernel.numpy().copy()]
+
+  class Record(_keras_of(K).callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+      kernels.append(model.layers[-1].kernel.numpy().copy())
+
+  fit(model, Record())
+  return [a - b for a, b in zip(kernels[:-1], kernels[1:])]
+
+
+@pytest.mark.parametrize("declared", [None, 64])
+def test_fit_divides_a_partial_batch_by_the_batch_size(K, declared):
+  # 67 examples in batches of 64: the second batch holds 3. Its noise
+  # must be sigma C / 64 as the first one's, not sigma C / 3 (21x).
+  sigma, clip, n, batch = 1.5, 2.0, 67, 64
+  x, y = np.zeros((n, 100), np.float32), normal(n, 100)
+
+  def fit(model, record):
+    gg.KerasPlan(model).privatize(clip, sigma,
+                                  expected_batch_size=declared).attach()
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
+              callbacks=[record])
+
+  steps = _kernel_steps(K, fit)
+  assert len(steps) == 2
+  for step in steps:  # 10,000 draws: the std within 3%
+    assert np.std(step) == pytest.approx(sigma * clip / batch, rel=0.03)
+
+
+def test_fit_on_a_dataset_divides_by_its_batch_size_or_refuses(K):
+  sigma, clip = 1.0, 1.0
+  x, y = np.zeros((35, 100), np.float32), normal(35, 100)
+  data = tf.data.Dataset.from_tensor_slices((x, y))
+
+  def fit(model, record, drop=True):
+    gg.KerasPlan(model).privatize(clip, sigma).attach()
+    model.fit(data.batch(16, drop_remainder=drop), epochs=1, verbose=0,
+              callbacks=[record])
+
+  steps = _kernel_steps(K, fit)
+  assert len(steps) == 2
+  assert np.std(steps[1]) == pytest.approx(sigma * clip / 16, rel=0.03)
+  with pytest.raises(gg.GraphGradError, match=r"batch size B, the same for "
+                     r"every batch .* given a tf.data.Dataset whose batch "
+                     r"size .* expected_batch_size=B"):
+    _kernel_steps(K, lambda model, record: fit(model, record, False))
+
+
+def test_tape_batch_size_is_the_divisor_of_a_smaller_batch():
+  sigma, clip, batch = 1.0, 1.0, 64
+  model = tf.keras.Sequential([tf.keras.Input((100,)),
+                               tf.keras.layers.Dense(100)])
+  plan = gg.KerasPlan(model).privatize(clip, sigma)
+  with plan.tape(batch_size=batch) as tape:
+    loss = tf.reduce_sum(tf.square(model(tf.zeros([3, 100]))), axis=1)
+  kernel = tape.gradient(loss)[0].numpy()
+  assert np.std(kernel) == pytest.approx(sigma * clip / batch, rel=0.03)
+  with plan.tape() as tape:  # without it: the realized size, 3
+    loss = tf.reduce_sum(tf.square(model(tf.zeros([3, 100]))), axis=1)
+  kernel = tape.gradient(loss)[0].numpy()
+  assert np.std(kernel) == pytest.approx(sigma * clip / 3, rel=0.03)
+  for bad in (0, -1.0, float("inf"), True, "64"):
+    with pytest.raises(gg.GraphGradError, match=r"KerasPlan.tape: "
+                       r"`batch_size` must be a positive finite number"):
+      plan.tape(batch_size=bad)
+
+
+# -- norms that cannot overflow ------------------------------------------------
+
+def _scaled_batch():
+  """Inputs and output weights of four examples: one of scale 1e11 (its
+  kernel gradient's entries near 1e22, whose squares overflow float32),
+  one of scale 1e-15 (entries near 1e-30, whose squares underflow)."""
+  x, t = normal(4, 3, seed=3), normal(4, 2, seed=4)
+  x[1] *= 1e11
+  t[1] *= 1e11
+  x[2] *= 1e-15
+  t[2] *= 1e-15
+  return x, t
+
+
+def _dense_reference(x, t, clip):
+  """(1/B) sum_i clip_C(grad l_i) of ``l_i = (x_i W + b) . t_i`` in float64:
+  the kernel's gradient is ``x_i t_i^T``, the bias' ``t_i``."""
+  x, t = x.astype(np.float64), t.astype(np.float64)
+  kernel, bias = np.zeros((x.shape[1], t.shape[1])), np.zeros(t.shape[1])
+  for xi, ti in zip(x, t):
+    gk, gb = np.outer(xi, ti), ti
+    c = min(1.0, clip / np.sqrt(np.sum(gk * gk) + np.sum(gb * gb)))
+    kernel, bias = kernel + c * gk, bias + c * gb
+  return kernel / len(x), bias / len(x)
+
+
+@pytest.mark.parametrize("function", [False, True])
+def test_an_example_of_any_finite_scale_is_clipped_to_c(K, function):
+  x, t = _scaled_batch()
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(2)])
+  plan = gg.KerasPlan(model).privatize(0.5, 0.0)
+
+  def step(x, t):
+    with plan.tape() as tape:
+      loss = tf.reduce_sum(model(x) * t, axis=1)
+    return tape.gradient(loss)
+
+  if function:
+    step = tf.function(step)
+  for rows in ([0, 1, 2, 3], [1], [2]):
+    got = [g.numpy() for g in step(tf.constant(x[rows]), tf.constant(t[rows]))]
+    for g, e in zip(got, _dense_reference(x[rows], t[rows], 0.5)):
+      np.testing.assert_allclose(g, e, rtol=1e-5, atol=0)
+    if rows == [1]:  # the 1e22 example alone: a gradient of norm C exactly
+      norm = np.sqrt(sum(np.sum(np.square(g.astype(np.float64)))
+                         for g in got))
+      assert norm == pytest.approx(0.5, rel=1e-5)
+  x[3, 0] = np.nan  # one NaN example: every gradient NaN, nothing dropped
+  for g in step(tf.constant(x), tf.constant(t)):
+    assert np.isnan(g.numpy()).all()

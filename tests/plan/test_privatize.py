@@ -485,3 +485,43 @@ def test_conv2d_transpose_with_a_run_time_output_shape(graph):
   assert y.op.type == "Conv2DBackpropInput"
   loss = tf.reduce_sum(tf.square(tf.tanh(y)), axis=[1, 2, 3])
   check(loss, {x: normal(B, 3, 3, 2, seed=2)})
+
+
+def test_an_example_of_any_finite_scale_is_clipped_to_c():
+  # one example of scale 1e11 (kernel gradient entries near 1e22, squares
+  # that overflow float32), one of scale 1e-15 (entries near 1e-30)
+  x, t = normal(4, 3, seed=3), normal(4, 2, seed=4)
+  x[1] *= 1e11
+  t[1] *= 1e11
+  x[2] *= 1e-15
+  t[2] *= 1e-15
+  clip = 0.5
+
+  def reference64(x, t):
+    x, t = x.astype(np.float64), t.astype(np.float64)
+    kernel, bias = np.zeros((3, 2)), np.zeros(2)
+    for xi, ti in zip(x, t):
+      gk, gb = np.outer(xi, ti), ti
+      c = min(1.0, clip / np.sqrt(np.sum(gk * gk) + np.sum(gb * gb)))
+      kernel, bias = kernel + c * gk, bias + c * gb
+    return kernel / len(x), bias / len(x)
+
+  def run(x, t):
+    with tf.Graph().as_default():
+      w = tf1.get_variable("w", initializer=normal(3, 2, seed=5))
+      b = tf1.get_variable("b", initializer=np.zeros(2, np.float32))
+      loss = tf.reduce_sum((tf.matmul(tf.constant(x), w) + b)
+                           * tf.constant(t), axis=1)
+      got, _ = private(loss, {}, clip)
+      return got
+
+  for rows in ([0, 1, 2, 3], [1], [2]):
+    got = run(x[rows], t[rows])
+    for g, e in zip(got, reference64(x[rows], t[rows])):
+      np.testing.assert_allclose(g, e, rtol=1e-5, atol=0)
+    if rows == [1]:  # the 1e22 example alone: a gradient of norm C exactly
+      assert np.sqrt(sum(np.sum(np.square(g.astype(np.float64)))
+                         for g in got)) == pytest.approx(clip, rel=1e-5)
+  x[3, 0] = np.nan  # one NaN example: every gradient NaN, nothing dropped
+  for g in run(x, t):
+    assert np.isnan(g).all()
