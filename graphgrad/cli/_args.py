@@ -115,6 +115,17 @@ def check_output(flag: str, path: str) -> None:
         f"{flag} {path!r}: the directory {folder!r} is not writable")
 
 
+def add_saved_model_flags(parser: argparse.ArgumentParser) -> None:
+  """``--signature`` and ``--tag``: which part of a SavedModel ``inspect``
+  and ``grads`` open."""
+  parser.add_argument("--signature", metavar="KEY",
+                      help="the signature of a TF2 SavedModel to open "
+                           "(default: serving_default)")
+  parser.add_argument("--tag", default="serve",
+                      help="tag of the SavedModel MetaGraph to load "
+                           "(default: serve)")
+
+
 def check_model(path: str, signature: Optional[str] = None) -> None:
   """Refuses a model path that does not exist, and a ``--signature`` for a
   file (only a SavedModel directory has signatures), before TensorFlow is

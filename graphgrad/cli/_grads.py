@@ -49,12 +49,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                  help="for a graph without a loss: report the gradients of "
                       "the sum of this output (a TF2 SavedModel: a key of "
                       "the signature's outputs, default its only one)")
-  p.add_argument("--signature", metavar="KEY",
-                 help="the signature of a TF2 SavedModel to open (default: "
-                      "serving_default)")
-  p.add_argument("--tag", default="serve",
-                 help="tag of the SavedModel MetaGraph to load (default: "
-                      "serve)")
+  _args.add_saved_model_flags(p)
   p.add_argument("--allow-io", action="store_true",
                  help="also run the known I/O ops: ops that read, write or "
                       "list files, run an input pipeline, save or restore "

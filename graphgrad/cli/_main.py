@@ -382,12 +382,7 @@ def _add_inspect(sub, common: argparse.ArgumentParser) -> None:
                             "frozen .pb): analyse the layers this output "
                             "depends on (a TF2 SavedModel: a key of the "
                             "signature's outputs, default its only one)")
-  inspect.add_argument("--signature", metavar="KEY",
-                       help="the signature of a TF2 SavedModel to open "
-                            "(default: serving_default)")
-  inspect.add_argument("--tag", default="serve",
-                       help="tag of the SavedModel MetaGraph to load "
-                            "(default: serve)")
+  _args.add_saved_model_flags(inspect)
   inspect.add_argument("--dot", metavar="FILE",
                        help="also write the layer graph as Graphviz DOT")
   inspect.add_argument("--png", metavar="FILE",
