@@ -33,9 +33,9 @@ from graphgrad.core._clipping import (
   clip_factors,
   clipped_sum,
   example_norms,
-  norm_dtype,
   unscaled_forms,
 )
+from graphgrad.core._forms import norm_dtype
 
 log = logging.getLogger("graphgrad")
 

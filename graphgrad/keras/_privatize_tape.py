@@ -4,7 +4,7 @@ While the tape records, :class:`Recorder` wraps the ``call`` of every layer
 that holds trainable variables itself and keeps each call's input and
 output. After the forward pass, one backward pass of ``sum_i l_i`` gives the
 gradient at every recorded output; each layer type supplies its boundary
-tensors to the shared rules of :mod:`graphgrad.core._clipping`: ``Dense``
+tensors as the forms of :mod:`graphgrad.core._forms`: ``Dense``
 (input, pre-activation gradient), ``Conv2D`` (the same, and its
 strides), ``Embedding`` (ids, gradient), ``LayerNormalization``
 (normalized input times gradient). Another layer (a recurrent or
@@ -17,13 +17,22 @@ its inputs (``TapeVJP.per_example``), logged once. The recorder is the tape's
 
 import logging
 import weakref
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _compat, _errors
 from graphgrad.analysis import _example_axis
-from graphgrad.core import _clipping
+from graphgrad.core._forms import (
+  Conv2DForm,
+  DenseForm,
+  EmbeddingForm,
+  Form,
+  PerExampleForm,
+  broadcast_per_example,
+  norm_dtype,
+  rows,
+)
 from graphgrad.keras._layer_index import (
   CallPatches,
   direct_variables,
@@ -38,8 +47,8 @@ _warned: set = set()
 # Models whose ops were checked for mixing examples (eager steps).
 _TRACED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
-# (variable, (kind, ...)) of each variable a layer call uses.
-Forms = List[Tuple[tf.Variable, tuple]]
+# (variable, form) of each variable a layer call uses.
+Forms = List[Tuple[tf.Variable, Form]]
 
 
 def _kind(layer) -> str:
@@ -234,12 +243,13 @@ def _apart(out):
 
 
 def _forms(call: Dict[str, Any], dys, batch) -> Forms:
-  """``(variable, (kind, ...))``: the form of each use in one layer call,
-  from the gradients ``dys`` at its :func:`_flat_outputs`."""
+  """``(variable, form)`` of each use in one layer call, by the rule
+  :data:`RULES` registers for the layer's type, from the gradients ``dys``
+  at its :func:`_flat_outputs`."""
   layer = call["layer"]
   kind = _kind(layer)
   x = call["args"][0] if call["args"] else None
-  rule = _RULES.get(kind)
+  rule = RULES.get(kind)
   if (rule is not None and isinstance(x, tf.Tensor)
       and len(call["args"]) == 1 and len(dys) == 1 and dys[0] is not None):
     out = rule(layer, x, dys[0], batch)
@@ -277,14 +287,14 @@ def _kernel_forms(layer, dy, batch, kernel_form):
   (:func:`_activation_to_split`)."""
   kernel = tf_variable(layer.kernel)
   bias = tf_variable(getattr(layer, "bias", None))
-  dtype = _clipping.norm_dtype(kernel.dtype)
+  dtype = norm_dtype(kernel.dtype)
   g = dy
-  out = [(kernel, kernel_form(g, dtype))]
+  out: Forms = [(kernel, kernel_form(g, dtype))]
   if bias is not None:
     # The rows of an example (a tf-keras TimeDistributed layer merges them
     # into the leading axis, [B*T, units]) first, as rows() reads the input.
-    out.append((bias, ("example", _clipping.broadcast_per_example(
-        _clipping.rows(g, batch, dtype), bias.shape, batch))))
+    out.append((bias, PerExampleForm(broadcast_per_example(
+        rows(g, batch, dtype), bias.shape, batch))))
   return out
 
 
@@ -296,9 +306,8 @@ def _dense_ok(layer) -> bool:
 def _dense(layer, x, dy, batch):
   if not _dense_ok(layer):
     return None
-  return _kernel_forms(layer, dy, batch, lambda g, dtype: (
-      "dense", _clipping.rows(x, batch, dtype),
-      _clipping.rows(g, batch, dtype)))
+  return _kernel_forms(layer, dy, batch, lambda g, dtype: DenseForm(
+      rows(x, batch, dtype), rows(g, batch, dtype)))
 
 
 def _conv2d_ok(layer) -> bool:
@@ -314,8 +323,8 @@ def _conv2d(layer, x, dy, batch):
   shape = tf_variable(layer.kernel).shape
   strides = [1, *layer.strides, 1]
   padding = layer.padding.upper()
-  return _kernel_forms(layer, dy, batch, lambda g, dtype: (
-      _clipping.conv_form(x, g, shape, strides, padding)))
+  return _kernel_forms(layer, dy, batch, lambda g, dtype: Conv2DForm(
+      x, g, shape, strides, padding))
 
 
 def _embedding(layer, x, dy, batch):
@@ -323,9 +332,9 @@ def _embedding(layer, x, dy, batch):
       layer, "quantization_mode", None):
     return None
   table = tf_variable(layer.embeddings)
-  dtype = _clipping.norm_dtype(table.dtype)
+  dtype = norm_dtype(table.dtype)
   ids = tf.reshape(tf.cast(x, tf.int64), [batch, -1])
-  return [(table, ("embedding", ids, _clipping.rows(dy, batch, dtype)))]
+  return [(table, EmbeddingForm(ids, rows(dy, batch, dtype)))]
 
 
 def _layer_norm(layer, x, dy, batch):
@@ -337,24 +346,25 @@ def _layer_norm(layer, x, dy, batch):
   if axes != list(range(rank - len(axes), rank)):
     return None  # the scale lines up with trailing axes only
   gamma, beta = tf_variable(layer.gamma), tf_variable(layer.beta)
-  dtype = _clipping.norm_dtype((beta if gamma is None else gamma).dtype)
+  dtype = norm_dtype((beta if gamma is None else gamma).dtype)
   xf, g = tf.cast(x, dtype), tf.cast(dy, dtype)
   mean, var = tf.nn.moments(xf, axes=axes, keepdims=True)
   normed = (xf - mean) * tf.math.rsqrt(var + layer.epsilon)
-  out = []
-  if gamma is not None:
-    out.append((gamma, ("example", _clipping.broadcast_per_example(
-        normed * g, gamma.shape, batch))))
-  if beta is not None:
-    out.append((beta, ("example", _clipping.broadcast_per_example(
-        g, beta.shape, batch))))
-  if any(f[1] is None for _, f in out):
+  parts = ([(gamma, normed * g)] if gamma is not None else []) + (
+      [(beta, g)] if beta is not None else [])
+  out = [(v, broadcast_per_example(p, v.shape, batch)) for v, p in parts]
+  if any(p is None for _, p in out):
     return None
-  return out
+  return [(v, PerExampleForm(p)) for v, p in out]
 
 
-_RULES = {"Dense": _dense, "Conv2D": _conv2d, "Embedding": _embedding,
-          "LayerNormalization": _layer_norm}
+# The forms of a layer's call by its Keras class name: ``rule(layer, x, dy,
+# batch)``, with ``x`` the call's one tensor argument and ``dy`` the
+# gradient at its output; ``None`` where the rule does not apply (the exact
+# fallback then).
+RULES: Dict[str, Callable[..., Optional[Forms]]] = {
+    "Dense": _dense, "Conv2D": _conv2d, "Embedding": _embedding,
+    "LayerNormalization": _layer_norm}
 # The rules that read the gradient at the pre-activation, and when they apply.
 _KERNEL_RULES = {"Dense": _dense_ok, "Conv2D": _conv2d_ok}
 
@@ -396,7 +406,7 @@ def _fallback(call: Dict[str, Any], dys, batch) -> Forms:
     a, kw = tf.nest.pack_sequence_as((args, kwargs), values)
     return layer(*a, **kw)
 
-  dtype = _clipping.norm_dtype(variables[0].dtype)
+  dtype = norm_dtype(variables[0].dtype)
   vjp = TapeVJP.of_call(run, [flat[i] for i in at])
   # The gradients at the flattened output, a non-tensor's None.
   grads = iter(dys)
@@ -404,4 +414,5 @@ def _fallback(call: Dict[str, Any], dys, batch) -> Forms:
       next(grads) if isinstance(y, tf.Tensor) else None
       for y in tf.nest.flatten(call["out"])], variables, batch,
                         loop=_is_unit(layer))
-  return [(v, ("example", tf.cast(p, dtype))) for v, p in zip(variables, per)]
+  return [(v, PerExampleForm(tf.cast(p, dtype)))
+          for v, p in zip(variables, per)]

@@ -2,12 +2,13 @@
 
 :class:`GraphUses` is the TF1 plan's :class:`~graphgrad.core._privacy.Uses`:
 for each variable, the ops that consume it on the way to the loss (through
-its read, ``Identity`` and ``Cast``) and the rule of each: a dense op
-(``MatMul``, ``BatchMatMulV2``, a two-operand ``Einsum``, a ``MatMul`` on a
-sequence reshaped to 2-D), a convolution (``Conv2D``: patches for the
-norms, its filter gradient for the sum), an embedding lookup
-(``ResourceGather``, ``GatherV2``), a broadcast elementwise op
-(``BiasAdd``, ``Add``, ``Mul``...). A variable whose uses have no rule gets
+its read, ``Identity`` and ``Cast``) and the form of each
+(:mod:`graphgrad.core._forms`), by the rule :data:`RULES` registers for
+the op's type: a dense op (``MatMul``, ``BatchMatMulV2``, a two-operand
+``Einsum``, a ``MatMul`` on a sequence reshaped to 2-D), ``Conv2D``, an
+embedding lookup (``ResourceGather``, ``GatherV2``), a broadcast
+elementwise op (``BiasAdd``, ``Add``, ``Mul``...). A variable whose uses
+have no rule gets
 the exact per-example gradient of those ops only (the VJP's
 ``per_example``), logged once. The algorithm is
 :func:`graphgrad.core._privacy.private_gradients`.
@@ -15,14 +16,23 @@ the exact per-example gradient of those ops only (the VJP's
 
 import logging
 import re
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
-from graphgrad.core import _clipping
+from graphgrad.core._forms import (
+  Conv2DForm,
+  DenseForm,
+  EmbeddingForm,
+  Form,
+  PerExampleForm,
+  broadcast_per_example,
+  norm_dtype,
+  rows,
+)
 from graphgrad.plan._backprop import GraphVJP
 
 log = logging.getLogger("graphgrad")
@@ -30,7 +40,6 @@ log = logging.getLogger("graphgrad")
 _PASS = ("Identity", "Cast", "ReadVariableOp")
 _LOOPS = ("While", "StatelessWhile", "Enter", "If", "StatelessIf",
           "PartitionedCall", "StatefulPartitionedCall")
-_ELEMENTWISE = ("BiasAdd", "Add", "AddV2", "Sub", "Mul")
 _warned: set = set()
 
 # One use of a variable: the consuming op and the index of the input that
@@ -119,12 +128,12 @@ class GraphUses:
   def _var_forms(self, var, uses: List[Use], grads, batch) -> list:
     """The forms of ``var``'s uses, or its exact per-example gradients."""
     with tf.name_scope(var.op.name.replace(":", "_") + "_uses"):
-      dtype = _clipping.norm_dtype(var.dtype)
+      dtype = norm_dtype(var.dtype)
       forms = [_form(op, i, grads.get(op.outputs[0]), batch, dtype)
                for op, i in uses]
       if all(f is not None for f in forms):
         return forms
-      return [("example", self._fallback(var, uses, grads, batch, dtype))]
+      return [PerExampleForm(self._fallback(var, uses, grads, batch, dtype))]
 
   def _fallback(self, var, uses: List[Use], grads, batch, dtype
                 ) -> tf.Tensor:
@@ -159,10 +168,7 @@ class GraphUses:
     return tf.reshape(tf.add_n(parts), [-1] + var.shape.as_list())
 
 
-# -- the rules: (kind, a, g) per use -------------------------------------------
-
-
-_rows = _clipping.rows
+# -- the rules: a form per use, registered by op type --------------------------
 
 
 def _batch_rows(x: tf.Tensor, batch) -> tf.Tensor:
@@ -174,71 +180,77 @@ def _batch_rows(x: tf.Tensor, batch) -> tf.Tensor:
     return tf.identity(x)
 
 
-def _form(op: tf.Operation, index: int, g, batch, dtype):
-  """``(kind, ...)`` of one use, ``None`` where no rule applies.
-
-  ``("dense", a [B,T,p], g [B,T,q])``, ``("embedding", ids [B,T],
-  g [B,T,D])`` or ``("example", per-example gradient [B, *var.shape])``.
-  """
-  if g is None:
+def _form(op: tf.Operation, index: int, g, batch, dtype) -> Optional[Form]:
+  """The form of one use (``op``'s input ``index`` carries the variable)
+  by the rule registered for ``op``'s type (:data:`RULES`); ``None`` where
+  none applies."""
+  rule = RULES.get(op.type)
+  if g is None or rule is None:
     return None
   if isinstance(g, tf.IndexedSlices):
     g = tf.convert_to_tensor(g)
-  t = op.type
-  if t == "MatMul" and index == 1 and not op.get_attr("transpose_a"):
-    a = op.inputs[0]
-    if op.get_attr("transpose_b"):
-      return None
-    src = a.op.inputs[0] if a.op.type == "Reshape" else None
-    if (src is not None and src.shape.rank is not None and src.shape.rank >= 3
-        and src.shape[-1] == a.shape[-1]):
-      return ("dense", _rows(src, batch, dtype), _rows(g, batch, dtype))
-    return ("dense", _rows(_batch_rows(a, batch), batch, dtype),
-            _rows(g, batch, dtype))
-  if (t in ("BatchMatMulV2", "BatchMatMulV3") and index == 1
-      and op.inputs[1].shape.rank == 2 and not op.get_attr("adj_x")
-      and not op.get_attr("adj_y")):
-    return ("dense", _rows(op.inputs[0], batch, dtype), _rows(g, batch, dtype))
-  if t == "Einsum" and index == 1 and len(op.inputs) == 2:
-    if _dense_einsum(op.get_attr("equation").decode()):
-      return ("dense", _rows(op.inputs[0], batch, dtype),
-              _rows(g, batch, dtype))
+  return rule(op, index, g, batch, dtype)
+
+
+def _matmul(op, index, g, batch, dtype):
+  """``MatMul`` of the examples' rows (maybe a sequence reshaped to 2-D)
+  by the variable."""
+  if index != 1 or op.get_attr("transpose_a") or op.get_attr("transpose_b"):
     return None
-  if t == "Conv2D" and index == 1:
-    return _conv(op, g, batch, dtype)
-  if (t in ("ResourceGather", "GatherV2") and index == 0
-      and op.get_attr("batch_dims") == 0
-      and (t == "ResourceGather" or tf.get_static_value(op.inputs[2]) == 0)):
-    ids = tf.reshape(tf.cast(op.inputs[1], tf.int64), [batch, -1])
-    return ("embedding", ids, _rows(g, batch, dtype))
-  if t in _ELEMENTWISE:
-    return _elementwise(op, index, g, batch, dtype)
-  return None
+  a = op.inputs[0]
+  src = a.op.inputs[0] if a.op.type == "Reshape" else None
+  if (src is not None and src.shape.rank is not None and src.shape.rank >= 3
+      and src.shape[-1] == a.shape[-1]):
+    return DenseForm(rows(src, batch, dtype), rows(g, batch, dtype))
+  return DenseForm(rows(_batch_rows(a, batch), batch, dtype),
+                   rows(g, batch, dtype))
+
+
+def _batch_matmul(op, index, g, batch, dtype):
+  if (index != 1 or op.inputs[1].shape.rank != 2 or op.get_attr("adj_x")
+      or op.get_attr("adj_y")):
+    return None
+  return DenseForm(rows(op.inputs[0], batch, dtype), rows(g, batch, dtype))
 
 
 _EINSUM = re.compile(r"^([a-z.]*)([a-z]),([a-z])([a-z])->([a-z.]*)([a-z])$")
 
 
-def _dense_einsum(equation: str) -> bool:
-  """True for ``"<b...>p,pq-><b...>q"``: a dense op on the last axis."""
-  m = _EINSUM.match(equation.replace(" ", ""))
+def _einsum(op, index, g, batch, dtype):
+  """A two-operand ``"<b...>p,pq-><b...>q"``: a dense op on the last
+  axis."""
+  if index != 1 or len(op.inputs) != 2:
+    return None
+  m = _EINSUM.match(op.get_attr("equation").decode().replace(" ", ""))
   if not m:
-    return False
+    return None
   lead, p, p2, q, lead2, q2 = m.groups()
-  return (p == p2 and q == q2 and lead == lead2 and len(lead) >= 1
-          and not lead.startswith(".") and p not in lead and q not in lead)
+  if not (p == p2 and q == q2 and lead == lead2 and len(lead) >= 1
+          and not lead.startswith(".") and p not in lead and q not in lead):
+    return None
+  return DenseForm(rows(op.inputs[0], batch, dtype), rows(g, batch, dtype))
 
 
-def _conv(op, g, batch, dtype):
-  if (op.get_attr("data_format") != b"NHWC"
+def _conv2d(op, index, g, batch, dtype):
+  del dtype  # the form casts where it reads
+  if (index != 1 or op.get_attr("data_format") != b"NHWC"
       or op.get_attr("padding") not in (b"SAME", b"VALID")
       or any(d != 1 for d in op.get_attr("dilations"))):
     return None
   x, w = op.inputs
   if not w.shape.is_fully_defined():
     return None
-  return _clipping.conv_form(x, g, w.shape, op.get_attr("strides"),
-                            op.get_attr("padding").decode())
+  return Conv2DForm(x, g, w.shape.as_list(), op.get_attr("strides"),
+                    op.get_attr("padding").decode())
+
+
+def _gather(op, index, g, batch, dtype):
+  """A lookup of rows of the variable at the examples' ids."""
+  if (index != 0 or op.get_attr("batch_dims") != 0
+      or (op.type == "GatherV2" and tf.get_static_value(op.inputs[2]) != 0)):
+    return None
+  ids = tf.reshape(tf.cast(op.inputs[1], tf.int64), [batch, -1])
+  return EmbeddingForm(ids, rows(g, batch, dtype))
 
 
 def _elementwise(op, index, g, batch, dtype):
@@ -250,5 +262,20 @@ def _elementwise(op, index, g, batch, dtype):
     p = p * tf.cast(op.inputs[1 - index], dtype)
   elif op.type == "Sub" and index == 1:
     p = -p
-  out = _clipping.broadcast_per_example(p, op.inputs[index].shape, batch)
-  return None if out is None else ("example", out)
+  out = broadcast_per_example(p, op.inputs[index].shape, batch)
+  return None if out is None else PerExampleForm(out)
+
+
+# The form of a use by the consuming op's type: ``rule(op, index, g, batch,
+# dtype)``, with ``g`` the gradient at the op's output and ``dtype`` the
+# norms'; ``None`` where the rule does not apply (the exact fallback then).
+RULES: Dict[str, Callable[..., Optional[Form]]] = {
+    "MatMul": _matmul,
+    "BatchMatMulV2": _batch_matmul,
+    "BatchMatMulV3": _batch_matmul,
+    "Einsum": _einsum,
+    "Conv2D": _conv2d,
+    "ResourceGather": _gather,
+    "GatherV2": _gather,
+    **{t: _elementwise for t in ("BiasAdd", "Add", "AddV2", "Sub", "Mul")},
+}

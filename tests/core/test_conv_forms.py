@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from graphgrad.core import _clipping
+from graphgrad.core import _clipping, _forms
 
 
 @pytest.mark.parametrize("shape, k, stride, padding", [
@@ -22,7 +22,7 @@ from graphgrad.core import _clipping
 def test_patches_equal_extract_patches(shape, k, stride, padding):
   x = tf.constant(np.random.default_rng(0).normal(size=shape), tf.float32)
   strides = [1, stride, stride, 1]
-  got = _clipping.patches(x, k[0], k[1], strides, padding)
+  got = _forms.patches(x, k[0], k[1], strides, padding)
   ref = tf.image.extract_patches(x, [1, k[0], k[1], 1], strides,
                                  [1, 1, 1, 1], padding)
   np.testing.assert_array_equal(got.numpy(), ref.numpy())
@@ -63,8 +63,8 @@ def test_conv_form_norms_and_clipped_sum(cin, cout, stride, padding, size):
   per = _per_example_conv_grads(x.astype(np.float64), g.astype(np.float64),
                                 kh, kw, stride, padding)
   shape = [kh, kw, cin, cout]
-  form = _clipping.conv_form(tf.constant(x), tf.constant(g), shape,
-                            [1, stride, stride, 1], padding)
+  form = _forms.Conv2DForm(tf.constant(x), tf.constant(g), shape,
+                          [1, stride, stride, 1], padding)
   norms = _clipping.combined_sq_norms([form, form], shape, b, tf.float32)
   # Two uses of one kernel: each example's gradient is twice its own.
   np.testing.assert_allclose(norms.numpy(),

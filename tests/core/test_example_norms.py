@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from graphgrad.core import _clipping
+from graphgrad.core import _clipping, _forms
 
 
 def normal(*shape, seed=0):
@@ -43,12 +43,13 @@ def test_norms_of_every_form_at_any_scale_equal_float64(scale):
   g, gc = g * s[:, None, None], gc * s[:, None, None, None]
   rows, per = rows * s[:, None, None] ** 2, per * s[:, None] ** 2
   forms = [
-      [("dense", tf.constant(a, tf.float32), tf.constant(g, tf.float32))],
-      [("embedding", tf.constant(ids), tf.constant(rows, tf.float32))],
-      [("example", tf.constant(per, tf.float32))],
-      [_clipping.conv_form(tf.constant(x, tf.float32),
-                           tf.constant(gc, tf.float32), [3, 3, 2, 3],
-                           [1, 1, 1, 1], "SAME")]]
+      [_forms.DenseForm(tf.constant(a, tf.float32),
+                        tf.constant(g, tf.float32))],
+      [_forms.EmbeddingForm(tf.constant(ids), tf.constant(rows, tf.float32))],
+      [_forms.PerExampleForm(tf.constant(per, tf.float32))],
+      [_forms.Conv2DForm(tf.constant(x, tf.float32),
+                         tf.constant(gc, tf.float32), [3, 3, 2, 3],
+                         [1, 1, 1, 1], "SAME")]]
   shapes = [[4, 5], [3, 4], [6], [3, 3, 2, 3]]
   # Norms below C need no precision (their factor is 1) unless C itself is
   # tiny: the underflow case clips at 1e-30.
@@ -68,7 +69,7 @@ def test_a_non_finite_example_makes_every_clip_factor_nan():
   for bad in (np.nan, np.inf):
     a = np.ones([2, 1, 3], np.float32)
     a[1, 0, 0] = bad
-    forms = [[("dense", tf.constant(a), tf.ones([2, 1, 2]))]]
+    forms = [[_forms.DenseForm(tf.constant(a), tf.ones([2, 1, 2]))]]
     norms = _clipping.example_norms(forms, [[3, 2]], [tf.float32], 2, 1.0)
     assert not np.isfinite(norms.numpy()[1])
     c = _clipping.clip_factors(norms, 1.0, tf.float32)
@@ -77,7 +78,8 @@ def test_a_non_finite_example_makes_every_clip_factor_nan():
 
 def test_a_clip_whose_square_underflows_still_clips():
   # C = 1e-25: C^2 underflows float32; an example of norm 4e-25 gets c = 1/4
-  forms = [[("example", tf.constant([[4e-25], [1e-26]], tf.float32))]]
+  forms = [[_forms.PerExampleForm(tf.constant([[4e-25], [1e-26]],
+                                        tf.float32))]]
   norms = _clipping.example_norms(forms, [[1]], [tf.float32], 2, 1e-25)
   c = _clipping.clip_factors(norms, 1e-25, tf.float32)
   np.testing.assert_allclose(c.numpy(), [0.25, 1.0], rtol=1e-6)
