@@ -22,7 +22,7 @@ import tensorflow as tf
 
 __all__ = ["Conv2DForm", "DenseForm", "EmbeddingForm", "Form",
            "PerExampleForm", "broadcast_per_example", "dense_sq_norms",
-           "embedding_sq_norms", "norm_dtype", "patches",
+           "einsum_dense", "embedding_sq_norms", "norm_dtype", "patches",
            "per_example_sq_norms", "rows"]
 
 
@@ -185,6 +185,68 @@ class DenseForm(Form):
 
   def divided(self, u, w, dtype):
     return DenseForm(_over(self.a, u, dtype), _over(self.g, w, dtype))
+
+
+def einsum_dense(equation: str, x: tf.Tensor, g: tf.Tensor, kernel_shape,
+                 batch, dtype) -> Optional[DenseForm]:
+  """The dense form of ``einsum(equation, x, kernel)``, or ``None``.
+
+  An einsum is a dense op when it reads ``"<lead><in>,<in><out>-><lead>
+  <out>"``: the kernel's leading axes (``<in>``) contract the input's
+  trailing ones, its other axes (``<out>``) are the output's trailing ones,
+  and the examples stay on the leading axis (``<lead>``: letters, or an
+  ellipsis, with the batch first). Keras' ``EinsumDense`` (the projections
+  of ``MultiHeadAttention``) and a TF1 ``Einsum`` op are then the rows
+  ``[B, T, prod(in)]`` and ``[B, T, prod(out)]`` of a dense op whose
+  weight is the kernel flattened to ``[prod(in), prod(out)]``.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> x, g = tf.ones([2, 3, 4]), tf.ones([2, 3, 5, 6])  # heads 5, size 6
+    >>> f = einsum_dense("abc,cde->abde", x, g, [4, 5, 6], 2, tf.float32)
+    >>> f.a.shape.as_list(), f.g.shape.as_list()
+    ([2, 3, 4], [2, 3, 30])
+  """
+  split = _einsum_split(equation)
+  shape = tf.TensorShape(kernel_shape)
+  if split is None or not shape.is_fully_defined() or x.shape.rank is None:
+    return None
+  n_in, lead = split
+  letters = len(lead.replace("...", ""))
+  if "..." not in lead:
+    fits = x.shape.rank == letters + n_in
+  else:  # the batch is the ellipsis' first axis, or the lead's first letter
+    fits = x.shape.rank >= letters + n_in + lead.startswith("...")
+  if not fits:
+    return None
+  dims = shape.as_list()
+  p, q = int(np.prod(dims[:n_in])), int(np.prod(dims[n_in:]))
+  return DenseForm(rows(x, batch, dtype, p), rows(g, batch, dtype, q))
+
+
+def _einsum_split(equation: str) -> Optional[Tuple[int, str]]:
+  """``(number of contracted axes, the lead's subscripts)`` of a dense
+  einsum (:func:`einsum_dense`), ``None`` for another one."""
+  eq = equation.replace(" ", "")
+  if eq.count("->") != 1 or eq.count(",") != 1:
+    return None
+  lhs, out = eq.split("->")
+  x, k = lhs.split(",")
+  if "." in k or len(set(k)) != len(k):
+    return None
+  for n_in in range(1, len(k)):
+    ins, outs = k[:n_in], k[n_in:]
+    if not (x.endswith(ins) and out.endswith(outs)):
+      continue
+    lead = x[:-n_in]
+    if not lead or lead != out[:-len(outs)]:
+      continue
+    letters = lead.replace("...", "")
+    if ("." in letters or len(set(letters)) != len(letters)
+        or set(letters) & set(k)):
+      continue
+    return n_in, lead
+  return None
 
 
 # -- a 2-D convolution ---------------------------------------------------------

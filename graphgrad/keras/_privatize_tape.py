@@ -3,16 +3,15 @@
 While the tape records, :class:`Recorder` wraps the ``call`` of every layer
 that holds trainable variables itself and keeps each call's input and
 output. After the forward pass, one backward pass of ``sum_i l_i`` gives the
-gradient at every recorded output; each layer type supplies its boundary
-tensors as the forms of :mod:`graphgrad.core._forms`: ``Dense``
-(input, pre-activation gradient), ``Conv2D`` (the same, and its
-strides), ``Embedding`` (ids, gradient), ``LayerNormalization``
-(normalized input times gradient). Another layer (a recurrent or
-``TimeDistributed`` one for its sublayers' variables too) gets exact
-per-example gradients through its own call, run on each example's rows of
-its inputs (``TapeVJP.per_example``), logged once. The recorder is the tape's
-:class:`~graphgrad.core._privacy.Uses`; the algorithm is
-:func:`graphgrad.core._privacy.private_gradients`, as for a GradientPlan.
+gradient at every recorded output, and the rule :data:`RULES` registers for
+the layer's type makes the forms (:mod:`graphgrad.core._forms`) of its
+variables' uses: ``Dense`` and ``EinsumDense`` (input, pre-activation
+gradient), ``Conv2D`` (the same, and its strides), ``Embedding`` (ids,
+gradient), ``LayerNormalization`` (normalized input times gradient).
+Another layer (a recurrent or ``TimeDistributed`` one for its sublayers'
+variables too) gets exact per-example gradients through its own call, run
+on each example's rows of its inputs (``TapeVJP.per_example``), logged
+once. The recorder is the tape's :class:`~graphgrad.core._privacy.Uses`.
 """
 
 import logging
@@ -30,6 +29,7 @@ from graphgrad.core._forms import (
   Form,
   PerExampleForm,
   broadcast_per_example,
+  einsum_dense,
   norm_dtype,
   rows,
 )
@@ -310,6 +310,32 @@ def _dense(layer, x, dy, batch):
       rows(x, batch, dtype), rows(g, batch, dtype)))
 
 
+def _einsum_dense_ok(layer) -> bool:
+  return _dense_ok(layer) and isinstance(getattr(layer, "equation", None),
+                                         str)
+
+
+def _einsum_dense(layer, x, dy, batch):
+  """``EinsumDense`` (the projections of ``MultiHeadAttention``): a dense
+  form when its equation is a dense op on trailing axes, its bias per
+  example (the bias lines up with the output's trailing axes)."""
+  if not _einsum_dense_ok(layer):
+    return None
+  kernel = tf_variable(layer.kernel)
+  bias = tf_variable(getattr(layer, "bias", None))
+  dtype = norm_dtype(kernel.dtype)
+  form = einsum_dense(layer.equation, x, dy, kernel.shape, batch, dtype)
+  if form is None:
+    return None
+  out: Forms = [(kernel, form)]
+  if bias is not None:
+    p = broadcast_per_example(tf.cast(dy, dtype), bias.shape, batch)
+    if p is None:
+      return None
+    out.append((bias, PerExampleForm(p)))
+  return out
+
+
 def _conv2d_ok(layer) -> bool:
   return (layer.data_format == "channels_last"
           and getattr(layer, "groups", 1) == 1
@@ -363,10 +389,11 @@ def _layer_norm(layer, x, dy, batch):
 # gradient at its output; ``None`` where the rule does not apply (the exact
 # fallback then).
 RULES: Dict[str, Callable[..., Optional[Forms]]] = {
-    "Dense": _dense, "Conv2D": _conv2d, "Embedding": _embedding,
-    "LayerNormalization": _layer_norm}
+    "Dense": _dense, "EinsumDense": _einsum_dense, "Conv2D": _conv2d,
+    "Embedding": _embedding, "LayerNormalization": _layer_norm}
 # The rules that read the gradient at the pre-activation, and when they apply.
-_KERNEL_RULES = {"Dense": _dense_ok, "Conv2D": _conv2d_ok}
+_KERNEL_RULES = {"Dense": _dense_ok, "EinsumDense": _einsum_dense_ok,
+                 "Conv2D": _conv2d_ok}
 
 
 def _fallback(call: Dict[str, Any], dys, batch) -> Forms:

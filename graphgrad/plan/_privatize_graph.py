@@ -15,7 +15,6 @@ the exact per-example gradient of those ops only (the VJP's
 """
 
 import logging
-import re
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -30,6 +29,7 @@ from graphgrad.core._forms import (
   Form,
   PerExampleForm,
   broadcast_per_example,
+  einsum_dense,
   norm_dtype,
   rows,
 )
@@ -210,25 +210,18 @@ def _batch_matmul(op, index, g, batch, dtype):
   if (index != 1 or op.inputs[1].shape.rank != 2 or op.get_attr("adj_x")
       or op.get_attr("adj_y")):
     return None
-  return DenseForm(rows(op.inputs[0], batch, dtype), rows(g, batch, dtype))
-
-
-_EINSUM = re.compile(r"^([a-z.]*)([a-z]),([a-z])([a-z])->([a-z.]*)([a-z])$")
+  return DenseForm(rows(_batch_rows(op.inputs[0], batch), batch, dtype),
+                   rows(g, batch, dtype))
 
 
 def _einsum(op, index, g, batch, dtype):
-  """A two-operand ``"<b...>p,pq-><b...>q"``: a dense op on the last
-  axis."""
+  """A two-operand einsum that is a dense op on trailing axes
+  (:func:`~graphgrad.core._forms.einsum_dense`)."""
   if index != 1 or len(op.inputs) != 2:
     return None
-  m = _EINSUM.match(op.get_attr("equation").decode().replace(" ", ""))
-  if not m:
-    return None
-  lead, p, p2, q, lead2, q2 = m.groups()
-  if not (p == p2 and q == q2 and lead == lead2 and len(lead) >= 1
-          and not lead.startswith(".") and p not in lead and q not in lead):
-    return None
-  return DenseForm(rows(op.inputs[0], batch, dtype), rows(g, batch, dtype))
+  return einsum_dense(op.get_attr("equation").decode(),
+                      _batch_rows(op.inputs[0], batch), g,
+                      op.inputs[1].shape, batch, dtype)
 
 
 def _conv2d(op, index, g, batch, dtype):

@@ -87,6 +87,14 @@ LAYERS = {
     "Dense": ((3,), lambda K, x: K.layers.Dense(3, "tanh")(x)),
     "EinsumDense": ((4, 3), lambda K, x: K.layers.EinsumDense(
         "btc,cd->btd", (4, 2), bias_axes="d")(x)),
+    # Projections onto heads and back, as MultiHeadAttention's, with an
+    # activation after the kernel's product: the dense rule.
+    "EinsumDense-heads": ((4, 3), lambda K, x: K.layers.EinsumDense(
+        "abcd,cde->abe", (4, 2), bias_axes="e", activation="tanh")(
+            K.layers.EinsumDense("abc,cde->abde", (4, 2, 3),
+                                 bias_axes="de")(x))),
+    "EinsumDense-ellipsis": ((4, 3), lambda K, x: K.layers.EinsumDense(
+        "...c,cd->...d", 2, bias_axes="d")(x)),
     "Embedding": None,  # integer inputs: test_embedding
     "LayerNormalization": ((4, 3), lambda K, x: K.layers.LayerNormalization(
         beta_initializer="ones")(K.layers.Dense(3)(x))),
@@ -136,6 +144,18 @@ def test_each_layer_is_exact(K, name):
   x = K.Input(shape)
   model = K.Model(x, build(K, x))
   check(model, [normal(B, *shape, seed=1)])
+
+
+def test_attention_projections_take_the_dense_rule(K, monkeypatch):
+  from graphgrad.keras import _privatize_tape
+
+  def no_fallback(call, dys, batch):
+    raise AssertionError(f"fallback for {call['layer'].name}")
+
+  monkeypatch.setattr(_privatize_tape, "_fallback", no_fallback)
+  shape, build = LAYERS["MultiHeadAttention"]
+  x = K.Input(shape)
+  check(K.Model(x, build(K, x)), [normal(B, *shape, seed=1)])
 
 
 @pytest.mark.parametrize("name", ["LSTM", "Bidirectional-GRU"])

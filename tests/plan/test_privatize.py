@@ -118,6 +118,21 @@ def test_sequence_dense_tensordot_and_einsum(graph):
   check(tf.reduce_sum(tf.square(out), axis=[1, 2]), None)
 
 
+def test_einsum_onto_heads_and_back(graph, monkeypatch):
+  from graphgrad.plan import _privatize_graph
+
+  def no_fallback(self, var, *args):
+    raise AssertionError(f"fallback for {var.name}")
+
+  monkeypatch.setattr(_privatize_graph.GraphUses, "_fallback", no_fallback)
+  x = tf.constant(normal(B, 5, 3))
+  wq = tf1.get_variable("q/w", initializer=normal(3, 2, 4, seed=7))
+  wo = tf1.get_variable("o/w", initializer=normal(2, 4, 3, seed=8))
+  h = tf.nn.tanh(tf.einsum("abc,cde->abde", x, wq))
+  out = tf.einsum("...de,def->...f", h, wo)
+  check(tf.reduce_sum(tf.square(out), axis=[1, 2]), None)
+
+
 def test_rnn_unrolled_with_a_python_loop(graph):
   x = tf.constant(normal(B, 4, 3))
   wx = tf1.get_variable("rnn/wx", initializer=normal(3, 5, seed=9) / 2)
