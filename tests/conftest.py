@@ -103,7 +103,7 @@ SECONDS = {
     "tests/distributed/test_keras_fit_faults.py": 55,
     "tests/keras/test_parity.py": 48,
     "tests/keras/test_parity_more.py": 40,
-    "tests/keras/test_keras_privatize_layers.py": 30,
+    "tests/keras/test_keras_privatize_layers.py": 32,
     "tests/test_benchmarks_smoke.py": 43,
     "tests/keras/test_mtl_parity.py": 33,
     "tests/distributed/test_cluster_faults.py": 32,

@@ -39,7 +39,7 @@ from graphgrad.keras._layer_index import (
   holds_variables,
   tf_variable,
 )
-from graphgrad.keras._tape_vjp import TapeVJP
+from graphgrad.keras._tape_vjp import TapeVJP, error_line
 
 log = logging.getLogger("graphgrad")
 
@@ -252,10 +252,49 @@ def _forms(call: Dict[str, Any], dys, batch) -> Forms:
   rule = RULES.get(kind)
   if (rule is not None and isinstance(x, tf.Tensor)
       and len(call["args"]) == 1 and len(dys) == 1 and dys[0] is not None):
-    out = rule(layer, x, dys[0], batch)
+    # A rule reads rows [B, ...] of its input and gradient: a time-major
+    # [T, B, ...] call is refused, not mixed up. Every form reads the
+    # gradient, which waits for the checks.
+    dy = _after(_examples_first(layer, x, batch, "input")
+                + _examples_first(layer, dys[0], batch, "output"), dys[0])
+    if not dy.shape.is_fully_defined():  # from a tf.py_function, say
+      dy = tf.ensure_shape(dy, _flat_outputs(call)[0].shape)
+    out = rule(layer, x, dy, batch)
     if out is not None:
       return out
   return _fallback(call, dys, batch)
+
+
+def _examples_first(layer, x: tf.Tensor, batch, what: str) -> list:
+  """Checks that the leading axis of ``x`` (the ``what`` of a call of
+  ``layer``) is the examples': in Python where both sizes are known, else
+  by the check op returned (as the TF1 plan's ``_batch_rows``)."""
+  n = tf.get_static_value(batch)
+  lead = x.shape[0] if x.shape.rank else None
+  fix = ("its per-example gradients cannot be computed. Pass the examples "
+         "into and out of the layer as tensors of shape [batch, ...] "
+         "(transpose time-major data to [batch, time, ...] around it), or "
+         "train without privatize.")
+  if x.shape.rank == 0 or (n is not None and lead is not None and lead != n):
+    raise _errors.UnsupportedGraphError(
+        f"privatize: the {what} of layer {layer.name!r} "
+        f"({type(layer).__name__}) has shape {x.shape}, not the "
+        f"{'' if n is None else f'{n} '}examples of the batch along its "
+        f"first axis, so {fix}")
+  if n is not None:
+    return []
+  return [tf.debugging.assert_equal(
+      tf.shape(x, out_type=batch.dtype)[0], batch, message=(
+          f"privatize: the leading axis of the {what} of layer "
+          f"{layer.name!r} is not the batch, so {fix}"))]
+
+
+def _after(checks: list, x: tf.Tensor) -> tf.Tensor:
+  """``x``, once ``checks`` have run."""
+  if not checks:
+    return x
+  with tf.control_dependencies(checks):
+    return tf.identity(x)
 
 
 def _identity(x):
@@ -409,7 +448,9 @@ def _fallback(call: Dict[str, Any], dys, batch) -> Forms:
   variables = _own_variables(layer)
   flat = tf.nest.flatten((args, kwargs))
   outs = _flat_outputs(call)
-  rows = outs[0].shape[0] if outs and outs[0].shape.rank else -1
+  rows = tf.get_static_value(batch)
+  if rows is None:  # a traced batch of unknown size: checked when run
+    rows = outs[0].shape[0] if outs and outs[0].shape.rank else -1
   at = [i for i, x in enumerate(flat)
         if isinstance(x, tf.Tensor) and x.shape.rank and x.shape[0] == rows]
   if not at:
@@ -435,11 +476,27 @@ def _fallback(call: Dict[str, Any], dys, batch) -> Forms:
 
   dtype = norm_dtype(variables[0].dtype)
   vjp = TapeVJP.of_call(run, [flat[i] for i in at])
-  # The gradients at the flattened output, a non-tensor's None.
-  grads = iter(dys)
-  per = vjp.per_example(call["out"], [
-      next(grads) if isinstance(y, tf.Tensor) else None
-      for y in tf.nest.flatten(call["out"])], variables, batch,
-                        loop=_is_unit(layer))
+  # The gradients at the flattened output, a non-tensor's None; each one's
+  # rows are the examples', as the inputs' (each gradient waits for the
+  # checks: the per-example gradients read them all).
+  checks = [c for i in at
+            for c in _examples_first(layer, flat[i], batch, "input")]
+  checks += [c for dy in dys if dy is not None
+             for c in _examples_first(layer, dy, batch, "output")]
+  grads = iter([None if dy is None else _after(checks, dy) for dy in dys])
+  name = f"layer {layer.name!r} ({type(layer).__name__})"
+  try:
+    per = vjp.per_example(call["out"], [
+        next(grads) if isinstance(y, tf.Tensor) else None
+        for y in tf.nest.flatten(call["out"])], variables, batch,
+                          loop=_is_unit(layer), name=name)
+  except (ValueError, TypeError, NotImplementedError,
+          tf.errors.OpError) as e:
+    raise _errors.UnsupportedGraphError(
+        f"privatize: {name} has no norm rule, and its call fails on one "
+        f"example at a time ({type(e).__name__}: {error_line(e)}), so its "
+        f"per-example gradients cannot be computed. Write the call with ops "
+        f"that treat each example alone (no fixed batch size), or train "
+        f"without privatize.") from e
   return [(v, PerExampleForm(tf.cast(p, dtype)))
           for v, p in zip(variables, per)]

@@ -15,6 +15,8 @@ gradient. :class:`TapeVJP` is the protocol on one tape, made three ways:
   its inputs in the backward pass.
 """
 
+import logging
+import re
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -22,7 +24,10 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad._types import Gradient
 
+log = logging.getLogger("graphgrad")
+
 _NONE = tf.UnconnectedGradients.NONE
+_warned: set = set()
 
 
 class TapeVJP:
@@ -178,7 +183,8 @@ class TapeVJP:
     return [self.vjp([l], [w], xs) for l, w in zip(losses, weights)]
 
   def per_example(self, ys: Sequence, grads: Sequence, xs: Sequence,
-                  batch, loop: bool = False) -> List[tf.Tensor]:
+                  batch, loop: bool = False, name: str = "a call"
+                  ) -> List[tf.Tensor]:
     """Per-example gradients of ``xs``, each ``[batch, *x.shape]``.
 
     The call runs once per example (``tf.vectorized_map``, or with
@@ -189,13 +195,18 @@ class TapeVJP:
     call that treats each example alone. ``ys`` are its outputs, a nested
     structure whose flattened tensors ``grads`` match one to one (``None``:
     nothing flows from that one); a variable the call does not reach gets
-    zeros.
+    zeros. A traced call with a loop, a branch or a tensor list between its
+    inputs and ``ys`` runs in ``tf.map_fn`` (``vectorized_map`` converts
+    them into ops that can fail when run), and so does a call that
+    ``vectorized_map`` fails to convert, or (eagerly) to run: ``name``
+    then says which in a warning, logged once.
     """
     del batch  # the inputs' rows are the examples
     if self.call is None:
       raise ValueError("per_example needs the call (TapeVJP.of_call)")
     xs = list(xs)
     at = [i for i, g in enumerate(grads) if g is not None]
+    loop = loop or _has_control_flow(ys, self.inputs)
     del ys  # its structure is the call's: read again from each example's
 
     def one(elems):
@@ -209,7 +220,66 @@ class TapeVJP:
               tf.convert_to_tensor(g) for g, x in zip(got, xs)]
 
     elems = (list(self.inputs), [tf.convert_to_tensor(grads[i]) for i in at])
-    if loop:
-      return tf.map_fn(one, elems, fn_output_signature=[
-          tf.TensorSpec(x.shape, x.dtype) for x in xs])
-    return tf.vectorized_map(one, elems)
+    if not loop:
+      try:
+        # Without the fallback, an op pfor cannot convert fails here, while
+        # tracing, not as a while loop that may fail when run.
+        return tf.vectorized_map(one, elems, fallback_to_while_loop=False)
+      except (ValueError, TypeError, NotImplementedError,
+              tf.errors.OpError) as e:
+        if name not in _warned:
+          _warned.add(name)
+          log.warning("privatize: tf.vectorized_map cannot run the "
+                      "per-example gradients of %s (%s: %s); they are "
+                      "computed one example at a time in tf.map_fn.",
+                      name, type(e).__name__, error_line(e))
+    return tf.map_fn(one, elems, fn_output_signature=[
+        tf.TensorSpec(x.shape, x.dtype) for x in xs])
+
+
+def error_line(e: Exception) -> str:
+  """The line of a TensorFlow error that says what failed: an op's error
+  ends with it (after the traceback of where the op was made, and before
+  the arguments a Keras layer's call received), an error raised while
+  tracing starts with it, or quotes it as ``ValueError: ...`` after the
+  traceback of the user's code."""
+  text = _NOISE.sub("", str(e))
+  lines = [line.strip() for line in text.splitlines()]
+  lines = [line for line in lines if line and not line.startswith(
+      ("[[", "Arguments received by", "Call arguments received by",
+       "\u2022"))]
+  quoted = [m.group(1) for m in map(_QUOTED.match, lines) if m]
+  if isinstance(e, tf.errors.OpError) and lines:
+    line = lines[-1]
+  else:
+    line = quoted[-1] if quoted else lines[0] if lines else type(e).__name__
+  return line if len(line) <= 200 else line[:197] + "..."
+
+
+_QUOTED = re.compile(r"^[A-Za-z]*(?:Error|Exception): (.+)$")
+# Terminal colours (Keras 3) and the function an eager op ran in.
+_NOISE = re.compile(r"\x1b\[[0-9;]*m|\{\{function_node [^}]*\}\}\s*")
+
+
+# Ops that vectorized_map converts into ones that can fail when run (a loop
+# with a per-example trip count, its gradient's tensor lists).
+_CONTROL_FLOW = ("While", "StatelessWhile", "If", "StatelessIf")
+
+
+def _has_control_flow(ys, inputs: Sequence) -> bool:
+  """Whether a traced call has a loop, a branch or a tensor list between
+  ``inputs`` and its outputs ``ys`` (``False`` when executing eagerly)."""
+  flat = [y for y in tf.nest.flatten(ys) if isinstance(y, tf.Tensor)]
+  if tf.executing_eagerly() or not flat or not hasattr(flat[0], "op"):
+    return False
+  stop = {x.name for x in inputs if isinstance(x, tf.Tensor)}
+  stack, seen = [y.op for y in flat if y.name not in stop], set()
+  while stack:
+    op = stack.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    if op.type in _CONTROL_FLOW or op.type.startswith("TensorList"):
+      return True
+    stack += [t.op for t in op.inputs if t.name not in stop]
+  return False

@@ -115,12 +115,18 @@ class GraphUses:
         if op.type in _PASS:
           stack.extend(op.outputs)
         elif op.type in _LOOPS:
+          # tf.compat.v1.nn.dynamic_rnn (and raw_rnn, bidirectional_...)
+          # loop over time in a while op; static_rnn unrolls the same cell.
+          rnn = (" (for tf.compat.v1.nn.dynamic_rnn: "
+                 "tf.compat.v1.nn.static_rnn(cell, tf.unstack(x, axis=1)) "
+                 "runs the same cell unrolled)"
+                 if "While" in op.type else "")
           raise _errors.UnsupportedGraphError(
               f"privatize: the variable {var.name} is read inside the "
               f"{op.type} op {op.name} (a tf.while_loop, tf.cond or "
               f"function), where no per-example gradient can be taken. "
-              f"Unroll the loop with a Python for loop (each step then is "
-              f"an op on the batch), or train without privatize.")
+              f"Unroll the loop with a Python for loop{rnn} (each step then "
+              f"is an op on the batch), or train without privatize.")
         else:
           found += [(op, i) for i, x in enumerate(op.inputs) if x is t]
     return found

@@ -8,6 +8,9 @@ layers with several inputs or nested outputs go through the exact
 per-example fallback; the others through their norm rules.
 """
 
+import itertools
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -252,8 +255,146 @@ def test_a_layer_without_examples_along_the_first_axis_is_refused(K):
   with plan.tape() as tape:
     loss = square_sum(model(tf.constant(normal(B, 3))))
   with pytest.raises(gg.UnsupportedGraphError,
-                     match=r"layer 'flip' \(Transposed\) has no norm rule, "
-                     r"and no tensor argument .* \[batch, \.\.\.\]"):
+                     match=r"the output of layer 'flip' \(Transposed\) has "
+                     r"shape \(3, 5\), not the 5 examples of the batch "
+                     r"along its first axis.* \[batch, \.\.\.\]"):
+    tape.gradient(loss)
+
+
+class _TimeMajorDense:
+  """A custom layer of Keras module ``K`` that calls its Dense sublayer
+  ``inner`` on time-major rows ``[T, B, d]``."""
+
+  def __new__(cls, K, **kwargs):
+    class TimeMajorDense(K.layers.Layer):
+      def __init__(self, **kw):
+        super().__init__(**kw)
+        self.inner = K.layers.Dense(2, name="inner")
+
+      def call(self, x):
+        return tf.transpose(self.inner(tf.transpose(x, [1, 0, 2])),
+                            [1, 0, 2])
+
+    return TimeMajorDense(**kwargs)
+
+
+def test_a_dense_sublayer_on_time_major_rows_is_refused(K):
+  # Its rule would read rows [B, T*d] of a [T, B, d] input: each "example"
+  # a mix of several.
+  x = K.Input((4, 3))
+  model = K.Model(x, _TimeMajorDense(K)(x))
+  plan = gg.KerasPlan(model).privatize(1.0, 0.0)
+  with plan.tape() as tape:
+    loss = square_sum(model(tf.constant(normal(B, 4, 3))))
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match=r"the input of layer 'inner' \(Dense\) has "
+                     r"shape \(4, 5, 3\), not the 5 examples .*transpose "
+                     r"time-major data to \[batch, time, \.\.\.\]"):
+    tape.gradient(loss)
+
+
+def test_a_dense_sublayer_on_time_major_rows_fails_its_check_in_a_function(
+    K):
+  # A traced batch of unknown size: the check runs with the step.
+  x = K.Input((4, 3))
+  model = K.Model(x, _TimeMajorDense(K)(x))
+  plan = gg.KerasPlan(model).privatize(1.0, 0.0)
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 4, 3])])
+  def step(x):
+    with plan.tape() as tape:
+      loss = square_sum(model(x))
+    return tape.gradient(loss)
+
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"the leading axis of the input of layer "
+                     r"\W*inner\W* is not the batch"):
+    step(tf.constant(normal(B, 4, 3)))
+
+
+def test_a_layer_called_on_time_major_rows_is_refused(K):
+  class Scale(K.layers.Layer):
+    def build(self, shape):
+      self.w = self.add_weight(name="w", shape=(3,), initializer="ones")
+
+    def call(self, a):
+      return tf.sin(a * self.w)
+
+  x = K.Input((4, 3))
+  y = K.layers.Lambda(lambda t: tf.transpose(t, [1, 0, 2]))(x)
+  model = K.Model(x, Scale(name="scale")(y))  # [T, B, d] in and out
+  plan = gg.KerasPlan(model).privatize(1.0, 0.0)
+  with plan.tape() as tape:
+    loss = tf.reduce_sum(tf.square(model(tf.constant(normal(B, 4, 3)))),
+                         axis=[0, 2])
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match=r"layer 'scale' \(Scale\) has no norm rule, and no "
+                     r"tensor argument of its call has the examples along "
+                     r"its first axis"):
+    tape.gradient(loss)
+
+
+_names = itertools.count()
+
+
+def test_a_layer_vectorized_map_cannot_convert_is_exact(K, caplog):
+  # tf.py_function has no pfor converter: the per-example gradients run in
+  # tf.map_fn instead (in a tf.function too: the conversion fails while
+  # tracing).
+  class Sine(K.layers.Layer):
+    def build(self, shape):
+      self.w = self.add_weight(name="w", shape=(3,), initializer="ones")
+
+    def call(self, a):
+      y = tf.py_function(tf.sin, [a * self.w], tf.float32)
+      return tf.ensure_shape(y, a.shape)
+
+  name = f"sine{next(_names)}"
+  a = K.Input((3,))
+  model = K.Model(a, Sine(name=name)(K.layers.Dense(3)(a)))
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    check(model, [normal(B, 3, seed=1)])
+  assert [r.getMessage() for r in caplog.records if name in r.getMessage()
+          and "No pfor vectorization defined for EagerPyFunc" in
+          r.getMessage() and "tf.map_fn" in r.getMessage()]
+
+
+@pytest.mark.parametrize("function", [False, True])
+def test_a_layer_with_a_tensor_array_is_exact(K, function):
+  # vectorized_map converts a TensorList into ops that fail when run: an
+  # eager call runs again in tf.map_fn, a traced one runs there at once
+  # (inside a tf.function the failure could not be caught).
+  class Stacked(K.layers.Layer):
+    def build(self, shape):
+      self.w = self.add_weight(name="w", shape=(3,), initializer="ones")
+
+    def call(self, a):
+      ta = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+      return tf.sin(ta.write(0, a * self.w).stack()[0])
+
+  a = K.Input((3,))
+  model = K.Model(a, Stacked()(K.layers.Dense(3)(a)))
+  check(model, [normal(B, 3, seed=1)], function)
+
+
+def test_a_call_that_cannot_run_one_example_at_a_time_is_refused(K):
+  class Rows(K.layers.Layer):
+    def build(self, shape):
+      self.w = self.add_weight(name="w", shape=(3,), initializer="ones")
+
+    def call(self, a):
+      return tf.reshape(a * self.w, [B, 3])  # a batch of exactly B
+
+  a = K.Input((3,))
+  model = K.Model(a, Rows(name="rows")(a))
+  plan = gg.KerasPlan(model).privatize(1.0, 0.0)
+  with plan.tape() as tape:
+    loss = square_sum(model(tf.constant(normal(B, 3))))
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match=r"layer 'rows' \(Rows\) has no norm rule, and its "
+                     r"call fails on one example at a time \(\w+Error: "
+                     r"Input to reshape is a tensor with 3 values, .*\), so "
+                     r"its per-example gradients cannot be computed"):
     tape.gradient(loss)
 
 

@@ -178,6 +178,34 @@ def test_while_loop_rnn_is_refused_by_name(graph):
     plan.compute_gradients()
 
 
+def _lstm_cell(units):
+  """tf.compat.v1's LSTMCell, which Keras 3 does not provide."""
+  try:
+    return tf1.nn.rnn_cell.LSTMCell(units, name="lstm")
+  except AttributeError:  # TensorFlow 2.16+ without TF_USE_LEGACY_KERAS=1
+    pytest.skip("tf.compat.v1.nn.rnn_cell needs tf-keras "
+                "(TF_USE_LEGACY_KERAS=1)")
+
+
+def test_dynamic_rnn_lstm_is_refused_with_static_rnn_as_the_fix(graph):
+  x = tf.constant(normal(B, 3, 2))
+  out, _ = tf1.nn.dynamic_rnn(_lstm_cell(3), x, dtype=tf.float32)
+  loss = tf.reduce_sum(tf.square(out[:, -1]), axis=1)
+  plan = gg.GradientPlan(loss).privatize(1.0, 0.0)
+  with pytest.raises(gg.UnsupportedGraphError,
+                     match=r"the variable rnn/lstm/kernel:0 is read inside "
+                     r"the \w*While op rnn/while .*Unroll the loop .*"
+                     r"tf\.compat\.v1\.nn\.static_rnn\(cell, "):
+    plan.compute_gradients()
+
+
+def test_static_rnn_lstm_is_exact(graph):
+  x = tf.constant(normal(B, 3, 2))
+  out, _ = tf1.nn.static_rnn(_lstm_cell(3), tf.unstack(x, axis=1),
+                             dtype=tf.float32)
+  check(tf.reduce_sum(tf.square(out[-1]), axis=1), None)
+
+
 def test_scalar_loss_is_refused(graph):
   w = tf1.get_variable("w", initializer=[1.0])
   plan = gg.GradientPlan(tf.reduce_sum(w * 2.0))
