@@ -472,7 +472,7 @@ class Noise:
   Every draw is :func:`gaussian` with seed ``(key + j, step)``: ``j``
   numbers the variables and ``step`` counts the draws, kept in a
   non-trainable int64 variable that each step increments. The key is the
-  declared seed, or 63 bits from the operating system's entropy
+  declared seed, or 62 bits from the operating system's entropy
   (``secrets``) when none was declared, so the noise is unpredictable.
 
   Args:
