@@ -46,15 +46,19 @@ def _per_example_conv_grads(x, g, kh, kw, stride, padding):
   return out
 
 
-@pytest.mark.parametrize("cin, cout, stride, padding, size", [
-    (1, 4, 1, "SAME", (9, 8)),   # patches by a one-hot convolution
-    (3, 2, 2, "SAME", (9, 8)),   # norms one kernel offset at a time
-    (2, 3, 2, "VALID", (9, 8)),
-    (8, 16, 2, "SAME", (4, 4)),  # 4 positions: the ghost norm of patches
+@pytest.mark.parametrize("cin, cout, k, stride, padding, size, method", [
+    (1, 4, 3, 1, "SAME", (9, 8), "offsets"),     # one channel, 9 offsets
+    (1, 3, 5, 2, "SAME", (9, 8), "depthwise"),   # one channel, 25 offsets
+    (1, 2, 5, 1, "VALID", (7, 9), "depthwise"),
+    (3, 2, 3, 2, "SAME", (9, 8), "patches"),     # 2 to 15 channels
+    (2, 3, 3, 2, "VALID", (9, 8), "patches"),
+    (16, 3, 3, 2, "SAME", (6, 5), "offsets"),    # 16 channels and more
+    (16, 16, 3, 2, "SAME", (2, 2), "patches"),   # 1 position: ghost norm
 ])
-def test_conv_form_norms_and_clipped_sum(cin, cout, stride, padding, size):
+def test_conv_form_norms_and_clipped_sum(cin, cout, k, stride, padding, size,
+                                         method):
   rng = np.random.default_rng(1)
-  b, kh, kw = 4, 3, 3
+  b, kh, kw = 4, k, k
   h, w = size
   x = rng.normal(size=(b, h, w, cin)).astype(np.float32)
   ho = -(-h // stride) if padding == "SAME" else (h - kh) // stride + 1
@@ -65,6 +69,7 @@ def test_conv_form_norms_and_clipped_sum(cin, cout, stride, padding, size):
   shape = [kh, kw, cin, cout]
   form = _forms.Conv2DForm(tf.constant(x), tf.constant(g), shape,
                           [1, stride, stride, 1], padding)
+  assert _forms.Conv2DForm.method([form, form]) == method
   norms = _clipping.combined_sq_norms([form, form], shape, b, tf.float32)
   # Two uses of one kernel: each example's gradient is twice its own.
   np.testing.assert_allclose(norms.numpy(),
