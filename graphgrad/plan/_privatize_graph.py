@@ -177,13 +177,54 @@ class GraphUses:
 # -- the rules: a form per use, registered by op type --------------------------
 
 
-def _batch_rows(x: tf.Tensor, batch) -> tf.Tensor:
-  """``x`` after checking at run time that its leading axis is the batch."""
+def _batch_rows(x: tf.Tensor, batch, of: Optional[tf.Tensor] = None
+                ) -> tf.Tensor:
+  """``x`` after checking at run time that the leading axis of ``of``
+  (``x`` by default) is the batch."""
+  of = x if of is None else of
   check = tf.debugging.assert_equal(
-      tf.shape(x)[0], batch,
-      message=f"privatize: the leading axis of {x.name} is not the batch")
+      tf.shape(of)[0], batch,
+      message=f"privatize: the leading axis of {of.name} is not the batch")
   with tf.control_dependencies([check]):
     return tf.identity(x)
+
+
+# Ops whose output rows are their inputs' rows, in place (unary and
+# elementwise ops; MatMul's first operand is followed by name).
+_ROWWISE = frozenset({
+    "Identity", "Cast", "StopGradient", "Relu", "Relu6", "Elu", "Selu",
+    "LeakyRelu", "Tanh", "Sigmoid", "Softplus", "Softsign", "Erf", "Exp",
+    "Log", "Sqrt", "Rsqrt", "Square", "Neg", "Abs", "Softmax", "LogSoftmax",
+    "Add", "AddV2", "Sub", "Mul", "RealDiv", "BiasAdd", "SquaredDifference",
+    "Maximum", "Minimum", "Pow"})
+
+
+def _merged_rows(t: tf.Tensor) -> Optional[tf.Tensor]:
+  """The tensor ``[B, T, ..., d]`` whose leading axes a ``Reshape`` merged
+  into the rows of ``t`` (``[B*T..., d]``), found through ops that keep
+  rows in place (:data:`_ROWWISE`, a ``MatMul``'s first operand); ``None``
+  when ``t``'s rows come from no such merge. A row-major reshape keeps
+  each example's rows together, so ``t``'s rows are then the examples'
+  in order (BERT's TF1 code computes its layers on such rows)."""
+  for _ in range(100000):  # a bound, never reached by a real graph
+    op = t.op
+    if op.type == "Reshape":
+      src = op.inputs[0]
+      if (t.shape.rank == 2 and src.shape.rank is not None
+          and src.shape.rank >= 3 and src.shape[-1] == t.shape[-1]):
+        return src
+      return None
+    if op.type == "MatMul" and not op.get_attr("transpose_a"):
+      t = op.inputs[0]
+    elif op.type in _ROWWISE:
+      same = [x for x in op.inputs
+              if x.dtype.is_floating and x.shape.rank == t.shape.rank]
+      if not same:
+        return None
+      t = same[0]
+    else:
+      return None
+  return None
 
 
 def _form(op: tf.Operation, index: int, g, batch, dtype) -> Optional[Form]:
@@ -204,12 +245,9 @@ def _matmul(op, index, g, batch, dtype):
   if index != 1 or op.get_attr("transpose_a") or op.get_attr("transpose_b"):
     return None
   a = op.inputs[0]
-  src = a.op.inputs[0] if a.op.type == "Reshape" else None
-  if (src is not None and src.shape.rank is not None and src.shape.rank >= 3
-      and src.shape[-1] == a.shape[-1]):
-    return DenseForm(rows(src, batch, dtype), rows(g, batch, dtype))
-  return DenseForm(rows(_batch_rows(a, batch), batch, dtype),
-                   rows(g, batch, dtype))
+  # Rows [B*T, p] of a sequence: checked at their source [B, T, ...].
+  a = _batch_rows(a, batch, of=_merged_rows(a))
+  return DenseForm(rows(a, batch, dtype), rows(g, batch, dtype))
 
 
 def _batch_matmul(op, index, g, batch, dtype):
@@ -261,6 +299,11 @@ def _elementwise(op, index, g, batch, dtype):
     p = p * tf.cast(op.inputs[1 - index], dtype)
   elif op.type == "Sub" and index == 1:
     p = -p
+  merged = (_merged_rows(op.inputs[1 - index]) if len(op.inputs) == 2
+            else None)
+  if merged is not None:  # rows [B*T, ...] of a sequence: [B, T, ...]
+    p = tf.reshape(_batch_rows(p, batch, of=merged), tf.concat(
+        [tf.stack([batch, -1]), tf.shape(p)[1:]], 0))
   out = broadcast_per_example(p, op.inputs[index].shape, batch)
   return None if out is None else PerExampleForm(out)
 

@@ -118,6 +118,22 @@ def test_sequence_dense_tensordot_and_einsum(graph):
   check(tf.reduce_sum(tf.square(out), axis=[1, 2]), None)
 
 
+def test_layers_on_the_rows_of_a_sequence_as_bert_writes_them(graph):
+  # BERT's TF1 code reshapes [B, T, H] to [B*T, H] once and runs its dense
+  # layers, biases, activations and layer norms on those rows.
+  t = 3
+  x = tf.constant(normal(B, t, 4))
+  h = tf.reshape(x, [B * t, 4])
+  h = dense(h, 6, "intermediate", tf.nn.gelu)
+  h = dense(h, 4, "output")  # its input is no Reshape: found through gelu
+  gamma = tf1.get_variable("ln/gamma", initializer=normal(4, seed=12))
+  beta = tf1.get_variable("ln/beta", initializer=normal(4, seed=13))
+  mean, var = tf.nn.moments(h, axes=[1], keepdims=True)
+  h = (h - mean) * tf.math.rsqrt(var + 1e-3) * gamma + beta
+  out = tf.reshape(h, [B, t * 4])
+  check(tf.reduce_sum(tf.square(out - 0.5), axis=1), None)
+
+
 def test_einsum_onto_heads_and_back(graph, monkeypatch):
   from graphgrad.plan import _privatize_graph
 
