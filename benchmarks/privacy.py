@@ -1,8 +1,9 @@
 """Suite: the cost of ``plan.privatize`` (DP-SGD) against the plain step.
 
-Models: a 6x512 MLP (ReLU, softmax cross-entropy) and a conv net (3x3x16
-SAME, 3x3x32 stride 2, dense 10; 28x28x1 inputs), at batch 256, the same
-on both plans. Variants, each against its own plan's plain step:
+Models (``benchmarks/_privacy_models.py``, the same weights on both plans,
+each at its own batch size unless ``--batch``): a 6x512 MLP and a 3x3 conv
+net (batch 256), TF Privacy's MNIST tutorial convnet and a small BERT
+(batch 128). Variants, each against its own plan's plain step:
 
 * ``minimize``: ``opt.minimize(mean loss)`` in a Session (GradientPlan), a
   ``GradientTape`` step in a ``tf.function`` (KerasPlan); no privacy;
@@ -33,70 +34,16 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
-import numpy as np
+from benchmarks import _privacy_models
 
 VARIANTS = ("minimize", "privatize", "clip_only")
 FLOORS = ("philox_bits", "noise_only")  # timed only
 GRAPH_ONLY = ("vectorized",) + FLOORS
-MODELS = ("mlp6x512", "convnet")
+MODELS = _privacy_models.MODELS
 PLANS = ("graph", "keras")
 CLIP, SIGMA = 1.0, 1.1
-
-
-def _weights(model: str) -> List[np.ndarray]:
-  """The models' initial weights, in layer order (kernel, bias)."""
-  rng = np.random.default_rng(0)
-  shapes = ([(512, 512)] * 5 + [(512, 10)] if model == "mlp6x512" else
-            [(3, 3, 1, 16), (3, 3, 16, 32), (14 * 14 * 32, 10)])
-  out = []
-  for s in shapes:
-    fan_in = int(np.prod(s[:-1]))
-    out += [(rng.normal(size=s) * np.sqrt(2.0 / fan_in)).astype(np.float32),
-            np.zeros(s[-1], np.float32)]
-  return out
-
-
-def _data(model: str, batch: int):
-  rng = np.random.default_rng(1)
-  shape = (batch, 512) if model == "mlp6x512" else (batch, 28, 28, 1)
-  return (rng.normal(size=shape).astype(np.float32),
-          rng.integers(0, 10, batch).astype(np.int32))
-
-
-# -- GradientPlan: a tf.Graph and a Session per variant ------------------------
-
-
-def _graph_loss(model: str, batch: int):
-  """(per-example loss, x, y) in the default tf.Graph."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  tf1 = tf.compat.v1
-  ws = iter(_weights(model))
-
-  def layer(name):
-    with tf1.variable_scope(name):
-      return (tf1.get_variable("kernel", initializer=next(ws)),
-              tf1.get_variable("bias", initializer=next(ws)))
-
-  y = tf1.placeholder(tf.int32, [batch])
-  if model == "mlp6x512":
-    x = tf1.placeholder(tf.float32, [batch, 512])
-    h = x
-    for i in range(6):
-      k, b = layer(f"l{i}")
-      h = tf.nn.bias_add(tf.matmul(h, k), b)
-      h = tf.nn.relu(h) if i < 5 else h
-  else:
-    x = tf1.placeholder(tf.float32, [batch, 28, 28, 1])
-    h = x
-    for name, stride in (("c1", 1), ("c2", 2)):
-      k, b = layer(name)
-      h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, k, stride, "SAME"), b))
-    k, b = layer("out")
-    h = tf.nn.bias_add(tf.matmul(tf.reshape(h, [batch, -1]), k), b)
-  loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=h)
-  return loss, x, y
 
 
 def _graph_train_op(variant: str, loss, batch: int):
@@ -157,35 +104,19 @@ def graph_step(model: str, variant: str, batch: int, threads: int
   tf1 = tf.compat.v1
   graph = tf.Graph()
   with graph.as_default():
-    loss, x, y = _graph_loss(model, batch)
+    loss, x, y = _privacy_models.graph_loss(model, batch)
     train = _graph_train_op(variant, loss, batch)
     init = tf1.global_variables_initializer()
   sess = tf1.Session(graph=graph, config=tf1.ConfigProto(
       intra_op_parallelism_threads=threads,
       inter_op_parallelism_threads=threads))
   sess.run(init)
-  xs, ys = _data(model, batch)
+  xs, ys = _privacy_models.data(model, batch)
   feed = {x: xs, y: ys}
   return lambda: sess.run(train, feed)
 
 
 # -- KerasPlan: a Keras 3 model and a traced step per variant ------------------
-
-
-def _keras_model(model: str):
-  import keras  # pylint: disable=g-import-not-at-top
-  L = keras.layers
-  if model == "mlp6x512":
-    layers = [keras.Input((512,))] + [
-        L.Dense(512, activation="relu") for _ in range(5)] + [L.Dense(10)]
-  else:
-    layers = [keras.Input((28, 28, 1)),
-              L.Conv2D(16, 3, padding="same", activation="relu"),
-              L.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
-              L.Flatten(), L.Dense(10)]
-  net = keras.Sequential(layers)
-  net.set_weights(_weights(model))
-  return net
 
 
 def keras_step(model: str, variant: str, batch: int) -> Callable[[], None]:
@@ -194,7 +125,7 @@ def keras_step(model: str, variant: str, batch: int) -> Callable[[], None]:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   import graphgrad as gg  # pylint: disable=g-import-not-at-top
-  net = _keras_model(model)
+  net = _privacy_models.keras_model(model)
   opt = keras.optimizers.SGD(1e-3)
   opt.build(net.trainable_variables)
   plan = None
@@ -218,7 +149,7 @@ def keras_step(model: str, variant: str, batch: int) -> Callable[[], None]:
       grads = tape.gradient(loss)
     opt.apply_gradients(zip(grads, net.trainable_variables))
 
-  xs, ys = (tf.constant(a) for a in _data(model, batch))
+  xs, ys = (tf.constant(a) for a in _privacy_models.data(model, batch))
   return lambda: step(xs, ys)
 
 
@@ -258,19 +189,25 @@ def paired(steps: Dict[str, Callable[[], None]], reps: int,
           "steps_per_sample": k}
 
 
-def time_child(threads: int, models, plans, variants, batch: int,
-               reps: int) -> Dict:
+def batch_size(model: str, batch: Optional[int] = None) -> int:
+  """``batch``, or the model's own batch size when ``None``."""
+  return batch or _privacy_models.BATCH[model]
+
+
+def time_child(threads: int, models, plans, variants,
+               batch: Optional[int], reps: int) -> Dict:
   """Every (model, plan)'s paired step times, in this process."""
   _set_threads(threads)
   out: Dict = {}
   for model in models:
+    b = batch_size(model, batch)
     for plan in plans:
       vs = [v for v in variants if plan == "graph" or v not in GRAPH_ONLY]
       if plan == "graph":
-        steps = {v: graph_step(model, v, batch, threads) for v in vs}
+        steps = {v: graph_step(model, v, b, threads) for v in vs}
       else:
-        steps = {v: keras_step(model, v, batch) for v in vs}
-      out[f"{model}/{plan}"] = paired(steps, reps)
+        steps = {v: keras_step(model, v, b) for v in vs}
+      out[f"{model}/{plan}"] = {"batch": b, **paired(steps, reps)}
   return out
 
 
@@ -304,7 +241,9 @@ def main(argv=None) -> Dict:
   parser.add_argument("args", nargs="*")
   parser.add_argument("--reps", type=int, default=9)
   parser.add_argument("--peak-reps", type=int, default=3)
-  parser.add_argument("--batch", type=int, default=256)
+  parser.add_argument("--batch", type=int, default=None,
+                      help="every model's batch size (default: each "
+                           "model's own, _privacy_models.BATCH)")
   parser.add_argument("--threads", default="1,2")
   parser.add_argument("--models", default=",".join(MODELS))
   parser.add_argument("--plans", default=",".join(PLANS))
@@ -338,14 +277,16 @@ def main(argv=None) -> Dict:
     print(json.dumps(_privacy_others.run(int(a.args[0]), models, a.batch,
                                          a.reps)))
     return {}
-  results: Dict = {"batch": a.batch, "clip": CLIP, "sigma": SIGMA}
+  batch_flag = ["--batch", a.batch] if a.batch else []
+  results: Dict = {"batch": {m: batch_size(m, a.batch) for m in models},
+                   "clip": CLIP, "sigma": SIGMA}
   for threads in map(int, a.threads.split(",")):
-    timing = _child("time", threads, "--reps", a.reps, "--batch", a.batch,
+    timing = _child("time", threads, "--reps", a.reps, *batch_flag,
                     "--models", a.models, "--plans", a.plans,
                     "--variants", a.variants)
     for key, res in timing.items():
       model, plan = key.split("/")
-      peaks = {v: [_child("peak", model, plan, v, a.batch, threads)
+      peaks = {v: [_child("peak", model, plan, v, res["batch"], threads)
                    ["peak_bytes"] for _ in range(a.peak_reps)]
                for v in res["ratio"] if v not in FLOORS and a.peak_reps}
       res["peak_ratio"] = {}
@@ -362,8 +303,8 @@ def main(argv=None) -> Dict:
               f"{r['median']:.2f}x [{r['min']:.2f}, {r['max']:.2f}]"
               + (f", peak / plain {peak:.2f}x" if peak else ""), flush=True)
     if a.others:
-      others = _child("others", threads, "--reps", a.reps, "--batch",
-                      a.batch, "--models", a.models,
+      others = _child("others", threads, "--reps", a.reps, *batch_flag,
+                      "--models", a.models,
                       python=a.others_python)
       for key, res in others.items():
         results[f"{key}/{threads}"] = res
@@ -374,7 +315,11 @@ def main(argv=None) -> Dict:
   if a.out:
     if a.update and os.path.exists(a.out):
       with open(a.out) as f:
-        results = {**json.load(f), **results}
+        old = json.load(f)
+      kept = old.get("batch", {})
+      if not isinstance(kept, dict):  # one batch size for every model
+        kept = {k.split("/")[0]: kept for k in old if "/" in k}
+      results = {**old, **results, "batch": {**kept, **results["batch"]}}
     with open(a.out, "w") as f:
       json.dump(results, f, indent=1, sort_keys=True)
   return results
