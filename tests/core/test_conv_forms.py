@@ -47,13 +47,13 @@ def _per_example_conv_grads(x, g, kh, kw, stride, padding):
 
 
 @pytest.mark.parametrize("cin, cout, k, stride, padding, size, method", [
-    (1, 4, 3, 1, "SAME", (9, 8), "offsets"),     # one channel, 9 offsets
+    (1, 4, 3, 1, "SAME", (9, 8), "patches"),     # 9 values: one-hot unfold
     (1, 3, 5, 2, "SAME", (9, 8), "depthwise"),   # one channel, 25 offsets
     (1, 2, 5, 1, "VALID", (7, 9), "depthwise"),
     (3, 2, 3, 2, "SAME", (9, 8), "patches"),     # 2 to 15 channels
     (2, 3, 3, 2, "VALID", (9, 8), "patches"),
     (16, 3, 3, 2, "SAME", (6, 5), "offsets"),    # 16 channels and more
-    (16, 16, 3, 2, "SAME", (2, 2), "patches"),   # 1 position: ghost norm
+    (16, 16, 3, 2, "SAME", (4, 4), "patches"),   # 4 positions: ghost norm
 ])
 def test_conv_form_norms_and_clipped_sum(cin, cout, k, stride, padding, size,
                                          method):
