@@ -519,6 +519,25 @@ def context_by_name(op: tf.Operation):
   return best
 
 
+def in_xla_computation() -> bool:
+  """True while ops are traced into an enclosing XLA computation: inside a
+  ``tf.function(jit_compile=True)`` (``fit`` after ``compile(jit_compile=
+  True)``), where XLA inlines the inner ``jit_compile`` functions and
+  fuses them with everything else. False when that cannot be read.
+  """
+  if not usable("control_flow_context", "xla"):
+    return False
+  graph = tf.compat.v1.get_default_graph()
+  while graph is not None:
+    ctx = graph._get_control_flow_context()  # pylint: disable=protected-access
+    while ctx is not None:
+      if ctx.IsXLAContext():
+        return True
+      ctx = ctx.outer_context
+    graph = getattr(graph, "outer_graph", None)
+  return False
+
+
 @contextlib.contextmanager
 def _v1_control_flow() -> Iterator[None]:
   was_v2 = tf.compat.v1.control_flow_v2_enabled()
@@ -531,7 +550,10 @@ def _v1_control_flow() -> Iterator[None]:
       tf.compat.v1.enable_control_flow_v2()
 
 
-def _check_control_flow_context() -> None:
+def _check_control_flow_context(variant: str = "") -> None:
+  if variant == "xla":
+    _check_xla_context()
+    return
   with tf.Graph().as_default():
     with _v1_control_flow():
       x = tf.constant(1.0)
@@ -547,6 +569,35 @@ def _check_control_flow_context() -> None:
     if ctx is None or ctx.outer_context is not None or ctx not in (
         out.graph.get_collection(tf.compat.v1.GraphKeys.WHILE_CONTEXT)):
       raise SelfTestError(f"an op inside a v1 while loop has context {ctx!r}")
+
+
+def _check_xla_context() -> None:
+  def contexts():
+    found, graph = [], tf.compat.v1.get_default_graph()
+    while graph is not None:
+      ctx = graph._get_control_flow_context()  # pylint: disable=protected-access
+      while ctx is not None:
+        found.append(bool(ctx.IsXLAContext()))
+        ctx = ctx.outer_context
+      graph = getattr(graph, "outer_graph", None)
+    return found
+
+  seen = {}
+
+  def probe(name):
+    seen[name] = contexts()
+    return tf.constant(0)
+
+  # Each in a scratch graph: the first use may come while tracing a step.
+  with tf.Graph().as_default():
+    tf.function(lambda: probe("xla"), jit_compile=True, autograph=False)()
+  with tf.Graph().as_default():
+    tf.function(lambda: probe("function"), autograph=False)()
+  with tf.Graph().as_default():
+    probe("graph")
+  if seen != {"xla": [True], "function": [], "graph": []}:
+    raise SelfTestError(f"the XLA contexts of a jit_compile function, a "
+                        f"tf.function and a tf.Graph are {seen}")
 
 
 # -- tensorflow.python.framework.op_def_registry ----------------------------
@@ -725,13 +776,20 @@ PRIVATE_APIS: Dict[str, PrivateApi] = {
         name="tf.Operation._get_control_flow_context",
         symbols=("_get_control_flow_context",),
         why="finding the ops of tf.compat.v1 while loops and conds, which "
-        "make one layer and whose gradients TF builds in the loop's context",
+        "make one layer and whose gradients TF builds in the loop's context; "
+        "and (variant 'xla', tf.Graph's method of the same name) whether "
+        "privatize's noise is traced into an enclosing XLA computation, "
+        "which would fuse its Philox kernel into the transform and run the "
+        "rounds again for every value (18x the draw's time)",
         self_test="in a scratch graph an op outside a v1 while loop has no "
         "context, and an op in its body has the loop's outermost "
-        "WhileContext",
+        "WhileContext; 'xla': tracing a tf.function(jit_compile=True) the "
+        "default graph's contexts are one XLA context, tracing a "
+        "tf.function or building a tf.Graph there is none",
         fallback="the contexts of the WHILE_CONTEXT and COND_CONTEXT "
         "collections, matched by name scope (exact for loops, conservative "
-        "for conds)",
+        "for conds); 'xla': the noise takes XLA's Philox fused with the "
+        "transform everywhere (the same values, twice the draw's time)",
         check=_check_control_flow_context),
     "flatten_layers": PrivateApi(
         name="Keras Layer._flatten_layers",

@@ -126,6 +126,7 @@ def test_every_self_test_passes_on_this_tensorflow(fresh, caplog):
     for key in ("gradient_lookup", "reached_walk", "control_flow_context",
                 "op_def_registry"):
       assert _compat.usable(key), key
+    assert _compat.usable("control_flow_context", "xla")
     for flavour in FLAVOURS.values():
       package = flavour.__name__.split(".")[0]
       assert _compat.usable("flatten_layers", package), package
