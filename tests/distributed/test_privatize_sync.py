@@ -182,8 +182,10 @@ def test_the_noise_counter_is_a_global_variable_on_the_ps(graph):
   noise = [op for op in tf1.get_default_graph().get_operations()
            if op.type == "PartitionedCall"
            and "_box_muller" in op.get_attr("f").name]  # the noise's kernel
-  assert len(noise) == 4 and all(  # one per variable, all on the chief's
-      op.device == "/job:ps/task:0" for op in noise)  # update, none per push
+  # One draw for the four small variables together, on the chief's update,
+  # none per push.
+  assert len(noise) == 1 and all(op.device == "/job:ps/task:0"
+                                 for op in noise)
 
 
 def test_refusals(graph):
