@@ -39,9 +39,19 @@ def pure_scale(fns: Iterable[Transform]) -> Optional[float]:
   return None if factor == 1.0 else factor
 
 
-def log_if_scaled(rules, optimizer_name: str) -> bool:
+# What a person can do instead, in the terms of the optimizers they use.
+_TF1_FIX = ("give them their own learning rate (a second optimizer on their "
+            "var_list), or train with "
+            "tf.compat.v1.train.GradientDescentOptimizer or MomentumOptimizer")
+_KERAS_FIX = ("give them their own learning rate (a second optimizer that "
+              "applies their gradients), or train with keras.optimizers.SGD "
+              "(with or without momentum)")
+
+
+def log_if_scaled(rules, optimizer_name: str, fix: str = _TF1_FIX) -> bool:
   """Logs the warning when ``rules`` (a plan's compiled declarations) only
-  scale gradients, under the adaptive optimizer ``optimizer_name``.
+  scale gradients, under the adaptive optimizer ``optimizer_name``; ``fix``
+  says what to do instead, in the terms of the plan's optimizers.
 
   Returns:
     True when a warning was logged.
@@ -65,10 +75,8 @@ def log_if_scaled(rules, optimizer_name: str) -> bool:
       "%s under %s: an adaptive optimizer divides each parameter's step by a "
       "running estimate of its gradient's magnitude, so a constant scale "
       "largely cancels out. To make these parameters learn faster or slower, "
-      "give them their own learning rate (a second optimizer on their "
-      "var_list), or train with tf.compat.v1.train.GradientDescentOptimizer "
-      "or MomentumOptimizer, where a scale acts like a learning-rate factor.",
-      "; ".join(found), optimizer_name)
+      "%s, where a scale acts like a learning-rate factor.",
+      "; ".join(found), optimizer_name, fix)
   return True
 
 
@@ -101,7 +109,7 @@ def warn_if_keras_scale_cancels(rules, optimizer) -> bool:
   if not is_adaptive_keras(optimizer):
     return False
   inner = getattr(optimizer, "inner_optimizer", None) or optimizer
-  return log_if_scaled(rules, type(inner).__name__)
+  return log_if_scaled(rules, type(inner).__name__, _KERAS_FIX)
 
 
 def log_without_gradient(layers: List[str], loss_name: str,

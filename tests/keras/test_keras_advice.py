@@ -1,5 +1,5 @@
 """KerasPlan's logged advice: the no-gradient warning and the scale that an
-adaptive optimizer cancels, worded as GradientPlan's."""
+adaptive optimizer cancels, worded as GradientPlan's, with Keras' fix."""
 
 import logging
 import re
@@ -146,9 +146,9 @@ def test_an_adaptive_keras_optimizer_gets_the_advice_once(K, name, caplog):
       f"optimizer divides each parameter's step by a running estimate of its "
       f"gradient's magnitude, so a constant scale largely cancels out. To "
       f"make these parameters learn faster or slower, give them their own "
-      f"learning rate (a second optimizer on their var_list), or train with "
-      f"tf.compat.v1.train.GradientDescentOptimizer or MomentumOptimizer, "
-      f"where a scale acts like a learning-rate factor."]
+      f"learning rate (a second optimizer that applies their gradients), or "
+      f"train with keras.optimizers.SGD (with or without momentum), where a "
+      f"scale acts like a learning-rate factor."]
 
 
 def test_a_loss_scale_optimizer_is_read_through_its_inner_one(K, caplog):
@@ -193,4 +193,9 @@ def test_both_plans_name_the_same_scaled_declarations(K, caplog):
           "l2", gg.transforms.scale(0.5)).apply_gradients(
               tf1.train.AdamOptimizer())
   keras_msg, graph_msg = _messages(caplog)
-  assert keras_msg.replace("under Adam:", "under AdamOptimizer:") == graph_msg
+  # The same declarations and reason; each plan's fix in its own optimizers.
+  keras_why, keras_fix = keras_msg.split(" To make ")
+  graph_why, graph_fix = graph_msg.split(" To make ")
+  assert keras_why.replace("under Adam:", "under AdamOptimizer:") == graph_why
+  assert "keras.optimizers.SGD" in keras_fix and "tf.compat" not in keras_fix
+  assert "GradientDescentOptimizer" in graph_fix
