@@ -3,6 +3,8 @@
 This test asserts that ``python -m benchmarks --tiny`` runs and writes a
 well-formed report. It checks no timing threshold: the numbers of a shared
 CI machine prove nothing, and the suite's own RESULTS.md reports the noise.
+The runs have no timer of their own: a loaded machine may take any time,
+and the CI job's limit bounds them.
 """
 
 import hashlib
@@ -28,7 +30,7 @@ def test_tiny_benchmark_run_writes_a_well_formed_report(tmp_path):
   env.pop("TF_USE_LEGACY_KERAS", None)  # the benchmarks do not need it
   proc = subprocess.run(
       [sys.executable, "-m", "benchmarks", "--tiny", "--out", str(tmp_path)],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+      cwd=ROOT, env=env, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.strip().endswith("RESULTS.md")
   assert _digest(COMMITTED) == before  # the committed report is untouched
@@ -74,7 +76,7 @@ def test_privacy_benchmark_times_both_plans(tmp_path):
       [sys.executable, "-m", "benchmarks.privacy", "time", "1", "--reps", "1",
        "--batch", "8", "--models", "convnet", "--variants",
        "minimize,privatize,clip_only,philox_bits,noise_only"], cwd=ROOT,
-      env=env, capture_output=True, text=True, timeout=600)
+      env=env, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-3000:]
   data = json.loads(proc.stdout.strip().splitlines()[-1])
   assert set(data) == {"convnet/graph", "convnet/keras"}
