@@ -33,8 +33,16 @@ def float_inputs(call: Callable, args, kwargs
                  ) -> Tuple[List[Any], Callable[..., Any]]:
   """A layer call's floating-point inputs ``xs``, and ``run(*xs)``: the call
   with those inputs replaced by ``xs`` (the rest as they were)."""
+  return inputs_where(call, args, kwargs, is_float)
+
+
+def inputs_where(call: Callable, args, kwargs, pick: Callable[[Any], bool]
+                 ) -> Tuple[List[Any], Callable[..., Any]]:
+  """The inputs ``xs`` of a layer call (nested in lists and dicts too) that
+  ``pick`` chooses, and ``run(*xs)``: the call with those inputs replaced
+  by ``xs`` (the rest as they were)."""
   flat = tf.nest.flatten((args, kwargs))
-  idx = [i for i, a in enumerate(flat) if is_float(a)]
+  idx = [i for i, a in enumerate(flat) if pick(a)]
 
   def run(*xs):
     flat_in = list(flat)

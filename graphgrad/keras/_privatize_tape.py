@@ -37,6 +37,7 @@ from graphgrad.keras._layer_index import (
   CallPatches,
   direct_variables,
   holds_variables,
+  inputs_where,
   tf_variable,
 )
 from graphgrad.keras._tape_vjp import TapeVJP, error_line
@@ -446,14 +447,14 @@ def _fallback(call: Dict[str, Any], dys, batch) -> Forms:
   """
   layer, args, kwargs = call["layer"], call["args"], call["kwargs"]
   variables = _own_variables(layer)
-  flat = tf.nest.flatten((args, kwargs))
   outs = _flat_outputs(call)
   rows = tf.get_static_value(batch)
   if rows is None:  # a traced batch of unknown size: checked when run
     rows = outs[0].shape[0] if outs and outs[0].shape.rank else -1
-  at = [i for i, x in enumerate(flat)
-        if isinstance(x, tf.Tensor) and x.shape.rank and x.shape[0] == rows]
-  if not at:
+  xs, run = inputs_where(layer, args, kwargs, lambda x: (
+      isinstance(x, tf.Tensor) and bool(x.shape.rank)
+      and x.shape[0] == rows))
+  if not xs:
     raise _errors.UnsupportedGraphError(
         f"privatize: layer {layer.name!r} ({type(layer).__name__}) has no "
         f"norm rule, and no tensor argument of its call has the examples "
@@ -467,20 +468,13 @@ def _fallback(call: Dict[str, Any], dys, batch) -> Forms:
                 "per-example gradients are computed through their own call, "
                 "one example at a time.", key, layer.name)
 
-  def run(*xs):
-    values = list(flat)
-    for i, x in zip(at, xs):
-      values[i] = x
-    a, kw = tf.nest.pack_sequence_as((args, kwargs), values)
-    return layer(*a, **kw)
-
   dtype = norm_dtype(variables[0].dtype)
-  vjp = TapeVJP.of_call(run, [flat[i] for i in at])
+  vjp = TapeVJP.of_call(run, xs)
   # The gradients at the flattened output, a non-tensor's None; each one's
   # rows are the examples', as the inputs' (each gradient waits for the
   # checks: the per-example gradients read them all).
-  checks = [c for i in at
-            for c in _examples_first(layer, flat[i], batch, "input")]
+  checks = [c for x in xs
+            for c in _examples_first(layer, x, batch, "input")]
   checks += [c for dy in dys if dy is not None
              for c in _examples_first(layer, dy, batch, "output")]
   grads = iter([None if dy is None else _after(checks, dy) for dy in dys])
