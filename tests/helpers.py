@@ -50,6 +50,29 @@ def densify(g):
   return g
 
 
+def clipped_mean_reference(loss_of, variables, n, clip):
+  """DP-SGD's noise-free gradient by hand, and the per-example norms.
+
+  ``loss_of(i)`` computes example ``i``'s scalar loss (under one
+  ``tf.GradientTape`` per example); each example's gradient over all
+  ``variables`` is clipped to ``clip`` in numpy (float64), summed and
+  divided by ``n``.
+  """
+  total, norms = None, []
+  for i in range(n):
+    with tf.GradientTape() as t:
+      loss = loss_of(i)
+    grads = [np.zeros(v.shape) if g is None
+             else densify(tf.convert_to_tensor(g).numpy()).astype(np.float64)
+             for g, v in zip(t.gradient(loss, variables), variables)]
+    norm = np.sqrt(sum(np.sum(g * g) for g in grads))
+    norms.append(norm)
+    c = min(1.0, clip / norm)
+    total = ([c * g for g in grads] if total is None
+             else [a + c * g for a, g in zip(total, grads)])
+  return [a / n for a in total], np.array(norms)
+
+
 def assert_grads_close(actual, expected, rtol=1e-5, atol=1e-6):
   assert len(actual) == len(expected)
   for a, e in zip(actual, expected):

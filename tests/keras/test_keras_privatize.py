@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import graphgrad as gg
 from keras_cases import is_keras3
-from tests.helpers import densify
+from tests.helpers import clipped_mean_reference
 
 tf1 = tf.compat.v1
 B = 6
@@ -24,20 +24,8 @@ def normal(*shape, seed=0):
 
 
 def reference(model, loss_fn, x, clip):
-  variables = model.trainable_variables
-  total, norms = None, []
-  for i in range(B):
-    with tf.GradientTape() as t:
-      loss = loss_fn(model(x[i:i + 1]))[0]
-    grads = [np.zeros(v.shape) if g is None
-             else densify(tf.convert_to_tensor(g).numpy()).astype(np.float64)
-             for g, v in zip(t.gradient(loss, variables), variables)]
-    norm = np.sqrt(sum(np.sum(g * g) for g in grads))
-    norms.append(norm)
-    c = min(1.0, clip / norm)
-    total = ([c * g for g in grads] if total is None
-             else [a + c * g for a, g in zip(total, grads)])
-  return [a / B for a in total], np.array(norms)
+  return clipped_mean_reference(lambda i: loss_fn(model(x[i:i + 1]))[0],
+                                model.trainable_variables, B, clip)
 
 
 def private(model, loss_fn, x, clip, function=False, **kw):

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
+from tests.helpers import clipped_mean_reference
 
 B = 5
 
@@ -41,20 +42,9 @@ def _one(xs):
 
 def reference(model, xs, clip):
   """The clipped mean of per-example gradients, and the per-example norms."""
-  variables = model.trainable_variables
-  total, norms = None, []
-  for i in range(B):
-    with tf.GradientTape() as t:
-      loss = square_sum(model(_one([x[i:i + 1] for x in xs])))[0]
-    grads = [np.zeros(v.shape) if g is None
-             else tf.convert_to_tensor(g).numpy().astype(np.float64)
-             for g, v in zip(t.gradient(loss, variables), variables)]
-    norm = np.sqrt(sum(np.sum(g * g) for g in grads))
-    norms.append(norm)
-    c = min(1.0, clip / norm)
-    total = ([c * g for g in grads] if total is None
-             else [a + c * g for a, g in zip(total, grads)])
-  return [a / B for a in total], np.array(norms)
+  return clipped_mean_reference(
+      lambda i: square_sum(model(_one([x[i:i + 1] for x in xs])))[0],
+      model.trainable_variables, B, clip)
 
 
 def check(model, xs, function=False):
