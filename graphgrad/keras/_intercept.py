@@ -17,15 +17,14 @@ replaced, on that layer instance only, by a wrapper that counts its calls and
 
 import collections
 import contextlib
-import dataclasses
 import logging
-from typing import Any, Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
 from graphgrad.core._gradients import is_float
+from graphgrad.core._layer_step import BackwardPass
 from graphgrad.core._rules import Mode
-from graphgrad.core._trace import TraceRecord
 from graphgrad.keras import _tape_linear, _tape_recompute
 from graphgrad.keras._layer_index import (
   CallPatches,
@@ -33,50 +32,40 @@ from graphgrad.keras._layer_index import (
   holds_variables,
   tf_variable,
 )
-from graphgrad.keras._tape_backward import (
-  backward_of_call,
-  edge_grads,
-  observe_upstream,
-)
+from graphgrad.keras._tape_backward import backward_of_call, edge_grads
 from graphgrad.keras._tape_vjp import TapeVJP
 from graphgrad.transforms import _scaled
-from graphgrad.transforms._context import TransformContext
 
 log = logging.getLogger("graphgrad")
 
 
-@dataclasses.dataclass
-class BackwardStep:
-  """The values of one backward pass under a plan tape.
+class BackwardStep(BackwardPass):
+  """One backward pass under a plan tape: core's pass
+  (``core._layer_step.BackwardPass``), with what the tape reads of it.
 
   The tape makes one per ``tape.gradient`` call (and one, ``plain``, for
   the task gradients before it) and reads its results afterwards.
 
   Attributes:
-    plain: task gradients are being computed: plain backpropagation.
     task_deltas: layer -> per call, per output ``combine(g_i) - sum_i g_i``.
-    done: the gradients at the rewritten layers' outputs, filled from the
-      loss down (what ``context.upstream_of`` reads).
-    extra: ``(grad, var)`` pairs of the methods' own variables.
     edges_run: edges whose upper layer was backpropagated.
     edges_fed: edges along which a gradient reached the lower layer.
-    trace: every transform applied (``core._trace``), in order.
     pairs: the final ``(gradient, variable)`` pairs, once the step is done.
     raw: the pairs before the parameter transforms (this replica's).
-    scale: the loss scale ``pairs`` carry, or ``None``.
     finished: the step's gradient was taken.
   """
-  plain: bool = False
-  task_deltas: Dict[str, List[list]] = dataclasses.field(default_factory=dict)
-  done: Dict[str, list] = dataclasses.field(default_factory=dict)
-  extra: List[tuple] = dataclasses.field(default_factory=list)
-  edges_run: set = dataclasses.field(default_factory=set)
-  edges_fed: set = dataclasses.field(default_factory=set)
-  trace: List[TraceRecord] = dataclasses.field(default_factory=list)
-  pairs: List[tuple] = dataclasses.field(default_factory=list)
-  raw: List[tuple] = dataclasses.field(default_factory=list)
-  scale: Any = None
-  finished: bool = False
+
+  def __init__(self, global_step=None, resources=None, scale=None,
+               plain: bool = False, labels=None,
+               task_deltas: Optional[Dict[str, List[list]]] = None):
+    super().__init__(global_step, resources, scale=scale, plain=plain,
+                     labels=labels)
+    self.task_deltas = dict(task_deltas or {})
+    self.edges_run: set = set()
+    self.edges_fed: set = set()
+    self.pairs: List[tuple] = []
+    self.raw: List[tuple] = []
+    self.finished = False
 
   def finish(self, sources: list, raw: list, grads: list, scale) -> None:
     """Keeps the step's final ``(gradient, variable)`` pairs (sources that
@@ -88,23 +77,6 @@ class BackwardStep:
     self.scale = scale
     self.finished = True
 
-  def record(self, ctx: TransformContext, before, after=None,
-             later: Optional[Callable] = None) -> None:
-    """Adds a trace record, with the loss scale the gradients carry;
-    ``later`` builds ``after`` when it is first read."""
-    if not self.plain:
-      self.trace.append(TraceRecord(ctx, before, after, later=later,
-                                    scale=_scaled.current()))
-
-  def combine_tasks(self, path: str, call: int, dys: list) -> list:
-    """``dy - sum_i g_i + combine(g_i)`` at the outputs of a task layer."""
-    deltas = self.task_deltas.get(path)
-    if deltas is None:
-      return dys
-    return [dy if d is None else (d if dy is None else
-                                  tf.convert_to_tensor(dy) + d)
-            for dy, d in zip(dys, deltas[call])]
-
 
 class Interceptor:
   """What a plan tape does to the forward pass, and the backward steps."""
@@ -113,7 +85,7 @@ class Interceptor:
     self.plan = plan
     self.labels = labels
     rules = plan.rules
-    self.edges = {k: e.transform for k, e in rules.edges.items()}
+    self.edges = dict(rules.edges)
     # Layers whose backward pass is their own.
     self.custom = {p for p, r in rules.layers.items() if r.cut}
     # Layers whose one rule is a linear upstream rewrite: they may run
@@ -124,7 +96,7 @@ class Interceptor:
     self.outputs: Dict[str, List[list]] = collections.defaultdict(list)
     # The backward pass under way: custom gradients run inside TF's own
     # backward pass, which cannot hand them an argument.
-    self._step = BackwardStep()
+    self._step = self.step()
     self._patches = CallPatches()
     self._glue: List[tf.GradientTape] = []
     self._lower_outputs: Dict[str, List[tuple]] = collections.defaultdict(list)
@@ -141,6 +113,14 @@ class Interceptor:
     """Under ``plan.recompute``, the tensors the step keeps (see
     ``Recomputer.kept``); else ``None``."""
     return None if self._recomputer is None else self._recomputer.kept
+
+  def step(self, plain: bool = False,
+           task_deltas: Optional[Dict[str, List[list]]] = None
+           ) -> BackwardStep:
+    """A new backward pass of this tape, with the loss scale active now."""
+    return BackwardStep(self.plan.step_tensor(), self.plan.resources,
+                        scale=_scaled.current(), plain=plain,
+                        labels=self.labels, task_deltas=task_deltas)
 
   @contextlib.contextmanager
   def backward(self, step: BackwardStep):
@@ -266,7 +246,7 @@ class Interceptor:
     rule = self.plan.rules.rule(path)
 
     def record(t, dy):
-      observe_upstream(self, self._step, rule, t, dy)
+      self._step.observe(rule, [t], [dy])
 
     flat = [_tape_linear.observed(t, record) if is_float(t) else t
             for t in tf.nest.flatten(out)]
@@ -285,10 +265,10 @@ class Interceptor:
 
       return self._recomputer.call(path, layer, call, args, kwargs, backward)
     xs, run = float_inputs(call, args, kwargs)
-    entries = [(lo, up, fn, outs, glue)
-               for (lo, up), fn in self.edges.items() if up == path
+    entries = [(rule, outs, glue)
+               for (lo, up), rule in self.edges.items() if up == path
                for outs, glue in self._lower_outputs.get(lo, ())]
-    extra = [t for *_, outs, _ in entries for t in outs]
+    extra = [t for _, outs, _ in entries for t in outs]
     n = len(xs)
 
     @tf.custom_gradient
@@ -302,18 +282,8 @@ class Interceptor:
                                     list(dys), list(variables or []))
           if not step.plain:
             step.edges_run.update(k for k in self.edges if k[1] == path)
-          return dx + edge_grads(self, step, entries, xs, dx), dv
+          return dx + edge_grads(step, entries, xs, dx), dv
 
       return out, grad
 
     return layer_op(*(xs + extra))
-
-  # -- what backward_of_call asks for --------------------------------------
-
-  def context(self, layer, role, **kw) -> TransformContext:
-    t = kw.get("tensor")
-    if t is not None and not tf.is_symbolic_tensor(t):
-      kw["tensor"] = None  # eager tensors have no name to derive seeds from
-    return TransformContext(layer=layer, role=role,
-                            global_step=self.plan.step_tensor(),
-                            resources=self.plan.resources, **kw)

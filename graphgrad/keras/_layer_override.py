@@ -3,7 +3,7 @@
 The tape runs an overridden layer's call inside its ``tf.custom_gradient``
 (``_intercept``), and the call's inputs get ``fn(call, *output_grads)``
 instead of the chain rule through the call. ``call`` is a
-``_tape_backward.LayerCall``, with the ``name``, ``type``, ``inputs`` and
+``core._layer_step.LayerCall``, with the ``name``, ``type``, ``inputs`` and
 ``outputs`` of a ``tf.Operation``, so that ``fn`` is written like a
 registered gradient function and ``straight_through`` serves both plans.
 

@@ -199,7 +199,7 @@ class PlanTape:
         watch_accessed_variables=watch_accessed_variables)
     self._vjp: Any = TapeVJP.outer(self._tape)
     self._entered = self._inside = False
-    self._last = BackwardStep()
+    self._last = self._run.step()
 
   # -- GradientTape surface ------------------------------------------------
 
@@ -334,7 +334,7 @@ class PlanTape:
     if sources is None:
       sources = list(plan.model.trainable_variables)
     by_layer = losses_by_layer(plan.rules, task_losses)
-    step = BackwardStep(task_deltas=self._task_deltas(target, by_layer))
+    step = self._run.step(task_deltas=self._task_deltas(target, by_layer))
     with self._run.backward(step):
       if self._private is None:
         grads = self._vjp.backprop(target, sources, output_gradients,
@@ -480,7 +480,7 @@ class PlanTape:
           flat_g[i] = g
       pairs = [(g, tf_variable(s)) for s, g in zip(flat_s, flat_g)]
       flat_g = transform_parameters(todo, pairs, layer_among,
-                                    self._run.context, step.record)
+                                    step.context, step.record)
       for i in summed:
         if flat_g[i] is not None:
           g = dense(flat_g[i])
@@ -506,7 +506,7 @@ class PlanTape:
       return out
     state_of = functools.partial(self._plan.method_variables.state,
                                  "combine_tasks/parameters")
-    with self._run.backward(BackwardStep(plain=True)), tf.name_scope(
+    with self._run.backward(self._run.step(plain=True)), tf.name_scope(
         self._plan.name):
       new = combined_parameters(
           self._vjp, target, losses, [flat_s[i] for i in chosen],
@@ -521,7 +521,7 @@ class PlanTape:
     outputs at once). A stateful method's state is made once per plan and
     layer in its ``method_variables``."""
     deltas: Dict[str, List[list]] = {}
-    with self._run.backward(BackwardStep(plain=True)):
+    with self._run.backward(self._run.step(plain=True)):
       for path, rule in self._plan.rules.tasks.items():
         calls = self._run.outputs[path]
         flat = [t for outs in calls for t in outs]

@@ -14,90 +14,71 @@ such layers takes one call (``_spans``). With no cut at all the executor
 makes the single call ``Optimizer.minimize`` makes.
 """
 
-import functools
-from typing import Callable, Dict, List, Optional, Protocol, Sequence
+import contextlib
+from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
 
-from graphgrad._types import Gradient
 from graphgrad.analysis._layer_graph import LayerGraph
-from graphgrad.core._gradients import aggregate, completed_upstream, is_zero
-from graphgrad.core._layer_policy import layer_backward
+from graphgrad.core._gradients import aggregate
+from graphgrad.core._layer_step import BackwardPass, sends_nothing
 from graphgrad.core._rules import EdgeRule, LayerRule, Mode, PlanRules
+from graphgrad.core._task_combination import output_deltas
 from graphgrad.plan import _hooks, _reach
 from graphgrad.plan._backprop import Backprop, GraphVJP
 from graphgrad.plan._cuts import CutPlan, Group, GroupKind, ancestors
 from graphgrad.plan._op_override import Substitutions
+from graphgrad.plan._replacement_graph import GraphBackward
 from graphgrad.plan._spans import Spans
 
-__all__ = ["Hooks", "Segments"]
+__all__ = ["Segments"]
 
 
-class Hooks(Protocol):
-  """What the engine asks of the TF1 executor, at a rule that has one."""
-
-  def upstream(self, rule: LayerRule, grad: Gradient, tensor: tf.Tensor,
-               weighed: bool = False) -> Gradient:
-    """The layer's upstream transform of ``grad`` at ``tensor``, with the
-    plan's checks and trace. With ``weighed`` the engine weights ``grad``
-    by the rule's factor instead, and this only records it (summaries)."""
-
-  def edge(self, rule: EdgeRule, grad: Gradient, tensor: tf.Tensor,
-           weighed: bool = False) -> Gradient:
-    """The edge's transform, as :meth:`upstream`."""
-
-  def replace(self, rule: LayerRule, *, outputs: List[tf.Tensor],
-              upstream: List, inputs: List[tf.Tensor],
-              upstream_of: Callable, chain_rule: Callable) -> Sequence:
-    """The layer's backward replacement: ``upstream`` is the gradients at
-    ``outputs`` after the upstream transform, ``chain_rule`` a function
-    building what the chain rule would give and ``upstream_of`` layer name
-    -> the complete gradients at that cut layer's outputs; it returns one
-    gradient per input."""
-
-  def combine(self, rule: LayerRule, grads: List,
-              outputs: List[tf.Tensor]) -> List:
-    """The layer's task combination of ``grads`` at ``outputs``."""
-
-
-class _LayerSteps:
-  """The steps of one cut layer (``core._layer_policy.LayerSteps``): one
-  segment call per VJP."""
+class _SegmentSite:
+  """One cut layer in the engine (``core._layer_step.Site``): one segment
+  call per VJP."""
 
   def __init__(self, segments: "Segments", bp: Backprop, rule: LayerRule,
                ys, targets, own, other, stops):
     self.segments, self.bp, self.rule = segments, bp, rule
-    self.ys, self.targets = ys, targets
+    self.outputs, self.inputs = ys, targets
     self.own, self.other, self.stops = own, other, stops
 
+  @property
+  def net(self) -> LayerGraph:
+    return self.segments.net
+
+  @property
+  def layer(self):
+    return self.segments.net[self.rule.layer]
+
   def vjp(self, grads, inputs: bool, own: bool, other: bool):
-    xs = self.targets if inputs else []
+    xs = self.inputs if inputs else []
     names = (self.own if own else []) + (self.other if other else [])
-    res = self.bp.call(self.ys, grads, xs, names, stops=self.stops)
+    res = self.bp.call(self.outputs, grads, xs, names, stops=self.stops)
     n, m = len(xs), len(self.own) if own else 0
     return list(res[:n]), list(res[n:n + m]), list(res[n + m:])
 
-  def weigh(self, grad, factor):
-    return self.bp.weigh(grad, factor)
+  def task_deltas(self, grads):
+    task = self.rule.tasks
+    assert task is not None  # asked only for a rule with tasks
+    segments = self.segments
+    name = f"combine_tasks_{task.layer}".replace("/", "_")
+    with tf.name_scope(name):
+      return output_deltas(
+          segments.vjp, segments.net.loss, task.losses or (), self.outputs,
+          task.method, lambda make: segments.step.resources.get_or_create(
+              task.layer, "combine_tasks/state", make), name)
 
-  def arrived(self, grads):
-    if self.rule.tasks is not None:
-      grads = self.segments.hooks.combine(self.rule, grads, self.ys)
-    self.segments._done[self.rule.layer] = grads
-    return grads
+  def methods(self):
+    return GraphBackward(self.segments.net, self.rule.layer,
+                         self.segments.step.resources, self.segments.vjp,
+                         self.outputs)
 
-  def transform(self, grads):
-    upstream = self.segments.hooks.upstream
-    return [upstream(self.rule, gy, y) for y, gy in zip(self.ys, grads)]
+  def recording(self):
+    return contextlib.nullcontext()
 
-  def observe(self, grads):
-    self.segments._observe(self.rule.layer, self.ys, grads)
-
-  def replace(self, grads, chain_rule):
-    return self.segments.hooks.replace(
-        self.rule, outputs=self.ys, upstream=grads, inputs=self.targets,
-        upstream_of=functools.partial(completed_upstream, self.segments._done),
-        chain_rule=chain_rule)
+  paused = recording
 
 
 class Segments:
@@ -108,7 +89,8 @@ class Segments:
     variables: the variables to differentiate.
     rules: the plan, compiled: each layer's mode and factor, the edges, the
       layers whose outputs a replacement reads.
-    hooks: the executor's transforms, replacements and task combinations.
+    step: the backward pass (``core._layer_step``) that acts at each cut
+      layer and edge, and records what it did.
     vjp: the plan's VJP (``_backprop.GraphVJP``), which every segment
       calls.
     overrides: the plan's overridden ops: their functions replace the
@@ -121,11 +103,11 @@ class Segments:
   """
 
   def __init__(self, net: LayerGraph, variables, rules: PlanRules,
-               hooks: Hooks, vjp: GraphVJP, overrides: Substitutions,
+               step: BackwardPass, vjp: GraphVJP, overrides: Substitutions,
                spans: bool = True):
     self.net = net
     self.rules = rules
-    self.hooks = hooks
+    self.step = step
     self.vjp = vjp
     self.variables = {v.op.name: v for v in variables}
     edge_uppers = {n for n, r in rules.layers.items() if r.edge_upper}
@@ -143,7 +125,6 @@ class Segments:
     # Each segment call walks only the ops behind its ys (see _reach).
     self._bound = _reach.can_bound(
         d["op"] for _, d in net.op_graph.nodes(data=True))
-    self._done: Dict[str, List] = {}
     self._spans = Spans(self.cuts, factors, special,
                         enabled=spans and _hooks.available(),
                         overridden=set(overrides.fns))
@@ -180,23 +161,16 @@ class Segments:
     head, last = span[0], span[-1]
     g = bp.total(head.sources)
     if head.key.kind is GroupKind.LAYER:
-      self._observe(head.key.name, head.sources, g)
+      self.step.observe(self.rules.rule(head.key.name), head.sources, g)
     seen: Dict[str, object] = {}
-    hooks = self._spans.hooks(span, bp.weigh, seen.setdefault)
+    hooks = self._spans.hooks(span, self.step.weigh, seen.setdefault)
     variables = list(dict.fromkeys(n for x in span for n in x.variables))
     res = bp.call(head.sources, g, last.targets, variables,
                   stops=last.targets, hooks=hooks)
     bp.deposit(last.targets, variables, res)
     for group in span[1:]:
-      self._observe(group.key.name, group.sources,
-                    [seen.get(t.name) for t in group.sources])
-
-  def _observe(self, name: str, ys: Sequence[tf.Tensor], g: List) -> None:
-    self._done[name] = g
-    rule = self.rules.rule(name)
-    if rule.upstream is not None:
-      for y, gy in zip(ys, g):
-        self.hooks.upstream(rule, gy, y, weighed=True)
+      self.step.observe(self.rules.rule(group.key.name), group.sources,
+                        [seen.get(t.name) for t in group.sources])
 
   # -- one method per kind of cut group --------------------------------------
 
@@ -217,9 +191,9 @@ class Segments:
     targets = (group.targets if rule.mode is Mode.REPLACED
                or not rule.edge_upper
                else self._not_zeroed(group.targets, name, bp))
-    steps = _LayerSteps(self, bp, rule, ys, targets, own, other,
+    site = _SegmentSite(self, bp, rule, ys, targets, own, other,
                         group.targets)
-    result = layer_backward(rule, bp.total(ys), steps)
+    result = self.step.layer_backward(rule, site, bp.total(ys))
     bp.deposit([], own + other, result.own + result.other)
     if result.inputs is None:
       bp.drop(targets, other)
@@ -230,8 +204,7 @@ class Segments:
     """``targets`` but those whose edge into ``upper`` is ``zero()``."""
     live = []
     for t in targets:
-      edge = self._edge_rule(t, upper)
-      if edge is not None and is_zero(edge.factor):
+      if sends_nothing(self._edge_rule(t, upper)):
         bp.drop([t])
       else:
         live.append(t)
@@ -245,21 +218,13 @@ class Segments:
     """Hands an upper layer's edge gradient to each lower layer, rewritten."""
     name, store = group.key.name, bp.edge_grads[group.key.name]
     for t in group.direct:
-      bp.add(t, self._edge(t, name, aggregate(store.get(t.name, ()), like=t),
-                           bp))
+      bp.add(t, self.step.edge_backward(
+          self._edge_rule(t, name), t,
+          aggregate(store.get(t.name, ()), like=t)))
     live = self._not_zeroed(group.targets, name, bp)
     glue = group.glue
     res = bp.call(glue, bp.total(glue, store), live, group.variables,
                   stops=group.targets)
     for t, r in zip(live, res):
-      bp.add(t, self._edge(t, name, r, bp))
+      bp.add(t, self.step.edge_backward(self._edge_rule(t, name), t, r))
     bp.deposit([], group.variables, res[len(live):])
-
-  def _edge(self, t: tf.Tensor, upper: str, grad, bp: Backprop):
-    edge = self._edge_rule(t, upper)
-    if edge is None or grad is None:
-      return grad
-    if edge.factor is None:
-      return self.hooks.edge(edge, grad, t)
-    self.hooks.edge(edge, grad, t, weighed=True)
-    return bp.weigh(grad, edge.factor)

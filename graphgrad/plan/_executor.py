@@ -13,6 +13,7 @@ backward replacements, and gates the result. Every applied transform is
 recorded as a ``core._trace.TraceRecord``, which ``plan.summaries()`` reads.
 """
 
+import contextlib
 import dataclasses
 from typing import (
   Any,
@@ -33,22 +34,21 @@ from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core import _privacy
 from graphgrad.core._gradients import aggregate
+from graphgrad.core._layer_step import BackwardPass
 from graphgrad.core._parameters import transform_parameters
-from graphgrad.core._rules import EdgeRule, LayerRule, PlanRules, TaskRule
-from graphgrad.core._task_combination import combined_parameters, output_deltas
+from graphgrad.core._rules import PlanRules, TaskRule
+from graphgrad.core._task_combination import combined_parameters
 from graphgrad.core._trace import TraceRecord
 from graphgrad.plan import (
   _loss_scale_optimizer,
   _op_override,
   _privatize_graph,
   _recompute,
-  _replacement_graph,
 )
 from graphgrad.plan._backprop import GraphVJP
 from graphgrad.plan._engine import Segments
 from graphgrad.transforms import _checks, _scaled
-from graphgrad.transforms._context import Resources, TransformContext
-from graphgrad.transforms._transforms import Transform
+from graphgrad.transforms._context import Resources
 
 GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
 
@@ -151,8 +151,6 @@ class _Executor:
     self.rules = rules
     self.options = options
     self.resources = resources
-    self.trace: List[TraceRecord] = []
-    self.extra: GradsAndVars = []
     self.global_step = tf.compat.v1.train.get_global_step(loss.graph)
 
   @property
@@ -172,6 +170,8 @@ class _Executor:
     if rules.loss_scale is not None:
       with self.loss.graph.as_default():
         self.scale = rules.loss_scale.scale()
+    self.step = BackwardPass(self.global_step, self.resources,
+                             scale=self.scale, later_scope=self._scope)
     self.overrides = _op_override.substitutions(
         self.loss, self.var_list, {(o.match, o.key): o.fn for o in rules.ops},
         self.layer_of)
@@ -214,9 +214,9 @@ class _Executor:
       if params is not None:
         self._combine_parameters(params, out, chosen, plain)
       new = transform_parameters(rules.parameters, out, self._layer_among,
-                                 self._context, self._record)
+                                 self.step.context, self.step.record)
       out = [(g, v) for g, (_, v) in zip(new, out)]
-      out += self.extra
+      out += self.step.extra
       if self.options.gate_gradients == GATE_GRAPH:
         present = [(i, g) for i, (g, _) in enumerate(out) if g is not None]
         gated = tf.tuple([g for _, g in present]) if present else []
@@ -227,7 +227,7 @@ class _Executor:
         out = _loss_scale_optimizer.unscale(self.scale, out)
     recompute = self.vjp.recompute
     kept = () if recompute is None else recompute.kept
-    return Built(tuple(out), tuple(self.trace), kept)
+    return Built(tuple(out), tuple(self.step.trace), kept)
 
   def _recompute(self, keep: Optional[Tuple[str, ...]],
                  tensors: Tuple[str, ...]) -> _recompute.Recompute:
@@ -244,70 +244,12 @@ class _Executor:
 
   def _segmented(self, reached) -> Dict[str, Gradient]:
     rules = self.rules
-    segments = Segments(self.net, reached, rules, self, self.vjp,
+    segments = Segments(self.net, reached, rules, self.step, self.vjp,
                         self.overrides, spans=rules.recompute is None)
     reduce = None if self.options.reduce_fn is None else self._reduce
     contributions = segments.build(self._seed(), reduce=reduce)
     return {v.op.name: aggregate(contributions.get(v.op.name, ()), like=v)
             for v in reached}
-
-  # -- what the engine asks of each rule (_engine.Hooks) ----------------------
-
-  def upstream(self, rule: LayerRule, grad: Gradient, tensor: tf.Tensor,
-               weighed: bool = False) -> Gradient:
-    assert rule.upstream is not None  # asked only for a rule with a transform
-    return self._rewrite(
-        rule.upstream, grad,
-        self._context(rule.layer, "upstream", tensor=tensor),
-        f"transform_upstream({rule.layer!r}) on {tensor.name}", weighed)
-
-  def edge(self, rule: EdgeRule, grad: Gradient, tensor: tf.Tensor,
-           weighed: bool = False) -> Gradient:
-    key = (rule.lower, rule.upper)
-    return self._rewrite(
-        rule.transform, grad,
-        self._context(key[0], "edge", tensor=tensor, edge=key),
-        f"transform_edge({key[0]!r}, {key[1]!r}) on {tensor.name}", weighed)
-
-  def _rewrite(self, fn: Transform, grad: Gradient, ctx: TransformContext,
-               where: str, weighed: bool) -> Gradient:
-    """``fn(grad)`` with the plan's checks and trace.
-
-    Where the rule is linear the engine weights by its factor instead of
-    calling ``fn`` (``weighed``); the trace then records it, with an
-    ``after`` that calls ``fn`` only when read.
-    """
-    if not weighed:
-      return self._apply(fn, grad, ctx, where)
-
-    def later():  # built after the plan, for a trace entry read later
-      with self.loss.graph.as_default(), tf.name_scope(self.options.name):
-        return _checks.checked(fn, grad, ctx, where)
-
-    self.trace.append(
-        TraceRecord(ctx, grad, later=later, scale=self.scale))
-    return grad
-
-  def replace(self, rule: LayerRule, **kw) -> Sequence[Gradient]:
-    assert rule.replacement is not None  # asked only for a REPLACED rule
-    return _replacement_graph.replace_backward(
-        self.net, rule.layer, rule.replacement, self.resources, self.extra,
-        self.vjp, **kw)
-
-  def combine(self, rule: LayerRule, grads: List,
-              outputs: List[tf.Tensor]) -> List:
-    task = rule.tasks
-    assert task is not None  # asked only for a rule with tasks
-    name = f"combine_tasks_{task.layer}".replace("/", "_")
-    # g - sum_i g_i + combine(g_1, ..., g_k) at each output
-    with tf.name_scope(name):
-      deltas = output_deltas(
-          self.vjp, self.loss, task.losses or (), outputs, task.method,
-          lambda make: self.resources.get_or_create(
-              task.layer, "combine_tasks/state", make), name)
-      return [g if g is None or d is None
-              else tf.convert_to_tensor(g) + d
-              for g, d in zip(grads, deltas)]
 
   # -- parameter gradients ---------------------------------------------------
 
@@ -401,17 +343,10 @@ class _Executor:
       return None
     return _loss_scale_optimizer.seed(self.loss, self.scale)
 
-  def _apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
-             where: str) -> Gradient:
-    out = _checks.checked(fn, grad, ctx, where)
-    self._record(ctx, grad, out)
-    return out
-
-  def _record(self, ctx: TransformContext, before: Gradient,
-              after: Gradient) -> None:
-    self.trace.append(TraceRecord(ctx, before, after, scale=self.scale))
-
-  def _context(self, layer: str, role: str, **kw) -> TransformContext:
-    return TransformContext(layer=layer, role=role,
-                            global_step=self.global_step,
-                            resources=self.resources, **kw)
+  def _scope(self):
+    """Where ops built after the plan go: the loss's graph, the plan's
+    name scope (a trace entry first read by summaries)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(self.loss.graph.as_default())
+    stack.enter_context(tf.name_scope(self.options.name))
+    return stack

@@ -1,28 +1,24 @@
-"""The TF1 executor of backward replacements (``plan.replace_backward``).
+"""The TF1 executor's side of a backward replacement's context.
 
-The segment engine calls :func:`replace_backward` at a replaced layer;
-it makes the :class:`~graphgrad.methods._replacement.BackwardContext` both
-plans share, whose executor is a :class:`GraphBackward`: its VJP is the
+Core's backward step (``core._layer_step``) runs a replacement
+(``plan.replace_backward``) with the
+:class:`~graphgrad.methods._replacement.BackwardContext` both plans share;
+on a ``tf.Graph`` its executor is a :class:`GraphBackward`: its VJP is the
 plan's (``_backprop.GraphVJP``), its variables are kept in the plan's
 resources, and a dense layer is found in the op graph.
 """
 
-from typing import Callable, List, Sequence, Tuple
+from typing import List, Sequence
 
 import tensorflow as tf
 
 from graphgrad._types import Gradient
 from graphgrad.analysis._layer_graph import LayerGraph
-from graphgrad.methods._replacement import (
-  BackwardContext,
-  DenseMatMul,
-  kernel_matmul,
-  run_replacement,
-)
+from graphgrad.methods._replacement import DenseMatMul, kernel_matmul
 from graphgrad.plan._backprop import GraphVJP
 from graphgrad.transforms._context import Resources
 
-__all__ = ["GraphBackward", "replace_backward"]
+__all__ = ["GraphBackward"]
 
 
 class GraphBackward:
@@ -55,25 +51,3 @@ class GraphBackward:
                        kernel_index=k,
                        transpose_a=mm.get_attr("transpose_a"),
                        transpose_b=mm.get_attr("transpose_b"))
-
-
-def replace_backward(net: LayerGraph, name: str, fn: Callable,
-                     resources: Resources,
-                     extra: List[Tuple[Gradient, tf.Variable]], vjp: GraphVJP,
-                     *, outputs, upstream, inputs, upstream_of, chain_rule
-                     ) -> Sequence[Gradient]:
-  """Runs ``fn``, the replacement of layer ``name``, for the segment engine:
-  its arguments in, checked gradients out; the result's extra ``(gradient,
-  variable)`` pairs go to ``extra``. ``vjp`` is the plan's, the context's
-  ``vjp``. An exception ``fn`` raises becomes a ``GraphGradError`` naming
-  the layer."""
-  layer = net[name]
-  ctx = BackwardContext(
-      layer=layer, name=layer.name, net=net, inputs=tuple(inputs),
-      outputs=tuple(outputs), upstream=tuple(upstream),
-      upstream_of=upstream_of, chain_rule=chain_rule, resources=resources,
-      executor=GraphBackward(net, layer.name, resources, vjp, outputs))
-  with tf.name_scope(f"replace_backward_{ctx.name}".replace("/", "_")):
-    result = run_replacement(fn, ctx, f"replace_backward({name!r})")
-  extra.extend(result.extra_grads_and_vars)
-  return result.input_grads
