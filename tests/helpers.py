@@ -164,3 +164,23 @@ class HalfThroughKernel(gg.backward.Replacement):
     delta, = context.vjp(d.outputs, [d.pre], context.upstream,
                          stop=context.inputs)
     return context.vjp([d.pre], context.inputs, [0.5 * delta])
+
+
+def bert_like(num_layers):
+  """Embeddings and ``num_layers`` encoder blocks of two scopes each, with
+  fixed initial values."""
+  ids = tf.constant([[1, 2, 0, 4], [3, 1, 2, 2]])
+  rng = np.random.default_rng(7)
+  with tf1.variable_scope("bert"):
+    with tf1.variable_scope("embeddings"):
+      table = tf1.get_variable("word_embeddings", initializer=rng.normal(
+          size=(5, 6)).astype(np.float32))
+      h = tf.reshape(tf.gather(table, ids), [8, 6])
+    for i in range(num_layers):
+      with tf1.variable_scope(f"encoder/layer_{i}"):
+        a = dense(h, 6, "attention/output/dense", tf.nn.tanh, seed=i)
+        h = h + dense(a, 6, "output/dense", seed=i)
+  logits = dense(h, 3, "cls")
+  labels = tf.constant([0, 1, 2, 1, 0, 2, 1, 0])
+  return tf.reduce_mean(
+      tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))

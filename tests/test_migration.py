@@ -20,7 +20,14 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from helpers import assert_grads_close, dense, evaluate, grads_of, trainable
+from helpers import (
+  assert_grads_close,
+  bert_like,
+  dense,
+  evaluate,
+  grads_of,
+  trainable,
+)
 
 tf1 = tf.compat.v1
 HAS_TENSORPACK = importlib.util.find_spec("tensorpack") is not None
@@ -389,26 +396,6 @@ def test_worked_example_trains_step_for_step_like_flip_gradient():
 
 # -- BERT's optimization.py ---------------------------------------------------
 
-def _bert_like(num_layers):
-  """Embeddings and ``num_layers`` encoder blocks of two scopes each, with
-  fixed initial values."""
-  ids = tf.constant([[1, 2, 0, 4], [3, 1, 2, 2]])
-  rng = np.random.default_rng(7)
-  with tf1.variable_scope("bert"):
-    with tf1.variable_scope("embeddings"):
-      table = tf1.get_variable("word_embeddings", initializer=rng.normal(
-          size=(5, 6)).astype(np.float32))
-      h = tf.reshape(tf.gather(table, ids), [8, 6])
-    for i in range(num_layers):
-      with tf1.variable_scope(f"encoder/layer_{i}"):
-        a = dense(h, 6, "attention/output/dense", tf.nn.tanh, seed=i)
-        h = h + dense(a, 6, "output/dense", seed=i)
-  logits = dense(h, 3, "cls")
-  labels = tf.constant([0, 1, 2, 1, 0, 2, 1, 0])
-  return tf.reduce_mean(
-      tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
-
-
 def _migration_example(heading):
   """The first python code block after ``heading`` in docs/migration.md."""
   text = pathlib.Path(__file__).parents[1].joinpath(
@@ -426,7 +413,7 @@ def test_bert_create_optimizer_with_layerwise_decay(monkeypatch):
   monkeypatch.setitem(sys.modules, "optimization", bert_optimization)
   num_layers, init_lr, num_train_steps, steps = 2, 0.05, 10, 3
   with tf.Graph().as_default():
-    loss = _bert_like(num_layers)
+    loss = bert_like(num_layers)
     scope = {"tf": tf, "loss": loss, "init_lr": init_lr,
              "num_train_steps": num_train_steps, "num_layers": num_layers}
     exec(_migration_example("## From BERT's optimization.py"), scope)
@@ -437,7 +424,7 @@ def test_bert_create_optimizer_with_layerwise_decay(monkeypatch):
         "bert/encoder/layer_1/attention/output/dense",
         "bert/encoder/layer_1/output/dense"]
   with tf.Graph().as_default():
-    loss = _bert_like(num_layers)
+    loss = bert_like(num_layers)
     global_step = tf1.train.get_or_create_global_step()
     lr = tf1.train.polynomial_decay(init_lr, global_step, num_train_steps,
                                     end_learning_rate=0.0, power=1.0)

@@ -423,6 +423,9 @@ class PlanTape:
       if v is not None and v.ref() in by_ref:
         flat_g[i] = add_dense(by_ref[v.ref()])
 
+  # Python over the plan's rules, nothing to convert; AutoGraph cannot
+  # convert the closures over ``refs`` and would warn at every trace.
+  @tf.autograph.experimental.do_not_convert
   def _transform_parameters(self, step: BackwardStep, flat_s, flat_g,
                             todo: List[ParameterRule]) -> list:
     """``flat_g`` after the parameter transforms ``todo``

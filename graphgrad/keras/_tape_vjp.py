@@ -175,6 +175,16 @@ class TapeVJP:
     """Per task loss ``l_i``: ``d target / d l_i * d l_i / d xs``; raises
     for a task loss that ``target`` does not depend on."""
     weights = self.vjp([target], None, losses)
+    if all(w is None for w in weights):
+      # The sum of task losses that the tape recorded depends on each of
+      # them: none reached means the tape missed the loss or the losses.
+      raise _errors.NotConnectedError(
+          f"tape.gradient: the loss depends on none of `task_losses` as "
+          f"this tape recorded them; got {len(losses)} task losses "
+          f"({', '.join(_described(l) for l in losses)}). The loss, or the "
+          f"task losses, were computed outside the tape: compute the task "
+          f"losses, and the loss from them, inside `with plan.tape() as "
+          f"tape:`.")
     for i, w in enumerate(weights):
       if w is None:
         raise _errors.NotConnectedError(
@@ -283,3 +293,13 @@ def _has_control_flow(ys, inputs: Sequence) -> bool:
       return True
     stack += [t.op for t in op.inputs if t.name not in stop]
   return False
+
+
+def _described(tensor) -> str:
+  """A tensor's name, or in eager mode (no names) its dtype and shape."""
+  name = getattr(tensor, "name", None) if not tf.executing_eagerly() else None
+  if name:
+    return name
+  dtype = getattr(tensor, "dtype", None)
+  return (f"{dtype.name} {tuple(tensor.shape)}" if dtype is not None
+          else type(tensor).__name__)

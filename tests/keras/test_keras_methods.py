@@ -310,6 +310,28 @@ def test_task_losses_errors(K, declare, task_losses, match):
     _task_step(plan, model, task_losses)
 
 
+@pytest.mark.parametrize("outside", ["loss", "task losses"])
+@pytest.mark.parametrize("at", ["output", "parameters"])
+def test_task_losses_computed_outside_the_tape(K, outside, at):
+  # docs/multi-task.md's first draft summed the task losses after the tape.
+  model = _chain(K)
+  plan = gg.KerasPlan(model).combine_tasks(
+      "l2" if at == "output" else None, gg.mtl.upgrad(), at=at)
+  with plan.tape() as tape:
+    out = model(_x())
+    if outside == "loss":
+      la, lb = tf.reduce_sum(out), tf.reduce_sum(tf.square(out))
+  if outside == "task losses":
+    la, lb = tf.reduce_sum(out), tf.reduce_sum(tf.square(out))
+  got = [la, lb] if at == "output" else {"parameters": [la, lb]}
+  with pytest.raises(gg.GraphGradError, match=(
+      r"depends on none of `task_losses` as this tape recorded them; got 2 "
+      r"task losses \(float32 \(\), float32 \(\)\)\. The loss, or the task "
+      r"losses, were computed outside the tape: compute the task losses, "
+      r"and the loss from them, inside `with plan.tape\(\) as tape:`")):
+    tape.gradient(la + lb, task_losses=got)
+
+
 def test_combine_tasks_with_a_user_method(K):
   # combine = the first task only: what lies below l2 sees g - g_b.
   class FirstTask:

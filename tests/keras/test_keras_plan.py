@@ -4,6 +4,8 @@ Both Keras flavours run here: ``tf.keras`` is tf-keras (conftest sets
 TF_USE_LEGACY_KERAS=1) and ``keras`` is the Keras 3 package.
 """
 
+import logging
+
 import keras
 import numpy as np
 import pytest
@@ -254,6 +256,36 @@ def test_tf_function_does_not_retrace(K, name):
                                    [tf.constant(l) for l in labels])))
   assert len(traces) == 1
   assert len(set(losses)) == 4  # it did train on four batches
+
+
+def test_tf_function_traces_the_plan_without_autograph_warnings(K):
+  # AutoGraph warned at each trace that it could not convert the tape's
+  # parameter step (notebook 04 showed it).
+  model = keras_cases.keras_model(keras_cases.CASES["chain"], K)
+  plan = gg.KerasPlan(model).transform_gradients(
+      "l2", gg.transforms.clip_by_norm(1e-3))
+  x = tf.constant(np.random.default_rng(0).normal(size=(4, 6)), tf.float32)
+
+  @tf.function
+  def grads(x):
+    with plan.tape() as tape:
+      loss = tf.reduce_sum(tf.square(model(x)))
+    return tape.gradient(loss)
+
+  records = []
+  handler = logging.Handler()
+  handler.emit = records.append
+  tf_logger = logging.getLogger("tensorflow")
+  tf_logger.addHandler(handler)
+  try:
+    got = grads(x)
+  finally:
+    tf_logger.removeHandler(handler)
+  assert not [r for r in records if "AutoGraph" in r.getMessage()]
+  by_id = dict(zip([id(v) for v in model.trainable_variables], got))
+  kernel = model.get_layer("l2").trainable_variables[0]
+  np.testing.assert_allclose(np.linalg.norm(by_id[id(kernel)]), 1e-3,
+                             rtol=1e-5)  # the step ran: l2's kernel clipped
 
 
 # -- nesting and repeated calls ------------------------------------------------
