@@ -222,6 +222,21 @@ def test_keep_none_keeps_calls_no_skip_connection_jumps_over(K, monkeypatch):
   assert len(seen["paths"]) < len(seen["calls"]) // 2
 
 
+@pytest.mark.parametrize("widths,want", [
+    ([64, 64, 32, 32, 16, 16, 8, 8, 4, 4, 2], [[4, 64], [4, 32]]),
+    ([2, 4, 8, 16, 32, 64, 128, 256, 512], [[4, 256]]),
+], ids=["narrowing", "widening"])
+def test_keep_none_choice(K, widths, want):
+  inp = K.Input((widths[0],))
+  h = inp
+  for i, w in enumerate(widths[1:]):
+    h = K.layers.Dense(w, activation="tanh", name=f"d{i}")(h)
+  model = K.Model(inp, h)
+  plan = gg.KerasPlan(model).recompute()
+  _step(plan, model, normal_rows(4, (4, widths[0])), "function")
+  assert [t.shape.as_list() for t in plan.kept_tensors()] == want
+
+
 def test_eager_step_logs_that_it_keeps_activations(K, caplog):
   model = _mlp(K, depth=2)
   plan = gg.KerasPlan(model).recompute()

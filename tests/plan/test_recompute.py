@@ -78,6 +78,24 @@ def test_keep_none_picks_about_sqrt_n_separators(graph):
   assert [k.split("/")[0] for k in kept] == ["l4", "l8", "l12"], kept
 
 
+def _widths(widths):
+  """A chain of tanh layers ``l0, l1, ...`` from ``widths[0]`` inputs."""
+  h = tf1.placeholder(tf.float32, [None, widths[0]])
+  for i, w in enumerate(widths[1:]):
+    h = dense(h, w, f"l{i}", tf.tanh)
+  return tf.reduce_sum(tf.square(h))
+
+
+@pytest.mark.parametrize("widths,want", [
+    ([8] * 17, ["l4/MatMul:0", "l8/BiasAdd:0", "l12/BiasAdd:0"]),
+    ([64, 64, 32, 32, 16, 16, 8, 8, 4, 4, 2], ["l3/Tanh:0", "l7/MatMul:0"]),
+    ([2, 4, 8, 16, 32, 64, 128, 256, 512], ["l3/MatMul:0", "l5/Tanh:0"]),
+], ids=["even", "narrowing", "widening"])
+def test_keep_none_choice(graph, widths, want):
+  kept = _recompute.kept_tensors(gg.analyze(_widths(widths)), None)
+  assert [t.name for t in kept] == want
+
+
 def test_explicit_keep_and_keep_nothing(graph):
   loss = _chain(6)
   _compare(loss, keep=["l1", "l4"])
