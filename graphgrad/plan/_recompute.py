@@ -35,26 +35,17 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layer_graph import LayerGraph
+from graphgrad.core import _recompute_policy
 
 # Ops that run a function or a loop: backpropagated whole, never copied.
 _FUNCTIONAL = frozenset({
     "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
     "PartitionedCall", "StatefulPartitionedCall", "SymbolicGradient"})
-_RANDOM = frozenset({
-    "RandomUniform", "RandomUniformInt", "RandomStandardNormal",
-    "TruncatedNormal", "ParameterizedTruncatedNormal", "RandomGamma",
-    "RandomPoisson", "RandomPoissonV2", "Multinomial", "RandomShuffle",
-    "StatefulUniform", "StatefulUniformInt", "StatefulUniformFullInt",
-    "StatefulStandardNormal", "StatefulStandardNormalV2",
-    "StatefulTruncatedNormal", "StatefulRandomBinomial"})
-# Stateful ops that only read a variable: a copy in the backward pass reads
-# the value the forward read (no update runs before the gradient is done).
-_READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd"})
 
 
 def is_random(op: tf.Operation) -> bool:
   """True for a stateful random op (its value changes with each run)."""
-  return op.type in _RANDOM
+  return op.type in _recompute_policy.RANDOM
 
 
 def _activations(net: LayerGraph) -> Dict[str, int]:
@@ -67,7 +58,7 @@ def _activations(net: LayerGraph) -> Dict[str, int]:
   act: Dict[str, int] = {}
   for op in ops:
     ins = list(op.inputs)
-    if (op.type not in _READS - {"ReadVariableOp"} and all(
+    if (op.type not in _recompute_policy.VARIABLE_GATHERS and all(
         t.op.name in variables or t.op.name in param
         or not _graph_util.differentiable(t) or _scalar(t) for t in ins)
         and any(t.op.name in variables or t.op.name in param for t in ins)):
@@ -79,37 +70,46 @@ def _activations(net: LayerGraph) -> Dict[str, int]:
   return act
 
 
-def separators(net: LayerGraph) -> Tuple[List[Tuple[tf.Tensor, int]], int]:
+def _forward(net: LayerGraph) -> List[tf.Operation]:
+  """The activations' ops (:func:`_activations`), in topological order."""
+  act = _activations(net)
+  return [net.op_graph.nodes[n]["op"] for n in sorted(act, key=act.__getitem__)]
+
+
+def _op_bytes(op: tf.Operation) -> int:
+  """The static bytes of ``op``'s differentiable outputs."""
+  return sum(_recompute_policy.tensor_bytes(t) for t in op.outputs
+             if _graph_util.differentiable(t))
+
+
+def separators(net: LayerGraph, ops: Sequence[tf.Operation]
+               ) -> Dict[int, tf.Tensor]:
   """Forward tensors that every path from the inputs to the loss crosses.
 
-  Returns ``([(tensor, position among the activations)], activations)``.
+  Among ``ops``, the activations of ``net`` in topological order (the ops
+  downstream of a parameter, less the parameter reads and what only they
+  feed): the output of an op that no differentiable edge jumps over (core's
+  ``articulations``), when it is the op's one such output, not the loss,
+  and outside any loop. A skip connection's add (or the ReLU after it) is
+  one; a tensor inside a residual block is not.
 
-  Among the activations (the ops downstream of a parameter, less the
-  parameter reads and what only they feed), in topological order: a tensor
-  whose op no differentiable edge jumps over. A skip connection's add (or
-  the ReLU after it) is one; a tensor inside a residual block is not.
+  Returns:
+    Position in ``ops`` -> the tensor.
   """
-  g = net.op_graph
-  act = _activations(net)
-  order = sorted(act, key=act.__getitem__)
-  last: Dict[str, int] = {}
-  for name in order:
-    op = g.nodes[name]["op"]
-    last[name] = max([act[c.name] for t in op.outputs
-                      if _graph_util.differentiable(t)
-                      for c in t.consumers() if c.name in act], default=-1)
-  found: List[Tuple[tf.Tensor, int]] = []
-  reach = -1
-  for name in order:
-    op = g.nodes[name]["op"]
+  position = {op.name: i for i, op in enumerate(ops)}
+  last = [max([position[c.name] for t in op.outputs
+               if _graph_util.differentiable(t)
+               for c in t.consumers() if c.name in position], default=i)
+          for i, op in enumerate(ops)]
+  found: Dict[int, tf.Tensor] = {}
+  for i in _recompute_policy.articulations(last):
+    op = ops[i]
     outs = [t for t in op.outputs if _graph_util.differentiable(t)
-            and any(c.name in act for c in t.consumers())]
-    if (reach <= act[name] and len(outs) == 1 and last[name] > act[name]
-        and name != net.loss.op.name
+            and any(c.name in position for c in t.consumers())]
+    if (len(outs) == 1 and op.name != net.loss.op.name
         and not _graph_util.in_control_flow(op)):
-      found.append((outs[0], act[name]))
-    reach = max(reach, last[name])
-  return found, len(act)
+      found[i] = outs[0]
+  return found
 
 
 def kept_tensors(net: LayerGraph, keep: Optional[Sequence[str]],
@@ -119,12 +119,13 @@ def kept_tensors(net: LayerGraph, keep: Optional[Sequence[str]],
   or with ``keep=None`` about ``sqrt(n)`` of the :func:`separators`, for
   ``n`` layers, evenly spread along the activations."""
   if keep is None:
-    candidates, total = separators(net)
+    ops = _forward(net)
+    candidates = separators(net, ops)
     k = max(1, int(round(math.sqrt(len(net.names)))) - 1)
     chosen: Dict[str, tf.Tensor] = {}
     for i in range(1, k + 1):
-      target = i * total / (k + 1)
-      free = [(t, p) for t, p in candidates if t.name not in chosen]
+      target = i * len(ops) / (k + 1)
+      free = [(t, p) for p, t in candidates.items() if t.name not in chosen]
       if not free:
         break
       t, _ = min(free, key=lambda c: abs(c[1] - target))
@@ -382,7 +383,7 @@ class Split:
              or (t.op not in region and t.name not in x_names
                  and (not _graph_util.differentiable(t) or _scalar(t)))
              for t in op.inputs) and op not in looped \
-          and op.type not in _READS - {"ReadVariableOp"}:
+          and op.type not in _recompute_policy.VARIABLE_GATHERS:
         param.add(op)
     random: Set[tf.Operation] = set()
     seg: Dict[tf.Operation, int] = {}
@@ -471,7 +472,7 @@ class Split:
   def _forward_only(self, op: tf.Operation) -> bool:
     """Whether ``op`` must be backpropagated through itself, not a copy."""
     return (_graph_util.in_control_flow(op) or op.type in _FUNCTIONAL
-            or (op.op_def.is_stateful and op.type not in _READS)
+            or not _recompute_policy.reruns(op.type, op.op_def.is_stateful)
             or self.forward(op)
             or any(t.dtype == tf.variant for t in op.outputs)
             or any(t.dtype != t.dtype.base_dtype for t in op.inputs))
@@ -503,16 +504,6 @@ class Split:
 # -- estimates -----------------------------------------------------------------
 
 
-def _bytes(t: tf.Tensor) -> int:
-  """Static size of ``t`` in bytes; an unknown dimension counts as 1."""
-  if t.shape.rank is None:
-    return t.dtype.size
-  n = 1
-  for d in t.shape:
-    n *= d if d is not None else 1
-  return n * t.dtype.size
-
-
 def memory_report(net: LayerGraph, keep: Optional[Sequence[str]] = None
                   ) -> str:
   """Each layer's activation bytes and the estimated peak of the backward
@@ -524,13 +515,7 @@ def memory_report(net: LayerGraph, keep: Optional[Sequence[str]] = None
   kept; with it, the kept tensors plus the largest segment between two of
   them.
   """
-  g = net.op_graph
-  act = _activations(net)
-  sizes: List[Tuple[tf.Operation, int]] = []
-  for name in sorted(act, key=act.__getitem__):
-    op = g.nodes[name]["op"]
-    sizes.append((op, sum(_bytes(t) for t in op.outputs
-                          if _graph_util.differentiable(t))))
+  sizes = [(op, _op_bytes(op)) for op in _forward(net)]
   per_layer: Dict[str, int] = collections.Counter()
   for op, b in sizes:
     per_layer[net.layer_of(op) or "(glue)"] += b
@@ -545,7 +530,8 @@ def memory_report(net: LayerGraph, keep: Optional[Sequence[str]] = None
     else:
       current += b
   segments.append(current)
-  with_rc = sum(_bytes(t) for t in kept) + max(segments)
+  with_rc = (sum(_recompute_policy.tensor_bytes(t) for t in kept)
+             + max(segments))
   unknown = any(d is None for op, _ in sizes for t in op.outputs
                 if t.shape.rank is not None for d in t.shape)
   unit = " (per example: the batch dimension is unknown)" if unknown else ""
