@@ -17,7 +17,6 @@ overridden op) is backpropagated through its forward ops.
 
 import collections
 import dataclasses
-import math
 from typing import (
   Callable,
   Dict,
@@ -116,21 +115,14 @@ def kept_tensors(net: LayerGraph, keep: Optional[Sequence[str]],
                  tensors: Sequence[str] = ()) -> List[tf.Tensor]:
   """The tensors the backward pass keeps, in forward (topological) order:
   the outputs of the layers in ``keep`` and the tensors named ``tensors``,
-  or with ``keep=None`` about ``sqrt(n)`` of the :func:`separators`, for
-  ``n`` layers, evenly spread along the activations."""
+  or with ``keep=None`` :func:`separators` that close about ``sqrt(n)``
+  segments of equal activation bytes, for ``n`` layers (core's
+  ``spread_kept``, as a KerasPlan chooses its calls)."""
   if keep is None:
     ops = _forward(net)
     candidates = separators(net, ops)
-    k = max(1, int(round(math.sqrt(len(net.names)))) - 1)
-    chosen: Dict[str, tf.Tensor] = {}
-    for i in range(1, k + 1):
-      target = i * len(ops) / (k + 1)
-      free = [(t, p) for p, t in candidates.items() if t.name not in chosen]
-      if not free:
-        break
-      t, _ = min(free, key=lambda c: abs(c[1] - target))
-      chosen[t.name] = t
-    kept = list(chosen.values())
+    kept = [candidates[i] for i in _recompute_policy.spread_kept(
+        [_op_bytes(op) for op in ops], sorted(candidates), len(net.names))]
   else:
     kept = [t for n in keep for t in net[n].outputs
             if _graph_util.differentiable(t)]

@@ -86,10 +86,19 @@ def _widths(widths):
   return tf.reduce_sum(tf.square(h))
 
 
+# Each layer makes three activations of its width (MatMul, BiasAdd, Tanh),
+# the loss two more (Square, Sum); blocks close at the first activation
+# where the bytes since the last kept one reach total / sqrt(layers).
 @pytest.mark.parametrize("widths,want", [
-    ([8] * 17, ["l4/MatMul:0", "l8/BiasAdd:0", "l12/BiasAdd:0"]),
-    ([64, 64, 32, 32, 16, 16, 8, 8, 4, 4, 2], ["l3/Tanh:0", "l7/MatMul:0"]),
-    ([2, 4, 8, 16, 32, 64, 128, 256, 512], ["l3/MatMul:0", "l5/Tanh:0"]),
+    # 49 activations of 8 floats and the sum's 1: 393 / 4 = 98.25 floats
+    # per block, reached every 13 activations.
+    ([8] * 17, ["l4/MatMul:0", "l8/BiasAdd:0", "l12/Tanh:0"]),
+    # 561 floats / sqrt(10) = 177.4, reached at l0's Tanh (192) and at l2's
+    # (96 + 96): the layers a KerasPlan keeps on the same widths.
+    ([64, 64, 32, 32, 16, 16, 8, 8, 4, 4, 2], ["l0/Tanh:0", "l2/Tanh:0"]),
+    # 3573 floats / sqrt(8) = 1263.3, reached at l6's BiasAdd (756 + 512)
+    # and at l7's (256 + 1024).
+    ([2, 4, 8, 16, 32, 64, 128, 256, 512], ["l6/BiasAdd:0", "l7/BiasAdd:0"]),
 ], ids=["even", "narrowing", "widening"])
 def test_keep_none_choice(graph, widths, want):
   kept = _recompute.kept_tensors(gg.analyze(_widths(widths)), None)
@@ -115,8 +124,9 @@ def test_skip_connections(graph):
   loss = _residual(x)
   kept = [t.name for t in _recompute.kept_tensors(
       gg.analyze(loss), None)]
-  # Only tensors that no skip jumps over: a block's output, never inside.
-  assert kept and all(n.startswith("Relu") or n.startswith("stem/")
+  # Only tensors that no skip jumps over: a block's sum or output, never
+  # inside.
+  assert kept and all(n.startswith(("add", "Relu", "stem/"))
                       for n in kept), kept
   _compare(loss, feed_dict=feed(x), case="skip connections")
   # A kept layer that a skip jumps over: still exact, only less saved.
