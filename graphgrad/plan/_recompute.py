@@ -22,6 +22,7 @@ from typing import (
   Dict,
   Iterator,
   List,
+  NoReturn,
   Optional,
   Sequence,
   Set,
@@ -152,14 +153,22 @@ def keep_reader(net: LayerGraph) -> Callable[[object], Optional[str]]:
   forward: List[Dict[str, int]] = []
 
   def read(item) -> Optional[str]:
-    if isinstance(item, str):
-      t = _named(net, graph, item)
+    kind = _recompute_policy.keep_item_kind(item)
+    if kind in ("name", "tensor name"):
+      t = (_named_op(net, graph, item) if kind == "name"
+           else _named_tensor(net, graph, item))
       if t is None:
         return None
-    elif isinstance(item, tf.Tensor):
+    elif kind == "eager tensor":
+      raise _errors.GraphGradError(
+          f"recompute: `keep` got an eager tensor (shape {item.shape}), "
+          f"which holds a value, not a place in the loss's tf.Graph. Pass "
+          f"the tf.Tensor of the tf.Graph (built inside graph.as_default()) "
+          f"or its name.")
+    elif kind == "graph tensor":
       t = _graph_tensor(graph, item)
     else:
-      return None
+      return None  # a layer
     if _graph_util.in_control_flow(t.op):
       raise _errors.UnsupportedGraphError(
           f"recompute: `keep` got {t.name}, a tensor inside a loop or cond "
@@ -179,29 +188,35 @@ def keep_reader(net: LayerGraph) -> Callable[[object], Optional[str]]:
   return read
 
 
-def _named(net: LayerGraph, graph: tf.Graph, name: str
-           ) -> Optional[tf.Tensor]:
-  """The tensor ``name`` means, or ``None`` for a layer's name."""
-  if ":" not in name:
-    if name in net.names:
-      return None
-    try:
-      op = graph.get_operation_by_name(name)
-    except KeyError:
-      op = None
-    if op is not None:
-      if len(op.outputs) == 1:
-        return op.outputs[0]
-      raise _errors.GraphGradError(
-          f"recompute: `keep` got the op name {name!r}, whose op "
-          f"({op.type}) has {len(op.outputs)} outputs, so it names no one "
-          f"tensor. Pass a tensor name instead: one of "
-          f"{', '.join(t.name for t in op.outputs) or '(none)'}.")
-  else:
-    try:
-      return graph.get_tensor_by_name(name)
-    except (KeyError, ValueError):
-      pass
+def _named_op(net: LayerGraph, graph: tf.Graph, name: str
+              ) -> Optional[tf.Tensor]:
+  """The one output of the op ``name``, or ``None`` for a layer's name (a
+  name is a layer's before an op's)."""
+  if name in net.names:
+    return None
+  try:
+    op = graph.get_operation_by_name(name)
+  except KeyError:
+    _unknown(net, name)
+  if len(op.outputs) == 1:
+    return op.outputs[0]
+  raise _errors.GraphGradError(
+      f"recompute: `keep` got the op name {name!r}, whose op "
+      f"({op.type}) has {len(op.outputs)} outputs, so it names no one "
+      f"tensor. Pass a tensor name instead: one of "
+      f"{', '.join(t.name for t in op.outputs) or '(none)'}.")
+
+
+def _named_tensor(net: LayerGraph, graph: tf.Graph, name: str) -> tf.Tensor:
+  """The tensor ``name`` (``"l1/Relu:0"``)."""
+  try:
+    return graph.get_tensor_by_name(name)
+  except (KeyError, ValueError):
+    _unknown(net, name)
+
+
+def _unknown(net: LayerGraph, name: str) -> NoReturn:
+  """Raises: ``name`` is no layer, tensor nor op of the tf.Graph."""
   raise _errors.LayerNotFoundError(
       f"recompute: `keep` got {name!r}, which names no layer, tensor or op "
       f"of the tf.Graph; known layers: {', '.join(net.names)}. Pass a layer "
@@ -209,13 +224,8 @@ def _named(net: LayerGraph, graph: tf.Graph, name: str
 
 
 def _graph_tensor(graph: tf.Graph, t: tf.Tensor) -> tf.Tensor:
-  """``t``, checked to be a tensor of ``graph`` itself."""
-  if not tf.is_symbolic_tensor(t):
-    raise _errors.GraphGradError(
-        f"recompute: `keep` got an eager tensor (shape {t.shape}), which "
-        f"holds a value, not a place in the loss's tf.Graph. Pass the "
-        f"tf.Tensor of the tf.Graph (built inside graph.as_default()) or "
-        f"its name.")
+  """``t``, a symbolic tensor, checked to be a tensor of ``graph``
+  itself."""
   if t.graph is graph:
     return t
   outer = getattr(t.graph, "outer_graph", None)
