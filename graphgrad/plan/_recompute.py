@@ -6,13 +6,13 @@ into pieces (:class:`Split`). From the top down it copies each piece's ops
 and differentiates the copy, with the gradient summed at the piece's outputs
 as ``grad_ys``, depositing what it gives into ``_backprop.Backprop``. A
 copy's first ops wait for that gradient, so a piece is recomputed only when
-the backward pass above it is done. This module plans and copies; it never
-differentiates and never sums.
+the backward pass above it is done. This module never differentiates or sums.
 
 Never copied: the parameter subgraph (variable reads) and random ops (their
 forward values are reused: a dropout mask is the forward's). A piece with an
-op that must not run twice or cannot be copied (a stateful op, a loop, an
-overridden op) is backpropagated through its forward ops.
+op that must not run twice (core's ``_recompute_policy.reruns``) or cannot
+be copied (a loop, an overridden op) is backpropagated through its forward
+ops. ``keep=None``'s choice is core's too; this module reads the op graph.
 """
 
 import collections
