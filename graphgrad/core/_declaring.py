@@ -227,13 +227,12 @@ class Declaring:
         GradientPlan: layer names (their outputs are kept), tensor names
         (``"l1/Relu:0"``; an op name with one output means that output)
         and ``tf.Tensor`` s of the loss's tf.Graph; a name is a layer's
-        before an op's. ``None`` picks about ``sqrt(n)`` of the ``n``
-        layers, each one an articulation point of the layer graph (a layer
-        that no skip connection jumps over). On a KerasPlan, top-level
-        layers (names, paths or the layers) and a functional model's
-        symbolic tensors (``layer.output``: that layer's call is kept);
-        ``None`` picks about ``sqrt(n)`` of the ``n`` calls by their
-        activation bytes, each a call no skip connection jumps over.
+        before an op's. On a KerasPlan, top-level layers (names, paths or
+        the layers) and a functional model's symbolic tensors
+        (``layer.output``: that layer's call is kept). ``None`` cuts the
+        activations into about ``sqrt(n)`` blocks of equal bytes, ``n`` the
+        layers (on a KerasPlan, the calls), each kept tensor (call) one
+        that no skip connection jumps over.
         ``plan.kept_tensors()`` lists what is kept once the plan is built.
 
     Returns:

@@ -10,30 +10,24 @@ step the activations inside a block are freed after the forward pass.
 A replayed call sees the non-trainable variables (batch-norm statistics,
 Keras 3 seed generators) as its forward call saw them, and the values the
 forward left are restored after it: state is updated once, a dropout mask is
-not redrawn. A call whose forward ran a stateful random op (tf-keras'
-``Dropout``) keeps its activations, as every call does eagerly.
+not redrawn. A call whose forward ran another stateful op (tf-keras'
+``Dropout``'s random op) keeps its activations, as every call does eagerly.
+Which calls are kept and which ops may run again: ``core._recompute_policy``.
 """
 
 import dataclasses
 import logging
-import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import tensorflow as tf
 
 from graphgrad import _errors
+from graphgrad.core import _recompute_policy
 from graphgrad.core._gradients import is_float
 from graphgrad.keras._layer_index import float_inputs, tf_variable
 from graphgrad.keras._tape_vjp import TapeVJP
 
 log = logging.getLogger("graphgrad")
-
-# Stateless ops every layer runs; any other stateful op makes a call keep
-# its activations (its value would change if run again).
-_STATE_OPS = frozenset({"ReadVariableOp", "AssignVariableOp",
-                        "AssignAddVariableOp", "AssignSubVariableOp",
-                        "VarHandleOp", "NoOp", "Placeholder"})
-
 
 @dataclasses.dataclass
 class _LayerCall:
@@ -52,19 +46,14 @@ class _LayerCall:
   backward: Optional[Callable] = None
 
 
-def _bytes(t) -> int:
-  """Bytes of ``t`` (unknown dimensions count 1)."""
-  dims = [d if d is not None else 1 for d in (t.shape.as_list() or [])]
-  return math.prod(dims) * t.dtype.size
-
-
 def choose_kept(calls: Sequence[_LayerCall]) -> Set[int]:
   """Indices of the calls whose outputs are kept, for ``keep=None``.
 
   A call may end a block only when nothing computed before it is read after
-  it except its own outputs (no skip connection jumps over it). Among those
-  calls, blocks are closed greedily every ``total / sqrt(n)`` bytes of
-  activations, ``n`` the number of calls: about ``sqrt(n)`` blocks.
+  it except its own outputs (no skip connection jumps over it: core's
+  ``articulations``). Among those calls, blocks are closed every
+  ``total / sqrt(n)`` bytes of the calls' outputs, ``n`` the number of
+  calls (core's ``spread_kept``): about ``sqrt(n)`` blocks.
 
   Args:
     calls: the step's recomputed calls, in forward order.
@@ -72,33 +61,21 @@ def choose_kept(calls: Sequence[_LayerCall]) -> Set[int]:
   Returns:
     The indices of the calls that end a block.
   """
-  n = len(calls)
   producer: Dict[Any, int] = {}
   for i, c in enumerate(calls):
     for t in c.outs:
       producer[t.ref()] = i
   # last[i]: the last call that reads an output of call i
-  last = list(range(n))
+  last = list(range(len(calls)))
   for j, c in enumerate(calls):
     for x in c.xs:
       k = producer.get(x.ref())
       if k is not None:
         last[k] = max(last[k], j)
-  sizes = [sum(_bytes(t) for t in c.outs) for c in calls]
-  budget = sum(sizes) / max(1.0, math.sqrt(n))
-  kept: Set[int] = set()
-  reach = 0  # the last call that reads anything computed so far
-  run = 0
-  for i in range(n):
-    before = reach
-    reach = max(reach, last[i])
-    run += sizes[i]
-    # Only the outputs of call i are read beyond it.
-    articulation = before <= i and last[i] > i
-    if articulation and run >= budget:
-      kept.add(i)
-      run = 0
-  return kept
+  sizes = [sum(_recompute_policy.tensor_bytes(t) for t in c.outs)
+           for c in calls]
+  return set(_recompute_policy.spread_kept(
+      sizes, _recompute_policy.articulations(last), len(calls)))
 
 
 def read_keep(model, layers: Dict[str, Any], item) -> Tuple[str, Any]:
@@ -122,23 +99,22 @@ def read_keep(model, layers: Dict[str, Any], item) -> Tuple[str, Any]:
       traced step) or a Keras tensor that no top-level layer's call made.
   """
   tops = ", ".join(layers)
-  if isinstance(item, str):
-    if ":" in item:
-      raise _errors.GraphGradError(
+  kind = _recompute_policy.keep_item_kind(item)
+  if kind == "tensor name":
+    raise _errors.GraphGradError(
           f"recompute: `keep` got the tensor name {item!r}, but a KerasPlan "
           f"keeps layer calls, whose tensors have new names in each traced "
           f"step. Pass the layer's name or, for a functional model, its "
           f"symbolic output (layer.output); top-level layers: {tops}.")
-    return "layer", item
-  if isinstance(item, tf.Tensor):
-    what = ("an eager tensor" if not tf.is_symbolic_tensor(item)
+  if kind in ("eager tensor", "graph tensor"):
+    what = ("an eager tensor" if kind == "eager tensor"
             else f"the tf.Tensor {item.name} of a tf.Graph or traced step")
     raise _errors.GraphGradError(
         f"recompute: `keep` got {what}, which names no call of "
         f"{model.name}. Pass the layer's name or, for a functional model, "
         f"its symbolic output (layer.output); top-level layers: {tops}.")
-  if not (hasattr(item, "shape") and hasattr(item, "dtype")):
-    return "layer", item
+  if kind != "symbolic":
+    return "layer", item  # a name or a layer
   for path, layer in layers.items():
     if type(layer).__name__ == "InputLayer":
       continue  # its output is the model's input: no call makes it
@@ -303,6 +279,8 @@ class Recomputer:
 
 
 def _stateful(ops) -> bool:
-  """True when ``ops`` hold a stateful op other than variable access."""
-  return any(op.op_def is not None and op.op_def.is_stateful
-             and op.type not in _STATE_OPS for op in ops)
+  """True when ``ops`` hold an op that may not run again: a stateful op
+  other than a variable read or write (the replay restores the variables
+  the forward left; core's ``reruns``)."""
+  return any(op.op_def is not None and not _recompute_policy.reruns(
+      op.type, op.op_def.is_stateful, restores_state=True) for op in ops)

@@ -6,23 +6,23 @@ into pieces (:class:`Split`). From the top down it copies each piece's ops
 and differentiates the copy, with the gradient summed at the piece's outputs
 as ``grad_ys``, depositing what it gives into ``_backprop.Backprop``. A
 copy's first ops wait for that gradient, so a piece is recomputed only when
-the backward pass above it is done. This module plans and copies; it never
-differentiates and never sums.
+the backward pass above it is done. This module never differentiates or sums.
 
 Never copied: the parameter subgraph (variable reads) and random ops (their
 forward values are reused: a dropout mask is the forward's). A piece with an
-op that must not run twice or cannot be copied (a stateful op, a loop, an
-overridden op) is backpropagated through its forward ops.
+op that must not run twice (core's ``_recompute_policy.reruns``) or cannot
+be copied (a loop, an overridden op) is backpropagated through its forward
+ops. ``keep=None``'s choice is core's too; this module reads the op graph.
 """
 
 import collections
 import dataclasses
-import math
 from typing import (
   Callable,
   Dict,
   Iterator,
   List,
+  NoReturn,
   Optional,
   Sequence,
   Set,
@@ -35,26 +35,17 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad.analysis import _graph_util
 from graphgrad.analysis._layer_graph import LayerGraph
+from graphgrad.core import _recompute_policy
 
 # Ops that run a function or a loop: backpropagated whole, never copied.
 _FUNCTIONAL = frozenset({
     "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
     "PartitionedCall", "StatefulPartitionedCall", "SymbolicGradient"})
-_RANDOM = frozenset({
-    "RandomUniform", "RandomUniformInt", "RandomStandardNormal",
-    "TruncatedNormal", "ParameterizedTruncatedNormal", "RandomGamma",
-    "RandomPoisson", "RandomPoissonV2", "Multinomial", "RandomShuffle",
-    "StatefulUniform", "StatefulUniformInt", "StatefulUniformFullInt",
-    "StatefulStandardNormal", "StatefulStandardNormalV2",
-    "StatefulTruncatedNormal", "StatefulRandomBinomial"})
-# Stateful ops that only read a variable: a copy in the backward pass reads
-# the value the forward read (no update runs before the gradient is done).
-_READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd"})
 
 
 def is_random(op: tf.Operation) -> bool:
   """True for a stateful random op (its value changes with each run)."""
-  return op.type in _RANDOM
+  return op.type in _recompute_policy.RANDOM
 
 
 def _activations(net: LayerGraph) -> Dict[str, int]:
@@ -67,7 +58,7 @@ def _activations(net: LayerGraph) -> Dict[str, int]:
   act: Dict[str, int] = {}
   for op in ops:
     ins = list(op.inputs)
-    if (op.type not in _READS - {"ReadVariableOp"} and all(
+    if (op.type not in _recompute_policy.VARIABLE_GATHERS and all(
         t.op.name in variables or t.op.name in param
         or not _graph_util.differentiable(t) or _scalar(t) for t in ins)
         and any(t.op.name in variables or t.op.name in param for t in ins)):
@@ -79,57 +70,60 @@ def _activations(net: LayerGraph) -> Dict[str, int]:
   return act
 
 
-def separators(net: LayerGraph) -> Tuple[List[Tuple[tf.Tensor, int]], int]:
+def _forward(net: LayerGraph) -> List[tf.Operation]:
+  """The activations' ops (:func:`_activations`), in topological order."""
+  act = _activations(net)
+  return [net.op_graph.nodes[n]["op"] for n in sorted(act, key=act.__getitem__)]
+
+
+def _op_bytes(op: tf.Operation) -> int:
+  """The static bytes of ``op``'s differentiable outputs."""
+  return sum(_recompute_policy.tensor_bytes(t) for t in op.outputs
+             if _graph_util.differentiable(t))
+
+
+def separators(net: LayerGraph, ops: Sequence[tf.Operation]
+               ) -> Dict[int, tf.Tensor]:
   """Forward tensors that every path from the inputs to the loss crosses.
 
-  Returns ``([(tensor, position among the activations)], activations)``.
+  Among ``ops``, the activations of ``net`` in topological order (the ops
+  downstream of a parameter, less the parameter reads and what only they
+  feed): the output of an op that no differentiable edge jumps over (core's
+  ``articulations``), when it is the op's one such output, not the loss,
+  and outside any loop. A skip connection's add (or the ReLU after it) is
+  one; a tensor inside a residual block is not.
 
-  Among the activations (the ops downstream of a parameter, less the
-  parameter reads and what only they feed), in topological order: a tensor
-  whose op no differentiable edge jumps over. A skip connection's add (or
-  the ReLU after it) is one; a tensor inside a residual block is not.
+  Returns:
+    Position in ``ops`` -> the tensor.
   """
-  g = net.op_graph
-  act = _activations(net)
-  order = sorted(act, key=act.__getitem__)
-  last: Dict[str, int] = {}
-  for name in order:
-    op = g.nodes[name]["op"]
-    last[name] = max([act[c.name] for t in op.outputs
-                      if _graph_util.differentiable(t)
-                      for c in t.consumers() if c.name in act], default=-1)
-  found: List[Tuple[tf.Tensor, int]] = []
-  reach = -1
-  for name in order:
-    op = g.nodes[name]["op"]
+  position = {op.name: i for i, op in enumerate(ops)}
+  last = [max([position[c.name] for t in op.outputs
+               if _graph_util.differentiable(t)
+               for c in t.consumers() if c.name in position], default=i)
+          for i, op in enumerate(ops)]
+  found: Dict[int, tf.Tensor] = {}
+  for i in _recompute_policy.articulations(last):
+    op = ops[i]
     outs = [t for t in op.outputs if _graph_util.differentiable(t)
-            and any(c.name in act for c in t.consumers())]
-    if (reach <= act[name] and len(outs) == 1 and last[name] > act[name]
-        and name != net.loss.op.name
+            and any(c.name in position for c in t.consumers())]
+    if (len(outs) == 1 and op.name != net.loss.op.name
         and not _graph_util.in_control_flow(op)):
-      found.append((outs[0], act[name]))
-    reach = max(reach, last[name])
-  return found, len(act)
+      found[i] = outs[0]
+  return found
 
 
 def kept_tensors(net: LayerGraph, keep: Optional[Sequence[str]],
                  tensors: Sequence[str] = ()) -> List[tf.Tensor]:
   """The tensors the backward pass keeps, in forward (topological) order:
   the outputs of the layers in ``keep`` and the tensors named ``tensors``,
-  or with ``keep=None`` about ``sqrt(n)`` of the :func:`separators`, for
-  ``n`` layers, evenly spread along the activations."""
+  or with ``keep=None`` :func:`separators` that close about ``sqrt(n)``
+  segments of equal activation bytes, for ``n`` layers (core's
+  ``spread_kept``, as a KerasPlan chooses its calls)."""
   if keep is None:
-    candidates, total = separators(net)
-    k = max(1, int(round(math.sqrt(len(net.names)))) - 1)
-    chosen: Dict[str, tf.Tensor] = {}
-    for i in range(1, k + 1):
-      target = i * total / (k + 1)
-      free = [(t, p) for t, p in candidates if t.name not in chosen]
-      if not free:
-        break
-      t, _ = min(free, key=lambda c: abs(c[1] - target))
-      chosen[t.name] = t
-    kept = list(chosen.values())
+    ops = _forward(net)
+    candidates = separators(net, ops)
+    kept = [candidates[i] for i in _recompute_policy.spread_kept(
+        [_op_bytes(op) for op in ops], sorted(candidates), len(net.names))]
   else:
     kept = [t for n in keep for t in net[n].outputs
             if _graph_util.differentiable(t)]
@@ -159,14 +153,22 @@ def keep_reader(net: LayerGraph) -> Callable[[object], Optional[str]]:
   forward: List[Dict[str, int]] = []
 
   def read(item) -> Optional[str]:
-    if isinstance(item, str):
-      t = _named(net, graph, item)
+    kind = _recompute_policy.keep_item_kind(item)
+    if kind in ("name", "tensor name"):
+      t = (_named_op(net, graph, item) if kind == "name"
+           else _named_tensor(net, graph, item))
       if t is None:
         return None
-    elif isinstance(item, tf.Tensor):
+    elif kind == "eager tensor":
+      raise _errors.GraphGradError(
+          f"recompute: `keep` got an eager tensor (shape {item.shape}), "
+          f"which holds a value, not a place in the loss's tf.Graph. Pass "
+          f"the tf.Tensor of the tf.Graph (built inside graph.as_default()) "
+          f"or its name.")
+    elif kind == "graph tensor":
       t = _graph_tensor(graph, item)
     else:
-      return None
+      return None  # a layer
     if _graph_util.in_control_flow(t.op):
       raise _errors.UnsupportedGraphError(
           f"recompute: `keep` got {t.name}, a tensor inside a loop or cond "
@@ -186,29 +188,35 @@ def keep_reader(net: LayerGraph) -> Callable[[object], Optional[str]]:
   return read
 
 
-def _named(net: LayerGraph, graph: tf.Graph, name: str
-           ) -> Optional[tf.Tensor]:
-  """The tensor ``name`` means, or ``None`` for a layer's name."""
-  if ":" not in name:
-    if name in net.names:
-      return None
-    try:
-      op = graph.get_operation_by_name(name)
-    except KeyError:
-      op = None
-    if op is not None:
-      if len(op.outputs) == 1:
-        return op.outputs[0]
-      raise _errors.GraphGradError(
-          f"recompute: `keep` got the op name {name!r}, whose op "
-          f"({op.type}) has {len(op.outputs)} outputs, so it names no one "
-          f"tensor. Pass a tensor name instead: one of "
-          f"{', '.join(t.name for t in op.outputs) or '(none)'}.")
-  else:
-    try:
-      return graph.get_tensor_by_name(name)
-    except (KeyError, ValueError):
-      pass
+def _named_op(net: LayerGraph, graph: tf.Graph, name: str
+              ) -> Optional[tf.Tensor]:
+  """The one output of the op ``name``, or ``None`` for a layer's name (a
+  name is a layer's before an op's)."""
+  if name in net.names:
+    return None
+  try:
+    op = graph.get_operation_by_name(name)
+  except KeyError:
+    _unknown(net, name)
+  if len(op.outputs) == 1:
+    return op.outputs[0]
+  raise _errors.GraphGradError(
+      f"recompute: `keep` got the op name {name!r}, whose op "
+      f"({op.type}) has {len(op.outputs)} outputs, so it names no one "
+      f"tensor. Pass a tensor name instead: one of "
+      f"{', '.join(t.name for t in op.outputs) or '(none)'}.")
+
+
+def _named_tensor(net: LayerGraph, graph: tf.Graph, name: str) -> tf.Tensor:
+  """The tensor ``name`` (``"l1/Relu:0"``)."""
+  try:
+    return graph.get_tensor_by_name(name)
+  except (KeyError, ValueError):
+    _unknown(net, name)
+
+
+def _unknown(net: LayerGraph, name: str) -> NoReturn:
+  """Raises: ``name`` is no layer, tensor nor op of the tf.Graph."""
   raise _errors.LayerNotFoundError(
       f"recompute: `keep` got {name!r}, which names no layer, tensor or op "
       f"of the tf.Graph; known layers: {', '.join(net.names)}. Pass a layer "
@@ -216,13 +224,8 @@ def _named(net: LayerGraph, graph: tf.Graph, name: str
 
 
 def _graph_tensor(graph: tf.Graph, t: tf.Tensor) -> tf.Tensor:
-  """``t``, checked to be a tensor of ``graph`` itself."""
-  if not tf.is_symbolic_tensor(t):
-    raise _errors.GraphGradError(
-        f"recompute: `keep` got an eager tensor (shape {t.shape}), which "
-        f"holds a value, not a place in the loss's tf.Graph. Pass the "
-        f"tf.Tensor of the tf.Graph (built inside graph.as_default()) or "
-        f"its name.")
+  """``t``, a symbolic tensor, checked to be a tensor of ``graph``
+  itself."""
   if t.graph is graph:
     return t
   outer = getattr(t.graph, "outer_graph", None)
@@ -382,7 +385,7 @@ class Split:
              or (t.op not in region and t.name not in x_names
                  and (not _graph_util.differentiable(t) or _scalar(t)))
              for t in op.inputs) and op not in looped \
-          and op.type not in _READS - {"ReadVariableOp"}:
+          and op.type not in _recompute_policy.VARIABLE_GATHERS:
         param.add(op)
     random: Set[tf.Operation] = set()
     seg: Dict[tf.Operation, int] = {}
@@ -471,7 +474,7 @@ class Split:
   def _forward_only(self, op: tf.Operation) -> bool:
     """Whether ``op`` must be backpropagated through itself, not a copy."""
     return (_graph_util.in_control_flow(op) or op.type in _FUNCTIONAL
-            or (op.op_def.is_stateful and op.type not in _READS)
+            or not _recompute_policy.reruns(op.type, op.op_def.is_stateful)
             or self.forward(op)
             or any(t.dtype == tf.variant for t in op.outputs)
             or any(t.dtype != t.dtype.base_dtype for t in op.inputs))
@@ -503,16 +506,6 @@ class Split:
 # -- estimates -----------------------------------------------------------------
 
 
-def _bytes(t: tf.Tensor) -> int:
-  """Static size of ``t`` in bytes; an unknown dimension counts as 1."""
-  if t.shape.rank is None:
-    return t.dtype.size
-  n = 1
-  for d in t.shape:
-    n *= d if d is not None else 1
-  return n * t.dtype.size
-
-
 def memory_report(net: LayerGraph, keep: Optional[Sequence[str]] = None
                   ) -> str:
   """Each layer's activation bytes and the estimated peak of the backward
@@ -524,13 +517,7 @@ def memory_report(net: LayerGraph, keep: Optional[Sequence[str]] = None
   kept; with it, the kept tensors plus the largest segment between two of
   them.
   """
-  g = net.op_graph
-  act = _activations(net)
-  sizes: List[Tuple[tf.Operation, int]] = []
-  for name in sorted(act, key=act.__getitem__):
-    op = g.nodes[name]["op"]
-    sizes.append((op, sum(_bytes(t) for t in op.outputs
-                          if _graph_util.differentiable(t))))
+  sizes = [(op, _op_bytes(op)) for op in _forward(net)]
   per_layer: Dict[str, int] = collections.Counter()
   for op, b in sizes:
     per_layer[net.layer_of(op) or "(glue)"] += b
@@ -545,7 +532,8 @@ def memory_report(net: LayerGraph, keep: Optional[Sequence[str]] = None
     else:
       current += b
   segments.append(current)
-  with_rc = sum(_bytes(t) for t in kept) + max(segments)
+  with_rc = (sum(_recompute_policy.tensor_bytes(t) for t in kept)
+             + max(segments))
   unknown = any(d is None for op, _ in sizes for t in op.outputs
                 if t.shape.rank is not None for d in t.shape)
   unit = " (per example: the batch dimension is unknown)" if unknown else ""

@@ -167,6 +167,39 @@ def test_a_rewritten_layer_is_recomputed_with_its_declaration(
     assert layer in replayed, replayed
 
 
+def test_call_that_gathers_from_a_variable_is_replayed(K):
+  """A variable gather (ResourceGather) reads, as ReadVariableOp does: the
+  call holding one is replayed, not kept whole."""
+  table = tf.Variable(normal_rows(9, (4, 8)), trainable=False)
+
+  class Gathered(K.layers.Layer):
+    def call(self, x):
+      return x * tf.raw_ops.ResourceGather(
+          resource=table.handle, indices=[0, 2, 0, 1], dtype=tf.float32)[2]
+
+  init = K.initializers.RandomNormal(stddev=0.5, seed=2)
+  inp = K.Input((8,))
+  h = K.layers.Dense(8, activation="tanh", name="d0",
+                     kernel_initializer=init)(inp)
+  h = Gathered(name="gathered")(h)
+  h = K.layers.Dense(8, activation="tanh", name="d1",
+                     kernel_initializer=init)(h)
+  model = K.Model(inp, K.layers.Dense(1, name="out",
+                                      kernel_initializer=init)(h))
+  plan = gg.KerasPlan(model).recompute(keep=["d1"])
+  x = normal_rows(3, (4, 8))
+  step = tf.function(lambda: _step(plan, model, x, "eager"))
+  grads = step()
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(tf.square(model(x, training=True)))
+  _assert_equal_grads(
+      [g.numpy() for g in tape.gradient(loss, model.trainable_variables)],
+      [g.numpy() for g in grads])
+  gathers = [op.name for op in step.get_concrete_function().graph
+             .get_operations() if op.type == "ResourceGather"]
+  assert any("/recompute" in n for n in gathers), gathers
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_dropout_mask_is_the_forwards(K, mode):
   init = K.initializers.RandomNormal(stddev=0.5, seed=4)
@@ -220,6 +253,21 @@ def test_keep_none_keeps_calls_no_skip_connection_jumps_over(K, monkeypatch):
   assert all(p == "stem" or p.endswith(("_add", "_out"))
              for p in seen["paths"]), seen["paths"]
   assert len(seen["paths"]) < len(seen["calls"]) // 2
+
+
+@pytest.mark.parametrize("widths,want", [
+    ([64, 64, 32, 32, 16, 16, 8, 8, 4, 4, 2], [[4, 64], [4, 32]]),
+    ([2, 4, 8, 16, 32, 64, 128, 256, 512], [[4, 256]]),
+], ids=["narrowing", "widening"])
+def test_keep_none_choice(K, widths, want):
+  inp = K.Input((widths[0],))
+  h = inp
+  for i, w in enumerate(widths[1:]):
+    h = K.layers.Dense(w, activation="tanh", name=f"d{i}")(h)
+  model = K.Model(inp, h)
+  plan = gg.KerasPlan(model).recompute()
+  _step(plan, model, normal_rows(4, (4, widths[0])), "function")
+  assert [t.shape.as_list() for t in plan.kept_tensors()] == want
 
 
 def test_eager_step_logs_that_it_keeps_activations(K, caplog):

@@ -78,6 +78,33 @@ def test_keep_none_picks_about_sqrt_n_separators(graph):
   assert [k.split("/")[0] for k in kept] == ["l4", "l8", "l12"], kept
 
 
+def _widths(widths):
+  """A chain of tanh layers ``l0, l1, ...`` from ``widths[0]`` inputs."""
+  h = tf1.placeholder(tf.float32, [None, widths[0]])
+  for i, w in enumerate(widths[1:]):
+    h = dense(h, w, f"l{i}", tf.tanh)
+  return tf.reduce_sum(tf.square(h))
+
+
+# Each layer makes three activations of its width (MatMul, BiasAdd, Tanh),
+# the loss two more (Square, Sum); blocks close at the first activation
+# where the bytes since the last kept one reach total / sqrt(layers).
+@pytest.mark.parametrize("widths,want", [
+    # 49 activations of 8 floats and the sum's 1: 393 / 4 = 98.25 floats
+    # per block, reached every 13 activations.
+    ([8] * 17, ["l4/MatMul:0", "l8/BiasAdd:0", "l12/Tanh:0"]),
+    # 561 floats / sqrt(10) = 177.4, reached at l0's Tanh (192) and at l2's
+    # (96 + 96): the layers a KerasPlan keeps on the same widths.
+    ([64, 64, 32, 32, 16, 16, 8, 8, 4, 4, 2], ["l0/Tanh:0", "l2/Tanh:0"]),
+    # 3573 floats / sqrt(8) = 1263.3, reached at l6's BiasAdd (756 + 512)
+    # and at l7's (256 + 1024).
+    ([2, 4, 8, 16, 32, 64, 128, 256, 512], ["l6/BiasAdd:0", "l7/BiasAdd:0"]),
+], ids=["even", "narrowing", "widening"])
+def test_keep_none_choice(graph, widths, want):
+  kept = _recompute.kept_tensors(gg.analyze(_widths(widths)), None)
+  assert [t.name for t in kept] == want
+
+
 def test_explicit_keep_and_keep_nothing(graph):
   loss = _chain(6)
   _compare(loss, keep=["l1", "l4"])
@@ -97,8 +124,9 @@ def test_skip_connections(graph):
   loss = _residual(x)
   kept = [t.name for t in _recompute.kept_tensors(
       gg.analyze(loss), None)]
-  # Only tensors that no skip jumps over: a block's output, never inside.
-  assert kept and all(n.startswith("Relu") or n.startswith("stem/")
+  # Only tensors that no skip jumps over: a block's sum or output, never
+  # inside.
+  assert kept and all(n.startswith(("add", "Relu", "stem/"))
                       for n in kept), kept
   _compare(loss, feed_dict=feed(x), case="skip connections")
   # A kept layer that a skip jumps over: still exact, only less saved.

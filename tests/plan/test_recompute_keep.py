@@ -76,7 +76,7 @@ def test_keep_none_lists_the_chosen_tensors(graph):
   plan = gg.GradientPlan(loss).recompute()
   plan.compute_gradients()
   assert [t.name for t in plan.kept_tensors()] == [
-      "l3/BiasAdd:0", "l6/BiasAdd:0"]
+      "l3/MatMul:0", "l6/BiasAdd:0"]
 
 
 def test_kept_tensors_before_build_and_without_recompute(graph):
