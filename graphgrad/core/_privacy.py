@@ -258,8 +258,9 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
     batch = tf.shape(loss)[0]
     outputs = uses.outputs()
     forms = uses.forms(
-        vjp.vjp([loss], [tf.ones_like(loss) if seed is None else seed],
-                outputs) if outputs else [],
+        vjp.vjp([loss], outputs,
+                [tf.ones_like(loss) if seed is None else seed])
+        if outputs else [],
         batch)
     if scale is not None:
       forms = {k: unscaled_forms(f, scale) for k, f in forms.items()}
@@ -267,8 +268,8 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
     known = [(k, v) for k, v in zip(keys, variables) if k in forms]
     missing = [v for k, v in zip(keys, variables) if k not in forms]
     if missing:
-      for v, g in zip(missing, vjp.vjp([loss], [tf.ones_like(loss)],
-                                       missing)):
+      for v, g in zip(missing, vjp.vjp([loss], missing,
+                                       [tf.ones_like(loss)])):
         if g is not None:
           uses.refuse_outside(v)
     if not known:

@@ -9,7 +9,7 @@ parameter transforms, the loss scale and ``privatize`` are written once, in
 ``core/``, against this protocol.
 """
 
-from typing import List, Protocol, Sequence
+from typing import List, Optional, Protocol, Sequence
 
 from graphgrad._types import Gradient
 
@@ -17,14 +17,18 @@ from graphgrad._types import Gradient
 class VJP(Protocol):
   """Vector-Jacobian products of one backward pass."""
 
-  def vjp(self, ys: Sequence, grads: Sequence, xs: Sequence,
+  def vjp(self, ys: Sequence, xs: Sequence, grads: Optional[Sequence] = None,
           stop: Sequence = ()) -> List[Gradient]:
     """The gradients of ``ys`` for ``xs`` with ``grads`` at ``ys``.
 
+    The argument order is the public ``BackwardContext.vjp``'s, the one
+    contract of every VJP in graphgrad.
+
     Args:
       ys: the tensors differentiated.
-      grads: one gradient per ``ys`` entry (``None``: nothing flows from it).
       xs: tensors or variables; one gradient (or ``None``) each.
+      grads: one gradient per ``ys`` entry (``None``: nothing flows from
+        it), or ``None`` for ones at every entry.
       stop: tensors no gradient flows back through.
     """
 
@@ -37,7 +41,7 @@ class VJP(Protocol):
     units of the plan's own.
     """
 
-  def per_example(self, ys: Sequence, grads: Sequence, xs: Sequence,
+  def per_example(self, ys: Sequence, xs: Sequence, grads: Sequence,
                   batch) -> List[Gradient]:
     """Per-example gradients of ``xs``, each ``[batch, *x.shape]``.
 

@@ -164,7 +164,7 @@ class TapeBackward:
     # BackwardContext.vjp has dropped the ys whose grad_ys entry is None.
     grads = None if grad_ys is None else [dense(g) for g in grad_ys]
     with self.call_vjp.paused():
-      return self.call_vjp.vjp(ys, grads, xs)
+      return self.call_vjp.vjp(ys, xs, grads)
 
   def variable(self, key, init, trainable, name) -> tf.Variable:
     head, _, rest = key.partition("/")

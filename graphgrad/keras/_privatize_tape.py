@@ -480,9 +480,9 @@ def _fallback(call: Dict[str, Any], dys, batch) -> Forms:
   grads = iter([None if dy is None else _after(checks, dy) for dy in dys])
   name = f"layer {layer.name!r} ({type(layer).__name__})"
   try:
-    per = vjp.per_example(call["out"], [
+    per = vjp.per_example(call["out"], variables, [
         next(grads) if isinstance(y, tf.Tensor) else None
-        for y in tf.nest.flatten(call["out"])], variables, batch,
+        for y in tf.nest.flatten(call["out"])], batch,
                           loop=_is_unit(layer), name=name)
   except (ValueError, TypeError, NotImplementedError,
           tf.errors.OpError) as e:

@@ -43,7 +43,7 @@ class _CallSite:
   def vjp(self, grads, inputs: bool, own: bool, other: bool):
     xs = list(self.inputs) if inputs else []
     vs = (self.own if own else []) + (self.other if other else [])
-    res = self.inner.vjp(self.outputs, grads, xs + vs)
+    res = self.inner.vjp(self.outputs, xs + vs, grads)
     n, m = len(xs), len(self.own) if own else 0
     return list(res[:n]), list(res[n:n + m]), list(res[n + m:])
 
@@ -128,8 +128,8 @@ def edge_grads(step, entries, xs, dx) -> List:
         direct[js[0]].append(i)
       elif dx[i] is not None:
         glued.append(i)
-    through_glue = glue.vjp([xs[i] for i in glued],
-                            [dense(dx[i]) for i in glued], outs)
+    through_glue = glue.vjp([xs[i] for i in glued], outs,
+                            [dense(dx[i]) for i in glued])
     for j, t in enumerate(outs):
       via_glue = through_glue[j]
       total = add_dense([dx[i] for i in direct[j]] + [via_glue])

@@ -227,8 +227,8 @@ class Recomputer:
     # Gated: every gradient of the call is computed before any of them is
     # used, so the calls below are not replayed while this call's
     # activations wait for a parameter gradient.
-    grads = vjp.vjp([o for o, _ in pairs], [d for _, d in pairs],
-                    xs + variables)
+    grads = vjp.vjp([o for o, _ in pairs], xs + variables,
+                    [d for _, d in pairs])
     return grads[:len(xs)], grads[len(xs):]
 
   def _replayed(self, index: int, dys: list):

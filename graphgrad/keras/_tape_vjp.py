@@ -133,16 +133,16 @@ class TapeVJP:
 
   # -- the protocol ----------------------------------------------------------
 
-  def vjp(self, ys: Sequence, grads: Optional[Sequence], xs: Sequence,
-          stop: Sequence = (),
+  def vjp(self, ys: Sequence, xs: Sequence,
+          grads: Optional[Sequence] = None, stop: Sequence = (),
           unconnected: tf.UnconnectedGradients = _NONE) -> List[Gradient]:
     """The gradients of ``ys`` for ``xs`` with ``grads`` at ``ys``.
 
     Args:
       ys: the tensors differentiated.
+      xs: tensors or variables; one gradient (or ``None``) each.
       grads: one gradient per ``ys`` entry (``None``: nothing flows from
         it), or ``None`` for ones at every entry.
-      xs: tensors or variables; one gradient (or ``None``) each.
       stop: tensors no gradient flows back through: the tape can stop only
         where it recorded nothing behind (the watched inputs, leaves),
         which the callers check.
@@ -174,7 +174,7 @@ class TapeVJP:
                 ) -> List[List[Gradient]]:
     """Per task loss ``l_i``: ``d target / d l_i * d l_i / d xs``; raises
     for a task loss that ``target`` does not depend on."""
-    weights = self.vjp([target], None, losses)
+    weights = self.vjp([target], losses)
     if all(w is None for w in weights):
       # The sum of task losses that the tape recorded depends on each of
       # them: none reached means the tape missed the loss or the losses.
@@ -190,9 +190,9 @@ class TapeVJP:
         raise _errors.NotConnectedError(
             f"tape.gradient: the loss does not depend on `task_losses[{i}]`. "
             f"List the task losses whose (weighted) sum is the loss.")
-    return [self.vjp([l], [w], xs) for l, w in zip(losses, weights)]
+    return [self.vjp([l], xs, [w]) for l, w in zip(losses, weights)]
 
-  def per_example(self, ys: Sequence, grads: Sequence, xs: Sequence,
+  def per_example(self, ys: Sequence, xs: Sequence, grads: Sequence,
                   batch, loop: bool = False, name: str = "a call"
                   ) -> List[tf.Tensor]:
     """Per-example gradients of ``xs``, each ``[batch, *x.shape]``.
@@ -225,7 +225,7 @@ class TapeVJP:
                                [r[None] for r in rows], watch=xs,
                                persistent=False)
       flat = tf.nest.flatten(yi)
-      got = vjp.vjp([flat[i] for i in at], [g[None] for g in gs], xs)
+      got = vjp.vjp([flat[i] for i in at], xs, [g[None] for g in gs])
       return [tf.zeros(x.shape, x.dtype) if g is None else
               tf.convert_to_tensor(g) for g, x in zip(got, xs)]
 

@@ -65,7 +65,8 @@ class GraphVJP:
 
   # -- the VJP protocol (core._vjp) ------------------------------------------
 
-  def vjp(self, ys: Sequence, grads: Optional[Sequence], xs: Sequence,
+  def vjp(self, ys: Sequence, xs: Sequence,
+          grads: Optional[Sequence] = None,
           stop: Sequence = ()) -> List[Gradient]:
     """The gradients of ``ys`` for ``xs`` with ``grads`` at ``ys``.
 
@@ -84,12 +85,12 @@ class GraphVJP:
     weights; then one call per task loss, to ``xs`` only.
     """
     seed = self._seed(target)
-    weights = self.vjp([target], None if seed is None else [seed],
-                       list(losses))
-    return [self.vjp([l], [w], xs) if w is not None else [None] * len(xs)
+    weights = self.vjp([target], list(losses),
+                       None if seed is None else [seed])
+    return [self.vjp([l], xs, [w]) if w is not None else [None] * len(xs)
             for l, w in zip(losses, weights)]
 
-  def per_example(self, ys: Sequence, grads: Sequence, xs: Sequence,
+  def per_example(self, ys: Sequence, xs: Sequence, grads: Sequence,
                   batch) -> List[Gradient]:
     """Per-example gradients of ``xs``, each ``[batch, *x.shape]``.
 

@@ -275,8 +275,8 @@ class _Executor:
       # The loss with the task losses held constant: its unlisted terms.
       seed = self._scaled_seed()
       return self.vjp.vjp(
-          [self.loss], [tf.ones_like(self.loss) if seed is None else seed],
-          variables, stop=losses)
+          [self.loss], variables,
+          [tf.ones_like(self.loss) if seed is None else seed], stop=losses)
 
     new = combined_parameters(
         self.vjp, self.loss, losses, variables,
@@ -299,8 +299,8 @@ class _Executor:
     """One call of the VJP, the tf.gradients call Optimizer.minimize
     makes, then reduce_fn."""
     seeded = self.scale is not None or self.options.after
-    grads = self.vjp.vjp([self.loss], [self._seed()] if seeded else None,
-                         variables)
+    grads = self.vjp.vjp([self.loss], variables,
+                         [self._seed()] if seeded else None)
     found = [(v, g) for v, g in zip(variables, grads) if g is not None]
     if self.options.reduce_fn is not None and found:
       found = list(zip([v for v, _ in found],

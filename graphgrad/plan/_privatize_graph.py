@@ -170,7 +170,7 @@ class GraphUses:
         gs.append(tf.convert_to_tensor(g))
     xs = list({id(x): x for op, i in uses for x in [op.inputs[i]]}.values())
     parts = [tf.cast(p, dtype) for p in
-             self._vjp.per_example(ys, gs, xs, batch) if p is not None]
+             self._vjp.per_example(ys, xs, gs, batch) if p is not None]
     return tf.reshape(tf.add_n(parts), [-1] + var.shape.as_list())
 
 

@@ -8,11 +8,10 @@ plan's (``_backprop.GraphVJP``), its variables are kept in the plan's
 resources, and a dense layer is found in the op graph.
 """
 
-from typing import List, Sequence
+from typing import Sequence
 
 import tensorflow as tf
 
-from graphgrad._types import Gradient
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.methods._replacement import DenseMatMul, kernel_matmul
 from graphgrad.plan._backprop import GraphVJP
@@ -32,12 +31,8 @@ class GraphBackward:
   def __init__(self, net: LayerGraph, layer: str, resources: Resources,
                vjp: GraphVJP, outputs: Sequence):
     self.net, self.layer, self.resources = net, layer, resources
-    self._vjp = vjp
+    self.vjp = vjp.vjp  # the one VJP signature: BackwardContext.vjp's
     self.outputs = tuple(outputs)
-
-  def vjp(self, ys, xs, grad_ys, stop) -> List[Gradient]:
-    """``grad_ys=None``: ones at every ``ys`` entry."""
-    return self._vjp.vjp(ys, grad_ys, xs, stop)
 
   def variable(self, key, init, trainable, name) -> tf.Variable:
     return self.resources.get_or_create(

@@ -228,7 +228,7 @@ def _fetches(net: LayerGraph, plan: Optional[GradientPlan]) -> Dict[str, Any]:
         after_up[ctx.tensor.name] = after
   with net.loss.graph.as_default(), tf.name_scope("gradient_report"):
     # The plain chain rule: a VJP with no override, ones at the loss.
-    grads = GraphVJP().vjp([net.loss], None, variables + flat_out)
+    grads = GraphVJP().vjp([net.loss], variables + flat_out)
     none = tf.zeros([0], name="no_gradient")
   by_var = dict(zip([v.op.name for v in variables], grads[:len(variables)]))
   by_out = dict(zip([t.name for t in flat_out], grads[len(variables):]))

@@ -38,12 +38,12 @@ def test_only_the_vjp_module_differentiates():
 def test_a_none_gradient_sends_nothing_and_none_grads_are_ones():
   x = tf.constant([1.0, 2.0])
   vjp, (a, b) = TapeVJP.record(lambda t: (2.0 * t, t * t), [x])
-  got = vjp.vjp([a, b], [None, tf.ones_like(b)], [x])
+  got = vjp.vjp([a, b], [x], [None, tf.ones_like(b)])
   np.testing.assert_allclose(got[0].numpy(), [2.0, 4.0])
-  got = vjp.vjp([a, b], None, [x])
+  got = vjp.vjp([a, b], [x])
   np.testing.assert_allclose(got[0].numpy(), [4.0, 6.0])
-  assert vjp.vjp([a, b], [None, None], [x]) == [None]
-  assert vjp.vjp([a], [tf.ones_like(a)], []) == []
+  assert vjp.vjp([a, b], [x], [None, None]) == [None]
+  assert vjp.vjp([a], [], [tf.ones_like(a)]) == []
 
 
 def test_per_example_is_the_vjp_of_one_row():
@@ -52,11 +52,11 @@ def test_per_example_is_the_vjp_of_one_row():
   y = layer(x)
   dy = tf.random.stateless_normal((4, 3), seed=(3, 4))
   variables = [layer.kernel, layer.bias]
-  per = TapeVJP.of_call(layer.call, [x]).per_example([y], [dy], variables, 4)
+  per = TapeVJP.of_call(layer.call, [x]).per_example([y], variables, [dy], 4)
   for i in range(4):
     rows = tf.one_hot(i, 4)[:, None] * dy
     vjp, out = TapeVJP.record(layer.call, [x])
-    want = vjp.vjp([out], [rows], variables)
+    want = vjp.vjp([out], variables, [rows])
     for p, w in zip(per, want):
       np.testing.assert_allclose(p[i].numpy(), w.numpy(), rtol=1e-5,
                                  atol=1e-6)
@@ -87,4 +87,4 @@ def test_a_replay_reads_the_snapshot_and_restores_the_state():
                              snapshot=[tf.constant(1.0)])
   assert outs[0].numpy() == 4.0  # ran from the snapshot, 1 + 1
   assert state.numpy() == 5.0  # the value the forward pass left
-  assert vjp.vjp(outs, None, vjp.inputs)[0].numpy() == 2.0
+  assert vjp.vjp(outs, vjp.inputs)[0].numpy() == 2.0

@@ -71,8 +71,8 @@ def test_vjp_and_task_vjps_equal_tf_gradients(graph):
   variables = tf1.trainable_variables()
   for recompute in (None, _recomputing(loss, ["l1"])):
     vjp = GraphVJP(recompute=recompute)
-    got = vjp.vjp([loss], None, variables)
-    seeded = vjp.vjp([loss], [tf.constant(3.0)], variables, stop=[h])
+    got = vjp.vjp([loss], variables)
+    seeded = vjp.vjp([loss], variables, [tf.constant(3.0)], stop=[h])
     per_task = vjp.task_vjps(loss, [la, lb], [h])
     want = tf1.gradients(loss, variables)
     want_seeded = tf1.gradients(loss, variables, grad_ys=tf.constant(3.0),
@@ -90,8 +90,8 @@ def test_vjp_and_task_vjps_equal_tf_gradients(graph):
 def test_none_grads_send_nothing(graph):
   la, lb, h = _two_tasks()
   vjp = GraphVJP()
-  assert vjp.vjp([la, lb], [None, None], [h]) == [None]
-  only_b, = vjp.vjp([la, lb], [None, tf.constant(1.0)], [h])
+  assert vjp.vjp([la, lb], [h], [None, None]) == [None]
+  only_b, = vjp.vjp([la, lb], [h], [None, tf.constant(1.0)])
   want, = tf1.gradients(lb, [h])
   a, b = _run(only_b, want)
   np.testing.assert_allclose(a, b, rtol=1e-6)
@@ -114,7 +114,7 @@ def test_per_example_masks_all_rows_but_one(graph):
   y = tf.matmul(x, tf.identity(w))
   g = tf.constant(np.random.default_rng(2).normal(size=(4, 2)), tf.float32)
   unreached = tf.constant(np.zeros((2, 2), np.float32))
-  per, none = GraphVJP().per_example([y], [g], [y.op.inputs[1], unreached],
+  per, none = GraphVJP().per_example([y], [y.op.inputs[1], unreached], [g],
                                      4)
   assert none is None
   got, xs, gs = _run(per, x, g)
