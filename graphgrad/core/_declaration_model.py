@@ -182,9 +182,14 @@ class PrivatizeDeclaration(Declaration):
 
   Attributes:
     privacy: the checked :class:`~graphgrad.core._privacy.Privacy`.
+    after_aggregation: the noise is added after the workers' clipped sums
+      are aggregated (a ``GradientPlan`` applied by a
+      ``SyncReplicasOptimizer`` records it): each worker's backward pass
+      builds its clipped sum, without noise.
   """
   kind: ClassVar[DeclarationKind] = DeclarationKind.PRIVATIZE
   privacy: Any = None
+  after_aggregation: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -447,6 +452,15 @@ class Declarations:
           f"before its gradients are first computed (compute_gradients, "
           f"apply_gradients, plan.tape() or attach()).")
     self._add(PrivatizeDeclaration("", privacy), None)
+
+  def add_after_aggregation(self) -> None:
+    """Records that ``privatize``'s noise is added after the workers'
+    clipped sums are aggregated (``PrivatizeDeclaration.after_aggregation``).
+    """
+    self._check_open()
+    self._items = [dataclasses.replace(d, after_aggregation=True)
+                   if isinstance(d, PrivatizeDeclaration) else d
+                   for d in self._items]
 
   def add_loss_scale(self, scale: Any) -> None:
     """Records the plan's loss scale (a ``GradientPlan`` has one)."""

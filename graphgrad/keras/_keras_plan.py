@@ -30,7 +30,7 @@ from graphgrad.core._declaration_model import (
 )
 from graphgrad.core._declaring import Declaring, LayerRef
 from graphgrad.core._inert import bottom_layer_advice
-from graphgrad.core._privacy import Noise
+from graphgrad.core._privacy import NoiseCounter
 from graphgrad.core._rules import PlanRules, compile_rules
 from graphgrad.core._trace import TraceRecord
 from graphgrad.keras import (
@@ -125,7 +125,8 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     self._unwritten_warned = False  # summaries() without a writer, once
     self._attached: Optional[_fit.Attachment] = None
     self._warned_bottom: set = set()
-    self._noise: Optional[Noise] = None
+    # The steps privatize's noise has drawn for, kept across every tape.
+    self._noise_counter: Optional[NoiseCounter] = None
     self._eager_recompute_logged = False
     self._warned_adaptive = False
 
@@ -391,8 +392,10 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
                             name or self.name, at=step)
 
   def _privatized(self, privacy) -> None:
+    # Made now, outside any step and under the strategy scope privatize is
+    # declared in, for every tape to draw with.
     with tf.name_scope(self.name):
-      self._noise = Noise(privacy)
+      self._noise_counter = NoiseCounter()
 
   # -- running -------------------------------------------------------------
 
@@ -620,7 +623,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
         own_variables=lambda path: layer_variables(self._index[path]),
         step_tensor=self._step_tensor,
         enter_tape=self._enter_tape, exit_tape=self._exit_tape,
-        noise=self._noise)
+        noise_counter=self._noise_counter)
 
   def _step_tensor(self):
     """``global_step`` as a ``tf.Variable`` or tensor (Keras 3 unwrapped)."""

@@ -325,8 +325,6 @@ class GradientPlan(TrainingMethods, OpOverriding):
       check_graph_mode(caller, self._loss)
       self._declarations.freeze()
       rules = self.rules
-      if self._sync is not None:  # each worker's clipped sum, no noise
-        rules = dataclasses.replace(rules, privacy=self._sync.worker)
       self._built = _executor.build(
           self._loss, lambda: self.net, self._var_list, rules,
           dataclasses.replace(self._options, after=tuple(after)),
@@ -490,9 +488,14 @@ class GradientPlan(TrainingMethods, OpOverriding):
     if privacy is None or (sync and self._sync is not None):
       return
     if sync:
-      self._sync = _sync_privacy.check(
+      batch = _sync_privacy.check(
           privacy, self._loss, self._built is not None,
           len(self.rules.parameters), self._options.reduce_fn is not None)
+      # Each worker's build is then its clipped sum, without noise.
+      self._declarations.add_after_aggregation()
+      rule = self.rules.privacy
+      assert rule is not None and rule.after_aggregation is not None
+      self._sync = _sync_privacy.SyncPrivacy(rule.after_aggregation, batch)
     elif self._sync is not None:
       raise _errors.GraphGradError(
           f"apply_gradients: this private plan was built for a "
