@@ -243,6 +243,7 @@ class Declarations:
     self._owner = owner
     self._items: List[Declaration] = []
     self._frozen = False
+    self._version = 0
 
   @classmethod
   def read_only(cls, items: Iterable[Declaration]) -> "Declarations":
@@ -461,13 +462,14 @@ class Declarations:
     self._items = [dataclasses.replace(d, after_aggregation=True)
                    if isinstance(d, PrivatizeDeclaration) else d
                    for d in self._items]
+    self._version += 1
 
   def add_loss_scale(self, scale: Any) -> None:
     """Records the plan's loss scale (a ``GradientPlan`` has one)."""
     self._check_open()
     self._items = [d for d in self._items
                    if not isinstance(d, LossScaleDeclaration)]
-    self._add(LossScaleDeclaration("", scale), None)
+    self._add(LossScaleDeclaration("", scale), None)  # counts the change
 
   def freeze(self) -> None:
     """Refuses further declarations: the plan is being built."""
@@ -476,6 +478,12 @@ class Declarations:
   @property
   def frozen(self) -> bool:
     return self._frozen
+
+  @property
+  def version(self) -> int:
+    """Counts the changes to the declarations: a plan compiles them again
+    only when it has changed since its last compile."""
+    return self._version
 
   @property
   def owner(self) -> str:
@@ -587,6 +595,7 @@ class Declarations:
     if validate is not None:
       validate()
     self._items.append(declaration)
+    self._version += 1
 
   def _check_open(self) -> None:
     if self._frozen:

@@ -36,6 +36,7 @@ from graphgrad.core._declaration_model import (
   Declarations,
   EdgeDeclaration,
   GradientsDeclaration,
+  LossScaleDeclaration,
   OverrideDeclaration,
   ParameterTasksDeclaration,
   PrivatizeDeclaration,
@@ -48,7 +49,8 @@ from graphgrad.methods._replacement import Replacement, as_replacement
 from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import Transform
 
-__all__ = ["EdgeRule", "LayerRule", "LossScaleRule", "Mode", "OpRule",
+__all__ = ["CompiledRules", "EdgeRule", "LayerRule", "LossScaleRule", "Mode",
+           "OpRule",
            "ParameterRule", "PlanRules", "PrivacyRule", "RecomputeRule",
            "TaskRule", "Topology", "compile_rules"]
 
@@ -411,6 +413,43 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
                          EdgeDeclaration))
           and isinstance(x.fn, (Transform, GroupTransform))
           and x.fn.reads_global_step for x in d))
+
+
+class CompiledRules:
+  """A plan's declarations, compiled once for each state of them.
+
+  A plan reads its rules here: they are compiled again only when a
+  declaration was added since (``Declarations.version``), or for another
+  loss scale a Keras tape trains under.
+
+  Args:
+    declarations: the plan's declarations.
+    topology: as :func:`compile_rules`'s.
+  """
+
+  def __init__(self, declarations: Declarations, topology: Any = None):
+    self._declarations = declarations
+    self._topology = topology
+    self._version = -1
+    self._plain: Optional[PlanRules] = None
+    # (what gives the loss scale, the rules with it): the last one asked.
+    self._scaled: Optional[Tuple[Any, PlanRules]] = None
+
+  def rules(self, loss_scale: Any = None) -> PlanRules:
+    """The rules, with a :class:`LossScaleDeclaration` of ``loss_scale``
+    (a tape's) added to the declarations unless it is ``None``."""
+    if self._version != self._declarations.version:
+      self._version = self._declarations.version
+      self._plain = self._scaled = None
+    if loss_scale is None:
+      if self._plain is None:
+        self._plain = compile_rules(self._declarations, self._topology)
+      return self._plain
+    if self._scaled is None or self._scaled[0] is not loss_scale:
+      self._scaled = (loss_scale, compile_rules(
+          list(self._declarations) + [LossScaleDeclaration("", loss_scale)],
+          self._topology))
+    return self._scaled[1]
 
 
 def _layer_rules(d: Declarations, layers: Callable[[], Topology],

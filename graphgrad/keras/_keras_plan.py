@@ -23,15 +23,11 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core import _logged_advice
-from graphgrad.core._declaration_model import (
-  Declaration,
-  Declarations,
-  LossScaleDeclaration,
-)
+from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._declaring import Declaring, LayerRef
 from graphgrad.core._inert import bottom_layer_advice
 from graphgrad.core._privacy import NoiseCounter
-from graphgrad.core._rules import PlanRules, compile_rules
+from graphgrad.core._rules import CompiledRules, PlanRules
 from graphgrad.core._trace import TraceRecord
 from graphgrad.keras import (
   _fit,
@@ -111,6 +107,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     self._global_step = global_step
     self._index = _methods.KerasLayers(model)
     self._declarations = Declarations(self._index.find, owner="KerasPlan")
+    self._rules = CompiledRules(self._declarations, self._index)
     self._methods = _methods.MethodVariables()
     self._resources = Resources(modules=[self._methods])
     self._open_tape: Optional[PlanTape] = None
@@ -445,10 +442,8 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
       self._declarations.freeze()
       log.info("graphgrad KerasPlan on %s: %s", self._model.name,
                self._declarations.summary())
-    extra: List[Declaration] = (
-        [] if _loss_scale.scale_of(loss_scale) is None
-        else [LossScaleDeclaration("", loss_scale)])
-    rules = compile_rules(list(self._declarations) + extra, self._index)
+    rules = self._rules.rules(
+        None if _loss_scale.scale_of(loss_scale) is None else loss_scale)
     if (rules.recompute is not None and tf.executing_eagerly()
         and not self._eager_recompute_logged):
       self._eager_recompute_logged = True
@@ -611,8 +606,9 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
   @property
   def rules(self) -> PlanRules:
     """The plan's declarations, compiled (``graphgrad.core._rules``): what
-    its tapes execute, without a loss scale."""
-    return compile_rules(self._declarations, self._index)
+    its tapes execute, without a loss scale. Compiled once for each state
+    of the declarations."""
+    return self._rules.rules()
 
   def _view(self, rules: PlanRules) -> PlanView:
     return PlanView(

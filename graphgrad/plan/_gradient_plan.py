@@ -27,7 +27,7 @@ from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._privacy import check_per_example_loss
-from graphgrad.core._rules import PlanRules, compile_rules
+from graphgrad.core._rules import CompiledRules, PlanRules
 from graphgrad.core._trace import TraceRecord
 from graphgrad.plan import (
   _advice,
@@ -156,7 +156,7 @@ class GradientPlan(TrainingMethods, OpOverriding):
       self._take_loss_scale(loss_scale, "gg.GradientPlan: `loss_scale`")
     self._resources = Resources()
     self._built: Optional[_executor.Built] = None
-    self._rules: Optional[PlanRules] = None
+    self._rules = CompiledRules(self._declarations, lambda: self.net)
     self._warned_adaptive = False
     # Set when a SyncReplicasOptimizer applies a private plan.
     self._sync: Optional[_sync_privacy.SyncPrivacy] = None
@@ -198,10 +198,10 @@ class GradientPlan(TrainingMethods, OpOverriding):
   @property
   def rules(self) -> PlanRules:
     """The declarations, compiled (``graphgrad.core._rules``): what the
-    plan builds. Compiled once the plan is built; before, on each read."""
-    if self._rules is None or not self._declarations.frozen:
-      self._rules = compile_rules(self._declarations, lambda: self.net)
-    return self._rules
+    plan builds. Compiled once for each state of the declarations: on the
+    first read after a declaration (or the loss scale or the
+    ``SyncReplicasOptimizer`` that ``apply_gradients`` adopts)."""
+    return self._rules.rules()
 
   @property
   def resources(self) -> Resources:

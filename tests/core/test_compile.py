@@ -10,7 +10,7 @@ from graphgrad.core._declaration_model import (
 )
 from graphgrad.core._gradients import straight_through
 from graphgrad.core._privacy import Privacy
-from graphgrad.core._rules import Mode, compile_rules
+from graphgrad.core._rules import CompiledRules, Mode, compile_rules
 
 T = gg.transforms
 
@@ -282,3 +282,25 @@ def test_an_override_without_a_topology_is_refused_by_name():
                      match=r"needs its layers \(an override or a backward "
                            r"replacement is declared\), but no topology"):
     compile_rules(d)
+
+
+def test_compiled_rules_compile_again_only_after_a_change():
+  d = _declared()
+  compiled = CompiledRules(d)
+  first = compiled.rules()
+  assert compiled.rules() is first and not first.upstream
+  scale = 128.0
+  scaled = compiled.rules(scale)
+  assert compiled.rules(scale) is scaled and scaled.loss_scale.scale is scale
+  assert compiled.rules() is first and first.loss_scale is None
+  version = d.version
+  d.add_gradients("l2", T.scale(0.5))
+  d.add_privatize(Privacy(1.0, 0.0), "privatize")
+  d.add_loss_scale(64.0)
+  d.add_after_aggregation()
+  assert d.version == version + 4
+  again = compiled.rules()
+  assert again is not first and len(again.parameters) == 1
+  assert again.privacy.after_aggregation is not None
+  assert again.loss_scale.scale == 64.0
+  assert compiled.rules(scale) is not scaled
