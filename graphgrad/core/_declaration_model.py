@@ -182,9 +182,14 @@ class PrivatizeDeclaration(Declaration):
 
   Attributes:
     privacy: the checked :class:`~graphgrad.core._privacy.Privacy`.
+    after_aggregation: the noise is added after the workers' clipped sums
+      are aggregated (a ``GradientPlan`` applied by a
+      ``SyncReplicasOptimizer`` records it): each worker's backward pass
+      builds its clipped sum, without noise.
   """
   kind: ClassVar[DeclarationKind] = DeclarationKind.PRIVATIZE
   privacy: Any = None
+  after_aggregation: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +243,7 @@ class Declarations:
     self._owner = owner
     self._items: List[Declaration] = []
     self._frozen = False
+    self._version = 0
 
   @classmethod
   def read_only(cls, items: Iterable[Declaration]) -> "Declarations":
@@ -448,12 +454,22 @@ class Declarations:
           f"apply_gradients, plan.tape() or attach()).")
     self._add(PrivatizeDeclaration("", privacy), None)
 
+  def add_after_aggregation(self) -> None:
+    """Records that ``privatize``'s noise is added after the workers'
+    clipped sums are aggregated (``PrivatizeDeclaration.after_aggregation``).
+    """
+    self._check_open()
+    self._items = [dataclasses.replace(d, after_aggregation=True)
+                   if isinstance(d, PrivatizeDeclaration) else d
+                   for d in self._items]
+    self._version += 1
+
   def add_loss_scale(self, scale: Any) -> None:
     """Records the plan's loss scale (a ``GradientPlan`` has one)."""
     self._check_open()
     self._items = [d for d in self._items
                    if not isinstance(d, LossScaleDeclaration)]
-    self._add(LossScaleDeclaration("", scale), None)
+    self._add(LossScaleDeclaration("", scale), None)  # counts the change
 
   def freeze(self) -> None:
     """Refuses further declarations: the plan is being built."""
@@ -462,6 +478,12 @@ class Declarations:
   @property
   def frozen(self) -> bool:
     return self._frozen
+
+  @property
+  def version(self) -> int:
+    """Counts the changes to the declarations: a plan compiles them again
+    only when it has changed since its last compile."""
+    return self._version
 
   @property
   def owner(self) -> str:
@@ -573,6 +595,7 @@ class Declarations:
     if validate is not None:
       validate()
     self._items.append(declaration)
+    self._version += 1
 
   def _check_open(self) -> None:
     if self._frozen:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple, TypeVar, Union
 
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._privacy import check_privacy
-from graphgrad.methods import _pcgrad
+from graphgrad.core._task_combination import check_at
 
 # A layer reference: a layer name (a KerasPlan also takes an "outer/inner"
 # path, or the Keras layer itself).
@@ -364,7 +364,7 @@ class Declaring:
 
   def _combine(self: _P, layers, losses, method, at: str) -> _P:
     """``combine_tasks`` at ``at``; ``losses`` ``None`` on a KerasPlan."""
-    if _pcgrad.check_at(at, layers) == "parameters":
+    if check_at(at, layers) == "parameters":
       names = self._declarations.resolve_layers(layers, "combine_tasks")
       losses = self._task_losses("", losses, "combine_tasks")
       self._declarations.add_parameter_tasks(

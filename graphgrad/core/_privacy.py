@@ -6,7 +6,7 @@ Each executor finds where its variables meet the examples (the TF1 op
 graph, the Keras layer calls) as its :class:`Uses`; :func:`private_gradients`
 is the algorithm for both: one VJP to the uses, the per-example norms, clip
 factors and clipped sums of :mod:`graphgrad.core._clipping`, the reduction
-across replicas, and :class:`Noise`.
+across replicas, and :class:`Noise` with the executor's :class:`NoiseCounter`.
 """
 
 import dataclasses
@@ -41,7 +41,7 @@ from graphgrad.core._forms import norm_dtype
 
 log = logging.getLogger("graphgrad")
 
-__all__ = ["LARGE", "Noise", "Privacy", "Reduction", "Uses",
+__all__ = ["LARGE", "Noise", "NoiseCounter", "Privacy", "Reduction", "Uses",
            "check_per_example_loss", "check_privacy", "gaussian",
            "philox_words", "private_gradients", "refuse_declarations"]
 
@@ -213,7 +213,7 @@ class Reduction:
 
 
 def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
-                      uses: Uses, noise: "Noise",
+                      uses: Uses, noise: "Noise", counter: "NoiseCounter",
                       reduction: Optional[Reduction] = None,
                       scale=None, seed=None,
                       batch_size: Optional[float] = None
@@ -236,7 +236,8 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
     loss: the per-example losses, shape ``[B]`` (checked by the caller).
     variables: the variables (or sources) of the gradient.
     uses: the executor's :class:`Uses`.
-    noise: the plan's :class:`Noise`.
+    noise: the plan's :class:`Noise` (``PlanRules.privacy.noise``).
+    counter: the executor's :class:`NoiseCounter` for it.
     reduction: the cross-replica reduction of the clipped sums, or
       ``None`` (:func:`_across_replicas`).
     scale: the loss scale ``S`` the backward pass carries (mixed precision),
@@ -294,9 +295,10 @@ def private_gradients(vjp, loss: tf.Tensor, variables: Sequence,
           reduction, [v for _, v in known], [sums[k] for k, _ in known],
           batch, noise)
       sums = dict(zip([k for k, _ in known], reduced))
-      out = noise.noised_mean([sums.get(k) for k in keys], divisor, key=key)
+      out = noise.noised_mean([sums.get(k) for k in keys], divisor, counter,
+                              key=key)
     else:
-      out = noise.noised_mean([sums.get(k) for k in keys], divisor,
+      out = noise.noised_mean([sums.get(k) for k in keys], divisor, counter,
                               where=first, divided=True)
     if scale is None:
       return out
@@ -588,33 +590,54 @@ def _box_muller(words, half, stddev):
 LARGE = 1 << 16
 
 
+class NoiseCounter:
+  """The steps a :class:`Noise` has drawn for: an executor's state.
+
+  A non-trainable int64 variable that each step with noise increments. The
+  executor makes it where it applies the noise (a ``tf.Graph`` plan's build,
+  the chief's update under ``SyncReplicasOptimizer``, a ``KerasPlan``'s
+  ``privatize``, under the strategy scope it is declared in), once, so that
+  its steps never repeat a draw; compiling makes no variable. It is a plain
+  object, not a ``tf.Module``: a Keras plan's checkpoint does not hold it.
+
+  Args:
+    name: name of the variable.
+  """
+
+  def __init__(self, name: str = "dp_noise_step"):
+    # Under a tf.distribute strategy the first replica's count is kept.
+    self.variable = tf.Variable(
+        0, dtype=tf.int64, trainable=False, name=name,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+  def advance(self) -> tf.Tensor:
+    """Counts one step; returns its number (1 for the first)."""
+    return self.variable.assign_add(1, read_value=True)
+
+
 class Noise:
   """Gaussian noise that never repeats: a key and a step counter.
 
   Every draw is :func:`gaussian` with seed ``(key + j, step)``: ``j``
   numbers the large variables' draws (the small variables' joint draw
-  comes after them) and ``step`` counts the steps, kept in a
-  non-trainable int64 variable that each step increments. The key is the
-  declared seed, or 62 bits from the operating system's entropy
-  (``secrets``) when none was declared, so the noise is unpredictable.
+  comes after them) and ``step`` counts the steps, kept in the executor's
+  :class:`NoiseCounter`. The key is the declared seed, or 62 bits from the
+  operating system's entropy (``secrets``) when none was declared, so the
+  noise is unpredictable. Compiling a private plan makes its noise
+  (``core._rules.PrivacyRule``); it holds no TensorFlow state.
 
   Args:
-    privacy: the declaration.
-    name: name of the step counter variable.
+    privacy: what the noise draws for (``sigma``, ``C``, the seed).
   """
 
-  def __init__(self, privacy: Privacy, name: str = "dp_noise_step"):
+  def __init__(self, privacy: Privacy):
     self.privacy = privacy
     self.key = (privacy.seed if privacy.seed is not None
                 else secrets.randbits(62))
-    # Under a tf.distribute strategy the first replica's count is kept.
-    self.counter = tf.Variable(
-        0, dtype=tf.int64, trainable=False, name=name,
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
   def noised_mean(self, grads: Sequence[Gradient], batch_size,
-                  name: Optional[str] = None, where=None, key=None,
-                  divided: bool = False) -> list:
+                  counter: NoiseCounter, name: Optional[str] = None,
+                  where=None, key=None, divided: bool = False) -> list:
     """``(g + N(0, sigma^2 C^2 I)) / B`` for each gradient (``None`` kept).
 
     The draws wait for every gradient, and those of large variables
@@ -626,7 +649,8 @@ class Noise:
     1.5x the plain step's to 1.2x (docs/privacy.md, Cost); letting each sum
     also wait for the previous draw cost 1.3x the time. An ``IndexedSlices``
     gradient becomes dense: the noise covers every row. With
-    ``noise_multiplier == 0`` no noise op is built. ``where`` (a boolean
+    ``noise_multiplier == 0`` no noise op is built. ``counter`` counts the
+    steps that draw. ``where`` (a boolean
     scalar tensor, or ``None`` for always) says whether this replica adds
     the noise. ``key``, an int64 pair tensor, replaces the key and the step
     counter (:func:`_across_replicas`). With ``divided`` the gradients are
@@ -636,7 +660,7 @@ class Noise:
       sigma = self.privacy.noise_multiplier * self.privacy.l2_norm_clip
       step = None
       if sigma > 0:
-        step = self.counter.assign_add(1, read_value=True)
+        step = counter.advance()
       out: list = [None] * len(grads)
       done = [g.values if isinstance(g, tf.IndexedSlices) else g
               for g in grads if g is not None]

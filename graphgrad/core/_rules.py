@@ -36,20 +36,23 @@ from graphgrad.core._declaration_model import (
   Declarations,
   EdgeDeclaration,
   GradientsDeclaration,
+  LossScaleDeclaration,
   OverrideDeclaration,
   ParameterTasksDeclaration,
+  PrivatizeDeclaration,
   TasksDeclaration,
   UpstreamDeclaration,
 )
 from graphgrad.core._gradients import straight_through
-from graphgrad.core._privacy import Privacy, refuse_declarations
+from graphgrad.core._privacy import Noise, Privacy, refuse_declarations
 from graphgrad.methods._replacement import Replacement, as_replacement
 from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import Transform
 
-__all__ = ["EdgeRule", "LayerRule", "LossScaleRule", "Mode", "OpRule",
-           "ParameterRule", "PlanRules", "RecomputeRule", "TaskRule",
-           "Topology", "compile_rules"]
+__all__ = ["CompiledRules", "EdgeRule", "LayerRule", "LossScaleRule", "Mode",
+           "OpRule",
+           "ParameterRule", "PlanRules", "PrivacyRule", "RecomputeRule",
+           "TaskRule", "Topology", "compile_rules"]
 
 
 class Topology(Protocol):
@@ -225,6 +228,27 @@ class LossScaleRule:
 
 
 @dataclasses.dataclass(frozen=True)
+class PrivacyRule:
+  """``privatize``, compiled: the declaration and the noise the plan adds.
+
+  Each :class:`~graphgrad.core._privacy.Noise` is made here, once per
+  compiled plan (its key drawn once); the step counter it draws with is the
+  executor's (``NoiseCounter``).
+
+  Attributes:
+    declared: what ``privatize`` declared.
+    noise: what the executor's backward pass adds and divides by: the
+      declared noise, or, with ``after_aggregation``, that of each worker's
+      clipped sum (no noise, divided by 1).
+    after_aggregation: the noise added once the workers' clipped sums are
+      aggregated (a ``SyncReplicasOptimizer``'s chief), or ``None``.
+  """
+  declared: Privacy
+  noise: Noise
+  after_aggregation: Optional[Noise] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class PlanRules:
   """A plan, compiled: everything an executor reads of it.
 
@@ -238,7 +262,7 @@ class PlanRules:
       transforms in declaration order.
     parameter_tasks: the task combination in parameter space, or ``None``.
     recompute: the recompute rule, or ``None``.
-    privacy: what ``privatize`` declared, or ``None``.
+    privacy: ``privatize`` compiled, or ``None``.
     loss_scale: the loss scale, or ``None``.
     reads_global_step: a transform reads the global step (the executor then
       advances it).
@@ -252,7 +276,7 @@ class PlanRules:
   parameters: Tuple[ParameterRule, ...] = ()
   parameter_tasks: Optional[TaskRule] = None
   recompute: Optional[RecomputeRule] = None
-  privacy: Optional[Privacy] = None
+  privacy: Optional[PrivacyRule] = None
   loss_scale: Optional[LossScaleRule] = None
   reads_global_step: bool = False
   named: Tuple[str, ...] = ()
@@ -376,7 +400,8 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
           params.layers, params.losses, params.method, at="parameters"),
       recompute=None if recompute is None else RecomputeRule(
           recompute.keep, recompute.tensors),
-      privacy=privacy,
+      privacy=None if privacy is None else _privacy_rule(
+          d.of_kind(PrivatizeDeclaration)[0]),
       loss_scale=None if loss_scale is None else LossScaleRule(loss_scale),
       named=tuple(dict.fromkeys(
           [n for x in d for n in (
@@ -388,6 +413,43 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
                          EdgeDeclaration))
           and isinstance(x.fn, (Transform, GroupTransform))
           and x.fn.reads_global_step for x in d))
+
+
+class CompiledRules:
+  """A plan's declarations, compiled once for each state of them.
+
+  A plan reads its rules here: they are compiled again only when a
+  declaration was added since (``Declarations.version``), or for another
+  loss scale a Keras tape trains under.
+
+  Args:
+    declarations: the plan's declarations.
+    topology: as :func:`compile_rules`'s.
+  """
+
+  def __init__(self, declarations: Declarations, topology: Any = None):
+    self._declarations = declarations
+    self._topology = topology
+    self._version = -1
+    self._plain: Optional[PlanRules] = None
+    # (what gives the loss scale, the rules with it): the last one asked.
+    self._scaled: Optional[Tuple[Any, PlanRules]] = None
+
+  def rules(self, loss_scale: Any = None) -> PlanRules:
+    """The rules, with a :class:`LossScaleDeclaration` of ``loss_scale``
+    (a tape's) added to the declarations unless it is ``None``."""
+    if self._version != self._declarations.version:
+      self._version = self._declarations.version
+      self._plain = self._scaled = None
+    if loss_scale is None:
+      if self._plain is None:
+        self._plain = compile_rules(self._declarations, self._topology)
+      return self._plain
+    if self._scaled is None or self._scaled[0] is not loss_scale:
+      self._scaled = (loss_scale, compile_rules(
+          list(self._declarations) + [LossScaleDeclaration("", loss_scale)],
+          self._topology))
+    return self._scaled[1]
 
 
 def _layer_rules(d: Declarations, layers: Callable[[], Topology],
@@ -431,6 +493,17 @@ def _layer_rules(d: Declarations, layers: Callable[[], Topology],
         tasks=tasks.get(name), edge_upper=name in uppers,
         read=name in read)
   return out
+
+
+def _privacy_rule(d: PrivatizeDeclaration) -> PrivacyRule:
+  """The noise of ``privatize``: added by the backward pass, or, after an
+  aggregation, once on the aggregate (each worker then pushes its clipped
+  sum, neither noised nor divided)."""
+  if not d.after_aggregation:
+    return PrivacyRule(d.privacy, Noise(d.privacy))
+  worker = dataclasses.replace(d.privacy, noise_multiplier=0.0,
+                               expected_batch_size=1.0)
+  return PrivacyRule(d.privacy, Noise(worker), Noise(d.privacy))
 
 
 def _check_loss_scale(d: Declarations) -> None:

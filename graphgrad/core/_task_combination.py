@@ -6,18 +6,40 @@ space it does the same for the gradients of the chosen variables. The task
 gradients ``g_i = d target / d l_i * d l_i / d x`` come from the executor's
 :class:`~graphgrad.core._vjp.VJP` (``task_vjps``): one backward pass per
 task loss, in the units of the plan's own gradient (loss-scaled under a
-loss scale). The combination itself is ``methods._pcgrad``'s, shared by every
-method; a stateful method keeps its state where the executor's ``state_of``
-puts it.
+loss scale). :func:`combine_flat` hands them to the method (``gg.mtl``'s,
+or the caller's own), flattened into one vector per task; a stateful method
+keeps its state where the executor's ``state_of`` puts it. :func:`check_at`
+checks the level a ``combine_tasks`` declaration names.
 """
 
 from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
+from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.core._vjp import VJP
-from graphgrad.methods import _pcgrad
+
+# Where ``combine_tasks`` combines the task gradients (its ``at=``).
+LEVELS = ("output", "parameters")
+
+
+def check_at(at, layers) -> str:
+  """``at`` if it names a level of task combination, and ``layers`` is one
+  layer for ``"output"``; else raises (``combine_tasks`` of both plans)."""
+  if not isinstance(at, str) or at not in LEVELS:
+    raise _errors.GraphGradError(
+        f"combine_tasks: `at` must be one of {', '.join(map(repr, LEVELS))}; "
+        f"got {at!r}. Pass at='output' (the default: the task gradients at "
+        f"the layer's outputs) or at='parameters' (the task gradients of the "
+        f"layers' variables, as one vector, as PCGrad_tf.py does).")
+  if at == "output" and (isinstance(layers, (list, tuple)) or layers is None):
+    raise _errors.GraphGradError(
+        f"combine_tasks: with at='output' `layers` must be one layer, at "
+        f"whose outputs the task gradients are combined; got {layers!r}. "
+        f"Name one layer, or pass at='parameters' to combine the task "
+        f"gradients of several layers' variables.")
+  return at
 
 
 def output_deltas(vjp: VJP, target, losses: Sequence, outputs: Sequence,
@@ -38,7 +60,7 @@ def output_deltas(vjp: VJP, target, losses: Sequence, outputs: Sequence,
   """
   per_task = vjp.task_vjps(target, list(losses), list(outputs))
   state = _state(method, per_task, state_of, f"{name}_state")
-  combined = _pcgrad.combine_flat(method, per_task, outputs, state)
+  combined = combine_flat(method, per_task, outputs, state)
   # Where no task reaches an output, nothing is combined there.
   return [None if c is None else d
           for c, d in zip(combined, _without_tasks(combined, per_task))]
@@ -80,7 +102,7 @@ def combined_parameters(vjp: VJP, target, losses: Sequence,
     state = _state(method, per_task, state_of,
                    "combine_tasks_parameters_state")
     like = [tf.convert_to_tensor(v) for v in variables]
-    combined = _pcgrad.combine_flat(method, per_task, like, state)
+    combined = combine_flat(method, per_task, like, state)
     # Dense where a task reaches a variable; the rest alone where none does.
     return [r if c is None else c if r is None else tf.convert_to_tensor(r) + c
             for r, c in zip(others, combined)]
@@ -122,3 +144,61 @@ def _reduced(reduce: Optional[Callable], gs: Sequence[Gradient],
                                   [gs[t] for t in found])):
       out[t] = r
   return out
+
+
+def combine_flat(method: Any, per_task: Sequence[Sequence[Gradient]],
+                 like: Sequence[tf.Tensor], state=None) -> List[Gradient]:
+  """``method.combine`` of the tasks' gradients at several tensors.
+
+  With several tensors, each task's gradients at ``like`` are flattened and
+  concatenated into one vector (zeros where the task does not reach a
+  tensor), and the combined vector is split back; one tensor is combined
+  in its own shape. A task that reaches none of them is left out.
+
+  Args:
+    method: a task-combination method.
+    per_task: one list of gradients per task, aligned with ``like``.
+    like: the layer's output tensors.
+    state: the method's state for this plan and layer, or ``None``.
+
+  Returns:
+    The combined gradient at each tensor; ``None`` where no task reaches it.
+
+  Raises:
+    IncompatibleGradientError: if ``method.combine`` returns something not
+      shaped like the task gradients.
+  """
+  active = [gs for gs in per_task if any(g is not None for g in gs)]
+  if not active:
+    return [None] * len(like)
+  reached = [any(gs[t] is not None for gs in active) for t in range(len(like))]
+  flat = [_concat([tf.convert_to_tensor(g) if g is not None
+                   else tf.zeros_like(y) for g, y in zip(gs, like)])
+          for gs in active]
+  out = (method.combine(flat) if state is None
+         else method.combine(flat, state=state))
+  out = _checked_result(method, out, flat[0])
+  if len(like) == 1:  # one tensor: combined in its own shape
+    return [out]
+  parts = tf.split(out, tf.stack([tf.size(y) for y in like]))
+  return [tf.reshape(p, tf.shape(y)) if r else None
+          for p, y, r in zip(parts, like, reached)]
+
+
+def _concat(grads: Sequence[tf.Tensor]) -> tf.Tensor:
+  if len(grads) == 1:
+    return grads[0]
+  return tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
+
+
+def _checked_result(method, out, like: tf.Tensor) -> tf.Tensor:
+  if out is not None and not isinstance(out, (list, tuple)):
+    out = tf.convert_to_tensor(out)
+    if out.dtype == like.dtype and out.shape.is_compatible_with(like.shape):
+      return out
+  what = (f"{type(out).__name__}" if not tf.is_tensor(out)
+          else f"a tensor of shape {out.shape} {out.dtype.name}")
+  raise _errors.IncompatibleGradientError(
+      f"combine_tasks: {method!r}.combine returned {what} for task "
+      f"gradients of shape {like.shape} {like.dtype.name}. Return one "
+      f"combined gradient shaped like each task gradient.")

@@ -259,7 +259,7 @@ def fit_batch_size(plan, x, batch_size) -> Optional[float]:
       unknown batch size, a generator): pass ``expected_batch_size``.
   """
   privacy = plan.rules.privacy
-  if privacy is None or privacy.expected_batch_size is not None:
+  if privacy is None or privacy.declared.expected_batch_size is not None:
     return None
   if isinstance(x, tf.data.Dataset):
     sizes = {s.shape[0] if s.shape.rank else None

@@ -23,15 +23,11 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core import _logged_advice
-from graphgrad.core._declaration_model import (
-  Declaration,
-  Declarations,
-  LossScaleDeclaration,
-)
+from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._declaring import Declaring, LayerRef
 from graphgrad.core._inert import bottom_layer_advice
-from graphgrad.core._privacy import Noise
-from graphgrad.core._rules import PlanRules, compile_rules
+from graphgrad.core._privacy import NoiseCounter
+from graphgrad.core._rules import CompiledRules, PlanRules
 from graphgrad.core._trace import TraceRecord
 from graphgrad.keras import (
   _fit,
@@ -111,6 +107,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     self._global_step = global_step
     self._index = _methods.KerasLayers(model)
     self._declarations = Declarations(self._index.find, owner="KerasPlan")
+    self._rules = CompiledRules(self._declarations, self._index)
     self._methods = _methods.MethodVariables()
     self._resources = Resources(modules=[self._methods])
     self._open_tape: Optional[PlanTape] = None
@@ -125,7 +122,8 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     self._unwritten_warned = False  # summaries() without a writer, once
     self._attached: Optional[_fit.Attachment] = None
     self._warned_bottom: set = set()
-    self._noise: Optional[Noise] = None
+    # The steps privatize's noise has drawn for, kept across every tape.
+    self._noise_counter: Optional[NoiseCounter] = None
     self._eager_recompute_logged = False
     self._warned_adaptive = False
 
@@ -391,8 +389,10 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
                             name or self.name, at=step)
 
   def _privatized(self, privacy) -> None:
+    # Made now, outside any step and under the strategy scope privatize is
+    # declared in, for every tape to draw with.
     with tf.name_scope(self.name):
-      self._noise = Noise(privacy)
+      self._noise_counter = NoiseCounter()
 
   # -- running -------------------------------------------------------------
 
@@ -442,10 +442,8 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
       self._declarations.freeze()
       log.info("graphgrad KerasPlan on %s: %s", self._model.name,
                self._declarations.summary())
-    extra: List[Declaration] = (
-        [] if _loss_scale.scale_of(loss_scale) is None
-        else [LossScaleDeclaration("", loss_scale)])
-    rules = compile_rules(list(self._declarations) + extra, self._index)
+    rules = self._rules.rules(
+        None if _loss_scale.scale_of(loss_scale) is None else loss_scale)
     if (rules.recompute is not None and tf.executing_eagerly()
         and not self._eager_recompute_logged):
       self._eager_recompute_logged = True
@@ -608,8 +606,9 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
   @property
   def rules(self) -> PlanRules:
     """The plan's declarations, compiled (``graphgrad.core._rules``): what
-    its tapes execute, without a loss scale."""
-    return compile_rules(self._declarations, self._index)
+    its tapes execute, without a loss scale. Compiled once for each state
+    of the declarations."""
+    return self._rules.rules()
 
   def _view(self, rules: PlanRules) -> PlanView:
     return PlanView(
@@ -620,7 +619,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
         own_variables=lambda path: layer_variables(self._index[path]),
         step_tensor=self._step_tensor,
         enter_tape=self._enter_tape, exit_tape=self._exit_tape,
-        noise=self._noise)
+        noise_counter=self._noise_counter)
 
   def _step_tensor(self):
     """``global_step`` as a ``tf.Variable`` or tensor (Keras 3 unwrapped)."""

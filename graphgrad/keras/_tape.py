@@ -157,7 +157,8 @@ class PlanView:
     step_tensor: () -> the global step as a tensor, or ``None``.
     enter_tape: marks a tape open; raises while another one is.
     exit_tape: marks a tape closed.
-    noise: the ``Noise`` of ``plan.privatize``, or ``None``.
+    noise_counter: the ``NoiseCounter`` of ``plan.privatize`` (the noise is
+      ``rules.privacy.noise``), or ``None``.
   """
   rules: PlanRules
   model: Any
@@ -171,7 +172,7 @@ class PlanView:
   step_tensor: Callable[[], Any]
   enter_tape: Callable[[Any], None]
   exit_tape: Callable[[Any], None]
-  noise: Any = None
+  noise_counter: Any = None
 
 
 class PlanTape:
@@ -346,8 +347,11 @@ class PlanTape:
         flat_s = tf.nest.flatten(sources)
         # The target is the scaled loss under a loss scale: S times
         # DP-SGD's gradient, for the optimizer to unscale.
+        privacy = plan.rules.privacy
+        assert privacy is not None  # a recorder is made for a private plan
         flat_g = private_gradients(self._vjp, target, flat_s, self._private,
-                                   self._plan.noise, scale=_scaled.current(),
+                                   privacy.noise, self._plan.noise_counter,
+                                   scale=_scaled.current(),
                                    batch_size=self._batch_size)
         if unconnected_gradients == tf.UnconnectedGradients.ZERO:
           flat_g = [tf.zeros_like(tf.convert_to_tensor(s)) if g is None

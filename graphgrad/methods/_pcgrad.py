@@ -1,11 +1,9 @@
-"""Task combination, at a layer's outputs or in parameter space, and PCGrad.
+"""PCGrad (Yu et al., 2020): task gradients projected off their conflicts.
 
-``plan.combine_tasks(layer, losses, method)`` makes the gradient ``g`` at
-the layer's outputs ``T`` ``g - sum_i g_i + method.combine([g_1, ...])``,
-``g_i = dL/dL_i * dL_i/dT``; ``at="parameters"`` does it for the layers'
-variables. Both executors call :func:`combine_flat`, which flattens each
-task's gradients into one vector (zeros where a task does not reach one).
-:class:`PCGrad` (Yu et al., 2020) is one method.
+:func:`project` is the projection of per-task gradients at several tensors;
+:class:`PCGrad`, made by :func:`pcgrad`, is the task-combination method that
+``plan.combine_tasks`` and ``plan.project_conflicts`` apply (the combination
+machinery both executors share is ``core._task_combination``'s).
 
 Example:
   >>> import tensorflow as tf
@@ -15,14 +13,12 @@ Example:
   [0.5, 1.5]
 """
 
-from typing import Any, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
-import networkx as nx
 import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
-from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.methods._mtl_base import TaskMethod, dense_grads
 
 
@@ -150,125 +146,3 @@ def pcgrad(shuffle: bool = False, seed: Optional[int] = None) -> PCGrad:
     raise _errors.GraphGradError(
         f"pcgrad: `shuffle` must be True or False; got {shuffle!r}.")
   return PCGrad(shuffle, seed)
-
-
-# -- the executors' adapter ----------------------------------------------------
-
-# Where ``combine_tasks`` combines the task gradients (its ``at=``).
-LEVELS = ("output", "parameters")
-
-
-def check_at(at, layers) -> str:
-  """``at`` if it names a level of task combination, and ``layers`` is one
-  layer for ``"output"``; else raises (``combine_tasks`` of both plans)."""
-  if not isinstance(at, str) or at not in LEVELS:
-    raise _errors.GraphGradError(
-        f"combine_tasks: `at` must be one of {', '.join(map(repr, LEVELS))}; "
-        f"got {at!r}. Pass at='output' (the default: the task gradients at "
-        f"the layer's outputs) or at='parameters' (the task gradients of the "
-        f"layers' variables, as one vector, as PCGrad_tf.py does).")
-  if at == "output" and (isinstance(layers, (list, tuple)) or layers is None):
-    raise _errors.GraphGradError(
-        f"combine_tasks: with at='output' `layers` must be one layer, at "
-        f"whose outputs the task gradients are combined; got {layers!r}. "
-        f"Name one layer, or pass at='parameters' to combine the task "
-        f"gradients of several layers' variables.")
-  return at
-
-
-def combine_flat(method: Any, per_task: Sequence[Sequence[Gradient]],
-                 like: Sequence[tf.Tensor], state=None) -> List[Gradient]:
-  """``method.combine`` of the tasks' gradients at several tensors.
-
-  With several tensors, each task's gradients at ``like`` are flattened and
-  concatenated into one vector (zeros where the task does not reach a
-  tensor), and the combined vector is split back; one tensor is combined
-  in its own shape. A task that reaches none of them is left out.
-
-  Args:
-    method: a task-combination method.
-    per_task: one list of gradients per task, aligned with ``like``.
-    like: the layer's output tensors.
-    state: the method's state for this plan and layer, or ``None``.
-
-  Returns:
-    The combined gradient at each tensor; ``None`` where no task reaches it.
-
-  Raises:
-    IncompatibleGradientError: if ``method.combine`` returns something not
-      shaped like the task gradients.
-  """
-  active = [gs for gs in per_task if any(g is not None for g in gs)]
-  if not active:
-    return [None] * len(like)
-  reached = [any(gs[t] is not None for gs in active) for t in range(len(like))]
-  flat = [_concat([tf.convert_to_tensor(g) if g is not None
-                   else tf.zeros_like(y) for g, y in zip(gs, like)])
-          for gs in active]
-  out = (method.combine(flat) if state is None
-         else method.combine(flat, state=state))
-  out = _checked_result(method, out, flat[0])
-  if len(like) == 1:  # one tensor: combined in its own shape
-    return [out]
-  parts = tf.split(out, tf.stack([tf.size(y) for y in like]))
-  return [tf.reshape(p, tf.shape(y)) if r else None
-          for p, y, r in zip(parts, like, reached)]
-
-
-def _concat(grads: Sequence[tf.Tensor]) -> tf.Tensor:
-  if len(grads) == 1:
-    return grads[0]
-  return tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
-
-
-def _checked_result(method, out, like: tf.Tensor) -> tf.Tensor:
-  if out is not None and not isinstance(out, (list, tuple)):
-    out = tf.convert_to_tensor(out)
-    if out.dtype == like.dtype and out.shape.is_compatible_with(like.shape):
-      return out
-  what = (f"{type(out).__name__}" if not tf.is_tensor(out)
-          else f"a tensor of shape {out.shape} {out.dtype.name}")
-  raise _errors.IncompatibleGradientError(
-      f"combine_tasks: {method!r}.combine returned {what} for task "
-      f"gradients of shape {like.shape} {like.dtype.name}. Return one "
-      f"combined gradient shaped like each task gradient.")
-
-
-def check_losses(net: LayerGraph, layer: str, losses,
-                 method: str = "combine_tasks") -> List[tf.Tensor]:
-  """Checks the task ``losses`` of a plan's ``method``; returns a list."""
-  if isinstance(losses, tf.Tensor) or not isinstance(losses, (list, tuple)):
-    raise _errors.GraphGradError(
-        f"{method}: `losses` must be a list of at least two scalar "
-        f"loss tensors; got {type(losses).__name__}. Pass e.g. "
-        f"losses=[loss_a, loss_b].")
-  losses = list(losses)
-  if len(losses) < 2:
-    raise _errors.GraphGradError(
-        f"{method}: `losses` must hold at least two losses to "
-        f"project against each other; got {len(losses)}.")
-  for i, l in enumerate(losses):
-    if not isinstance(l, tf.Tensor) or not l.dtype.is_floating or (
-        l.shape.rank != 0):
-      raise _errors.GraphGradError(
-          f"{method}: `losses[{i}]` must be a floating-point scalar "
-          f"tensor; got {l!r}. Reduce each task loss to a scalar "
-          f"(tf.reduce_mean).")
-    if l.graph is not net.loss.graph or l.op.name not in net.op_graph:
-      raise _errors.NotConnectedError(
-          f"{method}: the plan's loss {net.loss.name} does not "
-          f"depend on `losses[{i}]` {l.name}. List the task losses whose "
-          f"(weighted) sum is the plan's loss.")
-  names = [l.name for l in losses]
-  if len(set(names)) != len(names):
-    raise _errors.GraphGradError(
-        f"{method}: `losses` lists a tensor twice: {names}. List "
-        f"each task loss once.")
-  for a in losses:
-    for b in losses:
-      if a is not b and nx.has_path(net.op_graph, a.op.name, b.op.name):
-        raise _errors.GraphGradError(
-            f"{method}: `losses` {b.name} depends on {a.name}, so "
-            f"their gradients overlap. List task losses that are separate "
-            f"terms of the plan's loss, not partial sums.")
-  return losses

@@ -196,8 +196,8 @@ class _Executor:
         uses = _privatize_graph.GraphUses(self.loss, self.var_list, self.vjp)
         # Under a loss scale: S times DP-SGD's gradient, unscaled below.
         private = _privacy.private_gradients(
-            self.vjp, self.loss, self.var_list, uses,
-            _privacy.Noise(rules.privacy), self._reduction(),
+            self.vjp, self.loss, self.var_list, uses, rules.privacy.noise,
+            _privacy.NoiseCounter(), self._reduction(),
             scale=self.scale, seed=self._scaled_seed())
         by_name = {v.op.name: g for v, g in zip(self.var_list, private)}
       elif plain:

@@ -27,7 +27,7 @@ from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._privacy import check_per_example_loss
-from graphgrad.core._rules import PlanRules, compile_rules
+from graphgrad.core._rules import CompiledRules, PlanRules
 from graphgrad.core._trace import TraceRecord
 from graphgrad.plan import (
   _advice,
@@ -156,7 +156,7 @@ class GradientPlan(TrainingMethods, OpOverriding):
       self._take_loss_scale(loss_scale, "gg.GradientPlan: `loss_scale`")
     self._resources = Resources()
     self._built: Optional[_executor.Built] = None
-    self._rules: Optional[PlanRules] = None
+    self._rules = CompiledRules(self._declarations, lambda: self.net)
     self._warned_adaptive = False
     # Set when a SyncReplicasOptimizer applies a private plan.
     self._sync: Optional[_sync_privacy.SyncPrivacy] = None
@@ -198,10 +198,10 @@ class GradientPlan(TrainingMethods, OpOverriding):
   @property
   def rules(self) -> PlanRules:
     """The declarations, compiled (``graphgrad.core._rules``): what the
-    plan builds. Compiled once the plan is built; before, on each read."""
-    if self._rules is None or not self._declarations.frozen:
-      self._rules = compile_rules(self._declarations, lambda: self.net)
-    return self._rules
+    plan builds. Compiled once for each state of the declarations: on the
+    first read after a declaration (or the loss scale or the
+    ``SyncReplicasOptimizer`` that ``apply_gradients`` adopts)."""
+    return self._rules.rules()
 
   @property
   def resources(self) -> Resources:
@@ -325,8 +325,6 @@ class GradientPlan(TrainingMethods, OpOverriding):
       check_graph_mode(caller, self._loss)
       self._declarations.freeze()
       rules = self.rules
-      if self._sync is not None:  # each worker's clipped sum, no noise
-        rules = dataclasses.replace(rules, privacy=self._sync.worker)
       self._built = _executor.build(
           self._loss, lambda: self.net, self._var_list, rules,
           dataclasses.replace(self._options, after=tuple(after)),
@@ -490,9 +488,14 @@ class GradientPlan(TrainingMethods, OpOverriding):
     if privacy is None or (sync and self._sync is not None):
       return
     if sync:
-      self._sync = _sync_privacy.check(
+      batch = _sync_privacy.check(
           privacy, self._loss, self._built is not None,
           len(self.rules.parameters), self._options.reduce_fn is not None)
+      # Each worker's build is then its clipped sum, without noise.
+      self._declarations.add_after_aggregation()
+      rule = self.rules.privacy
+      assert rule is not None and rule.after_aggregation is not None
+      self._sync = _sync_privacy.SyncPrivacy(rule.after_aggregation, batch)
     elif self._sync is not None:
       raise _errors.GraphGradError(
           f"apply_gradients: this private plan was built for a "

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import GradsAndVars
-from graphgrad.core._privacy import Noise, Privacy
+from graphgrad.core._privacy import Noise, NoiseCounter, Privacy
 
 __all__ = ["SyncPrivacy", "check", "pending", "refuse_missing", "take"]
 
@@ -36,19 +36,21 @@ _FIX = ("Wrap the optimizer that SyncReplicasOptimizer aggregates for in "
 class SyncPrivacy:
   """DP-SGD split between the workers and the chief.
 
+  Each worker's backward pass builds its clipped sum (the plan's rules,
+  compiled ``after_aggregation``); the chief adds the noise.
+
   Attributes:
-    privacy: what ``privatize`` declared.
+    noise: the noise the chief adds (``PrivacyRule.after_aggregation``).
     batch: each worker's static batch size ``b`` (``B = R * b``), or
       ``None`` under ``expected_batch_size``.
   """
-  privacy: Privacy
+  noise: Noise
   batch: Optional[int] = None
 
   @property
-  def worker(self) -> Privacy:
-    """What each worker builds: the clipped sum, no noise, no division."""
-    return dataclasses.replace(self.privacy, noise_multiplier=0.0,
-                               expected_batch_size=1.0)
+  def privacy(self) -> Privacy:
+    """What ``privatize`` declared."""
+    return self.noise.privacy
 
   def noised(self, grads_and_vars: GradsAndVars,
              name: Optional[str] = None) -> GradsAndVars:
@@ -71,10 +73,10 @@ class SyncPrivacy:
     divisor = (self.privacy.expected_batch_size if self.batch is None
                else r * self.batch)
     with tf.name_scope(name or "privatize_after_aggregation"):
-      noise = Noise(self.privacy)
+      counter = NoiseCounter()
       sums = [None if g is None else g * tf.cast(r, g.dtype)
               for g, _ in pairs]
-      out = noise.noised_mean(sums, divisor)
+      out = self.noise.noised_mean(sums, divisor, counter)
     return [(g, v) for g, (_, v) in zip(out, pairs)]
 
 
@@ -94,9 +96,9 @@ def _replicas(g, v) -> int:
 
 
 def check(privacy: Privacy, loss: tf.Tensor, built: bool,
-          transforms: int, reduces: bool = False) -> SyncPrivacy:
-  """The :class:`SyncPrivacy` of a private plan applied by a
-  ``SyncReplicasOptimizer``.
+          transforms: int, reduces: bool = False) -> Optional[int]:
+  """Checks a private plan applied by a ``SyncReplicasOptimizer``; returns
+  each worker's static batch size (:attr:`SyncPrivacy.batch`).
 
   Args:
     privacy: the plan's declaration.
@@ -135,7 +137,7 @@ def check(privacy: Privacy, loss: tf.Tensor, built: bool,
         "(gg.AfterAggregation(optimizer, plan.net).transform_gradients("
         "layer, fn)): it applies them after the noise.")
   if privacy.expected_batch_size is not None:
-    return SyncPrivacy(privacy)
+    return None
   batch = tf.compat.dimension_value(loss.shape[0])
   if batch is None:
     raise _errors.GraphGradError(
@@ -146,7 +148,7 @@ def check(privacy: Privacy, loss: tf.Tensor, built: bool,
         f"then replicas_to_aggregate * b), or declare it: "
         f"plan.privatize(l2_norm_clip, noise_multiplier, "
         f"expected_batch_size=...).")
-  return SyncPrivacy(privacy, batch)
+  return batch
 
 
 _pending = threading.local()

@@ -9,8 +9,9 @@ replacement can handle the layer, the task losses, the layers that hold the
 plan's variables. The executor builds them with every other declaration.
 """
 
-from typing import TYPE_CHECKING, Optional, Sequence, Tuple, TypeVar
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, TypeVar
 
+import networkx as nx
 import tensorflow as tf
 
 from graphgrad import _errors
@@ -172,7 +173,8 @@ class TrainingMethods(Declaring):
         then=lambda: as_replacement(fn).check(self.net, name))
 
   def _task_losses(self, name: str, losses, caller: str):
-    return _pcgrad.check_losses(self.net, name, losses, caller)
+    del name  # every task loss is checked against the whole layer graph
+    return check_losses(self.net, losses, caller)
 
   def _check_tasks(self, name: str, caller: str) -> None:
     _declaration_checks.check_declaration(self.net, caller, name)
@@ -186,3 +188,43 @@ class TrainingMethods(Declaring):
           f"{', '.join(map(repr, empty))} hold no variable this plan "
           f"differentiates (its var_list), so there is nothing to combine "
           f"there. Name layers with trainable variables.")
+
+
+def check_losses(net: LayerGraph, losses, method: str) -> List[tf.Tensor]:
+  """Checks the task ``losses`` of a plan's ``method`` against the layer
+  graph (the plan's loss depends on each, none on another); returns a list."""
+  if isinstance(losses, tf.Tensor) or not isinstance(losses, (list, tuple)):
+    raise _errors.GraphGradError(
+        f"{method}: `losses` must be a list of at least two scalar "
+        f"loss tensors; got {type(losses).__name__}. Pass e.g. "
+        f"losses=[loss_a, loss_b].")
+  losses = list(losses)
+  if len(losses) < 2:
+    raise _errors.GraphGradError(
+        f"{method}: `losses` must hold at least two losses to "
+        f"project against each other; got {len(losses)}.")
+  for i, l in enumerate(losses):
+    if not isinstance(l, tf.Tensor) or not l.dtype.is_floating or (
+        l.shape.rank != 0):
+      raise _errors.GraphGradError(
+          f"{method}: `losses[{i}]` must be a floating-point scalar "
+          f"tensor; got {l!r}. Reduce each task loss to a scalar "
+          f"(tf.reduce_mean).")
+    if l.graph is not net.loss.graph or l.op.name not in net.op_graph:
+      raise _errors.NotConnectedError(
+          f"{method}: the plan's loss {net.loss.name} does not "
+          f"depend on `losses[{i}]` {l.name}. List the task losses whose "
+          f"(weighted) sum is the plan's loss.")
+  names = [l.name for l in losses]
+  if len(set(names)) != len(names):
+    raise _errors.GraphGradError(
+        f"{method}: `losses` lists a tensor twice: {names}. List "
+        f"each task loss once.")
+  for a in losses:
+    for b in losses:
+      if a is not b and nx.has_path(net.op_graph, a.op.name, b.op.name):
+        raise _errors.GraphGradError(
+            f"{method}: `losses` {b.name} depends on {a.name}, so "
+            f"their gradients overlap. List task losses that are separate "
+            f"terms of the plan's loss, not partial sums.")
+  return losses

@@ -10,7 +10,7 @@ from graphgrad.core._declaration_model import (
 )
 from graphgrad.core._gradients import straight_through
 from graphgrad.core._privacy import Privacy
-from graphgrad.core._rules import Mode, compile_rules
+from graphgrad.core._rules import CompiledRules, Mode, compile_rules
 
 T = gg.transforms
 
@@ -202,12 +202,38 @@ def test_privatize_keeps_parameter_transforms_and_a_loss_scale():
   d.add_privatize(Privacy(1.0, 0.5, seed=3), "privatize")
   d.add_gradients("l1", T.scale(0.5))
   rules = compile_rules(d)
-  assert rules.privacy == Privacy(1.0, 0.5, seed=3)
+  assert rules.privacy.declared == Privacy(1.0, 0.5, seed=3)
+  assert rules.privacy.noise.privacy == Privacy(1.0, 0.5, seed=3)
+  assert rules.privacy.after_aggregation is None
   assert [r.transform for r in rules.parameters] == [
       d.gradients["l1"][0]]
   scaled = compile_rules(list(d) + [LossScaleDeclaration("", 128.0)])
-  assert scaled.privacy == rules.privacy
+  assert scaled.privacy.declared == rules.privacy.declared
   assert scaled.loss_scale.scale == 128.0
+
+
+def test_privatize_after_aggregation_noises_the_aggregate_not_the_workers():
+  d = _declared()
+  d.add_privatize(Privacy(1.0, 0.5, seed=3, expected_batch_size=8.0),
+                  "privatize")
+  d.add_after_aggregation()
+  rule = compile_rules(d).privacy
+  assert rule.declared == Privacy(1.0, 0.5, seed=3, expected_batch_size=8.0)
+  # Each worker: its clipped sum, neither noised nor divided.
+  assert rule.noise.privacy == Privacy(1.0, 0.0, seed=3,
+                                       expected_batch_size=1.0)
+  assert rule.after_aggregation.privacy == rule.declared
+  assert rule.after_aggregation.key == 3
+
+
+def test_compiling_a_private_plan_makes_no_variable():
+  d = _declared()
+  d.add_privatize(Privacy(1.0, 0.5), "privatize")
+  with tf.Graph().as_default() as g:
+    rules = compile_rules(d)
+    assert not g.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+  # Without a seed the key is drawn once, when compiling.
+  assert 0 <= rules.privacy.noise.key < 2 ** 62
 
 
 def test_one_loss_scale_policy():
@@ -256,3 +282,25 @@ def test_an_override_without_a_topology_is_refused_by_name():
                      match=r"needs its layers \(an override or a backward "
                            r"replacement is declared\), but no topology"):
     compile_rules(d)
+
+
+def test_compiled_rules_compile_again_only_after_a_change():
+  d = _declared()
+  compiled = CompiledRules(d)
+  first = compiled.rules()
+  assert compiled.rules() is first and not first.upstream
+  scale = 128.0
+  scaled = compiled.rules(scale)
+  assert compiled.rules(scale) is scaled and scaled.loss_scale.scale is scale
+  assert compiled.rules() is first and first.loss_scale is None
+  version = d.version
+  d.add_gradients("l2", T.scale(0.5))
+  d.add_privatize(Privacy(1.0, 0.0), "privatize")
+  d.add_loss_scale(64.0)
+  d.add_after_aggregation()
+  assert d.version == version + 4
+  again = compiled.rules()
+  assert again is not first and len(again.parameters) == 1
+  assert again.privacy.after_aggregation is not None
+  assert again.loss_scale.scale == 64.0
+  assert compiled.rules(scale) is not scaled

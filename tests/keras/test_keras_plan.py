@@ -5,6 +5,7 @@ TF_USE_LEGACY_KERAS=1) and ``keras`` is the Keras 3 package.
 """
 
 import logging
+from unittest import mock
 
 import keras
 import numpy as np
@@ -14,6 +15,7 @@ import tensorflow as tf
 import graphgrad as gg
 import keras_cases
 from graphgrad import _compat
+from graphgrad.core import _rules
 from helpers import evaluate
 
 tf1 = tf.compat.v1
@@ -409,3 +411,30 @@ def test_persistent_tape_gives_the_same_gradients_twice(K):
   for v, g in zip(heads, only_head):
     np.testing.assert_array_equal(
         g, first[[id(w) for w in model.trainable_variables].index(id(v))])
+
+
+def test_the_rules_are_compiled_once_per_state_of_the_declarations(K):
+  model = K.Sequential([K.Input((3,)), K.layers.Dense(4, name="l1"),
+                        K.layers.Dense(2, name="l2")])
+  x = tf.ones([2, 3])
+  plan = gg.KerasPlan(model)
+  scale = 64.0
+  with mock.patch.object(_rules, "compile_rules",
+                         wraps=_rules.compile_rules) as compiled:
+    first = plan.rules
+    assert plan.rules is first and plan.rules is first
+    assert compiled.call_count == 1
+    plan.transform_upstream("l2", gg.transforms.scale(0.5))
+    assert plan.rules.rule("l2").factor == 0.5  # the next read sees it
+    assert compiled.call_count == 2
+    for _ in range(2):  # steps read the rules compiled already
+      with plan.tape() as tape:
+        loss = tf.reduce_sum(model(x))
+      tape.gradient(loss)
+    assert compiled.call_count == 2
+    for _ in range(2):  # a loss scale is compiled in, once
+      with plan.tape(loss_scale=scale) as tape:
+        loss = tf.reduce_sum(model(x)) * scale
+      tape.gradient(loss)
+    assert plan.rules.loss_scale is None
+    assert compiled.call_count == 3

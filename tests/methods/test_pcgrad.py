@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
+from graphgrad.core._task_combination import combine_flat
 from graphgrad.methods import _pcgrad
 from helpers import dense, evaluate
 
@@ -213,7 +214,7 @@ def test_several_tensors_are_combined_as_one_concatenated_vector(graph, rng):
   d = rng.normal(size=(2, 2)).astype(np.float32)
   per = [[tf.constant(c1), None, None], [tf.constant(c2), tf.constant(d), None]]
   like = [tf.zeros(c1.shape), tf.zeros(d.shape), tf.zeros([5])]
-  combined = _pcgrad.combine_flat(_pcgrad.pcgrad(shuffle=False), per, like)
+  combined = combine_flat(_pcgrad.pcgrad(shuffle=False), per, like)
   assert combined[2] is None
   flat = [np.concatenate([c1.ravel(), np.zeros(4, np.float32)]),
           np.concatenate([c2.ravel(), d.ravel()])]

@@ -1,10 +1,13 @@
 """The declaration model and GradientPlan's read-only accessors."""
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import graphgrad as gg
+from graphgrad.core import _rules
 from graphgrad.core._declaration_model import DeclarationKind, Declarations
 from graphgrad.core._rules import compile_rules
 from helpers import dense, evaluate
@@ -153,3 +156,34 @@ def test_linear_factor_and_parts():
   inner = T.chain(T.scale(2.0), T.clip_by_norm(1.0))
   assert [repr(p) for p in T.chain(inner, T.zero()).parts] == [
       "scale(2.0)", "clip_by_norm(1.0)", "scale(0)"]
+
+
+def test_the_rules_are_compiled_once_per_state_of_the_declarations(graph):
+  plan = gg.GradientPlan(gg.demo.two_layer_loss())
+  with mock.patch.object(_rules, "compile_rules",
+                         wraps=_rules.compile_rules) as compiled:
+    first = plan.rules
+    assert plan.rules is first and plan.rules is first
+    assert compiled.call_count == 1
+    plan.transform_upstream("l2", T.scale(0.5))
+    assert plan.rules.rule("l2").factor == 0.5  # the next read sees it
+    assert compiled.call_count == 2
+    plan.apply_gradients(tf1.train.GradientDescentOptimizer(0.1))
+    assert plan.rules.rule("l2").factor == 0.5
+    assert compiled.call_count == 2
+
+
+def test_a_declaration_after_a_read_of_the_rules_is_built(graph):
+  loss = gg.demo.two_layer_loss()
+  plan = gg.GradientPlan(loss)
+  assert not plan.rules.upstream
+  plan.transform_upstream("l2", T.scale(0.5))
+  gv = plan.compute_gradients()
+  variables = [v for _, v in gv]
+  # l2's own gradient is the chain rule's; everything below it gets half.
+  want = [g * (0.5 if plan.net.layer_of_variable(v) == "l1" else 1.0)
+          for g, v in zip(tf.gradients(loss, variables), variables)]
+  assert {plan.net.layer_of_variable(v) for v in variables} == {"l1", "l2"}
+  got, ref = evaluate([g for g, _ in gv]), evaluate(want)
+  for a, b in zip(got, ref):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
