@@ -304,7 +304,7 @@ class BackwardPass:
   def apply(self, fn: Transform, grad: Gradient, ctx: TransformContext,
             where: str) -> Gradient:
     """``fn(grad)``, checked (``transforms._checks.checked``) and traced."""
-    out = _checks.checked(fn, grad, ctx, where)
+    out = _checks.checked(fn, grad, ctx, where, self.scale)
     self.record(ctx, grad, out)
     return out
 
@@ -320,7 +320,7 @@ class BackwardPass:
                 where: str) -> None:
     def later():  # built when a summary or a report first reads it
       with self.later_scope():
-        return _checks.checked(fn, grad, ctx, where)
+        return _checks.checked(fn, grad, ctx, where, self.scale)
     self.record(ctx, grad, later=later)
 
   def weigh(self, grad: Gradient, factor: Optional[float]) -> Gradient:

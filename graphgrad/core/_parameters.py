@@ -6,29 +6,25 @@ own in declaration order, then the group transforms), to a list of
 ``(gradient, variable)`` pairs. A per-tensor transform sees each gradient of
 its layers' variables with a context naming the variable's layer; a group
 transform sees all of its layers' pairs at once. Each executor says which
-layers hold a variable and records what each transform did in its plan's
-trace; under a loss scale (``transforms._scaled``)
-every transform sees the unscaled gradients.
+layers hold a variable; the backward pass (``core._layer_step``) gives the
+contexts, records what each transform did in the plan's trace, and carries
+the loss scale, under which every transform sees the unscaled gradients
+(``transforms._scaled``).
 """
 
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from graphgrad._types import Gradient
+from graphgrad.core._layer_step import BackwardPass
 from graphgrad.core._rules import ParameterRule
 from graphgrad.transforms import _checks
-from graphgrad.transforms._context import TransformContext
 from graphgrad.transforms._group import GroupTransform
-
-# (context, before, after): how an executor records a transform in its
-# plan's trace (``core._trace``).
-Record = Callable[[TransformContext, Gradient, Gradient], None]
 
 
 def transform_parameters(
     rules: Sequence[ParameterRule], pairs: Sequence[Tuple[Gradient, Any]],
     layer_of: Callable[[Any, Tuple[str, ...]], Optional[str]],
-    context: Callable[..., TransformContext],
-    record: Optional[Record] = None) -> List[Gradient]:
+    step: BackwardPass) -> List[Gradient]:
   """The gradients of ``pairs`` after the parameter transforms ``rules``.
 
   Args:
@@ -38,9 +34,8 @@ def transform_parameters(
     layer_of: ``(variable, layers) -> name``: the layer among ``layers``
       that holds the variable (a Keras layer holds its nested layers'
       variables too), or ``None``.
-    context: ``(layer, role, **kw) -> TransformContext``.
-    record: called with ``(context, before, after)`` for every gradient
-      a transform changed, a group transform's included.
+    step: the backward pass: its contexts, its trace (every gradient a
+      transform changed, a group transform's included) and its loss scale.
 
   Returns:
     One gradient per pair.
@@ -59,24 +54,22 @@ def transform_parameters(
     if isinstance(fn, GroupTransform):
       new = _checks.checked_group(
           fn, [(grads[i], pairs[i][1]) for i in idx],
-          context(", ".join(layers), "gradients"),
-          f"transform_gradients({named!r}, {fn!r})")
+          step.context(", ".join(layers), "gradients"),
+          f"transform_gradients({named!r}, {fn!r})", step.scale)
       for i, g in zip(idx, new):
         v = pairs[i][1]
         where = f"transform_gradients({named!r}, {fn!r}) on {v.name}"
         g = _checks.check_result(grads[i], g, where)
-        if record is not None and grads[i] is not None:
-          record(context(layer_of(v, layers) or "", "gradients", variable=v),
-                 grads[i], g)
+        if grads[i] is not None:
+          step.record(step.context(layer_of(v, layers) or "", "gradients",
+                                   variable=v), grads[i], g)
         grads[i] = g
       continue
     for i in idx:
       v = pairs[i][1]
       if grads[i] is not None:
-        ctx = context(layer_of(v, layers) or "", "gradients", variable=v)
-        g = _checks.checked(fn, grads[i], ctx,
-                            f"transform_gradients({named!r}) on {v.name}")
-        if record is not None:
-          record(ctx, grads[i], g)
-        grads[i] = g
+        ctx = step.context(layer_of(v, layers) or "", "gradients",
+                           variable=v)
+        grads[i] = step.apply(fn, grads[i], ctx,
+                              f"transform_gradients({named!r}) on {v.name}")
   return grads

@@ -34,7 +34,6 @@ from graphgrad.keras._layer_index import (
 )
 from graphgrad.keras._tape_backward import backward_of_call, edge_grads
 from graphgrad.keras._tape_vjp import TapeVJP
-from graphgrad.transforms import _scaled
 
 log = logging.getLogger("graphgrad")
 
@@ -67,14 +66,13 @@ class BackwardStep(BackwardPass):
     self.raw: List[tuple] = []
     self.finished = False
 
-  def finish(self, sources: list, raw: list, grads: list, scale) -> None:
+  def finish(self, sources: list, raw: list, grads: list) -> None:
     """Keeps the step's final ``(gradient, variable)`` pairs (sources that
-    are no variable left out), those before the parameter transforms
-    (``raw``), and the loss scale they carry."""
+    are no variable left out) and those before the parameter transforms
+    (``raw``); both carry the pass's loss scale."""
     variables = [tf_variable(s) for s in sources]
     self.pairs = [(g, v) for v, g in zip(variables, grads) if v is not None]
     self.raw = [(g, v) for v, g in zip(variables, raw) if v is not None]
-    self.scale = scale
     self.finished = True
 
 
@@ -115,11 +113,11 @@ class Interceptor:
     return None if self._recomputer is None else self._recomputer.kept
 
   def step(self, plain: bool = False,
-           task_deltas: Optional[Dict[str, List[list]]] = None
-           ) -> BackwardStep:
-    """A new backward pass of this tape, with the loss scale active now."""
+           task_deltas: Optional[Dict[str, List[list]]] = None,
+           scale=None) -> BackwardStep:
+    """A new backward pass of this tape, under the loss scale ``scale``."""
     return BackwardStep(self.plan.step_tensor(), self.plan.resources,
-                        scale=_scaled.current(), plain=plain,
+                        scale=scale, plain=plain,
                         labels=self.labels, task_deltas=task_deltas)
 
   @contextlib.contextmanager

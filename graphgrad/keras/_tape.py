@@ -29,7 +29,6 @@ from graphgrad.keras import _loss_scale, _privatize_tape, _tape_checks
 from graphgrad.keras._intercept import BackwardStep, Interceptor
 from graphgrad.keras._layer_index import tf_variable
 from graphgrad.keras._tape_vjp import TapeVJP
-from graphgrad.transforms import _scaled
 from graphgrad.transforms._transforms import is_identity
 
 log = logging.getLogger("graphgrad")
@@ -296,9 +295,8 @@ class PlanTape:
         strategy is a ``ParameterServerStrategy`` or ``TPUStrategy``.
       IncompatibleGradientError: if a transform changes a shape or dtype.
     """
-    with self._scaled():
-      grads = self._planned(target, sources, output_gradients,
-                            unconnected_gradients, task_losses)
+    grads = self._planned(target, sources, output_gradients,
+                          unconnected_gradients, task_losses)
     self._release()
     return grads
 
@@ -312,16 +310,14 @@ class PlanTape:
       self._tape = self._vjp = self._private = None
       self._run.release()
 
-  def _scaled(self):
-    """The context the plan's gradient is computed in. With a loss scale
-    (``plan.tape(loss_scale=...)``) the target is the scaled loss
-    (``optimizer.scale_loss(loss)`` in Keras 3,
-    ``optimizer.get_scaled_loss(loss)`` in tf-keras) and each transform sees
-    ``g / S``, the scale read when the gradients are computed. Without
-    one, no scale is active, whatever the thread had."""
+  def _loss_scale(self):
+    """The loss scale ``S`` of this step, or ``None``. With a loss scale
+    (``plan.tape(loss_scale=...)``, compiled into the plan's rules) the
+    target is the scaled loss (``optimizer.scale_loss(loss)`` in Keras 3,
+    ``optimizer.get_scaled_loss(loss)`` in tf-keras) and each transform
+    sees ``g / S``, the scale read when the gradients are computed."""
     scale = self._plan.rules.loss_scale
-    return _scaled.active(
-        None if scale is None else _loss_scale.scale_of(scale.scale))
+    return None if scale is None else _loss_scale.scale_of(scale.scale)
 
   def _planned(self, target, sources, output_gradients, unconnected_gradients,
                task_losses):
@@ -335,7 +331,8 @@ class PlanTape:
     if sources is None:
       sources = list(plan.model.trainable_variables)
     by_layer = losses_by_layer(plan.rules, task_losses)
-    step = self._run.step(task_deltas=self._task_deltas(target, by_layer))
+    step = self._run.step(task_deltas=self._task_deltas(target, by_layer),
+                          scale=self._loss_scale())
     with self._run.backward(step):
       if self._private is None:
         grads = self._vjp.backprop(target, sources, output_gradients,
@@ -351,7 +348,7 @@ class PlanTape:
         assert privacy is not None  # a recorder is made for a private plan
         flat_g = private_gradients(self._vjp, target, flat_s, self._private,
                                    privacy.noise, self._plan.noise_counter,
-                                   scale=_scaled.current(),
+                                   scale=step.scale,
                                    batch_size=self._batch_size)
         if unconnected_gradients == tf.UnconnectedGradients.ZERO:
           flat_g = [tf.zeros_like(tf.convert_to_tensor(s)) if g is None
@@ -368,7 +365,7 @@ class PlanTape:
     flat_s = tf.nest.flatten(sources)
     if not todo and not step.extra and params is None:
       flat_g = tf.nest.flatten(grads)
-      step.finish(flat_s, flat_g, flat_g, _scaled.current())
+      step.finish(flat_s, flat_g, flat_g)
       return grads
     flat_g = tf.nest.flatten(grads)
     if params is not None:
@@ -377,7 +374,7 @@ class PlanTape:
     self._methods_grads(step, flat_s, flat_g)
     raw = list(flat_g)
     flat_g = self._transform_parameters(step, flat_s, flat_g, todo)
-    step.finish(flat_s, raw, flat_g, _scaled.current())
+    step.finish(flat_s, raw, flat_g)
     return tf.nest.pack_sequence_as(grads, flat_g)
 
   def grads_and_vars(self, target, task_losses=None) -> List[Tuple[Any, Any]]:
@@ -399,9 +396,8 @@ class PlanTape:
       A list of ``(gradient, variable)`` pairs.
     """
     variables = list(self._plan.model.trainable_variables)
-    with self._scaled():
-      grads = self._planned(target, variables, None,
-                            tf.UnconnectedGradients.NONE, task_losses)
+    grads = self._planned(target, variables, None,
+                          tf.UnconnectedGradients.NONE, task_losses)
     self._release()
     return list(zip(grads, variables)) + self.extra_grads_and_vars
 
@@ -487,7 +483,7 @@ class PlanTape:
           flat_g[i] = g
       pairs = [(g, tf_variable(s)) for s, g in zip(flat_s, flat_g)]
       flat_g = transform_parameters(todo, pairs, layer_among,
-                                    step.context, step.record)
+                                    step)
       for i in summed:
         if flat_g[i] is not None:
           g = dense(flat_g[i])

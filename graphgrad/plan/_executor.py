@@ -47,7 +47,7 @@ from graphgrad.plan import (
 )
 from graphgrad.plan._backprop import GraphVJP
 from graphgrad.plan._engine import Segments
-from graphgrad.transforms import _checks, _scaled
+from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources
 
 GATE_NONE, GATE_OP, GATE_GRAPH = 0, 1, 2
@@ -182,10 +182,9 @@ class _Executor:
                                         rules.recompute.tensors)),
         seed=lambda target: (self._scaled_seed() if target is self.loss
                              else None))
-    # Under a loss scale every transform sees the unscaled gradient
-    # (transforms._scaled), as in a KerasPlan's tape.
-    with self.loss.graph.as_default(), tf.name_scope(self.options.name), \
-        _scaled.active(self.scale):
+    # Under a loss scale every transform sees the unscaled gradient: the
+    # backward pass (self.step) carries the scale, as in a KerasPlan's tape.
+    with self.loss.graph.as_default(), tf.name_scope(self.options.name):
       params = rules.parameter_tasks
       # The variables a parameter-space combination takes.
       chosen = set() if params is None else {
@@ -214,7 +213,7 @@ class _Executor:
       if params is not None:
         self._combine_parameters(params, out, chosen, plain)
       new = transform_parameters(rules.parameters, out, self._layer_among,
-                                 self.step.context, self.step.record)
+                                 self.step)
       out = [(g, v) for g, (_, v) in zip(new, out)]
       out += self.step.extra
       if self.options.gate_gradients == GATE_GRAPH:

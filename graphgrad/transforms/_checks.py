@@ -5,7 +5,7 @@ user transforms and must all refuse the same broken results.
 """
 
 import re
-from typing import List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -36,15 +36,18 @@ def not_group(fn, method: str) -> None:
 
 
 def checked(fn: Transform, grad: Gradient, ctx: TransformContext,
-             where: str) -> Gradient:
+             where: str, scale: Any = None) -> Gradient:
   """Applies ``fn`` and checks that shape, dtype and tf.Graph are kept.
+
+  Under a loss scale ``scale`` (a tensor; ``None`` for none) a non-linear
+  ``fn`` sees ``grad / scale`` and its result is scaled back (``_scaled``).
 
   An exception the transform raises becomes a ``GraphGradError`` that names
   ``where`` (the declaration and the layer), chained to the original.
   """
-  if _scaled.needs_unscaling(fn):  # a loss scale is active: see _scaled
+  if _scaled.needs_unscaling(fn, scale):  # see _scaled
     return _scaled.around(grad, lambda g: check_result(
-        g, _call(fn, (g, ctx), where, "transform"), where))
+        g, _call(fn, (g, ctx), where, "transform"), where), scale)
   return check_result(grad, _call(fn, (grad, ctx), where, "transform"),
                       where, at_run_time=not _keeps_shape(fn),
                       transform=fn)
@@ -72,15 +75,17 @@ def _call(fn, args, where: str, kind: str):
 
 def checked_group(fn: GroupTransform,
                   grads_and_vars: Sequence[Tuple[Gradient, tf.Variable]],
-                  ctx: TransformContext, where: str) -> List[Gradient]:
+                  ctx: TransformContext, where: str,
+                  scale: Any = None) -> List[Gradient]:
   """Applies group transform ``fn``; an exception it raises becomes a
   ``GraphGradError`` naming ``where``, chained to the original. The caller
   checks each new gradient with :func:`check_result`. Under a loss scale
-  (``_scaled.active``) ``fn`` sees the unscaled gradients."""
-  scaled = _scaled.needs_unscaling(fn)
+  ``scale`` ``fn`` sees the unscaled gradients (``_scaled``)."""
+  scaled = _scaled.needs_unscaling(fn, scale)
   before = [g for g, _ in grads_and_vars]
   if scaled:
-    grads_and_vars = [(_scaled.unscale(g), v) for g, v in grads_and_vars]
+    grads_and_vars = [(_scaled.unscale(g, scale), v)
+                      for g, v in grads_and_vars]
   out = _call(fn, (grads_and_vars, ctx), where, "group transform")
   out = one_per_pair(out, len(grads_and_vars), lambda got: (
       _errors.IncompatibleGradientError(
@@ -91,7 +96,7 @@ def checked_group(fn: GroupTransform,
     return out
   # The caller checks dtypes against the scaled gradients: check here, on
   # what the transform saw, before the cast back hides a changed dtype.
-  return [_scaled.rescale(b, check_result(g, o, where))
+  return [_scaled.rescale(b, check_result(g, o, where), scale)
           for (g, _), b, o in zip(grads_and_vars, before, out)]
 
 

@@ -1,45 +1,26 @@
-"""Transforms applied to the unscaled gradient while a loss scale is active.
+"""Transforms applied to the unscaled gradient under a loss scale.
 
 Mixed-precision training backpropagates ``S * loss`` so that float16
-gradients do not underflow. While :func:`active` holds a scale ``S`` (in the
-thread that computes the gradients), :mod:`~graphgrad.transforms._checks`
-hands every non-linear transform ``g / S`` in float32 and returns ``S *``
-its result, cast back to ``g``'s dtype: the transform sees the true
-gradient, and whoever unscales afterwards (a loss-scale optimizer, with its
-finiteness check) sees what it expects. Linear transforms commute with the
-scale and run on ``g`` as it is.
+gradients do not underflow. Given the pass's scale ``S`` (core's
+``BackwardPass.scale``, which each executor reads from its compiled
+``LossScaleRule`` once per step), :mod:`~graphgrad.transforms._checks` hands
+every non-linear transform ``g / S`` in float32 and returns ``S *`` its
+result, cast back to ``g``'s dtype: the transform sees the true gradient,
+and whoever unscales afterwards (a loss-scale optimizer, with its finiteness
+check) sees what it expects. Linear transforms commute with the scale and
+run on ``g`` as it is. ``None`` is no scale.
 """
 
-import contextlib
-import threading
-from typing import Callable
+from typing import Any, Callable
 
 import tensorflow as tf
 
 from graphgrad._types import Gradient
 
-_STATE = threading.local()
 
-
-@contextlib.contextmanager
-def active(scale):
-  """Makes ``scale`` (a scalar tensor, or ``None``) the thread's loss scale."""
-  previous = getattr(_STATE, "scale", None)
-  _STATE.scale = scale
-  try:
-    yield
-  finally:
-    _STATE.scale = previous
-
-
-def current():
-  """The loss scale active in this thread, or ``None``."""
-  return getattr(_STATE, "scale", None)
-
-
-def needs_unscaling(fn) -> bool:
-  """True unless ``fn`` is linear (then it commutes with the scale)."""
-  return current() is not None and fn.linear_factor is None
+def needs_unscaling(fn, scale: Any) -> bool:
+  """True under a scale unless ``fn`` is linear (it commutes with it)."""
+  return scale is not None and fn.linear_factor is None
 
 
 def _values(g):
@@ -52,10 +33,9 @@ def _like(g, values):
   return values
 
 
-def unscale(g: Gradient) -> Gradient:
+def unscale(g: Gradient, scale: Any) -> Gradient:
   """``g / S``, float16 and bfloat16 in float32 (``None`` and non-float
   gradients as they are)."""
-  scale = current()
   if g is None or scale is None or not _values(g).dtype.is_floating:
     return g
   dtype = _values(g).dtype
@@ -64,9 +44,8 @@ def unscale(g: Gradient) -> Gradient:
   return _like(g, tf.cast(_values(g), dtype) / tf.cast(scale, dtype))
 
 
-def rescale(like: Gradient, out: Gradient) -> Gradient:
+def rescale(like: Gradient, out: Gradient, scale: Any) -> Gradient:
   """``S * out``, cast to the dtype of ``like``, the gradient before."""
-  scale = current()
   if out is None or like is None or scale is None:
     return out
   dtype = _values(like).dtype
@@ -76,6 +55,7 @@ def rescale(like: Gradient, out: Gradient) -> Gradient:
   return _like(out, tf.cast(values * tf.cast(scale, values.dtype), dtype))
 
 
-def around(g: Gradient, inner: Callable[[Gradient], Gradient]) -> Gradient:
+def around(g: Gradient, inner: Callable[[Gradient], Gradient],
+           scale: Any) -> Gradient:
   """``rescale(g, inner(unscale(g)))``: ``inner`` sees the true gradient."""
-  return rescale(g, inner(unscale(g)))
+  return rescale(g, inner(unscale(g, scale)), scale)

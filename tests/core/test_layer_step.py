@@ -159,3 +159,16 @@ def test_an_edge_is_transformed_checked_and_traced(fn, want):
 def test_a_zero_edge_sends_nothing():
   rule = EdgeRule("lo", "up", gg.transforms.zero(), 0.0)
   assert _pass().edge_backward(rule, tf.constant(G), tf.constant(G)) is None
+
+
+def test_under_a_loss_scale_a_transform_sees_the_unscaled_gradient():
+  # The pass carries the scale S: a non-linear transform sees g / S and
+  # its result is scaled back; a linear one runs on S * g as it is.
+  step, s = _pass(scale=tf.constant(4.0)), 4.0
+  clip = gg.transforms.clip_by_value(-0.1, 0.1)
+  rule = LayerRule("l", Mode.TRANSFORMED, clip)
+  out = step.layer_backward(rule, DenseSite(), [tf.constant(s * G)])
+  _assert(out.inputs, [s * np.clip(G, -0.1, 0.1) @ W.T])
+  _assert(out.own, [X.T @ (s * G)])
+  (record,) = step.trace
+  assert float(record.scale) == s
