@@ -1,7 +1,8 @@
 """The declarations of a plan: one value, which both executors read.
 
 A plan is a list of declarations: "rewrite the upstream gradient of layer
-``L`` with ``fn``", "rewrite ``L``'s parameter gradients", "rewrite the edge
+``L`` with ``fn``", "rewrite what ``L`` sends to its inputs", "rewrite
+``L``'s parameter gradients", "rewrite the edge
 ``lower -> upper``", "replace ``L``'s backward pass", "combine the task
 gradients at ``L``'s outputs", "combine the task gradients of the parameters
 of ``L1, L2, ...``", "give the op ``o`` the backward pass ``fn``", each a
@@ -51,6 +52,7 @@ Validate = Optional[Callable[[], Any]]
 class DeclarationKind(enum.Enum):
   """The kinds of declaration."""
   UPSTREAM = "upstream"
+  INPUTS = "inputs"
   GRADIENTS = "gradients"
   EDGE = "edge"
   BACKWARD = "backward"
@@ -83,6 +85,14 @@ class Declaration:
 class UpstreamDeclaration(Declaration):
   """``transform_upstream(layer, fn)``."""
   kind: ClassVar[DeclarationKind] = DeclarationKind.UPSTREAM
+  fn: Transform
+
+
+@dataclasses.dataclass(frozen=True)
+class InputsDeclaration(Declaration):
+  """``transform_inputs(layer, fn)``: ``fn`` rewrites the gradient the
+  layer's backward step gives each of its inputs."""
+  kind: ClassVar[DeclarationKind] = DeclarationKind.INPUTS
   fn: Transform
 
 
@@ -267,6 +277,11 @@ class Declarations:
     name = self.resolve(layer, "layer")
     fn = self._per_tensor(fn, "transform_upstream")
     self._add(UpstreamDeclaration(name, fn), validate)
+
+  def add_inputs(self, layer, fn, validate: Validate = None) -> None:
+    name = self.resolve(layer, "layer")
+    fn = self._per_tensor(fn, "transform_inputs")
+    self._add(InputsDeclaration(name, fn), validate)
 
   def add_gradients(self, layer, fn,
                     validate: Optional[Callable[..., Any]] = None) -> None:
@@ -513,6 +528,13 @@ class Declarations:
     return {k: fn for k, fn in out.items() if not is_identity(fn)}
 
   @property
+  def inputs(self) -> Dict[str, Transform]:
+    """Layer -> its input transforms chained in declaration order
+    (identities left out, as in :attr:`upstream`)."""
+    out = _chained((d.layer, d.fn) for d in self.of_kind(InputsDeclaration))
+    return {k: fn for k, fn in out.items() if not is_identity(fn)}
+
+  @property
   def edges(self) -> Dict[Tuple[str, str], Transform]:
     """``(lower, upper)`` -> the edge's transforms chained in order."""
     return _chained(((d.layer, d.upper), d.fn)
@@ -581,6 +603,8 @@ class Declarations:
              ("edges", sorted(self.edges)),
              ("backward", sorted(self.backward)),
              ("tasks", sorted(self.tasks))]
+    if self.inputs:
+      parts.append(("inputs", sorted(self.inputs)))
     if self.overrides:
       parts.append(("overrides", sorted(k for _, k in self.overrides)))
     params = self.parameter_tasks

@@ -73,6 +73,58 @@ class Declaring:
         name, fn, validate=lambda: self._check_upstream(name))
     return self
 
+  def transform_inputs(self: _P, layer: LayerRef, fn) -> _P:
+    """Rewrites the gradient ``layer`` sends to each of its inputs.
+
+    With ``dx_j`` what the layer's backward step gives its input ``j`` (the
+    VJP of the gradient at its outputs, after the layer's
+    :meth:`transform_upstream` or instead of it its
+    :meth:`replace_backward`), input ``j`` gets ``fn(dx_j)``. The layer's
+    own variables, and paths that bypass the layer, are unchanged. It is
+    the input side of :meth:`transform_upstream`: for a linear ``fn`` the
+    two give the same gradients, for a non-linear one (``clip_by_norm``)
+    they differ. Several on one layer chain in declaration order.
+
+    On a GradientPlan, the inputs are the tensors the layer's ops read from
+    outside it; on a KerasPlan, the floating-point inputs of its ``call``.
+    The layers warn and refuse as for :meth:`transform_upstream`, whose
+    checks they share (their messages name ``transform_upstream``).
+
+    Args:
+      layer: layer name; on a KerasPlan, a Keras layer name (or
+        ``"outer/inner"`` path, or the layer).
+      fn: a transform or a callable ``g -> g`` keeping shape and dtype.
+
+    Returns:
+      The plan, for chaining.
+
+    Raises:
+      LayerNotFoundError: if ``layer`` is unknown.
+      UnsupportedGraphError: on a GradientPlan, as
+        :meth:`transform_upstream`.
+      GraphGradError: if ``fn`` is not callable or is a group transform, or
+        the plan is built (on a KerasPlan, a tape was opened); on a
+        GradientPlan, if the layer has no floating-point output. When the
+        plan is built, with ``privatize``.
+
+    Example:
+      >>> import tensorflow as tf, graphgrad as gg
+      >>> model = tf.keras.Sequential(
+      ...     [tf.keras.layers.Dense(1, use_bias=False, name=n,
+      ...                            kernel_initializer="ones")
+      ...      for n in ("d0", "d1")])
+      >>> plan = gg.KerasPlan(model).transform_inputs(
+      ...     "d1", gg.transforms.clip_by_norm(1.0))
+      >>> with plan.tape() as tape:
+      ...   loss = tf.reduce_sum(3.0 * model(tf.constant([[2.0]])))
+      >>> [g.numpy().tolist() for g in tape.gradient(loss)]  # d0: 2 * clip(3)
+      [[[2.0]], [[6.0]]]
+    """
+    name = self._declarations.resolve(layer, "layer")
+    self._declarations.add_inputs(
+        name, fn, validate=lambda: self._check_upstream(name))
+    return self
+
   def transform_gradients(self: _P,
                           layer: Union[LayerRef, Sequence[LayerRef]],
                           fn) -> _P:

@@ -7,7 +7,8 @@ layer's :class:`Site`: its outputs, inputs and VJP) and each edge's gradient
 :class:`~graphgrad.core._rules.Mode` orders the steps: the task combination
 rewrites ``g``; the own variables get a VJP of ``g``; the upstream transform
 maps ``g`` to ``fn(g)``, checked and traced; the inputs get a VJP of
-``fn(g)``, or what the replacement or the override returns instead. A
+``fn(g)``, or what the replacement or the override returns instead; last,
+the input transform maps each input's gradient ``dx`` to ``fn(dx)``. A
 ``LINEAR`` rule ``c * g`` takes one VJP of ``g`` weighted by ``c``; a fused
 VJP that weights inside one call of several layers (the TF1 engine's spans,
 a Keras layer run on scaled inputs) reports the ``g`` it saw through
@@ -192,6 +193,13 @@ class BackwardPass:
     Returns:
       The layer's :class:`LayerGrads`.
     """
+    out = self._layer_backward(rule, site, grads)
+    if rule.inputs is not None and out.inputs is not None:
+      out.inputs = self._inputs(rule, site.inputs, out.inputs)
+    return out
+
+  def _layer_backward(self, rule: LayerRule, site: Site,
+                      grads: Sequence) -> LayerGrads:
     g = list(grads)
     if rule.tasks is not None:
       g = [d if x is None else (x if d is None
@@ -246,6 +254,16 @@ class BackwardPass:
     return [self.apply(fn, gy, self.context(rule.layer, "upstream", tensor=y),
                        _upstream_where(rule, y))
             for y, gy in zip(outputs, g)]
+
+  def _inputs(self, rule: LayerRule, inputs: Sequence, dx: List) -> List:
+    """Each input's gradient rewritten by the rule's input transform,
+    checked and traced; ``None`` stays ``None``."""
+    fn = rule.inputs
+    assert fn is not None  # called only for a rule with one
+    return [None if d is None else self.apply(
+        fn, d, self.context(rule.layer, "inputs", tensor=x),
+        f"transform_inputs({rule.layer!r}) on {describe(x)}")
+            for x, d in zip(inputs, dx)]
 
   def _replace(self, rule: LayerRule, site: Site, below: List) -> List:
     """The replacement's gradients for the inputs; its pairs go to

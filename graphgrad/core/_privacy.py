@@ -137,6 +137,10 @@ _REASONS = {
                 "layer's outputs before the clip (a clip_by_norm of a "
                 "boundary mixes examples), and the per-example norms are "
                 "taken from the chain rule",
+    "inputs": "transform_inputs acts on the whole batch's gradient at the "
+              "layer's inputs before the clip (a clip_by_norm there mixes "
+              "examples), and the per-example norms are taken from the "
+              "chain rule",
     "edge": "transform_edge acts on the whole batch's gradient of a boundary "
             "before the clip, and the per-example norms are taken from the "
             "chain rule",

@@ -10,7 +10,8 @@ layer's :class:`Mode` (the one place it is decided) and returns one
 own variables see ``g`` and the inputs a VJP of ``fn(g)``; ``REPLACED`` and
 ``OVERRIDDEN``: ``replace_backward`` or the override of a Keras layer's call
 computes what the inputs get, from ``fn(g)`` where an upstream transform is
-declared too.
+declared too. A layer's ``transform_inputs`` is not a mode: in every mode it
+rewrites what the inputs get, last.
 """
 
 import dataclasses
@@ -36,6 +37,7 @@ from graphgrad.core._declaration_model import (
   Declarations,
   EdgeDeclaration,
   GradientsDeclaration,
+  InputsDeclaration,
   LossScaleDeclaration,
   OverrideDeclaration,
   ParameterTasksDeclaration,
@@ -116,6 +118,9 @@ class LayerRule:
     override: the override of the layer's call (mode ``OVERRIDDEN``).
     tasks: the task combination at the layer's outputs, acting before
       everything else.
+    inputs: the layer's input transforms composed once, in declaration
+      order, or ``None``: applied to each input's gradient, after
+      everything else.
     edge_upper: the upper end of a transformed edge: its inputs' gradient
       is handed to the edge's lower layers.
     read: a backward replacement reads the gradient at its outputs.
@@ -127,6 +132,7 @@ class LayerRule:
   replacement: Optional[Replacement] = None
   override: Optional[Callable] = None
   tasks: Optional[TaskRule] = None
+  inputs: Optional[Transform] = None
   edge_upper: bool = False
   read: bool = False
 
@@ -138,7 +144,7 @@ class LayerRule:
   @property
   def rewrites(self) -> bool:
     """The gradient the layer passes below is not the chain rule's."""
-    return self.mode is not Mode.PLAIN
+    return self.mode is not Mode.PLAIN or self.inputs is not None
 
   @property
   def cut(self) -> bool:
@@ -150,10 +156,11 @@ class LayerRule:
   @property
   def special(self) -> bool:
     """More than an upstream transform: a task combination, the upper end
-    of an edge, a replacement, an override, or outputs a replacement
-    reads."""
+    of an edge, a replacement, an override, an input transform (the
+    executor must hand the step the layer's own inputs), or outputs a
+    replacement reads."""
     return (self.instead or self.tasks is not None or self.edge_upper
-            or self.read)
+            or self.read or self.inputs is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,6 +300,12 @@ class PlanRules:
             if r.upstream is not None}
 
   @property
+  def inputs(self) -> Dict[str, Transform]:
+    """Layer -> its composed input transform, for layers that have one."""
+    return {n: r.inputs for n, r in self.layers.items()
+            if r.inputs is not None}
+
+  @property
   def own_parameters(self) -> Dict[str, Tuple[Any, ...]]:
     """Layer -> its own parameter transforms (not the group ones), in
     order."""
@@ -409,8 +422,8 @@ def compile_rules(declarations: Iterable[Declaration], topology: Any = None,
               else (x.layer,)) if n]
           + [n for n, r in rules.items() if r.read])),
       reads_global_step=any(
-          isinstance(x, (UpstreamDeclaration, GradientsDeclaration,
-                         EdgeDeclaration))
+          isinstance(x, (UpstreamDeclaration, InputsDeclaration,
+                         GradientsDeclaration, EdgeDeclaration))
           and isinstance(x.fn, (Transform, GroupTransform))
           and x.fn.reads_global_step for x in d))
 
@@ -454,7 +467,7 @@ class CompiledRules:
 
 def _layer_rules(d: Declarations, layers: Callable[[], Topology],
                  nonlinear) -> Dict[str, LayerRule]:
-  upstream = d.upstream
+  upstream, inputs = d.upstream, d.inputs
   replaced = {layer: as_replacement(fn) for layer, fn in d.backward.items()}
   overridden = {key: fn for (match, key), fn in d.overrides.items()
                 if match == "layer"}
@@ -467,8 +480,9 @@ def _layer_rules(d: Declarations, layers: Callable[[], Topology],
     read = [c for layer, fn in replaced.items() for c in fn.cuts(view, layer)]
   names = list(dict.fromkeys(
       [x.layer for x in d if x.layer
-       and isinstance(x, (UpstreamDeclaration, BackwardDeclaration,
-                          TasksDeclaration, OverrideDeclaration))]
+       and isinstance(x, (UpstreamDeclaration, InputsDeclaration,
+                          BackwardDeclaration, TasksDeclaration,
+                          OverrideDeclaration))]
       + sorted(uppers) + read))
   out = {}
   for name in names:
@@ -490,7 +504,8 @@ def _layer_rules(d: Declarations, layers: Callable[[], Topology],
         name, mode, upstream=fn,
         factor=factor if mode is Mode.LINEAR else None,
         replacement=replaced.get(name), override=overridden.get(name),
-        tasks=tasks.get(name), edge_upper=name in uppers,
+        tasks=tasks.get(name), inputs=inputs.get(name),
+        edge_upper=name in uppers,
         read=name in read)
   return out
 

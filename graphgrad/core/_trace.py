@@ -7,8 +7,8 @@ final ``(gradient, variable)`` pairs into the figures its summaries show,
 the same for ``GradientPlan.summaries()`` (``tf.compat.v1.summary``) and
 ``KerasPlan.summaries()`` (``tf.summary``): per layer the norm of its
 parameter gradients before and after its own transforms, and at every
-rewritten upstream or edge the norm before and after. Under a loss scale
-every figure is of the unscaled gradient.
+rewritten upstream, layer's inputs or edge the norm before and after.
+Under a loss scale every figure is of the unscaled gradient.
 """
 
 import collections
@@ -68,8 +68,8 @@ class Figure:
   """One ``before``/``after`` pair of norms: ``tag/before``, ``tag/after``.
 
   Attributes:
-    tag: ``grad_norm/<layer>``, ``upstream_norm/<layer>`` or
-      ``edge_norm/<lower>_to_<upper>``.
+    tag: ``grad_norm/<layer>``, ``upstream_norm/<layer>``,
+      ``inputs_norm/<layer>`` or ``edge_norm/<lower>_to_<upper>``.
     before: the gradients before, each with its loss scale or ``None``.
     after: the gradients after, likewise.
   """
@@ -112,11 +112,14 @@ def figures(trace: Sequence[TraceRecord],
 
   Returns:
     ``grad_norm`` of every layer with a gradient, then ``upstream_norm``
-    of every layer with a rewritten upstream, then ``edge_norm`` of every
-    rewritten edge.
+    of every layer with a rewritten upstream, then ``inputs_norm`` of every
+    layer whose inputs' gradients are rewritten, then ``edge_norm`` of
+    every rewritten edge.
   """
   first: Dict[Any, Tuple[Gradient, Any]] = {}  # variable -> its first before
   upstream: Dict[str, Tuple[list, list]] = collections.defaultdict(
+      lambda: ([], []))
+  inputs: Dict[str, Tuple[list, list]] = collections.defaultdict(
       lambda: ([], []))
   edges: Dict[Tuple[str, str], Tuple[list, list]] = collections.defaultdict(
       lambda: ([], []))
@@ -126,8 +129,9 @@ def figures(trace: Sequence[TraceRecord],
       continue
     if ctx.role == "gradients" and ctx.variable is not None:
       first.setdefault(ctx.variable.ref(), (before, record.scale))
-    elif ctx.role in ("upstream", "edge"):
-      pair = upstream[ctx.layer] if ctx.role == "upstream" else edges[ctx.edge]
+    elif ctx.role in ("upstream", "inputs", "edge"):
+      pair = (edges[ctx.edge] if ctx.role == "edge" else
+              (upstream if ctx.role == "upstream" else inputs)[ctx.layer])
       pair[0].append((before, record.scale))
       pair[1].append((after, record.scale))
 
@@ -149,6 +153,10 @@ def figures(trace: Sequence[TraceRecord],
       before, after = upstream[layer]
       out.append(Figure(f"upstream_norm/{layer}", tuple(before),
                         tuple(after)))
+  for layer in layers:
+    if layer in inputs:
+      before, after = inputs[layer]
+      out.append(Figure(f"inputs_norm/{layer}", tuple(before), tuple(after)))
   for (lo, up), (before, after) in sorted(edges.items()):
     out.append(Figure(f"edge_norm/{lo}_to_{up}", tuple(before), tuple(after)))
   return out

@@ -98,7 +98,8 @@ class TransformContext:
 
   Attributes:
     layer: name of the layer the gradient belongs to or flows out of.
-    role: ``"upstream"``, ``"gradients"`` or ``"edge"``.
+    role: ``"upstream"``, ``"inputs"`` (``transform_inputs``),
+      ``"gradients"`` or ``"edge"``.
     variable: the variable, for a parameter gradient; else ``None``.
     edge: ``(lower, upper)`` for an edge transform; else ``None``.
     tensor: the forward tensor whose gradient this is, when there is one.
