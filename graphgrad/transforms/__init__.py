@@ -20,6 +20,7 @@ from graphgrad.transforms._numerics import (
                               apply_if_finite,
                               check_numerics,
 )
+from graphgrad.transforms._per_example import per_example
 from graphgrad.transforms._transforms import (
                               Transform,
                               as_transform,
@@ -36,6 +37,6 @@ __all__ = [
     "ApplyIfFinite", "GroupTransform", "Resources", "Transform",
     "TransformContext", "add_noise", "apply_if_finite", "as_transform",
     "chain", "check_numerics", "clip_by_global_norm", "clip_by_norm",
-    "clip_by_value", "identity", "linear", "reverse", "scale", "trust_ratio",
-    "zero",
+    "clip_by_value", "identity", "linear", "per_example", "reverse", "scale",
+    "trust_ratio", "zero",
 ]
