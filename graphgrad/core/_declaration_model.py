@@ -76,8 +76,12 @@ class Declaration:
   Attributes:
     layer: the layer it is declared on (``lower`` for an edge; for an
       override, the layer whose call is overridden, else ``""``).
+    before_clip: why the kind cannot be combined with ``privatize`` (it
+      acts on the backward pass the per-example norms are taken from), or
+      ``None`` where it can (``core._privacy.refuse_declarations``).
   """
   kind: ClassVar[DeclarationKind]
+  before_clip: ClassVar[Optional[str]] = None
   layer: str
 
 
@@ -85,6 +89,10 @@ class Declaration:
 class UpstreamDeclaration(Declaration):
   """``transform_upstream(layer, fn)``."""
   kind: ClassVar[DeclarationKind] = DeclarationKind.UPSTREAM
+  before_clip: ClassVar[Optional[str]] = (
+      "transform_upstream acts on the whole batch's gradient at the "
+      "layer's outputs before the clip (a clip_by_norm of a boundary mixes "
+      "examples), and the per-example norms are taken from the chain rule")
   fn: Transform
 
 
@@ -93,6 +101,10 @@ class InputsDeclaration(Declaration):
   """``transform_inputs(layer, fn)``: ``fn`` rewrites the gradient the
   layer's backward step gives each of its inputs."""
   kind: ClassVar[DeclarationKind] = DeclarationKind.INPUTS
+  before_clip: ClassVar[Optional[str]] = (
+      "transform_inputs acts on the whole batch's gradient at the "
+      "layer's inputs before the clip (a clip_by_norm there mixes examples), "
+      "and the per-example norms are taken from the chain rule")
   fn: Transform
 
 
@@ -114,6 +126,10 @@ class GradientsDeclaration(Declaration):
 class EdgeDeclaration(Declaration):
   """``transform_edge(lower, upper, fn)``; ``layer`` is ``lower``."""
   kind: ClassVar[DeclarationKind] = DeclarationKind.EDGE
+  before_clip: ClassVar[Optional[str]] = (
+      "transform_edge acts on the whole batch's gradient of a boundary "
+      "before the clip, and the per-example norms are taken from the chain "
+      "rule")
   upper: str
   fn: Transform
 
@@ -122,6 +138,9 @@ class EdgeDeclaration(Declaration):
 class BackwardDeclaration(Declaration):
   """``replace_backward(layer, fn)``."""
   kind: ClassVar[DeclarationKind] = DeclarationKind.BACKWARD
+  before_clip: ClassVar[Optional[str]] = (
+      "replace_backward changes what each example's gradient is, and "
+      "the per-example norms are taken from the chain rule")
   fn: Any
 
 
@@ -135,6 +154,10 @@ class TasksDeclaration(Declaration):
     method: the task-combination method (``combine(grads)``).
   """
   kind: ClassVar[DeclarationKind] = DeclarationKind.TASKS
+  before_clip: ClassVar[Optional[str]] = (
+      "combine_tasks mixes examples before the clip: its weights come "
+      "from the whole batch, so one example changes every other example's "
+      "gradient")
   losses: Optional[Tuple[Any, ...]]
   method: Any
 
@@ -152,6 +175,9 @@ class ParameterTasksDeclaration(Declaration):
     method: the task-combination method (``combine(grads)``).
   """
   kind: ClassVar[DeclarationKind] = DeclarationKind.PARAMETER_TASKS
+  before_clip: ClassVar[Optional[str]] = (
+      "combine_tasks(at='parameters') mixes examples before the clip: "
+      "its projections come from the whole batch's task gradients")
   layers: Optional[Tuple[str, ...]]
   losses: Optional[Tuple[Any, ...]]
   method: Any
@@ -167,6 +193,9 @@ class OverrideDeclaration(Declaration):
     fn: the gradient function.
   """
   kind: ClassVar[DeclarationKind] = DeclarationKind.OVERRIDE
+  before_clip: ClassVar[Optional[str]] = (
+      "override_gradient changes what each example's gradient is, and "
+      "the per-example norms are taken from the chain rule")
   op: Tuple[str, str]
   fn: Any
 

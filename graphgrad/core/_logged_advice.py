@@ -57,16 +57,16 @@ def log_if_scaled(rules, optimizer_name: str, fix: str = _TF1_FIX) -> bool:
     True when a warning was logged.
   """
   found = []
-  edges = {k: e.transform for k, e in rules.edges.items()}
-  for kind, table in (("transform_gradients", rules.own_parameters),
-                      ("transform_upstream", rules.upstream),
-                      ("transform_edge", edges)):
-    for key, fns in table.items():
-      factor = pure_scale(fns if isinstance(fns, tuple) else (fns,))
-      if factor is not None:
-        where = (", ".join(map(repr, key)) if isinstance(key, tuple)
-                 else repr(key))
-        found.append(f"{kind}({where}) scales by {factor:g}")
+  declared = [("transform_gradients", layer, fns)
+              for layer, fns in rules.own_parameters.items()]
+  declared += [(kind, key, (fn,))
+               for kind, key, fn in rules.backward_transforms]
+  for kind, key, fns in declared:
+    factor = pure_scale(fns)
+    if factor is not None:
+      where = (", ".join(map(repr, key)) if isinstance(key, tuple)
+               else repr(key))
+      found.append(f"{kind}({where}) scales by {factor:g}")
   if not found:
     return False
   if len(found) > 3:  # one readable line, however many layers

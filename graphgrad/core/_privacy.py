@@ -126,33 +126,9 @@ def check_per_example_loss(loss, caller: str) -> None:
         f"tf.reduce_sum(tf.square(pred - y), axis=1), not its mean.")
 
 
-_REASONS = {
-    "tasks": "combine_tasks mixes examples before the clip: its weights "
-             "come from the whole batch, so one example changes every other "
-             "example's gradient",
-    "parameter_tasks": "combine_tasks(at='parameters') mixes examples "
-                       "before the clip: its projections come from the "
-                       "whole batch's task gradients",
-    "upstream": "transform_upstream acts on the whole batch's gradient at the "
-                "layer's outputs before the clip (a clip_by_norm of a "
-                "boundary mixes examples), and the per-example norms are "
-                "taken from the chain rule",
-    "inputs": "transform_inputs acts on the whole batch's gradient at the "
-              "layer's inputs before the clip (a clip_by_norm there mixes "
-              "examples), and the per-example norms are taken from the "
-              "chain rule",
-    "edge": "transform_edge acts on the whole batch's gradient of a boundary "
-            "before the clip, and the per-example norms are taken from the "
-            "chain rule",
-    "backward": "replace_backward changes what each example's gradient is, "
-                "and the per-example norms are taken from the chain rule",
-    "override": "override_gradient changes what each example's gradient is, "
-                "and the per-example norms are taken from the chain rule",
-}
-
-
 def refuse_declarations(declarations) -> None:
-  """Refuses a declaration that acts before the clip, with the reason.
+  """Refuses a declaration that acts before the clip, with the reason its
+  kind gives (``Declaration.before_clip``).
 
   Raises:
     GraphGradError: for a task combination (its weights come from the whole
@@ -161,12 +137,11 @@ def refuse_declarations(declarations) -> None:
       from). Parameter transforms act after the noise and are allowed.
   """
   for d in declarations:
-    kind = d.kind.value
-    if kind in _REASONS:
+    if d.before_clip is not None:
       where = f" on {d.layer!r}" if d.layer else ""
       raise _errors.GraphGradError(
-          f"privatize cannot be combined with {kind} declarations{where}: "
-          f"{_REASONS[kind]}. Declare it without privatize, or use "
+          f"privatize cannot be combined with {d.kind.value} declarations"
+          f"{where}: {d.before_clip}. Declare it without privatize, or use "
           f"transform_gradients, which acts after the noise "
           f"(post-processing keeps the privacy guarantee).")
 

@@ -306,6 +306,19 @@ class PlanRules:
             if r.inputs is not None}
 
   @property
+  def backward_transforms(self) -> Tuple[Tuple[str, Any, Transform], ...]:
+    """Every transform that acts in the backward pass, as ``(declaring
+    method, layer or edge, transform)``: the layers' upstream transforms,
+    their input transforms, then the edges'. What reads transforms by their
+    linearity (the loss-scale and optimizer advice) reads them here."""
+    return (tuple(("transform_upstream", n, fn)
+                  for n, fn in self.upstream.items())
+            + tuple(("transform_inputs", n, fn)
+                    for n, fn in self.inputs.items())
+            + tuple(("transform_edge", k, e.transform)
+                    for k, e in self.edges.items()))
+
+  @property
   def own_parameters(self) -> Dict[str, Tuple[Any, ...]]:
     """Layer -> its own parameter transforms (not the group ones), in
     order."""

@@ -77,8 +77,7 @@ def float16_model(model) -> bool:
 
 def nonlinear(rules: PlanRules) -> bool:
   """True when a rule's result depends on the gradient's scale."""
-  fns = list(rules.upstream.values()) + [e.transform
-                                          for e in rules.edges.values()]
+  fns = [fn for _, _, fn in rules.backward_transforms]
   fns += [r.transform for r in rules.parameters]
   if any(fn.linear_factor is None for fn in fns):
     return True

@@ -368,3 +368,21 @@ def test_bottom_layer_of_a_keras_model_warns_as_transform_upstream(K, caplog):
   with caplog.at_level(logging.WARNING, logger="graphgrad"):
     gg.KerasPlan(model).transform_inputs("l1", gg.transforms.scale(2.0))
   assert "l1" in caplog.text
+
+
+def test_the_advice_and_the_loss_scale_policy_read_it_with_the_others(
+    caplog):
+  # What reads transforms by their linearity reads transform_inputs too,
+  # from the compiled rules, with no list of kinds of its own.
+  from graphgrad.core._logged_advice import log_if_scaled
+  from graphgrad.keras._loss_scale import nonlinear
+  d = Declarations(resolve=lambda name, arg: name, owner="GradientPlan")
+  d.add_inputs("l2", gg.transforms.scale(0.5))
+  scaled = compile_rules(d)
+  with caplog.at_level(logging.WARNING, logger="graphgrad"):
+    assert log_if_scaled(scaled, "AdamOptimizer")
+  assert "transform_inputs('l2') scales by 0.5 under AdamOptimizer" in (
+      caplog.text)
+  assert not nonlinear(scaled)
+  d.add_inputs("l1", gg.transforms.clip_by_norm(1.0))
+  assert nonlinear(compile_rules(d))
