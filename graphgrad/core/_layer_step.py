@@ -2,17 +2,16 @@
 
 Both executors run a backward pass inside one :class:`BackwardPass` and hand
 it each layer they stop at (:meth:`BackwardPass.layer_backward`, with the
-layer's :class:`Site`: its outputs, inputs and VJP) and each edge's gradient
-(:meth:`BackwardPass.edge_backward`). The rule's
-:class:`~graphgrad.core._rules.Mode` orders the steps: the task combination
-rewrites ``g``; the own variables get a VJP of ``g``; the upstream transform
-maps ``g`` to ``fn(g)``, checked and traced; the inputs get a VJP of
-``fn(g)``, or what the replacement or the override returns instead; last,
-the input transform maps each input's gradient ``dx`` to ``fn(dx)``. A
-``LINEAR`` rule ``c * g`` takes one VJP of ``g`` weighted by ``c``; a fused
-VJP that weights inside one call of several layers (the TF1 engine's spans,
-a Keras layer run on scaled inputs) reports the ``g`` it saw through
-:meth:`BackwardPass.observe`.
+layer's :class:`Site`: its outputs, inputs and VJP), each edge's gradient
+(:meth:`BackwardPass.edge_backward`) and the parameter gradients
+(:meth:`BackwardPass.transform_parameters`). The rule's ``Mode`` orders a
+layer's steps: tasks rewrite ``g``; the own variables get a VJP of ``g``;
+the upstream transform maps ``g`` to ``fn(g)``; the inputs get a VJP of
+``fn(g)`` (or the replacement's or override's result), then the input
+transform. Every transform is checked and traced under the pass's loss
+scale. A ``LINEAR`` rule ``c * g`` takes one VJP weighted by ``c``; a fused
+VJP weighting inside one call of several layers (TF1 spans, a Keras layer
+on scaled inputs) reports its ``g`` through :meth:`BackwardPass.observe`.
 """
 
 import contextlib
@@ -40,11 +39,12 @@ from graphgrad.core._gradients import (
   is_zero,
   weigh,
 )
-from graphgrad.core._rules import EdgeRule, LayerRule, Mode
+from graphgrad.core._rules import EdgeRule, LayerRule, Mode, ParameterRule
 from graphgrad.core._trace import TraceRecord
 from graphgrad.methods._replacement import BackwardContext, run_replacement
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources, TransformContext
+from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import Transform
 
 __all__ = ["BackwardPass", "LayerCall", "LayerGrads", "Site", "describe"]
@@ -306,6 +306,60 @@ class BackwardPass:
       return self.apply(rule.transform, grad, ctx, where)
     self._deferred(rule.transform, grad, ctx, where)
     return None if is_zero(rule.factor) else self.weigh(grad, rule.factor)
+
+  # -- at a layer's variables ----------------------------------------------
+
+  def transform_parameters(
+      self, rules: Sequence[ParameterRule],
+      pairs: Sequence[Tuple[Gradient, Any]],
+      layer_of: Callable[[Any, Tuple[str, ...]], Optional[str]]
+      ) -> List[Gradient]:
+    """The gradients of ``pairs`` after the parameter transforms ``rules``.
+
+    Args:
+      rules: the plan's parameter rules, in the order they act.
+      pairs: ``(gradient, variable)`` pairs; ``variable`` is ``None`` for a
+        source that is no variable (a tensor given to ``tape.gradient``).
+      layer_of: ``(variable, layers) -> name``: the layer among ``layers``
+        that holds the variable (a Keras layer holds its nested layers'
+        variables too), or ``None``.
+
+    Returns:
+      One gradient per pair.
+
+    Raises:
+      GraphGradError: naming the declaration, for an exception a transform
+        raised; IncompatibleGradientError: for a result of another shape or
+        dtype.
+    """
+    grads = [g for g, _ in pairs]
+    for rule in rules:
+      idx = [i for i, (_, v) in enumerate(pairs)
+             if v is not None and layer_of(v, rule.layers) is not None]
+      layers, fn = rule.layers, rule.transform
+      named = layers[0] if len(layers) == 1 else list(layers)  # for messages
+      if isinstance(fn, GroupTransform):
+        new = _checks.checked_group(
+            fn, [(grads[i], pairs[i][1]) for i in idx],
+            self.context(", ".join(layers), "gradients"),
+            f"transform_gradients({named!r}, {fn!r})", self.scale)
+        for i, g in zip(idx, new):
+          v = pairs[i][1]
+          where = f"transform_gradients({named!r}, {fn!r}) on {v.name}"
+          g = _checks.check_result(grads[i], g, where)
+          if grads[i] is not None:
+            self.record(self.context(layer_of(v, layers) or "", "gradients",
+                                     variable=v), grads[i], g)
+          grads[i] = g
+        continue
+      for i in idx:
+        v = pairs[i][1]
+        if grads[i] is not None:
+          ctx = self.context(layer_of(v, layers) or "", "gradients",
+                             variable=v)
+          grads[i] = self.apply(fn, grads[i], ctx,
+                                f"transform_gradients({named!r}) on {v.name}")
+    return grads
 
   # -- transforms, the trace, weights ----------------------------------------
 

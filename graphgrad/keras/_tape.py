@@ -6,7 +6,7 @@ it (declarations, model, layers, their variables). While it records, an
 backward passes; :meth:`PlanTape.gradient` then runs the backward pass,
 applies the task combinations (``core._task_combination``, with the task
 losses of ``tape.gradient(task_losses=...)``) and the parameter transforms
-(``core._parameters``; under ``tf.distribute`` a non-linear one sees the sum
+(``core._layer_step``; under ``tf.distribute`` a non-linear one sees the sum
 over the replicas), and collects the gradients of the variables the plan's
 training methods own.
 """
@@ -20,7 +20,6 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core._gradients import add_dense, dense, is_float
-from graphgrad.core._parameters import transform_parameters
 from graphgrad.core._privacy import check_per_example_loss, private_gradients
 from graphgrad.core._rules import ParameterRule, PlanRules
 from graphgrad.core._task_combination import combined_parameters, output_deltas
@@ -429,7 +428,7 @@ class PlanTape:
   def _transform_parameters(self, step: BackwardStep, flat_s, flat_g,
                             todo: List[ParameterRule]) -> list:
     """``flat_g`` after the parameter transforms ``todo``
-    (``core._parameters``), replica-aware.
+    (``core._layer_step``), replica-aware.
 
     Inside ``strategy.run`` each replica backpropagates its own examples,
     and the gradients a plan tape returns are that replica's
@@ -482,8 +481,7 @@ class PlanTape:
         for i, g in zip(summed, total):
           flat_g[i] = g
       pairs = [(g, tf_variable(s)) for s, g in zip(flat_s, flat_g)]
-      flat_g = transform_parameters(todo, pairs, layer_among,
-                                    step)
+      flat_g = step.transform_parameters(todo, pairs, layer_among)
       for i in summed:
         if flat_g[i] is not None:
           g = dense(flat_g[i])

@@ -35,7 +35,6 @@ from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core import _privacy
 from graphgrad.core._gradients import aggregate
 from graphgrad.core._layer_step import BackwardPass
-from graphgrad.core._parameters import transform_parameters
 from graphgrad.core._rules import PlanRules, TaskRule
 from graphgrad.core._task_combination import combined_parameters
 from graphgrad.core._trace import TraceRecord
@@ -212,8 +211,8 @@ class _Executor:
       out = [(by_name.get(v.op.name), v) for v in self.var_list]
       if params is not None:
         self._combine_parameters(params, out, chosen, plain)
-      new = transform_parameters(rules.parameters, out, self._layer_among,
-                                 self.step)
+      new = self.step.transform_parameters(rules.parameters, out,
+                                           self._layer_among)
       out = [(g, v) for g, (_, v) in zip(new, out)]
       out += self.step.extra
       if self.options.gate_gradients == GATE_GRAPH:
