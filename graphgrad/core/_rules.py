@@ -340,11 +340,6 @@ class PlanRules:
     return {n: r.tasks for n, r in self.layers.items() if r.tasks is not None}
 
   @property
-  def read_layers(self) -> Tuple[str, ...]:
-    """The layers whose output gradient a replacement reads."""
-    return tuple(n for n, r in self.layers.items() if r.read)
-
-  @property
   def has_tasks(self) -> bool:
     return bool(self.tasks) or self.parameter_tasks is not None
 

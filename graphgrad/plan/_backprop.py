@@ -9,8 +9,8 @@ tensors into pieces, each differentiated on a copy of its ops
 (``_recompute``).
 
 :class:`Backprop` holds, while a backward pass builds, the gradient
-contributions at every tensor and variable: it makes the engine's segment
-calls, and weights what a linear rewrite scales. A recomputed call's pieces
+contributions at every tensor and variable, and makes the engine's segment
+calls. A recomputed call's pieces
 deposit into it, each reading the sum of what the pieces above gave.
 """
 
@@ -30,7 +30,7 @@ import tensorflow as tf
 from graphgrad import _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
-from graphgrad.core._gradients import aggregate, weigh
+from graphgrad.core._gradients import aggregate
 from graphgrad.plan import _hooks, _reach
 from graphgrad.plan._recompute import Recompute, Split
 
@@ -202,7 +202,6 @@ class Backprop:
         lambda: collections.defaultdict(list))
     self.dropped: List[tf.Tensor] = []
     self.dropped_vars: Set[str] = set()
-    self._consts: Dict = {}
 
   def total(self, ts: Sequence, store=None) -> List:
     store = self.acc if store is None else store
@@ -279,16 +278,6 @@ class Backprop:
         self.add(x, g, store)
     return [exact[i] if i in exact else self.total([x], store)[0]
             for i, x in enumerate(split.xs)]
-
-  def weigh(self, grad, factor: Optional[float]):
-    """``factor * grad``, sparse kept sparse; no op for a factor of 1."""
-    return weigh(grad, factor, self._constant)
-
-  def _constant(self, factor, dtype) -> tf.Tensor:
-    # One constant per factor and dtype, shared by every weighted gradient.
-    if (factor, dtype) not in self._consts:
-      self._consts[factor, dtype] = tf.constant(factor, dtype)
-    return self._consts[factor, dtype]
 
   def add(self, t, grad, store=None) -> None:
     if grad is not None:
