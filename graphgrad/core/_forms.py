@@ -20,10 +20,61 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from graphgrad import _errors
+
 __all__ = ["Conv2DForm", "DenseForm", "EmbeddingForm", "Form",
-           "PerExampleForm", "broadcast_per_example", "dense_sq_norms",
-           "einsum_dense", "embedding_sq_norms", "norm_dtype", "patches",
-           "per_example_sq_norms", "rows"]
+           "PerExampleForm", "after", "broadcast_per_example",
+           "dense_sq_norms", "einsum_dense", "embedding_sq_norms",
+           "examples_first", "norm_dtype", "patches", "per_example_sq_norms",
+           "rows"]
+
+
+def examples_first(x: tf.Tensor, batch, who: str, kind: str = "") -> list:
+  """Checks that the leading axis of ``x`` holds the batch's examples.
+
+  Every form reads rows ``[B, ...]``: a time-major ``[T, B, ...]`` tensor
+  would silently mix examples. Where both sizes are known the check is
+  done here; else its op is returned, for the caller to wait on
+  (:func:`after`).
+
+  Args:
+    x: the tensor whose leading axis must be the batch.
+    batch: the batch size, a scalar tensor.
+    who: what ``x`` is, for messages (``"the input of layer 'd'"``).
+    kind: said after ``who`` in the message raised here (``" (Dense)"``).
+
+  Returns:
+    The run-time check ops (none where the sizes are known).
+
+  Raises:
+    UnsupportedGraphError: when ``x`` is a scalar or its known leading
+      size is not the known batch size.
+  """
+  n = tf.get_static_value(batch)
+  lead = x.shape[0] if x.shape.rank else None
+  fix = ("its per-example gradients cannot be computed. Pass the examples "
+         "into and out of the layer as tensors of shape [batch, ...] "
+         "(transpose time-major data to [batch, time, ...] around it), or "
+         "train without privatize.")
+  if x.shape.rank == 0 or (n is not None and lead is not None and lead != n):
+    raise _errors.UnsupportedGraphError(
+        f"privatize: {who}{kind} has shape {x.shape}, not the "
+        f"{'' if n is None else f'{n} '}examples of the batch along its "
+        f"first axis, so {fix}")
+  if n is not None and lead is not None:
+    return []
+  return [tf.debugging.assert_equal(
+      tf.shape(x, out_type=batch.dtype)[0], batch,
+      message=f"privatize: the leading axis of {who} is not the batch, "
+              f"so {fix}")]
+
+
+def after(checks: Sequence, x: tf.Tensor) -> tf.Tensor:
+  """``x``, once ``checks`` have run."""
+  if not checks:
+    return x
+  with tf.control_dependencies(list(checks)):
+    return tf.identity(x)
 
 
 def norm_dtype(dtype) -> tf.DType:

@@ -28,8 +28,10 @@ from graphgrad.core._forms import (
   EmbeddingForm,
   Form,
   PerExampleForm,
+  after,
   broadcast_per_example,
   einsum_dense,
+  examples_first,
   norm_dtype,
   rows,
 )
@@ -256,7 +258,7 @@ def _forms(call: Dict[str, Any], dys, batch) -> Forms:
     # A rule reads rows [B, ...] of its input and gradient: a time-major
     # [T, B, ...] call is refused, not mixed up. Every form reads the
     # gradient, which waits for the checks.
-    dy = _after(_examples_first(layer, x, batch, "input")
+    dy = after(_examples_first(layer, x, batch, "input")
                 + _examples_first(layer, dys[0], batch, "output"), dys[0])
     if not dy.shape.is_fully_defined():  # from a tf.py_function, say
       dy = tf.ensure_shape(dy, _flat_outputs(call)[0].shape)
@@ -267,35 +269,10 @@ def _forms(call: Dict[str, Any], dys, batch) -> Forms:
 
 
 def _examples_first(layer, x: tf.Tensor, batch, what: str) -> list:
-  """Checks that the leading axis of ``x`` (the ``what`` of a call of
-  ``layer``) is the examples': in Python where both sizes are known, else
-  by the check op returned (as the TF1 plan's ``_batch_rows``)."""
-  n = tf.get_static_value(batch)
-  lead = x.shape[0] if x.shape.rank else None
-  fix = ("its per-example gradients cannot be computed. Pass the examples "
-         "into and out of the layer as tensors of shape [batch, ...] "
-         "(transpose time-major data to [batch, time, ...] around it), or "
-         "train without privatize.")
-  if x.shape.rank == 0 or (n is not None and lead is not None and lead != n):
-    raise _errors.UnsupportedGraphError(
-        f"privatize: the {what} of layer {layer.name!r} "
-        f"({type(layer).__name__}) has shape {x.shape}, not the "
-        f"{'' if n is None else f'{n} '}examples of the batch along its "
-        f"first axis, so {fix}")
-  if n is not None:
-    return []
-  return [tf.debugging.assert_equal(
-      tf.shape(x, out_type=batch.dtype)[0], batch, message=(
-          f"privatize: the leading axis of the {what} of layer "
-          f"{layer.name!r} is not the batch, so {fix}"))]
-
-
-def _after(checks: list, x: tf.Tensor) -> tf.Tensor:
-  """``x``, once ``checks`` have run."""
-  if not checks:
-    return x
-  with tf.control_dependencies(checks):
-    return tf.identity(x)
+  """The check that the leading axis of ``x``, the ``what`` of a call of
+  ``layer``, is the examples' (``core._forms.examples_first``)."""
+  return examples_first(x, batch, f"the {what} of layer {layer.name!r}",
+                        f" ({type(layer).__name__})")
 
 
 def _identity(x):
@@ -477,7 +454,7 @@ def _fallback(call: Dict[str, Any], dys, batch) -> Forms:
             for c in _examples_first(layer, x, batch, "input")]
   checks += [c for dy in dys if dy is not None
              for c in _examples_first(layer, dy, batch, "output")]
-  grads = iter([None if dy is None else _after(checks, dy) for dy in dys])
+  grads = iter([None if dy is None else after(checks, dy) for dy in dys])
   name = f"layer {layer.name!r} ({type(layer).__name__})"
   try:
     per = vjp.per_example(call["out"], variables, [

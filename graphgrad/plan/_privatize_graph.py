@@ -28,8 +28,10 @@ from graphgrad.core._forms import (
   EmbeddingForm,
   Form,
   PerExampleForm,
+  after,
   broadcast_per_example,
   einsum_dense,
+  examples_first,
   norm_dtype,
   rows,
 )
@@ -179,14 +181,10 @@ class GraphUses:
 
 def _batch_rows(x: tf.Tensor, batch, of: Optional[tf.Tensor] = None
                 ) -> tf.Tensor:
-  """``x`` after checking at run time that the leading axis of ``of``
-  (``x`` by default) is the batch."""
+  """``x`` after checking that the leading axis of ``of`` (``x`` by
+  default) is the batch (``core._forms.examples_first``)."""
   of = x if of is None else of
-  check = tf.debugging.assert_equal(
-      tf.shape(of)[0], batch,
-      message=f"privatize: the leading axis of {of.name} is not the batch")
-  with tf.control_dependencies([check]):
-    return tf.identity(x)
+  return after(examples_first(of, batch, of.name), x)
 
 
 # Ops whose output rows are their inputs' rows, in place (unary and
