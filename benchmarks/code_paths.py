@@ -1,4 +1,4 @@
-"""Which graphgrad files one declaration's code path enters (issue 43).
+"""Which graphgrad files one declaration's code path enters.
 
 ``python -m benchmarks.code_paths --label before`` builds a 3-layer dense
 net (l1, l2, l3) per plan and declaration, builds it once untraced (imports
