@@ -9,9 +9,10 @@ layer's steps: tasks rewrite ``g``; the own variables get a VJP of ``g``;
 the upstream transform maps ``g`` to ``fn(g)``; the inputs get a VJP of
 ``fn(g)`` (or the replacement's or override's result), then the input
 transform. Every transform is checked and traced under the pass's loss
-scale. A ``LINEAR`` rule ``c * g`` takes one VJP weighted by ``c``; a fused
-VJP weighting inside one call of several layers (TF1 spans, a Keras layer
-on scaled inputs) reports its ``g`` through :meth:`BackwardPass.observe`.
+scale. A ``LINEAR`` rule ``c * g`` takes one VJP weighted by ``c``, or a
+fused VJP (:class:`FusedSite`: one call over several layers weighting
+inside, the TF1 spans and a Keras layer on scaled inputs): every layer with
+a rule takes the step.
 """
 
 import contextlib
@@ -47,7 +48,8 @@ from graphgrad.transforms._context import Resources, TransformContext
 from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import Transform
 
-__all__ = ["BackwardPass", "LayerCall", "LayerGrads", "Site", "describe"]
+__all__ = ["BackwardPass", "FusedSite", "LayerCall", "LayerGrads", "Site",
+           "describe"]
 
 
 class Site(Protocol):
@@ -94,6 +96,48 @@ class Site(Protocol):
 
   def paused(self) -> ContextManager:
     """The block the chain rule is built in for a replacement."""
+
+
+class FusedSite:
+  """A ``LINEAR`` layer whose VJP is part of one call that covers several
+  layers (a *fused VJP*: the TF1 engine's span of ``scale(c)`` layers, a
+  Keras layer run on inputs whose gradient is scaled).
+
+  The enclosing call weights what the layer sends below by the rule's
+  factor, and deposits what it gives, so :meth:`vjp` returns nothing; for
+  the layer that leads the call, it makes the call (``run(grads)``). The
+  layer still takes core's step (:meth:`BackwardPass.layer_backward`),
+  which records the gradient at its outputs.
+
+  Args:
+    outputs: the layer's outputs whose gradients arrive.
+    run: ``grads -> None``, the enclosing call, for the layer that leads
+      it; ``None`` for the others.
+  """
+  inputs: Sequence = ()
+  layer: Any = None
+  net: Any = None
+
+  def __init__(self, outputs: Sequence,
+               run: Optional[Callable[[List], None]] = None):
+    self.outputs, self._run = list(outputs), run
+
+  def vjp(self, grads: List, inputs: bool, own: bool,
+          other: bool) -> Tuple[List, List, List]:
+    if self._run is not None:
+      self._run(grads)
+    return [], [], []
+
+  def task_deltas(self, grads: List) -> List:
+    raise TypeError("a fused layer combines no tasks (compiled so)")
+
+  def methods(self) -> Any:
+    raise TypeError("a fused layer has no replacement (compiled so)")
+
+  def recording(self) -> ContextManager:
+    return contextlib.nullcontext()
+
+  paused = recording
 
 
 class LayerCall(NamedTuple):
@@ -200,6 +244,9 @@ class BackwardPass:
 
   def _layer_backward(self, rule: LayerRule, site: Site,
                       grads: Sequence) -> LayerGrads:
+    # A fused VJP applies a LINEAR rule's factor and nothing else.
+    assert not isinstance(site, FusedSite) or (
+        rule.mode is Mode.LINEAR and not rule.special), rule
     g = list(grads)
     if rule.tasks is not None:
       g = [d if x is None else (x if d is None
@@ -216,7 +263,7 @@ class BackwardPass:
         if is_zero(factor):
           return LayerGrads(g, None, site.vjp(g, False, True, False)[1], [])
       dx, own, other = site.vjp(g, True, True, True)
-      if factor is not None:
+      if factor is not None and not isinstance(site, FusedSite):
         dx = [self.weigh(d, factor) for d in dx]
         other = [self.weigh(d, factor) for d in other]
       return LayerGrads(g, dx, own, other)

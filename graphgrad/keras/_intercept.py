@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 from graphgrad.core._gradients import is_float
-from graphgrad.core._layer_step import BackwardPass
+from graphgrad.core._layer_step import BackwardPass, FusedSite
 from graphgrad.core._rules import Mode
 from graphgrad.keras import _tape_linear, _tape_recompute
 from graphgrad.keras._layer_index import (
@@ -239,12 +239,14 @@ class Interceptor:
     return tf.nest.pack_sequence_as((args, kwargs), flat)
 
   def _observed(self, path: str, out):
-    """``out``, whose gradient the step's trace records: an uncut layer
-    never forms it otherwise."""
+    """``out``, at whose tensors the layer takes core's step with a fused
+    VJP (``core._layer_step.FusedSite``): the scaled inputs weight what it
+    sends below, and the step records the gradient at its outputs, which
+    an uncut layer never forms otherwise."""
     rule = self.plan.rules.rule(path)
 
     def record(t, dy):
-      self._step.observe(rule, [t], [dy])
+      self._step.layer_backward(rule, FusedSite([t]), [dy])
 
     flat = [_tape_linear.observed(t, record) if is_float(t) else t
             for t in tf.nest.flatten(out)]

@@ -21,7 +21,11 @@ import tensorflow as tf
 
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._gradients import aggregate
-from graphgrad.core._layer_step import BackwardPass, sends_nothing
+from graphgrad.core._layer_step import (
+  BackwardPass,
+  FusedSite,
+  sends_nothing,
+)
 from graphgrad.core._rules import EdgeRule, LayerRule, Mode, PlanRules
 from graphgrad.core._task_combination import output_deltas
 from graphgrad.plan import _hooks, _reach
@@ -157,20 +161,29 @@ class Segments:
   # -- spans of linear layers (see _spans) -----------------------------------
 
   def _run_span(self, span: List[Group], bp: Backprop) -> None:
-    """One call from the first group's sources to the last one's targets."""
+    """One call from the first group's sources to the last one's targets,
+    a fused VJP of the span's layers: each takes core's step with a
+    ``FusedSite``, the first one making the call."""
     head, last = span[0], span[-1]
+    seen: Dict[str, object] = {}
+    variables = list(dict.fromkeys(n for x in span for n in x.variables))
+
+    def call(g: List) -> None:
+      hooks = self._spans.hooks(span, self.step.weigh, seen.setdefault)
+      res = bp.call(head.sources, g, last.targets, variables,
+                    stops=last.targets, hooks=hooks)
+      bp.deposit(last.targets, variables, res)
+
     g = bp.total(head.sources)
     if head.key.kind is GroupKind.LAYER:
-      self.step.observe(self.rules.rule(head.key.name), head.sources, g)
-    seen: Dict[str, object] = {}
-    hooks = self._spans.hooks(span, self.step.weigh, seen.setdefault)
-    variables = list(dict.fromkeys(n for x in span for n in x.variables))
-    res = bp.call(head.sources, g, last.targets, variables,
-                  stops=last.targets, hooks=hooks)
-    bp.deposit(last.targets, variables, res)
+      self.step.layer_backward(self.rules.rule(head.key.name),
+                               FusedSite(head.sources, call), g)
+    else:  # the loss, or glue above the first layer
+      call(g)
     for group in span[1:]:
-      self.step.observe(self.rules.rule(group.key.name), group.sources,
-                        [seen.get(t.name) for t in group.sources])
+      self.step.layer_backward(self.rules.rule(group.key.name),
+                               FusedSite(group.sources),
+                               [seen.get(t.name) for t in group.sources])
 
   # -- one method per kind of cut group --------------------------------------
 

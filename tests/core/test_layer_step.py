@@ -8,13 +8,16 @@ edges are core's.
 """
 
 import contextlib
+from unittest import mock
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from graphgrad.core._layer_step import BackwardPass
+import helpers
+from graphgrad.core._layer_step import BackwardPass, FusedSite
 from graphgrad.core._rules import EdgeRule, LayerRule, Mode, TaskRule
 from graphgrad.methods._replacement import as_replacement
 from graphgrad.transforms._context import Resources
@@ -172,3 +175,65 @@ def test_under_a_loss_scale_a_transform_sees_the_unscaled_gradient():
   _assert(out.own, [X.T @ (s * G)])
   (record,) = step.trace
   assert float(record.scale) == s
+
+
+def test_a_fused_layer_takes_the_step_and_its_call_once():
+  # A fused VJP (one call over several layers) weights inside the call:
+  # the step records g and makes the call, weighting nothing again.
+  calls = []
+  step = _pass()
+  rule = LayerRule("l", Mode.LINEAR, gg.transforms.scale(0.5), 0.5)
+  out = step.layer_backward(rule, FusedSite([tf.constant(G)], calls.append),
+                            [tf.constant(G)])
+  assert len(calls) == 1 and (out.inputs, out.own, out.other) == ([], [], [])
+  (record,) = step.trace
+  _assert([record.before, record.after], [G, 0.5 * G])
+  assert step.done["l"][0] is not None
+
+
+def _rules_stepped(build):
+  """The layers whose rule took core's step while ``build()`` ran."""
+  seen = []
+  original = BackwardPass.layer_backward
+
+  def spy(self, rule, site, grads):
+    seen.append((rule.layer, type(site).__name__))
+    return original(self, rule, site, grads)
+
+  with mock.patch.object(BackwardPass, "layer_backward", spy):
+    build()
+  return seen
+
+
+def test_every_rule_takes_the_step_on_both_plans_fused_or_cut():
+  # scale(0.5) on l2 and l3 (a TF1 span, Keras layers on scaled inputs),
+  # clip on l4 (cut): each declared layer takes core's step once.
+  def tf1_plan():
+    with tf.Graph().as_default():
+      h = tf.constant(X)
+      for i in range(1, 5):
+        h = helpers.dense(h, 3, f"l{i}", activation=tf.nn.relu)
+      plan = gg.GradientPlan(tf.reduce_sum(h))
+      for name in ("l2", "l3"):
+        plan.transform_upstream(name, gg.transforms.scale(0.5))
+      plan.transform_upstream("l4", gg.transforms.clip_by_norm(1.0))
+      plan.compute_gradients()
+
+  def keras_plan():
+    model = keras.Sequential([keras.Input((3,))] + [
+        keras.layers.Dense(3, activation="relu", name=f"l{i}")
+        for i in range(1, 5)])
+    plan = gg.KerasPlan(model)
+    for name in ("l2", "l3"):
+      plan.transform_upstream(name, gg.transforms.scale(0.5))
+    plan.transform_upstream("l4", gg.transforms.clip_by_norm(1.0))
+    with plan.tape() as tape:
+      loss = tf.reduce_sum(model(X))
+    tape.gradient(loss)
+
+  for build in (tf1_plan, keras_plan):
+    seen = _rules_stepped(build)
+    assert sorted(layer for layer, _ in seen) == ["l2", "l3", "l4"], seen
+    kinds = dict(seen)
+    assert kinds["l2"] == kinds["l3"] == "FusedSite", seen
+    assert kinds["l4"] != "FusedSite", seen
