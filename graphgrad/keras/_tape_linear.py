@@ -6,10 +6,10 @@ the layer runs as it is, under the user's tape, on inputs that pass through
 an identity whose gradient is ``c`` times what reaches it
 (:func:`scaled_input`). The layer's own variables then get the plain
 gradient, and everything below that is reached through the layer gets ``c``
-times its gradient, with no interception of the layer at all. Bypass paths
-never pass the identity. The gradient at the layer's outputs, which the
-plan's trace records, is read by an identity on each output
-(:func:`observed`).
+times its gradient, with no interception of the layer at all: a fused VJP.
+Bypass paths never pass the identity. An identity on each output
+(:func:`observed`) hands the gradient there to core's layer step, with a
+``core._layer_step.FusedSite``, which records it.
 """
 
 import logging

@@ -4,10 +4,11 @@ A layer whose only declaration is a linear upstream rewrite, and whose
 outputs only the layer above it feeds, needs no cut: its outputs' gradient
 is complete as soon as that layer has been backpropagated. A *span* is a
 maximal run of such layers, from the top down, optionally led by the op
-group of the loss. The engine builds it with one ``tf.gradients`` call, in
-which :mod:`graphgrad.plan._hooks` weights, for each layer, the gradient its
-ops hand to the tensors below it, and reads the gradient at each later
-layer's outputs for the plan's trace.
+group of the loss. The engine builds it with one ``tf.gradients`` call, a
+fused VJP, in which :mod:`graphgrad.plan._hooks` weights, for each layer,
+the gradient its ops hand to the tensors below it, and reads the gradient
+at each later layer's outputs, where the layer takes core's step
+(``core._layer_step.FusedSite``).
 """
 
 import collections
