@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad._types import Gradient
+from graphgrad.core._gradients import is_float
 from graphgrad.core._vjp import VJP
 
 # Where ``combine_tasks`` combines the task gradients (its ``at=``).
@@ -40,6 +41,42 @@ def check_at(at, layers) -> str:
         f"Name one layer, or pass at='parameters' to combine the task "
         f"gradients of several layers' variables.")
   return at
+
+
+def call_deltas(vjp: VJP, target, layer: str, losses: Sequence,
+                calls: Sequence[Sequence], method: Any, state_of: Callable
+                ) -> List[List[Optional[tf.Tensor]]]:
+  """Per call of ``layer``, per output: ``combine(g_1, ..., g_k) - sum_i
+  g_i``, combined over every call's floating-point outputs at once (a layer
+  called twice is one combination), ``None`` for an output that is not
+  floating-point or that no task reaches. What both executors hand core's
+  layer step (``core._layer_step``), which adds it to the gradient there.
+
+  Args:
+    vjp: the executor's VJP.
+    target: the plan's loss, as it is backpropagated.
+    layer: the layer whose outputs the tasks are combined at; names the
+      scope ``combine_tasks_<layer>`` and the method's state.
+    losses: the task losses.
+    calls: per call of the layer, its outputs.
+    method: the task-combination method.
+    state_of: ``make -> state``, the executor's store of the method's state
+      for this plan and layer.
+  """
+  flat = [t for outs in calls for t in outs]
+  floats = [i for i, t in enumerate(flat) if is_float(t)]
+  name = f"combine_tasks_{layer}".replace("/", "_")
+  with tf.name_scope(name):
+    found = output_deltas(vjp, target, losses, [flat[i] for i in floats],
+                          method, state_of, name)
+  delta: List[Optional[tf.Tensor]] = [None] * len(flat)
+  for i, d in zip(floats, found):
+    delta[i] = d
+  out, start = [], 0
+  for outs in calls:
+    out.append(delta[start:start + len(outs)])
+    start += len(outs)
+  return out
 
 
 def output_deltas(vjp: VJP, target, losses: Sequence, outputs: Sequence,

@@ -19,10 +19,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from graphgrad import _errors
-from graphgrad.core._gradients import add_dense, dense, is_float
+from graphgrad.core._gradients import add_dense, dense
 from graphgrad.core._privacy import check_per_example_loss, private_gradients
 from graphgrad.core._rules import ParameterRule, PlanRules
-from graphgrad.core._task_combination import combined_parameters, output_deltas
+from graphgrad.core._task_combination import call_deltas, combined_parameters
 from graphgrad.core._trace import TraceRecord
 from graphgrad.keras import _loss_scale, _privatize_tape, _tape_checks
 from graphgrad.keras._intercept import BackwardStep, Interceptor
@@ -518,29 +518,16 @@ class PlanTape:
 
   def _task_deltas(self, target, by_layer) -> Dict[str, List[list]]:
     """Task layer -> per call and output: ``combine(g_i) - sum_i g_i``, or
-    ``None`` (``core._task_combination.output_deltas`` over every call's
+    ``None`` (``core._task_combination.call_deltas`` over every call's
     outputs at once). A stateful method's state is made once per plan and
     layer in its ``method_variables``."""
     deltas: Dict[str, List[list]] = {}
     with self._run.backward(self._run.step(plain=True)):
       for path, rule in self._plan.rules.tasks.items():
-        calls = self._run.outputs[path]
-        flat = [t for outs in calls for t in outs]
-        floats = [i for i, t in enumerate(flat) if is_float(t)]
-        name = f"combine_tasks_{path}".replace("/", "_")
-        state_of = functools.partial(self._plan.method_variables.state,
-                                     f"combine_tasks/{path}")
-        with tf.name_scope(name):
-          found = output_deltas(self._vjp, target, by_layer[path],
-                                [flat[i] for i in floats], rule.method,
-                                state_of, name)
-        delta: List[Any] = [None] * len(flat)
-        for i, d in zip(floats, found):
-          delta[i] = d
-        deltas[path], start = [], 0
-        for outs in calls:
-          deltas[path].append(delta[start:start + len(outs)])
-          start += len(outs)
+        deltas[path] = call_deltas(
+            self._vjp, target, path, by_layer[path], self._run.outputs[path],
+            rule.method, functools.partial(self._plan.method_variables.state,
+                                           f"combine_tasks/{path}"))
     return deltas
 
   def _check_ran(self) -> None:

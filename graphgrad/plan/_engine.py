@@ -15,6 +15,7 @@ makes the single call ``Optimizer.minimize`` makes.
 """
 
 import contextlib
+import functools
 from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
@@ -27,7 +28,7 @@ from graphgrad.core._layer_step import (
   sends_nothing,
 )
 from graphgrad.core._rules import EdgeRule, LayerRule, Mode, PlanRules
-from graphgrad.core._task_combination import output_deltas
+from graphgrad.core._task_combination import call_deltas
 from graphgrad.plan import _hooks, _reach
 from graphgrad.plan._backprop import Backprop, GraphVJP
 from graphgrad.plan._cuts import CutPlan, Group, GroupKind, ancestors
@@ -64,15 +65,7 @@ class _SegmentSite:
     return list(res[:n]), list(res[n:n + m]), list(res[n + m:])
 
   def task_deltas(self, grads):
-    task = self.rule.tasks
-    assert task is not None  # asked only for a rule with tasks
-    segments = self.segments
-    name = f"combine_tasks_{task.layer}".replace("/", "_")
-    with tf.name_scope(name):
-      return output_deltas(
-          segments.vjp, segments.net.loss, task.losses or (), self.outputs,
-          task.method, lambda make: segments.step.resources.get_or_create(
-              task.layer, "combine_tasks/state", make), name)
+    return self.segments.deltas[self.rule.layer]
 
   def methods(self):
     return GraphBackward(self.segments.net, self.rule.layer,
@@ -112,6 +105,8 @@ class Segments:
     self.net = net
     self.rules = rules
     self.step = step
+    # Task layer -> the task deltas at its outputs, made as build starts.
+    self.deltas: Dict[str, List] = {}
     self.vjp = vjp
     self.variables = {v.op.name: v for v in variables}
     edge_uppers = {n for n, r in rules.layers.items() if r.edge_upper}
@@ -148,6 +143,7 @@ class Segments:
     run = {GroupKind.LAYER: self._run_layer, GroupKind.EDGE: self._run_edge,
            GroupKind.OP: self._run_op}
     order = self.cuts.schedule()
+    self.deltas = self._task_deltas(order)
     spans = self._spans.find(order)
     covered = {g.key for span in spans.values() for g in span[1:]}
     for group in order:
@@ -157,6 +153,22 @@ class Segments:
         run[group.key.kind](group, bp)
     bp.fill_zeros(lambda ts: ancestors(self.net, ts))
     return bp.var_grads
+
+  def _task_deltas(self, order: List[Group]) -> Dict[str, List]:
+    """Task layer -> per output, ``combine(g_i) - sum_i g_i`` at the
+    outputs its cut group starts from (``core._task_combination``)."""
+    out = {}
+    for group in order:
+      name = group.key.name
+      task = (self.rules.rule(name).tasks
+              if group.key.kind is GroupKind.LAYER else None)
+      if task is not None:
+        state_of = functools.partial(self.step.resources.get_or_create, name,
+                                     "combine_tasks/state")
+        out[name], = call_deltas(self.vjp, self.net.loss, name,
+                                 task.losses or (), [group.sources],
+                                 task.method, state_of)
+    return out
 
   # -- spans of linear layers (see _spans) -----------------------------------
 
