@@ -292,6 +292,17 @@ def two_dense(K, seed):
                        K.layers.Dense(2, name="l2", kernel_initializer=init)])
 
 
+def tanh_chain(K, x):
+  """``l1``, ``l2``, ``l3``: Dense(5, tanh) with normal initial weights
+  (seeded by layer), built on ``x``."""
+  model = K.Sequential([K.layers.Dense(
+      5, activation="tanh", name=f"l{i}",
+      kernel_initializer=K.initializers.RandomNormal(stddev=0.6, seed=i))
+      for i in (1, 2, 3)])
+  model(x)
+  return model
+
+
 def normal_rows(seed, shape=(5, 3)):
   """A float32 constant of standard normal values."""
   return tf.constant(np.random.default_rng(seed).normal(size=shape),

@@ -104,8 +104,9 @@ class Declaring:
         :meth:`transform_upstream`.
       GraphGradError: if ``fn`` is not callable or is a group transform, or
         the plan is built (on a KerasPlan, a tape was opened); on a
-        GradientPlan, if the layer has no floating-point output. When the
-        plan is built, with ``privatize``.
+        GradientPlan, if the layer has no floating-point output; when the
+        plan's rules are compiled, if ``privatize`` is declared too (the
+        transform acts before the clip).
 
     Example:
       >>> import tensorflow as tf, graphgrad as gg

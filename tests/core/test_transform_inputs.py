@@ -19,7 +19,7 @@ import graphgrad as gg
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._rules import Mode, compile_rules
 from helpers import dense, evaluate
-from keras_cases import FLAVOURS
+from keras_cases import FLAVOURS, tanh_chain
 
 tf1 = tf.compat.v1
 
@@ -232,12 +232,8 @@ def test_keras_plan_composes_upstream_vjp_then_inputs(K):
 def test_keras_plan_linear_layers_keep_the_input_transform(K):
   # scale(2) alone on l2 would run it on scaled inputs, with no backward
   # step of its own; its input transform must still act at h1.
-  model = K.Sequential([K.layers.Dense(
-      5, activation="tanh", name=f"l{i}",
-      kernel_initializer=K.initializers.RandomNormal(stddev=0.6, seed=i))
-      for i in (1, 2, 3)])
   x = tf.constant(X)
-  model(x)
+  model = tanh_chain(K, x)
   plan = gg.KerasPlan(model)
   for name in ("l3", "l2"):
     plan.transform_upstream(name, gg.transforms.scale(2.0))

@@ -13,7 +13,7 @@ import tensorflow as tf
 import graphgrad as gg
 from graphgrad import transforms as T
 from helpers import dense, evaluate
-from keras_cases import FLAVOURS
+from keras_cases import FLAVOURS, tanh_chain
 
 tf1 = tf.compat.v1
 
@@ -120,12 +120,8 @@ def test_gradient_plan_clips_each_example_of_the_upstream():
 
 
 def test_keras_plan_clips_each_example_of_the_upstream(K):
-  model = K.Sequential([K.layers.Dense(
-      5, activation="tanh", name=f"l{i}",
-      kernel_initializer=K.initializers.RandomNormal(stddev=0.6, seed=i))
-      for i in (1, 2, 3)])
   x = tf.constant(X)
-  model(x)
+  model = tanh_chain(K, x)
   plan = gg.KerasPlan(model).transform_upstream(
       "l2", T.per_example(T.clip_by_norm(CLIP)))
   with plan.tape() as tape:
