@@ -42,7 +42,8 @@ import tensorflow as tf
 import benchmarks
 import graphgrad as gg
 from benchmarks import _measure, _models, _variants
-from graphgrad.plan import _reach
+from graphgrad import _compat
+from graphgrad.plan import _backprop
 
 tf1 = tf.compat.v1
 log = logging.getLogger("graphgrad.benchmarks")
@@ -98,11 +99,11 @@ def _rnn(net):
 
 
 def _grads(ys, xs, grad_ys):
-  # The engine's bounded reachability walk (graphgrad/plan/_reach.py), so
+  # The engine's bounded reachability walk (graphgrad/plan/_backprop.py), so
   # that the floor pays for emitting gradient functions, not for TF's walk
   # over everything above ``xs`` (quadratic in depth).
   xs = xs if isinstance(xs, list) else [xs]
-  with _reach.bounded(_reach.behind([ys], xs)):
+  with _compat.bounded_walk(_backprop.behind([ys], xs)):
     return tf1.gradients(ys, xs, grad_ys=grad_ys, gate_gradients=True)
 
 

@@ -731,7 +731,7 @@ PRIVATE_APIS: Dict[str, PrivateApi] = {
         "TF1 engine replaces the lookup, for one tf.gradients call on one "
         "thread, to give overridden ops the plan's gradient function and to "
         "weight what the ops of a chain of linearly rewritten layers pass "
-        "below (graphgrad.plan._hooks)",
+        "below (graphgrad.plan._backprop.hooked)",
         self_test="in a scratch graph the lookup finds Mul's gradient and "
         "raises LookupError for an unregistered one, and so does "
         "ops.gradient_registry by name; with the replacement "
@@ -764,8 +764,9 @@ PRIVATE_APIS: Dict[str, PrivateApi] = {
         name="tensorflow.python.ops.gradients_util._MarkReachedOps",
         symbols=("tensorflow.python.ops.gradients_util", "_MarkReachedOps"),
         why="each segment call of the TF1 engine bounds TF's forward walk "
-        "from its xs to the ops behind its ys (graphgrad.plan._reach), "
-        "which keeps the build linear in depth",
+        "from its xs to the ops behind its ys "
+        "(graphgrad.plan._backprop.behind), which keeps the build linear "
+        "in depth",
         self_test="in a scratch graph tf.compat.v1.gradients calls the "
         "replaced walk: bounded to the ops behind y it gives TF's gradient; "
         "bounded to x alone it gives None",

@@ -1,40 +1,44 @@
-"""The TF1 executor's VJP, and the accumulators of a backward pass.
+"""The TF1 executor's VJP: how one ``tf.gradients`` call is made, and summed.
 
 :class:`GraphVJP` is the one place where a ``GradientPlan`` differentiates
-(``core._vjp.VJP``): the engine's segment calls, the single call of a plan
-that rewrites nothing, task VJPs, a replacement's ``context.vjp`` and
-``privatize``'s calls, each with the plan's options and op overrides
-(``_hooks``). Under ``plan.recompute`` each call is split at the kept
-tensors into pieces, each differentiated on a copy of its ops
-(``_recompute``).
-
-:class:`Backprop` holds, while a backward pass builds, the gradient
-contributions at every tensor and variable, and makes the engine's segment
-calls. A recomputed call's pieces
-deposit into it, each reading the sum of what the pieces above gave.
+(``core._vjp.VJP``): segment calls, task VJPs, a replacement's
+``context.vjp``, ``privatize``'s calls. Each call takes the plan's options;
+in it, this thread's gradient lookup gives an overridden op the plan's
+function, and a hooked op (a span's fused VJP, ``_engine``) its function
+weighted and read (:func:`hooked`); its reachability walk is bounded to the
+ops between ``xs`` and ``ys`` (:func:`behind`), not the whole forward cone
+of ``xs``, which made a plan quadratic in depth. Both are private TF
+functions (``graphgrad._compat``): where a self-test fails, the engine cuts
+at every layer, or keeps TF's walk (the same graph, built more slowly).
+Under ``plan.recompute`` a call is split into pieces, each on a copy of its
+ops (``_recompute``). :class:`Backprop` sums a pass's contributions.
 """
 
 import collections
+import contextlib
+import dataclasses
 import re
 from typing import (
   Callable,
   Dict,
+  Iterable,
   List,
   Optional,
   Sequence,
   Set,
+  Tuple,
 )
 
 import tensorflow as tf
 
-from graphgrad import _errors
+from graphgrad import _compat, _errors
 from graphgrad._types import Gradient
 from graphgrad.analysis import _graph_util
 from graphgrad.core._gradients import aggregate
-from graphgrad.plan import _hooks, _reach
 from graphgrad.plan._recompute import Recompute, Split
 
-__all__ = ["Backprop", "GraphVJP"]
+__all__ = ["Backprop", "GraphVJP", "Hook", "behind", "can_bound", "hooked",
+           "hooks_available"]
 
 
 class GraphVJP:
@@ -45,7 +49,7 @@ class GraphVJP:
       plan's ``gate_gradients``, ``aggregation_method`` and
       ``colocate_gradients_with_ops``).
     overrides: op name -> the gradient function substituted for the
-      registered one in every call (see ``_hooks``).
+      registered one in every call (see :func:`hooked`).
     recompute: ``plan.recompute``'s option: every call recomputes the
       forward ops it crosses, keeping the kept tensors.
     seed: ``target -> the gradient it is backpropagated with`` (``None``
@@ -129,13 +133,13 @@ class GraphVJP:
     Args:
       ys, grad_ys, xs: as ``tf.gradients``' (``grad_ys=None``: ones).
       stops: its ``stop_gradients``.
-      hooks: op -> what to do around its gradient function (``_hooks``).
-      allowed: the ops its reachability walk may mark (``_reach``), or
+      hooks: op -> what to do around its gradient function (:class:`Hook`).
+      allowed: the ops its reachability walk may mark (:func:`behind`), or
         ``None`` for TF's own walk.
       options: its other keyword arguments; ``None`` for the plan's.
     """
     kwargs = self.options if options is None else options
-    with _hooks.hooked(hooks or {}, self.overrides), _reach.bounded(allowed):
+    with hooked(hooks or {}, self.overrides), _compat.bounded_walk(allowed):
       try:
         return tf.compat.v1.gradients(ys, xs, grad_ys=grad_ys,
                                       stop_gradients=list(stops), **kwargs)
@@ -172,10 +176,125 @@ def _rewritten_twice(error: tf.errors.InvalidArgumentError
       f"build every gradient in the graph that was differentiated first.")
 
 
+# -- the gradient lookup of one call ------------------------------------------
+# A chain of layers with linear upstream rewrites needs no cut between them:
+# what layer L passes below is c times the plain backpropagation through L, so
+# one call covers the chain if each gradient L's ops hand below L is
+# multiplied by c. Nothing is registered and no op changes.
+
+
+@dataclasses.dataclass
+class Hook:
+  """What to do around one op's gradient function in one call.
+
+  Attributes:
+    scale: ``(input index, weigh)`` pairs: ``weigh(grad)`` replaces the
+      gradient of that input.
+    read: ``(output index, record)`` pairs: ``record(grad)`` receives the
+      gradient of that output (``None`` when it has none).
+  """
+  scale: List[Tuple[int, Callable]] = dataclasses.field(default_factory=list)
+  read: List[Tuple[int, Callable]] = dataclasses.field(default_factory=list)
+
+
+def hooks_available() -> bool:
+  """True when ``tf.gradients`` calls a replaced lookup on this TensorFlow.
+
+  This is the self-test of ``_compat.PRIVATE_APIS["gradient_lookup"]``;
+  when it fails, one warning is logged and the engine cuts at every layer.
+  """
+  return _compat.usable("gradient_lookup")
+
+
+def _wrap(fn: Callable, hook: Hook) -> Callable:
+  def hooked_grad(op, *out_grads):
+    for i, record in hook.read:
+      record(out_grads[i])
+    grads = fn(op, *out_grads)
+    if not hook.scale:
+      return grads
+    single = not isinstance(grads, (list, tuple))
+    grads = [grads] if single else list(grads)
+    for i, weigh in hook.scale:
+      grads[i] = weigh(grads[i])
+    return grads[0] if single else grads
+  return hooked_grad
+
+
+@contextlib.contextmanager
+def hooked(hooks: Dict[tf.Operation, Hook],
+           overrides: Optional[Dict[str, Callable]] = None):
+  """Within the block, this thread's ``tf.gradients`` substitutes and hooks.
+
+  For an overridden op the lookup returns the plan's function instead of
+  the registered one (or of none), so an override acts in every call that
+  crosses its op and nothing is cut there; for a hooked op, that function
+  followed by the hook's ``scale`` and ``read``.
+
+  Args:
+    hooks: op -> what to do around its gradient function.
+    overrides: op name -> the gradient function that replaces the
+      registered one, ``fn(op, *output_grads) -> input grads``.
+
+  Yields:
+    Nothing.
+
+  Raises:
+    RuntimeError: if asked for where :func:`hooks_available` is False.
+  """
+  if not hooks and not overrides:
+    yield
+    return
+  if not hooks_available():
+    raise RuntimeError("gradient hooks need ops.get_gradient_function")
+  overrides = overrides or {}
+
+  def wrap(op, fn):
+    fn = overrides.get(op.name, fn)
+    hook = hooks.get(op)
+    return fn if hook is None or fn is None else _wrap(fn, hook)
+
+  with _compat.wrapped_gradients(wrap):
+    yield
+
+
+# -- the bounded walk of one call ----------------------------------------------
+# tf.gradients(ys, xs) first marks every op reachable forward from xs, then
+# keeps those behind ys. The bound hands the walk the ops behind ys created no
+# earlier than the oldest op of xs: TF builds the same gradient ops, in the
+# same order, with the same names. It rests on creation order being a
+# topological order, which a tf.compat.v1 while loop breaks.
+
+_LOOP_OPS = frozenset({"NextIteration", "RefNextIteration"})
+
+
+def can_bound(forward_ops: Iterable[tf.Operation]) -> bool:
+  """True when creation order is a topological order of ``forward_ops``
+  and the walk's self-test passed."""
+  if not _compat.usable("reached_walk"):
+    return False
+  for op in forward_ops:
+    if op.type in _LOOP_OPS:
+      return False
+    if any(_graph_util.op_id(t.op) > _graph_util.op_id(op) for t in op.inputs):
+      return False
+  return True
+
+
+def behind(ys: Iterable[tf.Tensor], xs: Iterable) -> Set[tf.Operation]:
+  """Ops that ``ys`` depend on, created no earlier than the oldest of ``xs``.
+
+  ``xs`` holds tensors or variables (whose op is the variable's own). Within
+  ``_compat.bounded_walk(behind(ys, xs))`` a call walks only those.
+  """
+  floor = min(_graph_util.op_id(x.op) for x in xs)
+  return _graph_util.ops_behind([y.op for y in ys], floor)
+
+
 def _bounded(ys, xs) -> Optional[Set[tf.Operation]]:
   """The walk bound of one call, where the ops behind ``ys`` allow one."""
   ops = _graph_util.ops_behind([y.op for y in ys], -1)
-  return _reach.behind(ys, xs) if xs and _reach.can_bound(ops) else None
+  return behind(ys, xs) if xs and can_bound(ops) else None
 
 
 class Backprop:
@@ -208,7 +327,7 @@ class Backprop:
     return [aggregate(store.get(t.name, ()), like=t) for t in ts]
 
   def call(self, ys, grad_ys, targets, var_names, stops=None,
-           hooks: Optional[Dict[tf.Operation, _hooks.Hook]] = None) -> List:
+           hooks: Optional[Dict[tf.Operation, "Hook"]] = None) -> List:
     """One segment: the VJP from ``ys`` to targets and variables.
 
     The overridden ops' functions, and ``hooks`` around those of the hooked
@@ -235,7 +354,7 @@ class Backprop:
       return [None] * len(xs)
     recompute = self.vjp.recompute
     if recompute is None:
-      allowed = _reach.behind(ys, xs) if self.bound else None
+      allowed = behind(ys, xs) if self.bound else None
       return self.vjp.gradients(ys, grads, xs, stops, hooks, allowed)
     if grads is None:
       grads = [tf.ones_like(y) for y in ys]

@@ -7,21 +7,23 @@ boundary tensors into every layer with an edge rewrite. Each cut group's
 segment starts from its cuts with their complete gradient as ``grad_ys`` and
 stops at the next cuts below, adding to their accumulators (``_backprop``);
 groups run in topological order, so each accumulator is complete when read.
-
-A linear rewrite ``c * g`` commutes with the backward map: the layer's
-segment runs once and what it deposits below is weighted by ``c``; a span of
-such layers takes one call (``_spans``). With no cut at all the executor
-makes the single call ``Optimizer.minimize`` makes.
+A linear rewrite ``c * g`` commutes with the backward map, so a *span* of
+such layers takes one call, a fused VJP whose hooks (``_backprop.Hook``)
+weight what each layer hands below and read each later layer's outputs,
+where it takes core's step (``FusedSite``). With no cut at all the
+executor makes the single call ``Optimizer.minimize`` makes.
 """
 
+import collections
 import contextlib
 import functools
-from typing import Callable, Dict, List, Optional
+from typing import AbstractSet, Callable, Dict, List, Optional, Set, Tuple
 
 import tensorflow as tf
 
+from graphgrad import _compat
 from graphgrad.analysis._layer_graph import LayerGraph
-from graphgrad.core._gradients import aggregate
+from graphgrad.core._gradients import aggregate, is_one, is_zero
 from graphgrad.core._layer_step import (
   BackwardPass,
   FusedSite,
@@ -29,14 +31,20 @@ from graphgrad.core._layer_step import (
 )
 from graphgrad.core._rules import EdgeRule, LayerRule, Mode, PlanRules
 from graphgrad.core._task_combination import call_deltas
-from graphgrad.plan import _hooks, _reach
-from graphgrad.plan._backprop import Backprop, GraphVJP
-from graphgrad.plan._cuts import CutPlan, Group, GroupKind, ancestors
+from graphgrad.plan._backprop import (
+  Backprop,
+  GraphVJP,
+  Hook,
+  can_bound,
+  hooks_available,
+)
+from graphgrad.plan._cuts import CutPlan, Group, GroupKind, Key, ancestors
 from graphgrad.plan._op_override import Substitutions
 from graphgrad.plan._replacement_graph import GraphBackward
-from graphgrad.plan._spans import Spans
 
-__all__ = ["Segments"]
+__all__ = ["Segments", "Spans"]
+
+Reader = Tuple[tf.Operation, int]
 
 
 class _SegmentSite:
@@ -91,7 +99,7 @@ class Segments:
     vjp: the plan's VJP (``_backprop.GraphVJP``), which every segment
       calls.
     overrides: the plan's overridden ops: their functions replace the
-      registered ones in every segment call (see ``_hooks``). Glue with an
+      registered ones in every segment call (``_backprop.hooked``). Glue with an
       op whose function is not known to be linear is never covered by a
       layer above (a layer holding one is never ``LINEAR``: compiled so).
     spans: whether spans of linear layers may share one call; ``False``
@@ -121,11 +129,11 @@ class Segments:
                  if n in net.op_graph and n not in overrides.linear}
     self.cuts = CutPlan(net, self.variables, cut_layers, edge_uppers,
                         with_glue, uncovered=nonlinear)
-    # Each segment call walks only the ops behind its ys (see _reach).
-    self._bound = _reach.can_bound(
+    # Each segment call walks only the ops behind its ys (_backprop.behind).
+    self._bound = can_bound(
         d["op"] for _, d in net.op_graph.nodes(data=True))
     self._spans = Spans(self.cuts, factors, special,
-                        enabled=spans and _hooks.available(),
+                        enabled=spans and hooks_available(),
                         overridden=set(overrides.fns))
 
   def build(self, seed: tf.Tensor,
@@ -170,7 +178,7 @@ class Segments:
                                  task.method, state_of)
     return out
 
-  # -- spans of linear layers (see _spans) -----------------------------------
+  # -- spans of linear layers (see Spans) ------------------------------------
 
   def _run_span(self, span: List[Group], bp: Backprop) -> None:
     """One call from the first group's sources to the last one's targets,
@@ -253,3 +261,125 @@ class Segments:
     for t, r in zip(live, res):
       bp.add(t, self.step.edge_backward(self._edge_rule(t, name), t, r))
     bp.deposit([], group.variables, res[len(live):])
+
+
+class Spans:
+  """Finds the spans of a schedule and the hooks of each.
+
+  Args:
+    cuts: the plan's cuts and cut groups, on its layer graph and variables.
+    factors: layer -> the factor of its linear upstream rewrite.
+    special: layers with any other declaration (an edge into them, a
+      backward replacement, a task combination, a cut a replacement reads):
+      they never join a span.
+    enabled: ``False`` finds no span (this TensorFlow has no hook point:
+      ``_backprop.hooks_available``).
+    overridden: names of the ops the plan overrides: their function, which
+      the segment call substitutes for the registered one, is what a hook
+      wraps.
+  """
+
+  def __init__(self, cuts: CutPlan, factors: Dict[str, float],
+               special: Set[str], enabled: bool = True,
+               overridden: AbstractSet[str] = frozenset()):
+    self.enabled = enabled
+    self.overridden = overridden
+    self.cuts = cuts
+    self.factors = factors
+    self.special = special
+    self._entries: Dict[Key, List[Reader]] = {}
+
+  def find(self, order: List[Group]) -> Dict[Key, List[Group]]:
+    """Spans of ``order`` (the schedule), keyed by their first group.
+
+    A layer joins the span above it when the span's last group adds to it
+    and nothing else does. Every layer of a span has a nonzero linear
+    upstream rewrite, no other declaration, and no other layer's variables
+    in its segment.
+    """
+    if not self.enabled:
+      return {}
+    by_key = {g.key: g for g in order}
+    below_of = {g.key: set(self.cuts.downstream(g)) for g in order}
+    feeders: Dict[Key, set] = collections.defaultdict(set)
+    for key, below in below_of.items():
+      for k in below:
+        feeders[k].add(key)
+    spans: Dict[Key, List[Group]] = {}
+    taken: set = set()
+    for g in order:
+      if g.key in taken or not self._linkable(g, head=True):
+        continue
+      span = [g]
+      while True:
+        below = set(below_of[span[-1].key])
+        nxt = by_key.get(below.pop()) if len(below) == 1 else None
+        if (nxt is None or nxt.key in taken
+            or feeders[nxt.key] != {span[-1].key}
+            or not self._linkable(nxt)):
+          break
+        span.append(nxt)
+      if len(span) > 1:
+        spans[g.key] = span
+        taken.update(x.key for x in span)
+    return spans
+
+  def hooks(self, span: List[Group], weigh: Callable,
+            record: Callable[[str, object], object]
+            ) -> Dict[tf.Operation, Hook]:
+    """The hooks of one span's call.
+
+    Args:
+      span: the span's groups, first to last.
+      weigh: ``(grad, factor) -> factor * grad``.
+      record: called as ``record(tensor name, grad)`` with the gradient at
+        each output of every group after the first.
+    """
+    hooks: Dict[tf.Operation, Hook] = collections.defaultdict(
+        Hook)
+    for group in span:
+      factor = (self.factors.get(group.key.name)
+                if group.key.kind is GroupKind.LAYER else None)
+      if not is_one(factor):
+        for op, j in self._entries_of(group):
+          hooks[op].scale.append((j, lambda g, f=factor: weigh(g, f)))
+    for group in span[1:]:
+      for t in group.sources:
+        hooks[t.op].read.append((t.value_index,
+                                 lambda g, n=t.name: record(n, g)))
+    return dict(hooks)
+
+  def _linkable(self, group: Group, head: bool = False) -> bool:
+    name = group.key.name
+    if group.key.kind is GroupKind.OP:
+      # The loss, or a glue op above the first layer: nothing to weight.
+      return head
+    factor = self.factors.get(name)
+    if (group.key.kind is not GroupKind.LAYER or factor is None
+        or is_zero(factor) or name in self.special):
+      return False
+    if any(self.cuts.net.layer_of_variable(self.cuts.variables[n]) != name
+           for n in group.variables):
+      return False
+    # The hooked ops: those reading the tensors below, and the producers of
+    # the outputs. Each needs a gradient function (registered, or the
+    # plan's override), and none may sit in a tf.compat.v1 loop or cond (an
+    # Enter, a Switch, an Exit), whose gradients TF builds in the loop's own
+    # context.
+    ops = [op for op, _ in self._entries_of(group)]
+    ops += [t.op for t in group.sources]
+    return all((op.name in self.overridden
+                or _compat.registered_gradient(op) is not None)
+               and _compat.control_flow_context(op) is None for op in ops)
+
+  def _entries_of(self, group: Group) -> List[Reader]:
+    """(op, input index) where the layer's segment reads a tensor below."""
+    if group.key not in self._entries:
+      known = self.cuts.net.op_graph
+      out = []
+      for t in group.targets:
+        for op in t.consumers():
+          if op.name in known and self.cuts.inside(op, group.key.name):
+            out += [(op, j) for j, x in enumerate(op.inputs) if x is t]
+      self._entries[group.key] = out
+    return self._entries[group.key]

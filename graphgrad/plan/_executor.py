@@ -6,11 +6,12 @@ backward pass it makes the single ``tf.gradients`` call that
 the segment engine (:class:`~graphgrad.plan._engine.Segments`). Every
 backward call is one of the plan's VJP (:class:`~graphgrad.plan._backprop.
 GraphVJP`), which substitutes the plan's overrides for the registered
-gradient functions of their ops (``_op_override``, ``_hooks``) and, under
-``plan.recompute``, recomputes the forward ops it crosses. It then applies the
-parameter-gradient transforms, appends the ``(gradient, variable)`` pairs of
-backward replacements, and gates the result. Every applied transform is
-recorded as a ``core._trace.TraceRecord``, which ``plan.summaries()`` reads.
+gradient functions of their ops (``_op_override``, ``_backprop.hooked``)
+and, under ``plan.recompute``, recomputes the forward ops it crosses. It
+then applies the parameter-gradient transforms, appends the ``(gradient,
+variable)`` pairs of backward replacements, and gates the result. Every
+applied transform is recorded as a ``core._trace.TraceRecord``, which
+``plan.summaries()`` reads.
 """
 
 import contextlib
@@ -173,7 +174,7 @@ class _Executor:
                              scale=self.scale, later_scope=self._scope)
     self.overrides = _op_override.substitutions(
         self.loss, self.var_list, {(o.match, o.key): o.fn for o in rules.ops},
-        self.layer_of)
+        self.layer_of) if rules.ops else _op_override.Substitutions()
     self.vjp = GraphVJP(
         self.options.gradients_kwargs, self.overrides.fns,
         recompute=(None if rules.recompute is None

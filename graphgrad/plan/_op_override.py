@@ -6,9 +6,9 @@ other ``tf.gradients`` call on the graph are untouched, which
 ``gradient_override_map`` cannot promise; ops of imported graphs work too.
 GradientPlan declares overrides through its mixin :class:`OpOverriding`.
 This module resolves and checks the overridden ops (:func:`substitutions`);
-the engine substitutes each ``fn`` for the registered gradient function in
-every segment call that crosses its op (``_hooks``), so the gradient at an
-overridden op's outputs, summed over its consumers in that call, goes through
+the plan's VJP substitutes each ``fn`` for the registered gradient function
+in every call that crosses its op (``_backprop.hooked``), so the gradient at
+an overridden op's outputs, summed over its consumers in that call, goes through
 ``fn`` to its inputs. It also words the error for ops without a gradient.
 """
 
@@ -33,7 +33,7 @@ from graphgrad.analysis import _lost_overrides
 from graphgrad.analysis._no_gradient import ops_on_path, ops_without_gradient
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._gradients import input_grads, straight_through
-from graphgrad.plan import _hooks
+from graphgrad.plan._backprop import hooks_available
 
 GradFn = Callable[..., object]
 
@@ -221,7 +221,7 @@ def substitutions(loss: tf.Tensor, sources,
       TensorFlow whose gradient lookup fails graphgrad's self-test.
   """
   found = on_path(loss, sources, overrides, layer_of) if overrides else {}
-  if found and not _hooks.available():
+  if found and not hooks_available():
     raise _errors.GraphGradError(
         f"TensorFlow {tf.__version__} fails graphgrad's self-test of its "
         f"gradient-function lookup (see the logged warning), through which a "

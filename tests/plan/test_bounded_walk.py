@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import graphgrad as gg
 from graphgrad import _compat
-from graphgrad.plan import _reach
+from graphgrad.plan import _backprop, _engine
 from helpers import dense, evaluate
 
 tf1 = tf.compat.v1
@@ -37,9 +37,10 @@ def _plan(loss):
 
 
 def _build(bound, monkeypatch):
-  monkeypatch.setattr(_reach, "can_bound",
-                      (lambda ops: _compat.usable("reached_walk")) if bound
-                      else (lambda ops: False))
+  can = ((lambda ops: _compat.usable("reached_walk")) if bound
+         else (lambda ops: False))
+  monkeypatch.setattr(_backprop, "can_bound", can)
+  monkeypatch.setattr(_engine, "can_bound", can)
   with tf.Graph().as_default() as g:
     x, loss = _residual_net()
     grads = [gr for gr, _ in _plan(loss).compute_gradients()]
@@ -78,10 +79,10 @@ def test_v1_loops_are_not_bounded(graph, monkeypatch):
   x = tf1.placeholder(tf.float32, [4])
   _, out = tf1.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, h * 2.0),
                           [tf.constant(0), x])
-  assert not _reach.can_bound(graph.get_operations())
+  assert not _backprop.can_bound(graph.get_operations())
   with tf.Graph().as_default() as g2:
     tf.square(tf1.placeholder(tf.float32, [4]))
-    assert _reach.can_bound(g2.get_operations())
+    assert _backprop.can_bound(g2.get_operations())
 
 
 @pytest.mark.parametrize("depth", [4, 12])
@@ -90,7 +91,7 @@ def test_behind_stops_at_the_oldest_x(graph, depth):
   hs = [x]
   for i in range(depth):
     hs.append(dense(hs[-1], 3, f"l{i}", tf.tanh))
-  ops = _reach.behind([hs[-1]], [hs[-2]])
+  ops = _backprop.behind([hs[-1]], [hs[-2]])
   # Only the last layer's ops (and the tensor's producer) are behind it.
   assert {op.name.split("/")[0] for op in ops} <= {f"l{depth - 1}",
                                                    hs[-2].op.name.split("/")[0]}
@@ -115,9 +116,10 @@ def _loop_net():
 def test_bounded_walk_is_exact_through_a_functional_while_loop(monkeypatch):
   results = []
   for bound in (True, False):
-    monkeypatch.setattr(_reach, "can_bound",
-                        (lambda ops: _compat.usable("reached_walk")) if bound
-                        else (lambda ops: False))
+    can = ((lambda ops: _compat.usable("reached_walk")) if bound
+           else (lambda ops: False))
+    monkeypatch.setattr(_backprop, "can_bound", can)
+    monkeypatch.setattr(_engine, "can_bound", can)
     with tf.Graph().as_default() as g:
       x, loss = _loop_net()
       plan = gg.GradientPlan(loss)
