@@ -23,6 +23,7 @@ from typing import (
   Callable,
   ContextManager,
   Dict,
+  Iterator,
   List,
   NamedTuple,
   Optional,
@@ -41,7 +42,6 @@ from graphgrad.core._gradients import (
   weigh,
 )
 from graphgrad.core._rules import EdgeRule, LayerRule, Mode, ParameterRule
-from graphgrad.core._trace import TraceRecord
 from graphgrad.methods._replacement import BackwardContext, run_replacement
 from graphgrad.transforms import _checks
 from graphgrad.transforms._context import Resources, TransformContext
@@ -49,7 +49,7 @@ from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import Transform
 
 __all__ = ["BackwardPass", "FusedSite", "LayerCall", "LayerGrads", "Site",
-           "describe"]
+           "TraceRecord", "describe"]
 
 
 class Site(Protocol):
@@ -189,6 +189,39 @@ def sends_nothing(rule: Optional[EdgeRule]) -> bool:
   """True for an edge whose factor is 0: nothing reaches its lower layer,
   and the executor need not build what would."""
   return rule is not None and is_zero(rule.factor)
+
+
+class TraceRecord:
+  """One transform applied while a plan ran: context, before, after.
+
+  It unpacks as ``(context, before, after)``. Where the executor weighted a
+  linear rewrite by its factor instead of calling it, ``after`` is built on
+  first read (summaries, a gradient report): a plan that never reads it
+  builds no ops for it. ``scale`` is the loss scale ``before`` and
+  ``after`` are multiplied by, or ``None``.
+  """
+  __slots__ = ("context", "before", "scale", "_after", "_later")
+
+  def __init__(self, context: TransformContext, before: Gradient,
+               after: Gradient = None,
+               later: Optional[Callable[[], Gradient]] = None,
+               scale: Any = None):
+    self.context, self.before, self.scale = context, before, scale
+    self._after, self._later = after, later
+
+  @property
+  def after(self) -> Gradient:
+    """The transform's result."""
+    if self._later is not None:
+      self._after, self._later = self._later(), None
+    return self._after
+
+  def __iter__(self) -> Iterator[Any]:
+    return iter((self.context, self.before, self.after))
+
+  def __repr__(self) -> str:
+    return (f"TraceRecord({self.context.role!r}, layer="
+            f"{self.context.layer!r}, before={self.before!r})")
 
 
 class BackwardPass:

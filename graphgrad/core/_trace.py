@@ -1,8 +1,9 @@
-"""What a plan did to the gradients: the trace both executors record.
+"""What a plan did to the gradients: the figures of its trace.
 
-Each executor records a :class:`TraceRecord` for every transform it applies
-(a layer's upstream, an edge, a parameter gradient): where, the gradient
-before and the gradient after. :func:`figures` reads a trace and the plan's
+The backward pass records a ``TraceRecord`` (``core._layer_step``) for
+every transform it applies (a layer's upstream or inputs, an edge, a
+parameter gradient): where, the gradient before and the gradient after.
+:func:`figures` reads a trace and the plan's
 final ``(gradient, variable)`` pairs into the figures its summaries show,
 the same for ``GradientPlan.summaries()`` (``tf.compat.v1.summary``) and
 ``KerasPlan.summaries()`` (``tf.summary``): per layer the norm of its
@@ -17,7 +18,6 @@ from typing import (
   Any,
   Callable,
   Dict,
-  Iterator,
   List,
   Optional,
   Sequence,
@@ -27,40 +27,7 @@ from typing import (
 import tensorflow as tf
 
 from graphgrad._types import Gradient, gradient_values
-from graphgrad.transforms._context import TransformContext
-
-
-class TraceRecord:
-  """One transform applied while a plan ran: context, before, after.
-
-  It unpacks as ``(context, before, after)``. Where the executor weighted a
-  linear rewrite by its factor instead of calling it, ``after`` is built on
-  first read (summaries, a gradient report): a plan that never reads it
-  builds no ops for it. ``scale`` is the loss scale ``before`` and
-  ``after`` are multiplied by, or ``None``.
-  """
-  __slots__ = ("context", "before", "scale", "_after", "_later")
-
-  def __init__(self, context: TransformContext, before: Gradient,
-               after: Gradient = None,
-               later: Optional[Callable[[], Gradient]] = None,
-               scale: Any = None):
-    self.context, self.before, self.scale = context, before, scale
-    self._after, self._later = after, later
-
-  @property
-  def after(self) -> Gradient:
-    """The transform's result."""
-    if self._later is not None:
-      self._after, self._later = self._later(), None
-    return self._after
-
-  def __iter__(self) -> Iterator[Any]:
-    return iter((self.context, self.before, self.after))
-
-  def __repr__(self) -> str:
-    return (f"TraceRecord({self.context.role!r}, layer="
-            f"{self.context.layer!r}, before={self.before!r})")
+from graphgrad.core._layer_step import TraceRecord
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,31 +1,32 @@
 """Layer interception: what a plan tape does while the forward pass runs.
 
 While the tape is open, the ``call`` of every layer the plan names is
-replaced, on that layer instance only, by a wrapper that counts its calls and
+replaced, on that layer instance only, by a wrapper that counts its calls:
 
-* for a layer whose one declaration is a linear upstream rewrite and whose
-  call reads only its own variables, runs ``call`` on inputs whose gradient
-  is weighted (``_tape_linear``);
-* for any other rewritten layer, runs ``call`` inside ``tf.custom_gradient``
-  under an inner tape, whose gradient hands the complete ``dy`` at the
-  outputs to ``_tape_backward.backward_of_call`` (bypasses skip it);
-* for the lower layer of an edge, starts a *glue tape* on its outputs, which
+* a layer whose one rule is ``c * dy`` and whose call reads only its own
+  variables runs as it is on inputs whose gradient is weighted by ``c``
+  (:func:`scaled_input`); an identity on each output hands the gradient
+  there to core's step (:func:`observed`): a fused VJP;
+* any other rewritten layer runs inside ``tf.custom_gradient`` under an
+  inner tape, whose gradient hands ``dy`` to ``_tape_backward``;
+* the lower layer of an edge starts a *glue tape* on its outputs, which
   records only variable-free ops after it (``_tape_backward.edge_grads``);
-* under ``plan.recompute``, replays top-level calls (``_tape_recompute``),
-  a rewritten call with its backward pass on the replay's VJP.
+* under ``plan.recompute``, top-level calls are replayed
+  (``_tape_recompute``), a rewritten one on the replay's VJP.
 """
 
 import collections
 import contextlib
 import logging
-from typing import Dict, List, Optional
+import weakref
+from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
 
-from graphgrad.core._gradients import is_float
+from graphgrad.core._gradients import is_float, is_zero, weigh
 from graphgrad.core._layer_step import BackwardPass, FusedSite
 from graphgrad.core._rules import Mode
-from graphgrad.keras import _tape_linear, _tape_recompute
+from graphgrad.keras import _tape_recompute
 from graphgrad.keras._layer_index import (
   CallPatches,
   float_inputs,
@@ -36,6 +37,71 @@ from graphgrad.keras._tape_backward import backward_of_call, edge_grads
 from graphgrad.keras._tape_vjp import TapeVJP
 
 log = logging.getLogger("graphgrad")
+
+
+# layer -> whether its call reads only the layer's own variables.
+_READS_OWN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def reads_only_own(layer, call: Callable, args, kwargs, own) -> bool:
+  """Whether ``call(*args, **kwargs)`` reads no variable but ``own``.
+
+  Traced once per layer, the first time it is asked, in a graph of its own
+  (``tf.function(call).get_concrete_function``): no op runs, and the graph
+  being built is untouched, but Python side effects in ``call`` happen once
+  more. The answer is kept per layer object: a layer that starts reading
+  another layer's variable after that is not traced again. A call that
+  cannot be traced alone counts as reading others, so the layer takes the
+  general path.
+  """
+  known = _READS_OWN.get(layer)
+  if known is None:
+    mine = {v.ref() for v in own}
+    try:
+      traced = tf.function(call).get_concrete_function(*args, **kwargs)
+      known = all(v.ref() in mine for v in traced.variables)
+    except Exception as e:  # pylint: disable=broad-except
+      log.debug("graphgrad: %s cannot be traced alone (%s); it takes the "
+                "general path", getattr(layer, "name", layer), e)
+      known = False
+    _READS_OWN[layer] = known
+  return known
+
+
+def scaled_input(t: tf.Tensor, factor, plain: Callable[[], bool]):
+  """``t``, whose gradient is ``factor`` times what reaches it.
+
+  ``plain()`` is read when the gradient is built: while a plan computes
+  task gradients (plain backpropagation) the identity passes them as they
+  are. A factor of 0 sends nothing below.
+  """
+  @tf.custom_gradient
+  def scaled(x):
+    def grad(dy):
+      if plain():
+        return dy
+      return None if is_zero(factor) else weigh(dy, factor)
+    return tf.identity(x), grad
+  return scaled(t)
+
+
+def observed(t: tf.Tensor, record: Callable) -> tf.Tensor:
+  """``t`` through an identity whose gradient is what reaches it, handed
+  to ``record(t, dy)`` on the way (a Keras mask stays on the output)."""
+  @tf.custom_gradient
+  def seen(x):
+    def grad(dy):
+      record(t, dy)
+      return dy
+    return tf.identity(x), grad
+  out = seen(t)
+  mask = getattr(t, "_keras_mask", None)
+  if mask is not None:
+    try:
+      out._keras_mask = mask  # pylint: disable=protected-access
+    except AttributeError:
+      pass
+  return out
 
 
 class BackwardStep(BackwardPass):
@@ -181,7 +247,7 @@ class Interceptor:
       pause = (bool(self.edges) and path not in self._no_pause
                and holds_variables(layer))
       with self._pausing(pause):
-        light = path in self.light and _tape_linear.reads_only_own(
+        light = path in self.light and reads_only_own(
             layer, call, args, kwargs, self.plan.own_variables(path))
         if light:
           args, kwargs = self._scaled_inputs(path, args, kwargs)
@@ -234,7 +300,7 @@ class Interceptor:
     """``(args, kwargs)`` whose gradient the factor weights: the layer runs
     as it is (or recomputed) on them."""
     factor = self.light[path]
-    flat = [_tape_linear.scaled_input(a, factor, lambda: self._step.plain)
+    flat = [scaled_input(a, factor, lambda: self._step.plain)
             if is_float(a) else a for a in tf.nest.flatten((args, kwargs))]
     return tf.nest.pack_sequence_as((args, kwargs), flat)
 
@@ -248,7 +314,7 @@ class Interceptor:
     def record(t, dy):
       self._step.layer_backward(rule, FusedSite([t]), [dy])
 
-    flat = [_tape_linear.observed(t, record) if is_float(t) else t
+    flat = [observed(t, record) if is_float(t) else t
             for t in tf.nest.flatten(out)]
     return tf.nest.pack_sequence_as(out, flat)
 

@@ -26,9 +26,9 @@ from graphgrad.core import _logged_advice
 from graphgrad.core._declaration_model import Declarations
 from graphgrad.core._declaring import Declaring, LayerRef
 from graphgrad.core._inert import bottom_layer_advice
+from graphgrad.core._layer_step import TraceRecord
 from graphgrad.core._privacy import NoiseCounter
 from graphgrad.core._rules import CompiledRules, PlanRules
-from graphgrad.core._trace import TraceRecord
 from graphgrad.keras import (
   _fit,
   _loss_scale,

@@ -20,10 +20,10 @@ import tensorflow as tf
 
 from graphgrad import _errors
 from graphgrad.core._gradients import add_dense, dense
+from graphgrad.core._layer_step import TraceRecord
 from graphgrad.core._privacy import check_per_example_loss, private_gradients
 from graphgrad.core._rules import ParameterRule, PlanRules
 from graphgrad.core._task_combination import call_deltas, combined_parameters
-from graphgrad.core._trace import TraceRecord
 from graphgrad.keras import _loss_scale, _privatize_tape, _tape_checks
 from graphgrad.keras._intercept import BackwardStep, Interceptor
 from graphgrad.keras._layer_index import tf_variable

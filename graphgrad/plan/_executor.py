@@ -10,7 +10,7 @@ gradient functions of their ops (``_op_override``, ``_backprop.hooked``)
 and, under ``plan.recompute``, recomputes the forward ops it crosses. It
 then applies the parameter-gradient transforms, appends the ``(gradient,
 variable)`` pairs of backward replacements, and gates the result. Every
-applied transform is recorded as a ``core._trace.TraceRecord``, which
+applied transform is recorded as a ``core._layer_step.TraceRecord``, which
 ``plan.summaries()`` reads.
 """
 
@@ -35,10 +35,9 @@ from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.analysis._no_gradient import ops_without_gradient
 from graphgrad.core import _privacy
 from graphgrad.core._gradients import aggregate
-from graphgrad.core._layer_step import BackwardPass
+from graphgrad.core._layer_step import BackwardPass, TraceRecord
 from graphgrad.core._rules import PlanRules, TaskRule
 from graphgrad.core._task_combination import combined_parameters
-from graphgrad.core._trace import TraceRecord
 from graphgrad.plan import (
   _loss_scale_optimizer,
   _op_override,

@@ -26,9 +26,9 @@ from graphgrad.analysis._analyze import analyze
 from graphgrad.analysis._graph_mode import check_graph_mode
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.core._declaration_model import Declarations
+from graphgrad.core._layer_step import TraceRecord
 from graphgrad.core._privacy import check_per_example_loss
 from graphgrad.core._rules import CompiledRules, PlanRules
-from graphgrad.core._trace import TraceRecord
 from graphgrad.plan import (
   _advice,
   _arguments,

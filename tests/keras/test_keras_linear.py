@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import graphgrad as gg
-from graphgrad.keras import _tape_linear
+from graphgrad.keras import _intercept
 from helpers import opaque
 
 T = gg.transforms
@@ -274,7 +274,7 @@ def test_a_layer_reading_another_layers_variable_weights_that_share_too(
   got = (tf.function(step) if traced else step)(x)
   # The layer cannot run unintercepted: l1's kernel, read inside it, must
   # get half of what it gets there, as l1's output does.
-  assert _tape_linear._READS_OWN[model.tied] is False  # pylint: disable=protected-access
+  assert _intercept._READS_OWN[model.tied] is False  # pylint: disable=protected-access
   with tf.GradientTape() as tape:
     loss = _loss(model(x))
   plain = tape.gradient(loss, model.trainable_variables)
@@ -295,7 +295,7 @@ def test_a_dense_layer_runs_unintercepted_in_eager_mode(transform):
   with plan.tape() as tape:
     loss = _loss(model(x))
   got = tape.gradient(loss)
-  assert _tape_linear._READS_OWN[model.l2] is True  # pylint: disable=protected-access
+  assert _intercept._READS_OWN[model.l2] is True  # pylint: disable=protected-access
   model.factors[entries[0]] = c
   with tf.GradientTape() as tape:
     loss = _loss(model(x))
