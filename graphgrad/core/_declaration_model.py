@@ -34,11 +34,11 @@ from typing import (
 
 from graphgrad import _errors
 from graphgrad.methods._mtl_base import as_task_method
-from graphgrad.transforms._checks import compose, not_group
 from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import (
   Transform,
   as_transform,
+  compose,
   is_identity,
 )
 
@@ -659,7 +659,12 @@ class Declarations:
 
   @staticmethod
   def _per_tensor(fn, method: str) -> Transform:
-    not_group(fn, method)
+    """``fn`` as a transform of one gradient; a group transform is refused."""
+    if isinstance(fn, GroupTransform):
+      raise _errors.GraphGradError(
+          f"{method}: {fn!r} is a group transform, which rewrites a layer's "
+          f"parameter gradients together; it has no meaning for one upstream "
+          f"or edge gradient. Use plan.transform_gradients(layer, {fn!r}).")
     return as_transform(fn)
 
 

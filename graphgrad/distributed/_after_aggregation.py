@@ -23,13 +23,13 @@ from graphgrad import _errors
 from graphgrad.analysis._layer_graph import LayerGraph
 from graphgrad.plan import _optimizer, _sync_privacy
 from graphgrad.transforms._checks import checked as _checked
-from graphgrad.transforms._checks import compose as _compose
 from graphgrad.transforms._context import Resources
 from graphgrad.transforms._transforms import (
   Transform,
   TransformContext,
   as_transform,
 )
+from graphgrad.transforms._transforms import compose as _compose
 
 
 class AfterAggregation(tf.compat.v1.train.Optimizer):

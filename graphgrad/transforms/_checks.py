@@ -17,22 +17,7 @@ from graphgrad.transforms._transforms import (
   Transform,
   TransformContext,
   _Fn,
-  chain,
 )
-
-
-def compose(fns: Sequence[Transform]) -> Transform:
-  """One transform applying ``fns`` in order."""
-  return fns[0] if len(fns) == 1 else chain(*fns)
-
-
-def not_group(fn, method: str) -> None:
-  """Refuses a group transform where one gradient is rewritten."""
-  if isinstance(fn, GroupTransform):
-    raise _errors.GraphGradError(
-        f"{method}: {fn!r} is a group transform, which rewrites a layer's "
-        f"parameter gradients together; it has no meaning for one upstream "
-        f"or edge gradient. Use plan.transform_gradients(layer, {fn!r}).")
 
 
 def checked(fn: Transform, grad: Gradient, ctx: TransformContext,

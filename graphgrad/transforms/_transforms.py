@@ -12,7 +12,7 @@ applied. Stateless transforms ignore it; annealed noise reads its global step,
 and a stateful transform keeps what it creates in its ``resources``.
 """
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -382,6 +382,11 @@ def chain(*transforms) -> Transform:
     except _errors.GraphGradError as e:
       raise _errors.GraphGradError(f"chain: argument {i}: {e}") from None
   return _Chain(out)
+
+
+def compose(fns: Sequence[Transform]) -> Transform:
+  """One transform applying ``fns`` in order (the one itself if alone)."""
+  return fns[0] if len(fns) == 1 else chain(*fns)
 
 
 def is_identity(transform: Transform) -> bool:
