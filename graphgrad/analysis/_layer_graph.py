@@ -139,7 +139,9 @@ class LayerGraph:
       LayerNotFoundError: otherwise; the message says when ``name`` holds
         only non-trainable variables or is a sub-scope of a layer.
     """
-    return _layer_names.lookup(self, name, arg)
+    if isinstance(name, str) and name in self._by_name:
+      return name
+    raise _layer_names.not_a_layer(self, name, arg)
 
   def __contains__(self, name) -> bool:
     return name in self._by_name

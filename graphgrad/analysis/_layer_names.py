@@ -20,27 +20,24 @@ def _scoped(variables, name: str) -> List[tf.Variable]:
           if v.op.name == name or v.op.name.startswith(name + "/")]
 
 
-def lookup(net, name, arg: str) -> str:
-  """The layer called ``name``, or an error that says why there is none.
+def not_a_layer(net, name, arg: str) -> _errors.GraphGradError:
+  """The error that says why ``name`` (passed as ``arg``) names no layer.
 
-  Raises:
-    GraphGradError: if ``name`` is not a string.
-    NotConnectedError: if ``name`` holds trainable variables that the loss
-      does not depend on.
-    LayerNotFoundError: otherwise, saying when the scope holds only
-      non-trainable variables or lies inside a layer.
+  Returns:
+    A ``GraphGradError`` if ``name`` is not a string; a
+    ``NotConnectedError`` if it holds trainable variables that the loss
+    does not depend on; else a ``LayerNotFoundError``, saying when the
+    scope holds only non-trainable variables or lies inside a layer.
   """
   if not isinstance(name, str):
-    raise _errors.GraphGradError(
+    return _errors.GraphGradError(
         f"`{arg}` must be a layer name (str); got {type(name).__name__} "
         f"{name!r}. Known layers: {', '.join(net.names)}")
-  if name in net:
-    return name
   graph = net.loss.graph
   trainable = [v for v in _scoped(_graph_util.trainable_variables(graph), name)
                if net.layer_of_variable(v) is None]
   if trainable:
-    raise _errors.NotConnectedError(
+    return _errors.NotConnectedError(
         f"`{arg}` {name!r} names variables "
         f"({', '.join(v.name for v in trainable)}) that the loss "
         f"{net.loss.name} does not depend on, so the layer does not reach the "
@@ -51,7 +48,7 @@ def lookup(net, name, arg: str) -> str:
       tf.compat.v1.GraphKeys.GLOBAL_VARIABLES), name)
             if v.op.name not in trainable_names]
   if frozen and not _scoped(net.variables, name):
-    raise _errors.LayerNotFoundError(
+    return _errors.LayerNotFoundError(
         f"`{arg}` {name!r} holds only non-trainable variables "
         f"({', '.join(v.name for v in frozen[:6])}), which get no gradient, "
         f"so it is not a layer of the plan. Make them trainable "
@@ -60,7 +57,7 @@ def lookup(net, name, arg: str) -> str:
   holder = [net.layer_of_variable(v) for v in net.variables
             if v.op.name == name.split(":")[0]]
   if holder:
-    raise _errors.LayerNotFoundError(
+    return _errors.LayerNotFoundError(
         f"`{arg}` {name!r} is a variable of the layer {holder[0]!r}, not a "
         f"layer: a variable with no scope of its own belongs to the layer of "
         f"the op that uses it, named after that op. Declare on "
@@ -68,12 +65,12 @@ def lookup(net, name, arg: str) -> str:
         f"gg.analyze(loss, layers={{'name': [variables]}}).")
   inside = [l.name for l in net.layers if name.startswith(l.name + "/")]
   if inside:
-    raise _errors.LayerNotFoundError(
+    return _errors.LayerNotFoundError(
         f"`{arg}` {name!r} lies inside the layer {inside[-1]!r} (its "
         f"variables were grouped, e.g. by depth=). Transform {inside[-1]!r}, "
         f"or analyse with a larger depth= or layers= to make {name!r} a "
         f"layer of its own.")
-  raise _errors.layer_not_found(name, net.names)
+  return _errors.layer_not_found(name, net.names)
 
 
 def layers_of(net, keys) -> List[str]:
