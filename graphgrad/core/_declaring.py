@@ -88,7 +88,7 @@ class Declaring:
     On a GradientPlan, the inputs are the tensors the layer's ops read from
     outside it; on a KerasPlan, the floating-point inputs of its ``call``.
     The layers warn and refuse as for :meth:`transform_upstream`, whose
-    checks they share (their messages name ``transform_upstream``).
+    checks they share.
 
     Args:
       layer: layer name; on a KerasPlan, a Keras layer name (or
@@ -123,7 +123,8 @@ class Declaring:
     """
     name = self._declarations.resolve(layer, "layer")
     self._declarations.add_inputs(
-        name, fn, validate=lambda: self._check_upstream(name))
+        name, fn,
+        validate=lambda: self._check_upstream(name, "transform_inputs"))
     return self
 
   def transform_gradients(self: _P,
@@ -439,8 +440,10 @@ class Declaring:
   def _check_first(self, method: str, caller: str) -> None:
     """Checks ``method`` before the shared checks (``caller`` names it)."""
 
-  def _check_upstream(self, name: str) -> None:
-    """Checks ``transform_upstream`` on the layer ``name``."""
+  def _check_upstream(self, name: str,
+                      method: str = "transform_upstream") -> None:
+    """Checks ``method`` (``transform_upstream`` or ``transform_inputs``,
+    a transform of what passes through the layer) on the layer ``name``."""
 
   def _check_gradients(self, layers: Union[str, Tuple[str, ...]]) -> None:
     """Checks ``transform_gradients`` on a layer, or a group's names."""

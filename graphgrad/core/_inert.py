@@ -9,12 +9,16 @@ The message names the layer and the likely intent.
 from typing import Sequence
 
 
-def bottom_layer_advice(name: str, above: Sequence[str] = ()) -> str:
-  """The warning for ``transform_upstream(name)`` with nothing below.
+def bottom_layer_advice(name: str, above: Sequence[str] = (),
+                        method: str = "transform_upstream") -> str:
+  """The warning for ``method(name)`` with nothing below: a transform of
+  what passes through the layer (``transform_upstream``,
+  ``transform_inputs``).
 
   Args:
     name: the layer.
     above: the layers that consume its output, where known.
+    method: the declaration.
 
   Example:
     >>> print(bottom_layer_advice("l1", ["l2"]))
@@ -29,7 +33,7 @@ def bottom_layer_advice(name: str, above: Sequence[str] = ()) -> str:
     upper = " or ".join(f"transform_upstream({u!r}, fn)" for u in above)
   else:
     upper = "transform_upstream(<the layer that consumes its output>, fn)"
-  return (f"transform_upstream({name!r}) changes nothing: no layer with "
+  return (f"{method}({name!r}) changes nothing: no layer with "
           f"trainable variables lies below {name!r}, and its own parameters "
           f"get the unmodified upstream gradient. For {name}'s parameter "
           f"gradients declare transform_gradients({name!r}, fn); for what "

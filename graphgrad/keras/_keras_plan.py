@@ -209,11 +209,12 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
 
   # -- checks of the declarations (core._declaring's hooks) ---------------
 
-  def _check_upstream(self, name: str) -> None:
+  def _check_upstream(self, name: str,
+                      method: str = "transform_upstream") -> None:
     bottom, above = nothing_below(self._model, name)
-    if bottom and name not in self._warned_bottom:
-      self._warned_bottom.add(name)
-      log.warning("%s", bottom_layer_advice(name, above))
+    if bottom and (method, name) not in self._warned_bottom:
+      self._warned_bottom.add((method, name))
+      log.warning("%s", bottom_layer_advice(name, above, method))
 
   def _check_gradients(self, layers: Union[str, Tuple[str, ...]]) -> None:
     if isinstance(layers, tuple):

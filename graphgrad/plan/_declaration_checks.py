@@ -100,7 +100,8 @@ def no_gradient_reason(net, method: str, name: str,
            for o in behind):
       return None
     return "its boundary tensors depend on no trainable variable"
-  if method not in ("transform_upstream", "replace_backward"):
+  if method not in ("transform_upstream", "transform_inputs",
+                    "replace_backward"):
     return None  # combine_tasks: the layer's own parameters see the result
   layer = net[name]
   below = any(p != name for p in net.graph.predecessors(name))
@@ -162,11 +163,11 @@ def check_declaration(net, method: str, name: str,
   reason = no_gradient_reason(net, method, name, upper)
   key = (method, name)
   warned = _WARNED.setdefault(net, set())
-  if (method == "transform_upstream" and reason is None
+  if (method in ("transform_upstream", "transform_inputs") and reason is None
       and key not in warned and not nx.ancestors(net.graph, name)):
     warned.add(key)
     log.warning("%s", bottom_layer_advice(
-        name, sorted(net.graph.successors(name))))
+        name, sorted(net.graph.successors(name)), method))
   if reason is not None and key not in warned:
     warned.add(key)
     log.warning("%s(%r) changes nothing below the layer: %s. Group the "
@@ -198,16 +199,19 @@ def warn_without_gradient(net: LayerGraph, grads_and_vars) -> bool:
   return True
 
 
-def check_float_output(net: LayerGraph, name: str) -> None:
-  """Refuses ``transform_upstream`` on a layer with no float output.
+def check_float_output(net: LayerGraph, name: str,
+                       method: str = "transform_upstream") -> None:
+  """Refuses ``method`` (``transform_upstream``, ``transform_inputs``) on a
+  layer with no float output.
 
   Raises:
     GraphGradError: if no output of the layer is differentiable.
   """
   if not any(_graph_util.differentiable(t) for t in net[name].outputs):
+    what = ("no upstream gradient to rewrite" if method == "transform_upstream"
+            else "no gradient it sends to its inputs")
     raise _errors.GraphGradError(
-        f"transform_upstream: layer {name!r} has no floating-point output "
-        f"on the way to the loss, so there is no upstream gradient to "
-        f"rewrite. Use transform_gradients({name!r}, fn) for its "
-        f"parameter gradients.")
+        f"{method}: layer {name!r} has no floating-point output on the way "
+        f"to the loss, so there is {what}. Use "
+        f"transform_gradients({name!r}, fn) for its parameter gradients.")
 

@@ -276,10 +276,11 @@ class GradientPlan(TrainingMethods, OpOverriding):
 
     return read
 
-  def _check_upstream(self, name: str) -> None:
+  def _check_upstream(self, name: str,
+                      method: str = "transform_upstream") -> None:
     _declaration_checks.check_declaration(
-        self.net, "transform_upstream", name,
-        then=lambda: _declaration_checks.check_float_output(self.net, name))
+        self.net, method, name, then=lambda: (
+            _declaration_checks.check_float_output(self.net, name, method)))
 
   def _check_edge(self, lower: str, upper: str) -> None:
     # Raises with the real neighbours when the layer graph has no edge.

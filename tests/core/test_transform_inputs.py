@@ -359,11 +359,57 @@ def test_refuses_a_group_transform_and_a_built_plan():
   assert not plan.declarations.inputs
 
 
-def test_bottom_layer_of_a_keras_model_warns_as_transform_upstream(K, caplog):
+_BOTTOM = ("transform_inputs('l1') changes nothing: no layer with trainable "
+           "variables lies below 'l1', and its own parameters get the "
+           "unmodified upstream gradient.")
+
+
+def test_bottom_layer_of_a_keras_model_warns_once_by_its_name(K, caplog):
   model = _keras_model(K)
   with caplog.at_level(logging.WARNING, logger="graphgrad"):
-    gg.KerasPlan(model).transform_inputs("l1", gg.transforms.scale(2.0))
-  assert "l1" in caplog.text
+    plan = gg.KerasPlan(model)
+    for _ in range(2):
+      plan.transform_inputs("l1", gg.transforms.scale(2.0))
+    plan.transform_upstream("l1", gg.transforms.scale(2.0))
+  messages = [r.getMessage() for r in caplog.records]
+  assert len(messages) == 2
+  assert messages[0].startswith(_BOTTOM)
+  assert messages[1].startswith("transform_upstream('l1') changes nothing")
+
+
+def test_bottom_layer_of_a_tf_graph_warns_once_by_its_name(caplog):
+  with tf.Graph().as_default():
+    _, _, loss = _tf1_net()
+    net = gg.analyze(loss)
+    with caplog.at_level(logging.WARNING, logger="graphgrad"):
+      for _ in range(2):
+        gg.GradientPlan(loss, net).transform_inputs(
+            "l1", gg.transforms.scale(2.0))
+  (message,) = [r.getMessage() for r in caplog.records]
+  assert message.startswith(_BOTTOM)
+
+
+@pytest.mark.parametrize("method,what", [
+    ("transform_upstream", "no upstream gradient to rewrite"),
+    ("transform_inputs", "no gradient it sends to its inputs")])
+def test_a_layer_with_no_float_output_is_refused_by_its_name(method, what):
+  """``picker``'s only output on the way to the loss is an argmax."""
+  with tf.Graph().as_default():
+    x = tf.constant(X[:, :3])
+    with tf1.variable_scope("picker"):
+      w = tf1.get_variable("w", initializer=np.eye(3, dtype=np.float32))
+      idx = tf.argmax(tf.matmul(x, w), axis=1)
+    with tf1.variable_scope("emb"):
+      e = tf1.get_variable("e", initializer=np.ones((3, 2), np.float32))
+      loss = tf.reduce_sum(tf.square(tf.gather(e, idx)))
+    plan = gg.GradientPlan(loss)
+    with pytest.raises(gg.GraphGradError) as raised:
+      getattr(plan, method)("picker", gg.transforms.scale(2.0))
+  assert str(raised.value) == (
+      f"{method}: layer 'picker' has no floating-point output on the way to "
+      f"the loss, so there is {what}. Use transform_gradients('picker', fn) "
+      f"for its parameter gradients.")
+  assert not plan.declarations.upstream and not plan.declarations.inputs
 
 
 def test_the_advice_and_the_loss_scale_policy_read_it_with_the_others(
