@@ -576,8 +576,11 @@ class NoiseCounter:
   executor makes it where it applies the noise (a ``tf.Graph`` plan's build,
   the chief's update under ``SyncReplicasOptimizer``, a ``KerasPlan``'s
   ``privatize``, under the strategy scope it is declared in), once, so that
-  its steps never repeat a draw; compiling makes no variable. It is a plain
-  object, not a ``tf.Module``: a Keras plan's checkpoint does not hold it.
+  its steps never repeat a draw; compiling makes no variable. It is saved
+  with the plan: a ``tf.Graph`` plan's as a global variable, a
+  ``KerasPlan``'s in ``tf.train.Checkpoint(plan=plan)`` (the plan tracks
+  the variable), so a resumed run goes on counting instead of repeating,
+  with the same seed, the draws of its first steps.
 
   Args:
     name: name of the variable.

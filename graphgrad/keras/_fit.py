@@ -718,12 +718,16 @@ class _PlanStateMixin:
     self._status = None
 
   def _checkpoint(self):
-    """What of the plan a backup saves: method variables and a step of its
-    own (``optimizer.iterations`` is saved with the optimizer already)."""
-    tracked: Dict[str, Any] = {"methods": self._attached.plan.method_variables}
+    """What of the plan a backup saves: method variables, a step of its
+    own (``optimizer.iterations`` is saved with the optimizer already) and
+    ``privatize``'s noise step."""
+    plan = self._attached.plan
+    tracked: Dict[str, Any] = {"methods": plan.method_variables}
     step = self._attached.step_tensor()
     if isinstance(step, tf.Variable):
       tracked["step"] = step
+    if plan.noise_step is not None:
+      tracked["noise_step"] = plan.noise_step
     return tf.train.Checkpoint(**tracked)
 
   def on_train_begin(self, logs=None):

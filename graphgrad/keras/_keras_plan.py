@@ -124,6 +124,7 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     self._warned_bottom: set = set()
     # The steps privatize's noise has drawn for, kept across every tape.
     self._noise_counter: Optional[NoiseCounter] = None
+    self._noise_step: Optional[tf.Variable] = None  # its variable, tracked
     self._eager_recompute_logged = False
     self._warned_adaptive = False
 
@@ -394,6 +395,8 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
     # declared in, for every tape to draw with.
     with tf.name_scope(self.name):
       self._noise_counter = NoiseCounter()
+    # Tracked by the plan (a tf.Module): see noise_step.
+    self._noise_step = self._noise_counter.variable
 
   # -- running -------------------------------------------------------------
 
@@ -584,6 +587,15 @@ class KerasPlan(tf.Module, Declaring, LayerOverriding):
   def method_variables(self) -> _methods.MethodVariables:
     """The variables of the training methods, made on the first step."""
     return self._methods
+
+  @property
+  def noise_step(self) -> Optional[tf.Variable]:
+    """The steps ``privatize``'s noise has drawn for (``None`` before
+    ``privatize``): an int64 variable each private step increments, and
+    the noise's seed with the key. ``tf.train.Checkpoint(plan=plan)`` and
+    a ``fit``'s ``BackupAndRestore`` save it, so that a resumed run never
+    draws a step's noise twice."""
+    return self._noise_step
 
   @property
   def feedback_matrices(self) -> Dict[str, tf.Variable]:

@@ -551,3 +551,75 @@ def test_an_example_of_any_finite_scale_is_clipped_to_c(K, function):
   x[3, 0] = np.nan  # one NaN example: every gradient NaN, nothing dropped
   for g in step(tf.constant(x), tf.constant(t)):
     assert np.isnan(g.numpy()).all()
+
+
+def test_a_run_resumed_from_a_checkpoint_draws_new_noise(tmp_path):
+  """With a seed, three steps in one run give the weights of two steps, a
+  checkpoint of the model, optimizer and plan, and one step of new objects
+  restored from it: the restored plan counts on from step 2 instead of
+  drawing step 1's noise again (which it did before the plan tracked its
+  noise counter)."""
+  K = tf.keras
+  x, t = normal(B, 4), normal(B, 2, seed=1)
+
+  def run(steps, restore=None, save=None):
+    model = K.Sequential([K.Input((4,)), K.layers.Dense(
+        2, kernel_initializer=K.initializers.Constant(0.1))])
+    opt = K.optimizers.SGD(0.1)
+    plan = gg.KerasPlan(model).privatize(1.0, 1.0, seed=3)
+    ckpt = tf.train.Checkpoint(model=model, opt=opt, plan=plan)
+    if restore is not None:
+      ckpt.restore(restore)
+    for _ in range(steps):
+      with plan.tape() as tape:
+        loss = tf.reduce_sum(tf.square(model(x) - t), axis=1)
+      opt.apply_gradients(zip(tape.gradient(loss), model.trainable_variables))
+    if save is not None:
+      return ckpt.write(save)
+    return [v.numpy() for v in model.trainable_variables]
+
+  straight = run(3)
+  path = run(2, save=str(tmp_path / "ckpt"))
+  resumed = run(1, restore=path)
+  for a, b in zip(resumed, straight):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+class _Stop(Exception):
+  pass
+
+
+def test_fit_resumed_by_backup_and_restore_draws_new_noise(K, tmp_path):
+  """As the checkpoint test, through fit: an interrupted private fit with
+  ``BackupAndRestore``, run again, ends where the uninterrupted one does."""
+  x, y = normal(12, 3, seed=1), normal(12, 2, seed=2)
+  start = None
+
+  def fit(callbacks):
+    nonlocal start
+    model = K.Sequential([K.Input((3,)), K.layers.Dense(5, activation="tanh"),
+                          K.layers.Dense(2)])
+    if start is None:
+      start = model.get_weights()
+    model.set_weights(start)
+    model.compile(optimizer=K.optimizers.SGD(0.5), loss="mse")
+    plan = gg.KerasPlan(model).privatize(0.4, 1.0, seed=5).attach()
+    model.fit(x, y, batch_size=4, epochs=3, shuffle=False, verbose=0,
+              callbacks=callbacks)
+    return model, plan
+
+  whole, plan = fit([])
+  assert int(plan.noise_step.numpy()) == 9
+
+  class Stop(K.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+      if epoch == 1:
+        raise _Stop()
+
+  backup = str(tmp_path / "backup")
+  with pytest.raises(_Stop):
+    fit([K.callbacks.BackupAndRestore(backup), Stop()])
+  resumed, plan = fit([K.callbacks.BackupAndRestore(backup)])
+  assert int(plan.noise_step.numpy()) == 9
+  for a, b in zip(resumed.get_weights(), whole.get_weights()):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
