@@ -41,8 +41,8 @@ class Highlights:
   Attributes:
     layers: layer name -> extra label lines; those layers are filled.
     edges: ``(lower, upper)`` -> extra label; those edges are drawn thick.
-    upstream: layers whose rewritten upstream gradient goes below them; the
-      edges into them are dashed.
+    upstream: layers that send a rewritten gradient below them (an upstream
+      or input transform); the edges into them are dashed.
   """
   layers: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
   edges: Mapping[Tuple[str, str], str] = dataclasses.field(

@@ -126,3 +126,14 @@ def test_draw_without_graphviz_or_matplotlib_says_what_to_install(
                      match=r"neither Graphviz \(off\) nor matplotlib"
                            r".*graphgrad\[draw\]"):
     net.draw(str(tmp_path / "x.png"), graphviz=False)
+
+
+def test_dot_labels_an_input_transform_and_dashes_the_edges_below(graph):
+  net = _dann_net()
+  plan = gg.GradientPlan(net.loss, net).transform_inputs(
+      "label_head", gg.transforms.clip_by_norm(1.0))
+  nodes, edges = _parse(plan.to_dot())
+  assert edges[("features", "label_head")].get("style") == "dashed"
+  assert edges[("features", "domain_head")].get("style") is None
+  assert nodes["label_head"].get("fillcolor").strip('"') == _draw._HOT
+  assert "inputs: clip_by_norm(1.0)" in _label(nodes["label_head"])
