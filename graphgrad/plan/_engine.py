@@ -266,6 +266,12 @@ class Segments:
 class Spans:
   """Finds the spans of a schedule and the hooks of each.
 
+  A layer whose only declaration is a linear upstream rewrite, and whose
+  outputs only the layer above it feeds, needs no cut: its outputs'
+  gradient is complete as soon as that layer has been backpropagated. A
+  *span* is a maximal run of such layers, from the top down, optionally led
+  by the op group of the loss, which one segment call covers.
+
   Args:
     cuts: the plan's cuts and cut groups, on its layer graph and variables.
     factors: layer -> the factor of its linear upstream rewrite.
