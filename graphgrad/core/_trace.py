@@ -3,9 +3,9 @@
 The backward pass records a ``TraceRecord`` (``core._layer_step``) for
 every transform it applies (a layer's upstream or inputs, an edge, a
 parameter gradient): where, the gradient before and the gradient after.
-:func:`figures` reads a trace and the plan's
-final ``(gradient, variable)`` pairs into the figures its summaries show,
-the same for ``GradientPlan.summaries()`` (``tf.compat.v1.summary``) and
+:func:`figures` reads a trace and the plan's final ``(gradient,
+variable)`` pairs into the figures its summaries show, the same for
+``GradientPlan.summaries()`` (``tf.compat.v1.summary``) and
 ``KerasPlan.summaries()`` (``tf.summary``): per layer the norm of its
 parameter gradients before and after its own transforms, and at every
 rewritten upstream, layer's inputs or edge the norm before and after.

@@ -153,7 +153,7 @@ class Interceptor:
     # Layers whose backward pass is their own.
     self.custom = {p for p, r in rules.layers.items() if r.cut}
     # Layers whose one rule is a linear upstream rewrite: they may run
-    # uninterrupted on inputs scaled in the backward pass (_linear).
+    # uninterrupted on inputs scaled in the backward pass (scaled_input).
     self.light = {p: r.factor for p, r in rules.layers.items()
                   if r.mode is Mode.LINEAR and not r.special}
     self.calls: collections.Counter = collections.Counter()
