@@ -49,7 +49,7 @@ from graphgrad.transforms._group import GroupTransform
 from graphgrad.transforms._transforms import Transform
 
 __all__ = ["BackwardPass", "FusedSite", "LayerCall", "LayerGrads", "Site",
-           "TraceRecord", "describe"]
+           "TraceRecord", "describe", "split_vjp"]
 
 
 class Site(Protocol):
@@ -178,6 +178,29 @@ class LayerGrads:
   inputs: Optional[List]
   own: List
   other: List
+
+
+def split_vjp(call: Callable[[List, List], Sequence], inputs: Sequence,
+              own: Sequence, other: Sequence, want_inputs: bool,
+              want_own: bool, want_other: bool) -> Tuple[List, List, List]:
+  """A :meth:`Site.vjp` from one differentiating call of the executor.
+
+  Args:
+    call: ``(xs, variables) -> one gradient per entry of xs + variables``.
+    inputs, own, other: the layer's inputs, own variables and the other
+      variables it reads (in the executor's terms: tensors, variables or
+      their names).
+    want_inputs, want_own, want_other: which of the three to differentiate.
+
+  Returns:
+    The gradients for the inputs, own and other variables, each list empty
+    where not asked for.
+  """
+  xs = list(inputs) if want_inputs else []
+  vs = (list(own) if want_own else []) + (list(other) if want_other else [])
+  res = call(xs, vs)
+  n, m = len(xs), len(own) if want_own else 0
+  return list(res[:n]), list(res[n:n + m]), list(res[n + m:])
 
 
 def describe(t) -> str:

@@ -19,6 +19,7 @@ from typing import List
 import tensorflow as tf
 
 from graphgrad.core._gradients import add_dense, dense, is_float
+from graphgrad.core._layer_step import split_vjp
 from graphgrad.core._rules import LayerRule, Mode
 from graphgrad.keras import _methods
 
@@ -41,11 +42,9 @@ class _CallSite:
     return self.run.plan.layers
 
   def vjp(self, grads, inputs: bool, own: bool, other: bool):
-    xs = list(self.inputs) if inputs else []
-    vs = (self.own if own else []) + (self.other if other else [])
-    res = self.inner.vjp(self.outputs, xs + vs, grads)
-    n, m = len(xs), len(self.own) if own else 0
-    return list(res[:n]), list(res[n:n + m]), list(res[n + m:])
+    return split_vjp(
+        lambda xs, vs: self.inner.vjp(self.outputs, xs + vs, grads),
+        self.inputs, self.own, self.other, inputs, own, other)
 
   def task_deltas(self, grads):
     # Combined over every call of the layer before the step (_tape).

@@ -28,6 +28,7 @@ from graphgrad.core._layer_step import (
   BackwardPass,
   FusedSite,
   sends_nothing,
+  split_vjp,
 )
 from graphgrad.core._rules import EdgeRule, LayerRule, Mode, PlanRules
 from graphgrad.core._task_combination import call_deltas
@@ -66,11 +67,10 @@ class _SegmentSite:
     return self.segments.net[self.rule.layer]
 
   def vjp(self, grads, inputs: bool, own: bool, other: bool):
-    xs = self.inputs if inputs else []
-    names = (self.own if own else []) + (self.other if other else [])
-    res = self.bp.call(self.outputs, grads, xs, names, stops=self.stops)
-    n, m = len(xs), len(self.own) if own else 0
-    return list(res[:n]), list(res[n:n + m]), list(res[n + m:])
+    return split_vjp(
+        lambda xs, names: self.bp.call(self.outputs, grads, xs, names,
+                                       stops=self.stops),
+        self.inputs, self.own, self.other, inputs, own, other)
 
   def task_deltas(self, grads):
     return self.segments.deltas[self.rule.layer]
