@@ -173,7 +173,7 @@ class _Executor:
                              scale=self.scale, later_scope=self._scope)
     self.overrides = _op_override.substitutions(
         self.loss, self.var_list, {(o.match, o.key): o.fn for o in rules.ops},
-        self.layer_of) if rules.ops else _op_override.Substitutions()
+        self.layer_of)
     self.vjp = GraphVJP(
         self.options.gradients_kwargs, self.overrides.fns,
         recompute=(None if rules.recompute is None
