@@ -36,11 +36,17 @@ def _plan(loss):
   return plan
 
 
-def _build(bound, monkeypatch):
+def _bound_walks(bound, monkeypatch):
+  """Segment calls walk bounded (where the self-test passed) or unbounded:
+  ``can_bound`` as the VJP and the engine both read it."""
   can = ((lambda ops: _compat.usable("reached_walk")) if bound
          else (lambda ops: False))
   monkeypatch.setattr(_backprop, "can_bound", can)
   monkeypatch.setattr(_engine, "can_bound", can)
+
+
+def _build(bound, monkeypatch):
+  _bound_walks(bound, monkeypatch)
   with tf.Graph().as_default() as g:
     x, loss = _residual_net()
     grads = [gr for gr, _ in _plan(loss).compute_gradients()]
@@ -116,10 +122,7 @@ def _loop_net():
 def test_bounded_walk_is_exact_through_a_functional_while_loop(monkeypatch):
   results = []
   for bound in (True, False):
-    can = ((lambda ops: _compat.usable("reached_walk")) if bound
-           else (lambda ops: False))
-    monkeypatch.setattr(_backprop, "can_bound", can)
-    monkeypatch.setattr(_engine, "can_bound", can)
+    _bound_walks(bound, monkeypatch)
     with tf.Graph().as_default() as g:
       x, loss = _loop_net()
       plan = gg.GradientPlan(loss)
